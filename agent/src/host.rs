@@ -1,0 +1,382 @@
+//! Discovery of the host's CPU, memory, load and operating system.
+//!
+//! [`HostInventory::discover`] asks `sysinfo` for each fact separately, so one missing
+//! fact (a container without `/sys`, a kernel that hides the load average) costs only
+//! that field. Empty strings and zero counts, which `sysinfo` returns when it cannot read
+//! a value, are treated as missing rather than reported as facts.
+
+use serde::{Deserialize, Serialize};
+use sysinfo::{CpuRefreshKind, MemoryRefreshKind, RefreshKind, System};
+
+/// What the host reports about itself: the CPU side of a node's inventory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HostInventory {
+    /// The host name, as returned by `gethostname` (not necessarily a DNS name).
+    pub hostname: Option<String>,
+    /// Operating system and architecture.
+    pub os: OsInfo,
+    /// Processor counts and model.
+    pub cpu: CpuInfo,
+    /// Physical memory.
+    pub memory: MemoryInfo,
+    /// Run-queue load averages; `None` where the platform does not report them.
+    pub load_average: Option<LoadAverage>,
+    /// Every field above that is missing, with the reason. Empty when discovery found
+    /// everything.
+    pub unavailable: Vec<Unavailable>,
+}
+
+/// Operating system and architecture.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OsInfo {
+    /// The OS or distribution name (`"Debian GNU/Linux"`, `"Darwin"`, `"Windows"`).
+    pub name: Option<String>,
+    /// The OS or distribution version (`"12"`, `"15.1.1"`).
+    pub version: Option<String>,
+    /// The kernel version (`"6.8.0-48-generic"`).
+    pub kernel_version: Option<String>,
+    /// The CPU architecture (`"x86_64"`, `"aarch64"`). Always known: when the OS does
+    /// not say, it is the architecture this binary was built for.
+    pub arch: String,
+}
+
+/// Processor counts and model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CpuInfo {
+    /// Logical CPUs (hardware threads) online on the host. This is the whole host, not
+    /// a container's CPU quota.
+    pub logical_cores: Option<usize>,
+    /// Physical cores, summed over all sockets.
+    pub physical_cores: Option<usize>,
+    /// The model name (`"AMD EPYC 7763 64-Core Processor"`).
+    pub brand: Option<String>,
+}
+
+/// Physical memory, in bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryInfo {
+    /// Installed RAM visible to the OS. This is the whole host, not a container's
+    /// memory limit.
+    pub total_bytes: Option<u64>,
+    /// RAM available for new allocations without swapping (free plus reclaimable cache;
+    /// `MemAvailable` on Linux).
+    pub available_bytes: Option<u64>,
+}
+
+/// Load averages over one, five and fifteen minutes, as the OS reports them (on Linux,
+/// runnable plus uninterruptible tasks; not normalised by core count).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct LoadAverage {
+    /// Average over the last minute.
+    pub one: f64,
+    /// Average over the last five minutes.
+    pub five: f64,
+    /// Average over the last fifteen minutes.
+    pub fifteen: f64,
+}
+
+/// A fact that discovery could not obtain, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unavailable {
+    /// The missing field.
+    pub field: HostField,
+    /// Why it is missing, as reported by the system or by the check that refused it.
+    pub reason: String,
+}
+
+/// A field of [`HostInventory`] that discovery can miss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostField {
+    /// [`HostInventory::hostname`].
+    Hostname,
+    /// [`OsInfo::name`].
+    OsName,
+    /// [`OsInfo::version`].
+    OsVersion,
+    /// [`OsInfo::kernel_version`].
+    KernelVersion,
+    /// [`CpuInfo::logical_cores`].
+    LogicalCores,
+    /// [`CpuInfo::physical_cores`].
+    PhysicalCores,
+    /// [`CpuInfo::brand`].
+    CpuBrand,
+    /// [`MemoryInfo::total_bytes`].
+    TotalMemory,
+    /// [`MemoryInfo::available_bytes`].
+    AvailableMemory,
+    /// [`HostInventory::load_average`].
+    LoadAverage,
+}
+
+impl HostInventory {
+    /// Reads the host's inventory. Never fails and never panics: each fact the host does
+    /// not report is `None` and listed in [`unavailable`](Self::unavailable).
+    ///
+    /// This blocks while it reads system files (a few milliseconds on Linux); call it
+    /// from a blocking thread in async code.
+    pub fn discover() -> Self {
+        let mut probe = Probe::default();
+
+        let hostname = probe.text(HostField::Hostname, System::host_name());
+        let os = OsInfo {
+            name: probe.text(HostField::OsName, System::name()),
+            version: probe.text(HostField::OsVersion, System::os_version()),
+            kernel_version: probe.text(HostField::KernelVersion, System::kernel_version()),
+            arch: System::cpu_arch(),
+        };
+        let physical_cores = probe
+            .value(HostField::PhysicalCores, System::physical_core_count())
+            .and_then(|count| probe.nonzero(HostField::PhysicalCores, count));
+        let load_average = probe
+            .value(HostField::LoadAverage, System::load_average())
+            .map(|load| LoadAverage {
+                one: load.one,
+                five: load.five,
+                fifteen: load.fifteen,
+            });
+
+        // Only the CPU list (with brands) and RAM figures are loaded: no usage sampling,
+        // no processes, no swap.
+        let refresh = RefreshKind::nothing()
+            .with_cpu(CpuRefreshKind::nothing())
+            .with_memory(MemoryRefreshKind::nothing().with_ram());
+        let (cpu, memory) = match System::new_with_specifics(refresh) {
+            Ok(system) => {
+                let brand = system
+                    .cpus()
+                    .iter()
+                    .map(|cpu| cpu.brand().trim())
+                    .find(|brand| !brand.is_empty())
+                    .map(str::to_owned);
+                let cpu = CpuInfo {
+                    logical_cores: probe.nonzero(HostField::LogicalCores, system.cpus().len()),
+                    physical_cores,
+                    brand: probe.present(HostField::CpuBrand, brand),
+                };
+                let memory = MemoryInfo {
+                    total_bytes: probe.nonzero(HostField::TotalMemory, system.total_memory()),
+                    available_bytes: probe
+                        .nonzero(HostField::AvailableMemory, system.available_memory()),
+                };
+                (cpu, memory)
+            }
+            Err(error) => {
+                let reason = format!("system information unavailable: {error}");
+                for field in [
+                    HostField::LogicalCores,
+                    HostField::CpuBrand,
+                    HostField::TotalMemory,
+                    HostField::AvailableMemory,
+                ] {
+                    probe.miss(field, reason.clone());
+                }
+                let cpu = CpuInfo {
+                    logical_cores: None,
+                    physical_cores,
+                    brand: None,
+                };
+                let memory = MemoryInfo {
+                    total_bytes: None,
+                    available_bytes: None,
+                };
+                (cpu, memory)
+            }
+        };
+
+        HostInventory {
+            hostname,
+            os,
+            cpu,
+            memory,
+            load_average,
+            unavailable: probe.unavailable,
+        }
+    }
+}
+
+/// Turns `sysinfo` answers into options, recording why each missing one is missing.
+#[derive(Debug, Default)]
+struct Probe {
+    unavailable: Vec<Unavailable>,
+}
+
+impl Probe {
+    fn miss(&mut self, field: HostField, reason: String) {
+        self.unavailable.push(Unavailable { field, reason });
+    }
+
+    fn value<T>(&mut self, field: HostField, result: Result<T, sysinfo::Error>) -> Option<T> {
+        result
+            .map_err(|error| self.miss(field, error.to_string()))
+            .ok()
+    }
+
+    /// A string answer, trimmed; an empty string counts as missing.
+    fn text(&mut self, field: HostField, result: Result<String, sysinfo::Error>) -> Option<String> {
+        let text = self.value(field, result)?;
+        let text = text.trim();
+        if text.is_empty() {
+            self.miss(field, "reported as empty".to_owned());
+            return None;
+        }
+        Some(text.to_owned())
+    }
+
+    /// A count or size; zero means `sysinfo` could not read it.
+    fn nonzero<T: Default + PartialEq>(&mut self, field: HostField, value: T) -> Option<T> {
+        if value == T::default() {
+            self.miss(field, "reported as zero".to_owned());
+            return None;
+        }
+        Some(value)
+    }
+
+    fn present<T>(&mut self, field: HostField, value: Option<T>) -> Option<T> {
+        if value.is_none() {
+            self.miss(field, "not reported".to_owned());
+        }
+        value
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn discovery_finds_cores_and_memory_on_this_machine() {
+        let inventory = HostInventory::discover();
+        let logical = inventory.cpu.logical_cores.unwrap();
+        assert!(logical >= 1, "{inventory:#?}");
+        if let Some(physical) = inventory.cpu.physical_cores {
+            assert!((1..=logical).contains(&physical), "{inventory:#?}");
+        }
+        let total = inventory.memory.total_bytes.unwrap();
+        assert!(total > 0, "{inventory:#?}");
+        if let Some(available) = inventory.memory.available_bytes {
+            assert!(available <= total, "{inventory:#?}");
+        }
+        assert!(!inventory.os.arch.is_empty());
+        // Every missing field is explained, and only missing fields are.
+        for missing in &inventory.unavailable {
+            assert!(!missing.reason.is_empty(), "{missing:?}");
+        }
+        let explained = |field| inventory.unavailable.iter().any(|u| u.field == field);
+        assert_eq!(inventory.hostname.is_none(), explained(HostField::Hostname));
+        assert_eq!(
+            inventory.cpu.brand.is_none(),
+            explained(HostField::CpuBrand)
+        );
+        assert_eq!(
+            inventory.load_average.is_none(),
+            explained(HostField::LoadAverage)
+        );
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn linux_reports_load_average_and_available_memory() {
+        let inventory = HostInventory::discover();
+        let load = inventory.load_average.unwrap();
+        assert!(load.one >= 0.0 && load.five >= 0.0 && load.fifteen >= 0.0);
+        assert!(inventory.memory.available_bytes.is_some());
+        assert!(inventory.os.kernel_version.is_some());
+    }
+
+    #[test]
+    fn probe_turns_errors_empties_and_zeros_into_explained_nones() {
+        let mut probe = Probe::default();
+        assert_eq!(
+            probe.text(HostField::Hostname, Ok("  gpu-01\n".to_owned())),
+            Some("gpu-01".to_owned())
+        );
+        assert_eq!(probe.text(HostField::OsName, Ok("   ".to_owned())), None);
+        assert_eq!(
+            probe.value::<usize>(HostField::PhysicalCores, Err(sysinfo::Error::Unsupported)),
+            None
+        );
+        assert_eq!(probe.nonzero(HostField::TotalMemory, 0u64), None);
+        assert_eq!(probe.nonzero(HostField::LogicalCores, 8usize), Some(8));
+        assert_eq!(probe.present::<String>(HostField::CpuBrand, None), None);
+        assert_eq!(
+            probe.unavailable,
+            [
+                Unavailable {
+                    field: HostField::OsName,
+                    reason: "reported as empty".into()
+                },
+                Unavailable {
+                    field: HostField::PhysicalCores,
+                    reason: "unsupported".into()
+                },
+                Unavailable {
+                    field: HostField::TotalMemory,
+                    reason: "reported as zero".into()
+                },
+                Unavailable {
+                    field: HostField::CpuBrand,
+                    reason: "not reported".into()
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn inventory_serializes_with_units_in_field_names() {
+        let inventory = HostInventory {
+            hostname: Some("rtx-1".into()),
+            os: OsInfo {
+                name: Some("Debian GNU/Linux".into()),
+                version: Some("12".into()),
+                kernel_version: None,
+                arch: "x86_64".into(),
+            },
+            cpu: CpuInfo {
+                logical_cores: Some(64),
+                physical_cores: Some(32),
+                brand: Some("AMD EPYC 7543 32-Core Processor".into()),
+            },
+            memory: MemoryInfo {
+                total_bytes: Some(270_582_939_648),
+                available_bytes: Some(250_000_000_000),
+            },
+            load_average: Some(LoadAverage {
+                one: 1.5,
+                five: 0.75,
+                fifteen: 0.25,
+            }),
+            unavailable: vec![Unavailable {
+                field: HostField::KernelVersion,
+                reason: "unsupported".into(),
+            }],
+        };
+        let json = serde_json::to_value(&inventory).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "hostname": "rtx-1",
+                "os": {
+                    "name": "Debian GNU/Linux",
+                    "version": "12",
+                    "kernel_version": null,
+                    "arch": "x86_64"
+                },
+                "cpu": {
+                    "logical_cores": 64,
+                    "physical_cores": 32,
+                    "brand": "AMD EPYC 7543 32-Core Processor"
+                },
+                "memory": {
+                    "total_bytes": 270_582_939_648u64,
+                    "available_bytes": 250_000_000_000u64
+                },
+                "load_average": { "one": 1.5, "five": 0.75, "fifteen": 0.25 },
+                "unavailable": [{ "field": "kernel_version", "reason": "unsupported" }]
+            })
+        );
+        let back: HostInventory = serde_json::from_value(json).unwrap();
+        assert_eq!(back, inventory);
+    }
+}

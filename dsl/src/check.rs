@@ -1,0 +1,449 @@
+//! Checks across the workflow — names resolve, `after` has no cycle,
+//! `repeat.back_to` is upstream, expressions compile and reference only what
+//! exists and is upstream — and the final assembly of the IR.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::diag::{did_you_mean, Code, Diagnostic};
+use crate::expr::{self, Context, Evaluator, ExprErrorKind};
+use crate::ir::{Expr, Reflex, Repeat, Scope, Step, Template, TemplatePart, Workflow};
+use crate::lower::{Draft, StepDraft};
+use crate::node::Node;
+use crate::read::Cx;
+use crate::template::{self, RawPart};
+
+/// What an expression may reference.
+struct Refs<'a> {
+    context: Context,
+    inputs: &'a BTreeMap<String, (crate::ir::Input, crate::source::Span)>,
+    /// Every defined step.
+    steps: &'a BTreeSet<&'a str>,
+    /// Steps whose results exist when the expression runs.
+    visible: &'a BTreeSet<&'a str>,
+    /// The step the expression belongs to, for messages.
+    owner: Option<&'a str>,
+}
+
+/// Check the draft and build the IR when nothing is wrong.
+pub fn check(cx: &mut Cx<'_>, draft: Draft<'_>) -> Option<Workflow> {
+    let evaluator = Evaluator::default();
+    if !draft.agents_present {
+        cx.push(
+            Diagnostic::error(Code::MissingKey, draft.root, "the workflow has no `agents`")
+                .with_label("`agents` missing")
+                .with_help("declare at least one agent, e.g. `agents: { helper: { model: Qwen/Qwen2.5-0.5B-Instruct } }`"),
+        );
+    } else if draft.agents.is_empty() && !cx.diags.has_errors() {
+        cx.push(
+            Diagnostic::error(Code::EmptyWorkflow, draft.root, "the workflow declares no agent")
+                .with_label("no agents")
+                .with_help("add an agent under `agents:`"),
+        );
+    }
+
+    // Step ids: unique.
+    let mut first_id: BTreeMap<&str, crate::source::Span> = BTreeMap::new();
+    for s in &draft.steps {
+        if let Some((id, span)) = &s.id {
+            if let Some(first) = first_id.get(id.as_str()) {
+                cx.push(
+                    Diagnostic::error(Code::DuplicateName, *span, format!("two steps are named `{id}`"))
+                        .with_label("second step with this id")
+                        .with_related(*first, "first one")
+                        .with_help("give every step its own `id`"),
+                );
+            } else {
+                first_id.insert(id, *span);
+            }
+        }
+    }
+    let step_ids: BTreeSet<&str> = first_id.keys().copied().collect();
+    let agent_names: Vec<&str> = draft.agents.keys().map(String::as_str).collect();
+
+    // References from steps: agents and `after`.
+    for s in &draft.steps {
+        if let Some((agent, span)) = &s.agent
+            && !draft.agents.contains_key(agent)
+        {
+            cx.push(
+                Diagnostic::error(Code::UndefinedAgent, *span, format!("no agent is named `{agent}`"))
+                    .with_label("undefined agent")
+                    .with_help(did_you_mean(agent, agent_names.iter().copied(), "agents")),
+            );
+        }
+        for (a, span) in &s.after {
+            if s.id.as_ref().is_some_and(|(id, _)| id == a) {
+                cx.push(
+                    Diagnostic::error(Code::Cycle, *span, format!("step `{a}` waits for itself"))
+                        .with_label("a step cannot come after itself")
+                        .with_help("remove it from `after`; to run a step again use `repeat`"),
+                );
+            } else if !step_ids.contains(a.as_str()) {
+                cx.push(undefined_step(a, *span, &step_ids));
+            }
+        }
+    }
+    report_cycles(cx, &draft.steps);
+    let upstream = upstream_sets(&draft.steps);
+
+    let mut steps = Vec::new();
+    let empty = BTreeSet::new();
+    for s in &draft.steps {
+        let id = s.id.as_ref().map(|(id, _)| id.as_str());
+        let up = id.and_then(|id| upstream.get(id)).unwrap_or(&empty);
+        let refs = Refs {
+            context: Context::Step,
+            inputs: &draft.inputs,
+            steps: &step_ids,
+            visible: up,
+            owner: id,
+        };
+        let prompt = s.prompt.and_then(|p| template(cx, &evaluator, p, &refs));
+        let when = s.when.and_then(|w| expression(cx, &evaluator, w, &refs));
+        let repeat = s.repeat.as_ref().and_then(|r| {
+            if let (Some((back, span)), Some(id)) = (&r.back_to, id)
+                && back != id
+                && !up.contains(back.as_str())
+            {
+                if step_ids.contains(back.as_str()) {
+                    cx.push(
+                        Diagnostic::error(Code::NotUpstream, *span, format!("`repeat.back_to` names `{back}`, which does not run before `{id}`"))
+                            .with_label("not upstream")
+                            .with_help(format!("`back_to` must be `{id}` or a step it depends on through `after`")),
+                    );
+                } else {
+                    cx.push(undefined_step(back, *span, &step_ids));
+                }
+            }
+            let mut with_self = up.clone();
+            with_self.extend(id);
+            let until_refs = Refs {
+                context: Context::Until,
+                visible: &with_self,
+                ..refs
+            };
+            let until = r.until.and_then(|u| expression(cx, &evaluator, u, &until_refs));
+            Some(Repeat {
+                back_to: r.back_to.clone()?.0,
+                until: until?,
+                max: r.max?,
+            })
+        });
+        if let (Some((id, _)), Some((agent, _)), Some(prompt)) = (&s.id, &s.agent, prompt)
+            && (s.when.is_none() || when.is_some())
+            && (s.repeat.is_none() || repeat.is_some())
+        {
+            steps.push(Step {
+                id: id.clone(),
+                agent: agent.clone(),
+                prompt,
+                after: s.after.iter().map(|(a, _)| a.clone()).collect(),
+                when,
+                repeat,
+                timeout: s.timeout,
+                retries: s.retries,
+            });
+        }
+    }
+
+    let reflexes = reflexes(cx, &evaluator, &draft, &agent_names);
+
+    if cx.diags.has_errors() {
+        return None;
+    }
+    Some(Workflow {
+        name: draft.name?,
+        description: draft.description,
+        inputs: draft.inputs.into_iter().map(|(k, (v, _))| (k, v)).collect(),
+        agents: draft.agents.into_iter().map(|(k, (v, _))| (k, v)).collect(),
+        steps,
+        reflexes,
+        placement: draft.placement,
+    })
+}
+
+fn undefined_step(name: &str, span: crate::source::Span, ids: &BTreeSet<&str>) -> Diagnostic {
+    Diagnostic::error(Code::UndefinedStep, span, format!("no step has the id `{name}`"))
+        .with_label("undefined step")
+        .with_help(did_you_mean(name, ids.iter().copied(), "step ids"))
+}
+
+/// Report each cycle of `after` once, at the reference that closes it.
+fn report_cycles(cx: &mut Cx<'_>, steps: &[StepDraft<'_>]) {
+    let index: BTreeMap<&str, usize> = steps
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| s.id.as_ref().map(|(id, _)| (id.as_str(), i)))
+        .collect();
+    // 0 = unvisited, 1 = on the path, 2 = done. Iterative depth-first search,
+    // so a long chain of steps cannot overflow the stack.
+    let mut state = vec![0u8; steps.len()];
+    let mut reported: BTreeSet<BTreeSet<usize>> = BTreeSet::new();
+    for root in 0..steps.len() {
+        if state[root] != 0 {
+            continue;
+        }
+        let mut path: Vec<(usize, usize)> = vec![(root, 0)];
+        state[root] = 1;
+        while let Some(&mut (node, ref mut next)) = path.last_mut() {
+            let after = &steps[node].after;
+            if *next >= after.len() {
+                state[node] = 2;
+                path.pop();
+                continue;
+            }
+            let (name, span) = &after[*next];
+            *next += 1;
+            let Some(&dep) = index.get(name.as_str()) else { continue };
+            if dep == node {
+                continue; // reported as "waits for itself"
+            }
+            match state[dep] {
+                0 => {
+                    state[dep] = 1;
+                    path.push((dep, 0));
+                }
+                1 => {
+                    let from = path.iter().position(|(n, _)| *n == dep).unwrap_or(0);
+                    let members: BTreeSet<usize> = path[from..].iter().map(|(n, _)| *n).collect();
+                    if reported.insert(members) {
+                        let mut names: Vec<&str> = path[from..]
+                            .iter()
+                            .filter_map(|(n, _)| steps[*n].id.as_ref().map(|(id, _)| id.as_str()))
+                            .collect();
+                        names.push(name);
+                        names.reverse();
+                        cx.push(
+                            Diagnostic::error(Code::Cycle, *span, format!("steps wait for each other in a cycle: {}", names.join(" → ")))
+                                .with_label("this `after` closes the cycle")
+                                .with_help("remove one of these `after` references; to loop back use `repeat: { back_to: ... }`"),
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// For each step id, every step that finishes before it (transitively through
+/// `after`).
+fn upstream_sets<'a>(steps: &'a [StepDraft<'_>]) -> BTreeMap<&'a str, BTreeSet<&'a str>> {
+    let direct: BTreeMap<&str, Vec<&str>> = steps
+        .iter()
+        .filter_map(|s| {
+            let (id, _) = s.id.as_ref()?;
+            Some((id.as_str(), s.after.iter().map(|(a, _)| a.as_str()).collect()))
+        })
+        .collect();
+    direct
+        .keys()
+        .map(|&id| {
+            let mut seen = BTreeSet::new();
+            let mut todo: Vec<&str> = direct[id].clone();
+            while let Some(n) = todo.pop() {
+                if n != id && seen.insert(n) {
+                    todo.extend(direct.get(n).into_iter().flatten().copied());
+                }
+            }
+            (id, seen)
+        })
+        .collect()
+}
+
+/// Compile an expression in `node` (or part of it: `offset`, `text`) and
+/// check what it references. Reports every problem; `None` if any.
+fn check_expr(cx: &mut Cx<'_>, ev: &Evaluator, node: &Node, offset: usize, text: &str, refs: &Refs<'_>) -> bool {
+    let at = |cx: &Cx<'_>, start: usize, end: usize| cx.locate_span(node, offset + start, offset + end);
+    match ev.compile(text, refs.context) {
+        Ok(_) => {}
+        Err(e) => {
+            let start = e.offset.unwrap_or(0);
+            let end = text[start.min(text.len())..]
+                .char_indices()
+                .nth(1)
+                .map_or(text.len(), |(i, _)| start + i);
+            let span = at(cx, start, end.max(start));
+            let d = match &e.kind {
+                ExprErrorKind::UndefinedVariable(v) => {
+                    let end = start + v.len();
+                    Diagnostic::error(Code::UnknownVariable, at(cx, start, end), format!("`{v}` is not defined here"))
+                        .with_label("unknown variable")
+                        .with_help(did_you_mean(v, refs.context.variables().iter().copied(), "variables available here"))
+                }
+                ExprErrorKind::Limit => Diagnostic::error(Code::ScriptLimit, span, format!("expression too complex: {}", e.message))
+                    .with_label("limit reached")
+                    .with_help("simplify the expression"),
+                _ => Diagnostic::error(Code::ExprSyntax, span, format!("invalid expression: {}", e.message))
+                    .with_label("here")
+                    .with_help("conditions are Rhai expressions, e.g. `steps.code.output.len() > 0`"),
+            };
+            cx.push(d);
+            return false;
+        }
+    }
+    let before = cx.diags.error_count();
+    for p in expr::paths(text) {
+        let seg = |i: usize| p.segments.get(i).map(String::as_str);
+        let span_of = |cx: &Cx<'_>, i: usize| {
+            let s = p.offsets[i];
+            at(cx, s, s + p.segments[i].len())
+        };
+        match (refs.context, seg(0)) {
+            (Context::Step | Context::Until, Some("inputs")) => {
+                if let Some(name) = seg(1)
+                    && !refs.inputs.contains_key(name)
+                {
+                    let span = span_of(cx, 1);
+                    cx.push(
+                        Diagnostic::error(Code::UndefinedInput, span, format!("no input is named `{name}`"))
+                            .with_label("undefined input")
+                            .with_help(did_you_mean(name, refs.inputs.keys().map(String::as_str), "inputs")),
+                    );
+                }
+            }
+            (Context::Step | Context::Until, Some("steps")) => {
+                let Some(name) = seg(1) else { continue };
+                let span = span_of(cx, 1);
+                if !refs.steps.contains(name) {
+                    cx.push(undefined_step(name, span, refs.steps));
+                } else if !refs.visible.contains(name) {
+                    let owner = refs.owner.unwrap_or("this step");
+                    let help = if refs.owner == Some(name) {
+                        format!("a step's own output exists only in `repeat.until`; here use a step `{owner}` depends on")
+                    } else {
+                        format!("add `{name}` to the `after` of `{owner}` (directly or through another step)")
+                    };
+                    cx.push(
+                        Diagnostic::error(Code::NotUpstream, span, format!("step `{name}` has not run when `{owner}` reads it"))
+                            .with_label("not upstream")
+                            .with_help(help),
+                    );
+                } else if let Some(field) = seg(2)
+                    && !expr::STEP_FIELDS.contains(&field)
+                {
+                    let span = span_of(cx, 2);
+                    cx.push(
+                        Diagnostic::error(Code::UnknownVariable, span, format!("a step result has no field `{field}`"))
+                            .with_label("unknown field")
+                            .with_help(did_you_mean(field, expr::STEP_FIELDS.iter().copied(), "fields")),
+                    );
+                }
+            }
+            (Context::Reflex, Some(scope @ ("gpu" | "node" | "agent"))) => {
+                let metrics = match scope {
+                    "gpu" => expr::GPU_METRICS,
+                    "node" => expr::NODE_METRICS,
+                    _ => expr::AGENT_METRICS,
+                };
+                match seg(1) {
+                    Some(m) if metrics.contains(&m) => {}
+                    Some(m) => {
+                        let span = span_of(cx, 1);
+                        cx.push(
+                            Diagnostic::error(Code::UnknownMetric, span, format!("`{scope}.{m}` is not a metric"))
+                                .with_label("unknown metric")
+                                .with_help(did_you_mean(m, metrics.iter().copied(), &format!("`{scope}` metrics"))),
+                        );
+                    }
+                    None => {}
+                }
+            }
+            _ => {}
+        }
+    }
+    cx.diags.error_count() == before
+}
+
+fn expression(cx: &mut Cx<'_>, ev: &Evaluator, node: &Node, refs: &Refs<'_>) -> Option<Expr> {
+    let text = node.as_scalar()?.text.clone();
+    if text.trim().is_empty() {
+        cx.push(
+            Diagnostic::error(Code::ExprSyntax, node.span, "the expression is empty")
+                .with_label("empty")
+                .with_help("write a condition, e.g. `steps.code.output.len() > 0`, or remove the key"),
+        );
+        return None;
+    }
+    check_expr(cx, ev, node, 0, &text, refs).then_some(Expr(text))
+}
+
+fn template(cx: &mut Cx<'_>, ev: &Evaluator, node: &Node, refs: &Refs<'_>) -> Option<Template> {
+    let source = node.as_scalar()?.text.clone();
+    let (raw, errors) = template::parse(&source);
+    let mut ok = errors.is_empty();
+    for e in errors {
+        let span = cx.locate_span(node, e.start, e.end);
+        cx.push(
+            Diagnostic::error(Code::TemplateSyntax, span, e.message)
+                .with_label("here")
+                .with_help(e.help),
+        );
+    }
+    let mut parts = Vec::new();
+    for p in raw {
+        match p {
+            RawPart::Text(t) => parts.push(TemplatePart::Text(t)),
+            RawPart::Expr { text, offset } => {
+                ok &= check_expr(cx, ev, node, offset, &text, refs);
+                parts.push(TemplatePart::Expr(Expr(text)));
+            }
+        }
+    }
+    ok.then_some(Template { source, parts })
+}
+
+fn reflexes(cx: &mut Cx<'_>, ev: &Evaluator, draft: &Draft<'_>, agent_names: &[&str]) -> Vec<Reflex> {
+    let mut out = Vec::new();
+    let mut first: BTreeMap<&str, crate::source::Span> = BTreeMap::new();
+    let no_steps = BTreeSet::new();
+    let refs = Refs {
+        context: Context::Reflex,
+        inputs: &draft.inputs,
+        steps: &no_steps,
+        visible: &no_steps,
+        owner: None,
+    };
+    for r in &draft.reflexes {
+        if let Some((name, span)) = &r.name {
+            if let Some(f) = first.get(name.as_str()) {
+                cx.push(
+                    Diagnostic::error(Code::DuplicateName, *span, format!("two reflexes are named `{name}`"))
+                        .with_label("second reflex with this name")
+                        .with_related(*f, "first one")
+                        .with_help("give every reflex its own `name`"),
+                );
+            } else {
+                first.insert(name, *span);
+            }
+        }
+        if let Some((Scope::Agent(a), span)) = &r.scope
+            && !draft.agents.contains_key(a)
+        {
+            cx.push(
+                Diagnostic::error(Code::UndefinedAgent, *span, format!("the reflex scope names `{a}`, but no agent has that name"))
+                    .with_label("undefined agent")
+                    .with_help(did_you_mean(a, agent_names.iter().copied(), "agents")),
+            );
+        }
+        let when = r.when.and_then(|w| expression(cx, ev, w, &refs));
+        let release = r.release.and_then(|w| expression(cx, ev, w, &refs));
+        if let (Some((name, _)), Some(when), Some((scope, _))) = (&r.name, when, &r.scope)
+            && (r.release.is_none() || release.is_some())
+        {
+            out.push(Reflex {
+                name: name.clone(),
+                when,
+                hold: r.hold,
+                release,
+                aggregate: r.aggregate,
+                scope: scope.clone(),
+                actions: r.actions.clone(),
+                cooldown: r.cooldown,
+                max_replicas: r.max_replicas,
+                dry_run: r.dry_run,
+            });
+        }
+    }
+    out
+}

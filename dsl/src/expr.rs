@@ -1,0 +1,434 @@
+//! Rhai, sandboxed: the expression language of `when`, `until`, reflex
+//! conditions and `{{ }}` interpolations, and the engine that runs `.rhai`
+//! workflow scripts.
+//!
+//! Rhai here is untrusted input. Every engine comes from [`sandbox`]: no
+//! modules, no `eval`, no printing, and limits on operations, call depth,
+//! expression depth, variables, functions and the size of strings, arrays and
+//! maps. An endless loop ends with "too many operations", a huge string with
+//! "string too large"; both are errors, never hangs or aborts.
+
+use std::collections::BTreeMap;
+
+use rhai::packages::{Package, StandardPackage};
+use rhai::{Dynamic, Engine, EvalAltResult, ParseError, ParseErrorType, Position, Scope, AST};
+
+use crate::ir::Expr;
+
+/// Resource limits of one sandboxed engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Most Rhai operations per evaluation.
+    pub max_operations: u64,
+    /// Deepest function call nesting.
+    pub max_call_levels: usize,
+    /// Deepest expression nesting (global, in functions).
+    pub max_expr_depth: (usize, usize),
+    /// Largest string, in bytes.
+    pub max_string_size: usize,
+    /// Largest array, in items.
+    pub max_array_size: usize,
+    /// Largest object map, in entries.
+    pub max_map_size: usize,
+    /// Most variables alive at once.
+    pub max_variables: usize,
+    /// Most functions a script may define.
+    pub max_functions: usize,
+}
+
+/// Limits for conditions and interpolations: they run on every step and
+/// every telemetry sample, so they are small (about a millisecond of work).
+pub const EXPR_LIMITS: Limits = Limits {
+    max_operations: 100_000,
+    max_call_levels: 16,
+    max_expr_depth: (64, 32),
+    max_string_size: 1 << 20,
+    max_array_size: 10_000,
+    max_map_size: 10_000,
+    max_variables: 256,
+    max_functions: 16,
+};
+
+/// Limits for whole `.rhai` workflow scripts, run once at load time.
+pub const SCRIPT_LIMITS: Limits = Limits {
+    max_operations: 2_000_000,
+    max_call_levels: 32,
+    max_expr_depth: (64, 32),
+    max_string_size: 1 << 20,
+    max_array_size: 100_000,
+    max_map_size: 10_000,
+    max_variables: 1_000,
+    max_functions: 256,
+};
+
+/// A sandboxed Rhai engine with `limits`: the standard library for strings,
+/// numbers, arrays and maps; no modules, `eval`, printing or I/O.
+pub fn sandbox(limits: Limits) -> Engine {
+    let mut engine = Engine::new_raw();
+    StandardPackage::new().register_into_engine(&mut engine);
+    engine
+        .set_max_operations(limits.max_operations)
+        .set_max_call_levels(limits.max_call_levels)
+        .set_max_expr_depths(limits.max_expr_depth.0, limits.max_expr_depth.1)
+        .set_max_string_size(limits.max_string_size)
+        .set_max_array_size(limits.max_array_size)
+        .set_max_map_size(limits.max_map_size)
+        .set_max_variables(limits.max_variables)
+        .set_max_functions(limits.max_functions)
+        .set_strict_variables(true)
+        .set_fail_on_invalid_map_property(false);
+    engine.disable_symbol("eval");
+    engine.on_print(|_| {});
+    engine.on_debug(|_, _, _| {});
+    engine
+}
+
+/// Where an expression is evaluated, which decides the variables it may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Context {
+    /// A step's `when` or a prompt interpolation: `inputs`, `steps`.
+    Step,
+    /// A `repeat.until`: `inputs`, `steps`, `iteration`.
+    Until,
+    /// A reflex `when`/`release`: `gpu`, `node`, `agent`.
+    Reflex,
+}
+
+/// Fields of a finished step visible as `steps.<id>.<field>`.
+pub const STEP_FIELDS: &[&str] = &["output", "status", "attempts", "agent"];
+/// `gpu.*` metrics of reflex conditions.
+pub const GPU_METRICS: &[&str] = &["util", "mem_used_frac", "temp", "power_frac", "throttled", "ecc_rate"];
+/// `node.*` metrics.
+pub const NODE_METRICS: &[&str] = &["down"];
+/// `agent.*` metrics.
+pub const AGENT_METRICS: &[&str] = &["queue_depth", "latency_p95_ms", "tokens_per_s", "sessions"];
+
+impl Context {
+    /// Variables in scope.
+    pub fn variables(self) -> &'static [&'static str] {
+        match self {
+            Context::Step => &["inputs", "steps"],
+            Context::Until => &["inputs", "steps", "iteration"],
+            Context::Reflex => &["gpu", "node", "agent"],
+        }
+    }
+
+    /// A scope holding every variable of this context (as unit values), to
+    /// compile against with strict variables.
+    fn scope(self) -> Scope<'static> {
+        let mut scope = Scope::new();
+        for v in self.variables() {
+            scope.push_constant_dynamic(*v, Dynamic::UNIT);
+        }
+        scope
+    }
+}
+
+/// Why an expression failed to compile or to evaluate.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ExprError {
+    /// What went wrong, in Rhai's words.
+    pub message: String,
+    /// Byte offset within the expression text, when Rhai reported one.
+    pub offset: Option<usize>,
+    /// The kind of failure.
+    pub kind: ExprErrorKind,
+}
+
+/// Kinds of [`ExprError`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExprErrorKind {
+    /// Not valid Rhai.
+    Syntax,
+    /// A variable that is not in scope for this context.
+    UndefinedVariable(String),
+    /// A sandbox limit was hit (operations, sizes, depth).
+    Limit,
+    /// Any other runtime error (type mismatch, missing function).
+    Runtime,
+    /// The value had the wrong type (e.g. a condition that is not boolean).
+    Type,
+}
+
+/// Byte offset of a Rhai position (1-based line and character) in `text`.
+pub fn offset_of_position(text: &str, pos: Position) -> Option<usize> {
+    let line = pos.line()?;
+    let col = pos.position().unwrap_or(1);
+    let start = text
+        .split_inclusive('\n')
+        .take(line - 1)
+        .map(str::len)
+        .sum::<usize>();
+    let rest = &text[start.min(text.len())..];
+    let line_text = rest.split('\n').next().unwrap_or("");
+    Some(
+        start
+            + line_text
+                .char_indices()
+                .nth(col - 1)
+                .map_or(line_text.len(), |(i, _)| i),
+    )
+}
+
+fn parse_error(text: &str, e: &ParseError) -> ExprError {
+    let kind = match e.err_type() {
+        ParseErrorType::VariableUndefined(name) => ExprErrorKind::UndefinedVariable(name.clone()),
+        ParseErrorType::ExprTooDeep | ParseErrorType::LiteralTooLarge(..) => ExprErrorKind::Limit,
+        _ => ExprErrorKind::Syntax,
+    };
+    ExprError {
+        message: e.err_type().to_string(),
+        offset: offset_of_position(text, e.position()),
+        kind,
+    }
+}
+
+/// Turn a Rhai runtime error into an [`ExprError`] positioned in `text`.
+pub fn eval_error(text: &str, e: &EvalAltResult) -> ExprError {
+    let kind = match e {
+        EvalAltResult::ErrorTooManyOperations(_)
+        | EvalAltResult::ErrorTooManyVariables(_)
+        | EvalAltResult::ErrorStackOverflow(_)
+        | EvalAltResult::ErrorDataTooLarge(..)
+        | EvalAltResult::ErrorTooManyModules(_) => ExprErrorKind::Limit,
+        EvalAltResult::ErrorParsing(..) => ExprErrorKind::Syntax,
+        EvalAltResult::ErrorMismatchOutputType(..) => ExprErrorKind::Type,
+        _ => ExprErrorKind::Runtime,
+    };
+    let message = match e {
+        EvalAltResult::ErrorTooManyOperations(_) => {
+            "too many operations: the expression ran past its operation limit (an endless loop?)".to_owned()
+        }
+        EvalAltResult::ErrorDataTooLarge(what, _) => {
+            format!("{} too large: the expression built a value past its size limit", what.to_lowercase())
+        }
+        EvalAltResult::ErrorStackOverflow(_) => "stack overflow: calls nest too deeply (endless recursion?)".to_owned(),
+        other => {
+            // Rhai appends " (line L, position P)"; the position is shown by
+            // the diagnostic instead.
+            let s = other.to_string();
+            match s.rfind(" (line ") {
+                Some(i) => s[..i].to_owned(),
+                None => s,
+            }
+        }
+    };
+    ExprError {
+        message,
+        offset: offset_of_position(text, e.position()),
+        kind,
+    }
+}
+
+/// A compiled expression, ready to evaluate many times.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    source: String,
+    ast: AST,
+}
+
+/// Compiles and evaluates expressions in one sandboxed engine.
+pub struct Evaluator {
+    engine: Engine,
+}
+
+impl Default for Evaluator {
+    fn default() -> Self {
+        Evaluator::new(EXPR_LIMITS)
+    }
+}
+
+impl std::fmt::Debug for Evaluator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Evaluator").finish_non_exhaustive()
+    }
+}
+
+impl Evaluator {
+    /// An evaluator with the given limits.
+    pub fn new(limits: Limits) -> Self {
+        Evaluator {
+            engine: sandbox(limits),
+        }
+    }
+
+    /// Compile `text` for `context`. Variables outside the context are
+    /// rejected at compile time.
+    pub fn compile(&self, text: &str, context: Context) -> Result<Compiled, ExprError> {
+        let ast = self
+            .engine
+            .compile_with_scope(&context.scope(), text)
+            .map_err(|e| parse_error(text, &e))?;
+        Ok(Compiled {
+            source: text.to_owned(),
+            ast,
+        })
+    }
+
+    /// Compile an IR expression.
+    pub fn compile_expr(&self, expr: &Expr, context: Context) -> Result<Compiled, ExprError> {
+        self.compile(expr.source(), context)
+    }
+
+    /// Evaluate to any value with the given variables bound.
+    pub fn eval(&self, compiled: &Compiled, vars: &BTreeMap<String, Dynamic>) -> Result<Dynamic, ExprError> {
+        let mut scope = Scope::new();
+        for (k, v) in vars {
+            scope.push_constant_dynamic(k.as_str(), v.clone());
+        }
+        self.engine
+            .eval_ast_with_scope::<Dynamic>(&mut scope, &compiled.ast)
+            .map_err(|e| eval_error(&compiled.source, &e))
+    }
+
+    /// Evaluate a condition; anything but a boolean is a type error.
+    pub fn eval_bool(&self, compiled: &Compiled, vars: &BTreeMap<String, Dynamic>) -> Result<bool, ExprError> {
+        let v = self.eval(compiled, vars)?;
+        v.as_bool().map_err(|ty| ExprError {
+            message: format!("a condition must be true or false, this one gave {ty}"),
+            offset: None,
+            kind: ExprErrorKind::Type,
+        })
+    }
+}
+
+/// A dotted path (`steps.look.output`) referenced by an expression, with the
+/// byte offset of its first segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathRef {
+    /// Segments, e.g. `["steps", "look", "output"]`.
+    pub segments: Vec<String>,
+    /// Byte offset of each segment in the expression text.
+    pub offsets: Vec<usize>,
+}
+
+/// Dotted identifier paths in `text`, skipping string literals and comments,
+/// so that references (`inputs.x`, `steps.y`, `gpu.util`) can be checked
+/// against the workflow.
+pub fn paths(text: &str) -> Vec<PathRef> {
+    let bytes = text.as_bytes();
+    let mut out: Vec<PathRef> = Vec::new();
+    let mut i = 0;
+    // Whether the previous significant token was a `.` continuing a path,
+    // and whether it followed something that is not a path start (a call,
+    // an index, a literal).
+    let mut current: Option<PathRef> = None;
+    let mut after_dot = false;
+    let mut prev_blocks_path = false;
+    while i < bytes.len() {
+        let c = bytes[i];
+        match c {
+            b'"' | b'`' | b'\'' => {
+                let quote = c;
+                i += 1;
+                while i < bytes.len() && bytes[i] != quote {
+                    if bytes[i] == b'\\' {
+                        i += 1;
+                    }
+                    i += 1;
+                }
+                i += 1;
+                out.extend(current.take());
+                after_dot = false;
+                prev_blocks_path = true;
+            }
+            b'/' if bytes.get(i + 1) == Some(&b'/') => {
+                while i < bytes.len() && bytes[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'/' if bytes.get(i + 1) == Some(&b'*') => {
+                i += 2;
+                while i + 1 < bytes.len() && !(bytes[i] == b'*' && bytes[i + 1] == b'/') {
+                    i += 1;
+                }
+                i += 2;
+            }
+            b'.' => {
+                after_dot = true;
+                i += 1;
+            }
+            c if c.is_ascii_alphabetic() || c == b'_' => {
+                let start = i;
+                while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
+                    i += 1;
+                }
+                let word = &text[start..i];
+                if after_dot {
+                    if let Some(p) = current.as_mut() {
+                        p.segments.push(word.to_owned());
+                        p.offsets.push(start);
+                    }
+                } else {
+                    out.extend(current.take());
+                    if !prev_blocks_path {
+                        current = Some(PathRef {
+                            segments: vec![word.to_owned()],
+                            offsets: vec![start],
+                        });
+                    }
+                }
+                after_dot = false;
+                prev_blocks_path = false;
+            }
+            c if c.is_ascii_whitespace() => i += 1,
+            b')' | b']' | b'0'..=b'9' => {
+                out.extend(current.take());
+                after_dot = false;
+                // `foo().bar` and `x[0].y` are not variable paths.
+                prev_blocks_path = true;
+                i += 1;
+                while c.is_ascii_digit() && i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
+                    i += 1;
+                }
+            }
+            _ => {
+                out.extend(current.take());
+                after_dot = false;
+                prev_blocks_path = false;
+                i += 1;
+            }
+        }
+    }
+    out.extend(current);
+    // A path ending in a call (`steps.look.output.len()`) keeps the segments
+    // before the method; the caller checks only the first ones.
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_skip_strings_and_calls() {
+        let p = paths(r#"steps.review.output.contains("LGTM") && inputs.x > 0 && "a.b".len() > 0"#);
+        let segs: Vec<Vec<String>> = p.into_iter().map(|p| p.segments).collect();
+        assert_eq!(
+            segs,
+            vec![
+                vec!["steps".to_owned(), "review".into(), "output".into(), "contains".into()],
+                vec!["inputs".to_owned(), "x".into()],
+            ]
+        );
+    }
+
+    #[test]
+    fn conditions_evaluate_with_bound_variables() {
+        let ev = Evaluator::default();
+        let c = ev.compile("gpu.util > 0.8", Context::Reflex).expect("compiles");
+        let mut gpu = rhai::Map::new();
+        gpu.insert("util".into(), Dynamic::from_float(0.9));
+        let vars = BTreeMap::from([("gpu".to_owned(), Dynamic::from_map(gpu))]);
+        assert_eq!(ev.eval_bool(&c, &vars), Ok(true));
+    }
+
+    #[test]
+    fn undefined_variables_fail_at_compile_time() {
+        let ev = Evaluator::default();
+        let e = ev.compile("gpu.util > limit", Context::Reflex).expect_err("undefined");
+        assert_eq!(e.kind, ExprErrorKind::UndefinedVariable("limit".into()));
+        assert_eq!(e.offset, Some(11));
+    }
+}

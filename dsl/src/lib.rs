@@ -1,0 +1,119 @@
+//! The Skein workflow language: YAML files and Rhai scripts → one validated
+//! workflow IR, with compiler-style diagnostics.
+//!
+//! This crate is a pure core: it takes text and returns values. It reads no
+//! files, opens no sockets and reads no clock; the caller supplies the text
+//! and prints the diagnostics.
+//!
+//! # Layout
+//! - [`source`]: source text, byte spans, line/column positions.
+//! - [`diag`]: diagnostics, their codes, compiler-style and JSON rendering.
+//! - [`node`]: the spanned document tree both front ends build.
+//! - `yaml`: YAML text → tree (saphyr-parser events, our own limits).
+//! - `script`: Rhai workflow script → tree (a small registered API).
+//! - `read` and `lower`: tree → draft workflow, field by field.
+//! - `check`: cross references, cycles, expressions → [`ir::Workflow`].
+//! - [`expr`]: the sandboxed Rhai engine, expression compile and evaluation.
+//! - [`template`]: `{{ expr }}` prompt templates.
+//! - [`ir`]: the workflow IR every later stage consumes.
+//!
+//! # Example
+//! ```
+//! let parsed = skein_dsl::parse("hello.yaml", "name: hello\nagents:\n  helper: { model: Qwen/Qwen2.5-0.5B-Instruct }\n");
+//! assert!(parsed.diagnostics.is_empty());
+//! assert_eq!(parsed.workflow.unwrap().agents.len(), 1);
+//! ```
+#![warn(missing_docs)]
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
+
+mod check;
+pub mod diag;
+pub mod expr;
+pub mod ir;
+mod lower;
+pub mod node;
+mod read;
+mod script;
+pub mod source;
+pub mod template;
+mod yaml;
+
+pub use diag::{Code, Diagnostic, Diagnostics, RenderOptions, Severity};
+pub use ir::Workflow;
+pub use lower::{is_valid_repo_id, FORMAT_VERSION};
+pub use source::{SourceFile, SourceKind, Span};
+pub use yaml::{MAX_DEPTH, MAX_NODES};
+
+/// Largest workflow file accepted, in bytes.
+pub const MAX_FILE_BYTES: usize = 1 << 20;
+
+/// The result of reading one workflow file.
+#[derive(Debug, Clone)]
+pub struct Parsed {
+    /// The file, for rendering diagnostics.
+    pub file: SourceFile,
+    /// The IR, when the file has no error.
+    pub workflow: Option<Workflow>,
+    /// Every problem found, errors and warnings.
+    pub diagnostics: Diagnostics,
+}
+
+impl Parsed {
+    /// Whether the file is a valid workflow.
+    pub fn is_valid(&self) -> bool {
+        self.workflow.is_some() && !self.diagnostics.has_errors()
+    }
+
+    /// Compiler-style rendering of every diagnostic.
+    pub fn render(&self, opts: RenderOptions) -> String {
+        diag::render(&self.diagnostics, &self.file, opts)
+    }
+}
+
+/// Read a workflow whose language is chosen by the file name's extension
+/// (`.yaml`/`.yml` or `.rhai`; anything else is read as YAML).
+pub fn parse(name: &str, text: &str) -> Parsed {
+    let kind = SourceKind::from_name(name).unwrap_or(SourceKind::Yaml);
+    parse_as(name, text, kind)
+}
+
+/// Read a workflow written in `kind`.
+pub fn parse_as(name: &str, text: &str, kind: SourceKind) -> Parsed {
+    let file = SourceFile::new(name, text);
+    let mut diagnostics = Diagnostics::default();
+    if text.len() > MAX_FILE_BYTES {
+        diagnostics.push(
+            Diagnostic::error(
+                Code::YamlLimit,
+                Span::point(0),
+                format!("the file is {} bytes; workflow files are at most {MAX_FILE_BYTES}", text.len()),
+            )
+            .with_label("file too large")
+            .with_help("split it, or check that this is the workflow file you meant"),
+        );
+        return Parsed {
+            file,
+            workflow: None,
+            diagnostics,
+        };
+    }
+    let tree = match kind {
+        SourceKind::Yaml => yaml::parse(&file, &mut diagnostics),
+        SourceKind::Rhai => script::parse(&file, &mut diagnostics),
+    };
+    let workflow = tree.and_then(|root| {
+        let mut cx = read::Cx {
+            file: &file,
+            diags: &mut diagnostics,
+            script: kind == SourceKind::Rhai,
+        };
+        let draft = lower::workflow(&mut cx, &root)?;
+        check::check(&mut cx, draft)
+    });
+    let workflow = workflow.filter(|_| !diagnostics.has_errors());
+    Parsed {
+        file,
+        workflow,
+        diagnostics,
+    }
+}

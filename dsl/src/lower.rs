@@ -1,0 +1,871 @@
+//! Lowering: the spanned [`Node`] tree → a [`Draft`] of the workflow, field
+//! by field, reporting every shape problem (unknown keys, wrong types, bad
+//! values) without stopping. Cross references and expressions are checked
+//! next, by [`crate::check`], which turns a draft into the IR.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::diag::{Code, Diagnostic};
+use crate::ir::{
+    Action, Agent, Aggregate, Backend, ComputeCapability, DecayTarget, Endpoint, GpuConstraints, Input, InputType,
+    InputValue, MigrateTarget, ModelRequirement, Placement, Precision, Preference, Reroute, Scope, SessionCount,
+    VariantPin, WeightFormat,
+};
+use crate::node::{Node, NodeKind, ScalarStyle};
+use crate::read::{self, Cx, MapReader};
+use crate::source::Span;
+
+/// The workflow format version this crate reads.
+pub const FORMAT_VERSION: i64 = 1;
+
+const TOP_KEYS: &[&str] = &["version", "name", "description", "inputs", "agents", "steps", "reflexes", "placement"];
+const INPUT_KEYS: &[&str] = &["type", "default", "description"];
+const AGENT_KEYS: &[&str] = &["model", "endpoint", "system", "temperature", "max_tokens"];
+const MODEL_KEYS: &[&str] = &[
+    "repo",
+    "revision",
+    "variants",
+    "formats",
+    "context",
+    "concurrency",
+    "min_precision",
+    "prefer",
+    "gpu",
+];
+const VARIANT_KEYS: &[&str] = &["repo", "file", "revision"];
+const GPU_KEYS: &[&str] = &["models", "nodes", "min_compute_capability", "min_memory", "max_gpus"];
+const ENDPOINT_KEYS: &[&str] = &["url", "model", "api_key_env"];
+const STEP_KEYS: &[&str] = &["id", "agent", "prompt", "after", "when", "repeat", "timeout", "retries"];
+const REPEAT_KEYS: &[&str] = &["back_to", "until", "max"];
+const REFLEX_KEYS: &[&str] = &[
+    "name",
+    "when",
+    "for",
+    "release",
+    "aggregate",
+    "scope",
+    "do",
+    "cooldown",
+    "max_replicas",
+    "dry_run",
+];
+const SCOPE_KEYS: &[&str] = &["agent", "instance", "node", "zone"];
+const ACTION_KEYS: &[&str] = &["clone", "reroute", "decay", "migrate", "drain", "notify"];
+const DECAY_KEYS: &[&str] = &["target", "capacity"];
+const MIGRATE_KEYS: &[&str] = &["sessions", "to"];
+const GPU_REF_KEYS: &[&str] = &["node", "gpu"];
+const PLACEMENT_KEYS: &[&str] = &["priority", "max_gpus_per_agent"];
+
+/// Default context length when a model requirement names none.
+pub const DEFAULT_CONTEXT: u32 = 4096;
+/// Default reflex cooldown.
+pub const DEFAULT_COOLDOWN: Duration = Duration::from_secs(30);
+
+/// A name with where it is written.
+pub type Named = (String, Span);
+
+/// The workflow as read, with the spans the checks need.
+pub struct Draft<'n> {
+    /// Where the file starts (for problems of the whole file).
+    pub root: Span,
+    /// `name`.
+    pub name: Option<String>,
+    /// `description`.
+    pub description: Option<String>,
+    /// Inputs, with the span of their names.
+    pub inputs: BTreeMap<String, (Input, Span)>,
+    /// Agents, with the span of their names.
+    pub agents: BTreeMap<String, (Agent, Span)>,
+    /// Whether an `agents` key was present.
+    pub agents_present: bool,
+    /// Steps in order.
+    pub steps: Vec<StepDraft<'n>>,
+    /// Reflexes in order.
+    pub reflexes: Vec<ReflexDraft<'n>>,
+    /// `placement`.
+    pub placement: Placement,
+}
+
+/// A step as read.
+pub struct StepDraft<'n> {
+    /// Where the step is written (its `id` value, else the item).
+    pub anchor: Span,
+    /// `id`.
+    pub id: Option<Named>,
+    /// `agent`.
+    pub agent: Option<Named>,
+    /// `prompt` (a template).
+    pub prompt: Option<&'n Node>,
+    /// `after`.
+    pub after: Vec<Named>,
+    /// `when` (an expression).
+    pub when: Option<&'n Node>,
+    /// `repeat`.
+    pub repeat: Option<RepeatDraft<'n>>,
+    /// `timeout`.
+    pub timeout: Option<Duration>,
+    /// `retries`.
+    pub retries: u32,
+}
+
+/// `repeat:` as read.
+pub struct RepeatDraft<'n> {
+    /// `back_to`.
+    pub back_to: Option<Named>,
+    /// `until`.
+    pub until: Option<&'n Node>,
+    /// `max`.
+    pub max: Option<u32>,
+}
+
+/// A reflex as read.
+pub struct ReflexDraft<'n> {
+    /// Where the reflex is written.
+    pub anchor: Span,
+    /// `name`.
+    pub name: Option<Named>,
+    /// `when`.
+    pub when: Option<&'n Node>,
+    /// `release`.
+    pub release: Option<&'n Node>,
+    /// `for`.
+    pub hold: Duration,
+    /// `aggregate`.
+    pub aggregate: Aggregate,
+    /// `scope`, with the span of the scope's value.
+    pub scope: Option<(Scope, Span)>,
+    /// `do`.
+    pub actions: Vec<Action>,
+    /// `cooldown`.
+    pub cooldown: Duration,
+    /// `max_replicas`.
+    pub max_replicas: Option<u32>,
+    /// `dry_run`.
+    pub dry_run: bool,
+}
+
+/// Read the whole document.
+pub fn workflow<'n>(cx: &mut Cx<'_>, root: &'n Node) -> Option<Draft<'n>> {
+    let anchor = Span::point(root.span.start);
+    let mut m = read::map(cx, root, anchor, "the workflow", TOP_KEYS)?;
+    if let Some(v) = m.get("version") {
+        if let Some(n) = read::integer(cx, v, "`version`", 1, i64::MAX)
+            && n != FORMAT_VERSION
+        {
+            cx.push(
+                Diagnostic::error(Code::BadValue, v.span, format!("workflow format version {n} is not supported"))
+                    .with_label("unsupported version")
+                    .with_help(format!("this Skein reads `version: {FORMAT_VERSION}`; upgrade Skein or rewrite the file")),
+            );
+        }
+    }
+    let name = m
+        .require(cx, "name", "my-workflow")
+        .and_then(|n| read::string(cx, n, "`name`").and_then(|s| read::name(cx, n, n.span, &s, "workflow")));
+    let description = m.get("description").and_then(|n| read::string(cx, n, "`description`"));
+    let inputs = m.get("inputs").map(|n| inputs(cx, n)).unwrap_or_default();
+    let agents_node = m.entry("agents");
+    let agents = agents_node.map(|e| agents(cx, &e.value, e.key_span)).unwrap_or_default();
+    let steps = m
+        .get("steps")
+        .and_then(|n| read::seq(cx, n, "`steps`", "- { id: ask, agent: helper, prompt: \"...\" }"))
+        .map(|items| items.iter().map(|n| step(cx, n)).collect())
+        .unwrap_or_default();
+    let reflexes = m
+        .get("reflexes")
+        .and_then(|n| read::seq(cx, n, "`reflexes`", "- { name: hot, when: \"gpu.util > 0.8\", do: [notify] }"))
+        .map(|items| items.iter().map(|n| reflex(cx, n)).collect())
+        .unwrap_or_default();
+    let placement = m.entry("placement").map(|e| placement(cx, &e.value, e.key_span)).unwrap_or_default();
+    m.finish(cx);
+    Some(Draft {
+        root: anchor,
+        name,
+        description,
+        inputs,
+        agents,
+        agents_present: agents_node.is_some(),
+        steps,
+        reflexes,
+        placement,
+    })
+}
+
+fn inputs(cx: &mut Cx<'_>, node: &Node) -> BTreeMap<String, (Input, Span)> {
+    let mut out = BTreeMap::new();
+    let Some(mut m) = read::map(cx, node, node.span, "`inputs`", &[]) else {
+        return out;
+    };
+    for e in m.all() {
+        let Some(name) = read::name(cx, &e.value, e.key_span, &e.key, "input") else {
+            continue;
+        };
+        // `figure: string` is short for `figure: { type: string }`.
+        let input = if matches!(e.value.kind, NodeKind::Scalar(_)) && !e.value.is_null() {
+            input_type(cx, &e.value).map(|ty| Input {
+                ty,
+                default: None,
+                description: None,
+            })
+        } else {
+            input(cx, &e.value, e.key_span, &e.key)
+        };
+        if let Some(i) = input {
+            out.insert(name, (i, e.key_span));
+        }
+    }
+    out
+}
+
+fn input_type(cx: &mut Cx<'_>, node: &Node) -> Option<InputType> {
+    const TYPES: [(&str, InputType); 4] = [
+        ("string", InputType::String),
+        ("integer", InputType::Integer),
+        ("number", InputType::Number),
+        ("boolean", InputType::Boolean),
+    ];
+    let names: Vec<&str> = TYPES.iter().map(|t| t.0).collect();
+    read::choice(cx, node, "input type", &names).map(|i| TYPES[i].1)
+}
+
+fn input(cx: &mut Cx<'_>, node: &Node, anchor: Span, name: &str) -> Option<Input> {
+    let what = format!("input `{name}`");
+    let mut m = read::map(cx, node, anchor, what, INPUT_KEYS)?;
+    let ty = m.require(cx, "type", "string").and_then(|n| input_type(cx, n));
+    let default = match (m.get("default"), ty) {
+        (Some(n), Some(ty)) => input_value(cx, n, ty),
+        _ => None,
+    };
+    let description = m.get("description").and_then(|n| read::string(cx, n, "`description`"));
+    m.finish(cx);
+    Some(Input {
+        ty: ty?,
+        default,
+        description,
+    })
+}
+
+fn input_value(cx: &mut Cx<'_>, node: &Node, ty: InputType) -> Option<InputValue> {
+    let what = "the default";
+    match ty {
+        InputType::String => read::string(cx, node, what).map(InputValue::String),
+        InputType::Integer => read::integer(cx, node, what, i64::MIN, i64::MAX).map(InputValue::Integer),
+        InputType::Number => read::number(cx, node, what, f64::MIN, f64::MAX).map(InputValue::Number),
+        InputType::Boolean => read::boolean(cx, node, what).map(InputValue::Boolean),
+    }
+}
+
+fn agents(cx: &mut Cx<'_>, node: &Node, anchor: Span) -> BTreeMap<String, (Agent, Span)> {
+    let mut out = BTreeMap::new();
+    let Some(mut m) = read::map(cx, node, anchor, "`agents`", &[]) else {
+        return out;
+    };
+    for e in m.all() {
+        let Some(name) = read::name(cx, &e.value, e.key_span, &e.key, "agent") else {
+            continue;
+        };
+        if let Some(a) = agent(cx, &e.value, e.key_span, &e.key) {
+            out.insert(name, (a, e.key_span));
+        }
+    }
+    out
+}
+
+fn agent(cx: &mut Cx<'_>, node: &Node, anchor: Span, name: &str) -> Option<Agent> {
+    let what = format!("agent `{name}`");
+    let mut m = read::map(cx, node, anchor, what, AGENT_KEYS)?;
+    let model = m.entry("model");
+    let endpoint = m.entry("endpoint");
+    let backend = match (model, endpoint) {
+        (Some(mo), Some(en)) => {
+            let (first, second) = if mo.key_span.start < en.key_span.start { (mo, en) } else { (en, mo) };
+            cx.push(
+                Diagnostic::error(
+                    Code::ModelAndEndpoint,
+                    second.key_span,
+                    format!("agent `{name}` has both a `model` and an `endpoint`"),
+                )
+                .with_label(format!("`{}` here", second.key))
+                .with_related(first.key_span, format!("`{}` here", first.key))
+                .with_help("an agent is served by a model Skein places, or by a remote endpoint: keep one"),
+            );
+            None
+        }
+        (Some(mo), None) => model_requirement(cx, &mo.value, mo.key_span, name).map(Backend::Model),
+        (None, Some(en)) => endpoint_spec(cx, &en.value, en.key_span, name).map(Backend::Endpoint),
+        (None, None) => {
+            cx.push(
+                Diagnostic::error(Code::NoModelOrEndpoint, anchor, format!("agent `{name}` has neither a `model` nor an `endpoint`"))
+                    .with_label("no model or endpoint")
+                    .with_help("add `model: { repo: owner/name }` or `endpoint: { url: ..., model: ... }`"),
+            );
+            None
+        }
+    };
+    let system = m.get("system").and_then(|n| read::string(cx, n, "`system`"));
+    let temperature = m.get("temperature").and_then(|n| read::number(cx, n, "`temperature`", 0.0, 2.0));
+    let max_tokens = m.get("max_tokens").and_then(|n| read::count(cx, n, "`max_tokens`", 1));
+    m.finish(cx);
+    Some(Agent {
+        backend: backend?,
+        system,
+        temperature,
+        max_tokens,
+    })
+}
+
+/// Whether `s` is a Hugging Face repository id: `name` or `owner/name`, each
+/// part of letters, digits, `-`, `_`, `.`, not starting or ending with `-`
+/// or `.`, without `--` or `..`, at most 96 characters in all.
+pub fn is_valid_repo_id(s: &str) -> bool {
+    let part_ok = |p: &str| {
+        !p.is_empty()
+            && p.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && !p.starts_with(['-', '.'])
+            && !p.ends_with(['-', '.'])
+            && !p.contains("--")
+            && !p.contains("..")
+    };
+    let mut parts = s.split('/');
+    let ok = match (parts.next(), parts.next(), parts.next()) {
+        (Some(a), None, None) => part_ok(a),
+        (Some(a), Some(b), None) => part_ok(a) && part_ok(b),
+        _ => false,
+    };
+    ok && s.len() <= 96
+}
+
+fn repo(cx: &mut Cx<'_>, node: &Node, what: &str) -> Option<String> {
+    let text = read::string(cx, node, what)?;
+    if is_valid_repo_id(&text) {
+        return Some(text);
+    }
+    cx.push(
+        Diagnostic::error(Code::BadValue, node.span, format!("`{text}` is not a Hugging Face repository id"))
+            .with_label("invalid repository id")
+            .with_help("write it as on the hub: `owner/name`, e.g. `Qwen/Qwen2.5-0.5B-Instruct`"),
+    );
+    None
+}
+
+fn model_requirement(cx: &mut Cx<'_>, node: &Node, anchor: Span, agent: &str) -> Option<ModelRequirement> {
+    // `model: owner/name` is short for `model: { repo: owner/name }`.
+    if matches!(node.kind, NodeKind::Scalar(_)) && !node.is_null() {
+        return repo(cx, node, "`model`").map(|repo| ModelRequirement {
+            repo,
+            revision: None,
+            variants: Vec::new(),
+            formats: WeightFormat::ALL.to_vec(),
+            context: DEFAULT_CONTEXT,
+            concurrency: 1,
+            min_precision: Precision::Int4,
+            prefer: Preference::Quality,
+            gpu: GpuConstraints::default(),
+        });
+    }
+    let what = format!("the model of agent `{agent}`");
+    let mut m = read::map(cx, node, anchor, what, MODEL_KEYS)?;
+    let repo = m.require(cx, "repo", "owner/name").and_then(|n| repo(cx, n, "`repo`"));
+    let revision = m.get("revision").and_then(|n| read::string(cx, n, "`revision`"));
+    let variants = m
+        .get("variants")
+        .map(|n| read::list(n).into_iter().filter_map(|v| variant(cx, v)).collect())
+        .unwrap_or_default();
+    let formats = match m.get("formats") {
+        None => WeightFormat::ALL.to_vec(),
+        Some(n) => {
+            let names: Vec<&str> = WeightFormat::ALL.iter().map(|f| f.name()).collect();
+            let mut v: Vec<WeightFormat> = read::list(n)
+                .into_iter()
+                .filter_map(|f| read::choice(cx, f, "weight format", &names).map(|i| WeightFormat::ALL[i]))
+                .collect();
+            v.sort();
+            v.dedup();
+            if v.is_empty() && read::list(n).is_empty() {
+                cx.push(
+                    Diagnostic::error(Code::BadValue, n.span, "`formats` is empty: no weights could be loaded")
+                        .with_label("empty list")
+                        .with_help("list `safetensors`, `gguf` or both, or remove `formats`"),
+                );
+            }
+            v
+        }
+    };
+    let context = m
+        .get("context")
+        .and_then(|n| read::count(cx, n, "`context`", 1))
+        .unwrap_or(DEFAULT_CONTEXT);
+    let concurrency = m.get("concurrency").and_then(|n| read::count(cx, n, "`concurrency`", 1)).unwrap_or(1);
+    let min_precision = match m.get("min_precision") {
+        None => Precision::Int4,
+        Some(n) => {
+            let text = read::string(cx, n, "`min_precision`");
+            match text.as_deref().map(|t| (t, Precision::parse(t.trim()))) {
+                Some((_, Some(p))) => p,
+                Some((t, None)) => {
+                    let names: Vec<&str> = Precision::ALL.iter().rev().map(|p| p.name()).collect();
+                    cx.push(
+                        Diagnostic::error(Code::BadValue, n.span, format!("`{t}` is not a precision"))
+                            .with_label("unknown precision")
+                            .with_help(format!(
+                                "{} (highest first: {})",
+                                crate::diag::did_you_mean(t, names.iter().copied(), "precisions"),
+                                names.join(" > ")
+                            )),
+                    );
+                    Precision::Int4
+                }
+                None => Precision::Int4,
+            }
+        }
+    };
+    let prefer = m
+        .get("prefer")
+        .and_then(|n| {
+            let names: Vec<&str> = Preference::ALL.iter().map(|p| p.name()).collect();
+            read::choice(cx, n, "preference", &names).map(|i| Preference::ALL[i])
+        })
+        .unwrap_or(Preference::Quality);
+    let gpu = m.entry("gpu").map(|e| gpu_constraints(cx, &e.value, e.key_span)).unwrap_or_default();
+    m.finish(cx);
+    Some(ModelRequirement {
+        repo: repo?,
+        revision,
+        variants,
+        formats,
+        context,
+        concurrency,
+        min_precision,
+        prefer,
+        gpu,
+    })
+}
+
+fn variant(cx: &mut Cx<'_>, node: &Node) -> Option<VariantPin> {
+    if matches!(node.kind, NodeKind::Scalar(_)) {
+        return repo(cx, node, "a variant").map(|repo| VariantPin {
+            repo,
+            file: None,
+            revision: None,
+        });
+    }
+    let mut m = read::map(cx, node, node.span, "a variant", VARIANT_KEYS)?;
+    let repo = m.require(cx, "repo", "owner/name-GGUF").and_then(|n| repo(cx, n, "`repo`"));
+    let file = m.get("file").and_then(|n| {
+        let f = read::string(cx, n, "`file`")?;
+        let lower = f.to_ascii_lowercase();
+        if lower.ends_with(".gguf") || lower.ends_with(".safetensors") {
+            Some(f)
+        } else {
+            cx.push(
+                Diagnostic::error(Code::BadValue, n.span, format!("`{f}` is not a safetensors or GGUF file"))
+                    .with_label("unsupported weight file")
+                    .with_help("Skein loads only `.safetensors` and `.gguf` weights (never pickle `.bin`/`.pt`)"),
+            );
+            None
+        }
+    });
+    let revision = m.get("revision").and_then(|n| read::string(cx, n, "`revision`"));
+    m.finish(cx);
+    Some(VariantPin { repo: repo?, file, revision })
+}
+
+fn gpu_constraints(cx: &mut Cx<'_>, node: &Node, anchor: Span) -> GpuConstraints {
+    let Some(mut m) = read::map(cx, node, anchor, "`gpu`", GPU_KEYS) else {
+        return GpuConstraints::default();
+    };
+    let models = m.get("models").map(|n| read::strings(cx, n, "a GPU model")).unwrap_or_default();
+    let nodes = m.get("nodes").map(|n| read::strings(cx, n, "a node name")).unwrap_or_default();
+    let min_compute_capability = m.get("min_compute_capability").and_then(|n| {
+        let text = read::string(cx, n, "`min_compute_capability`")?;
+        let parsed = text
+            .trim()
+            .split_once('.')
+            .and_then(|(a, b)| Some((a.parse::<u8>().ok()?, b.parse::<u8>().ok()?)))
+            .filter(|(major, _)| *major >= 1);
+        if parsed.is_none() {
+            cx.push(
+                Diagnostic::error(Code::BadValue, n.span, format!("`{text}` is not a CUDA compute capability"))
+                    .with_label("expected MAJOR.MINOR")
+                    .with_help("write it like `8.0` (A100) or `8.9` (RTX 4090)"),
+            );
+        }
+        parsed.map(|(major, minor)| ComputeCapability { major, minor })
+    });
+    let min_memory_bytes = m.get("min_memory").and_then(|n| read::size(cx, n, "`min_memory`"));
+    let max_gpus = m.get("max_gpus").and_then(|n| read::count(cx, n, "`max_gpus`", 1));
+    m.finish(cx);
+    GpuConstraints {
+        models: models.into_iter().map(|(s, _)| s).collect(),
+        nodes: nodes.into_iter().map(|(s, _)| s).collect(),
+        min_compute_capability,
+        min_memory_bytes,
+        max_gpus,
+    }
+}
+
+fn endpoint_spec(cx: &mut Cx<'_>, node: &Node, anchor: Span, agent: &str) -> Option<Endpoint> {
+    let what = format!("the endpoint of agent `{agent}`");
+    let mut m = read::map(cx, node, anchor, what, ENDPOINT_KEYS)?;
+    let url = m.require(cx, "url", "https://api.example.org/v1").and_then(|n| {
+        let url = read::string(cx, n, "`url`")?;
+        let ok = ["http://", "https://"]
+            .iter()
+            .any(|p| url.len() > p.len() && url[..p.len()].eq_ignore_ascii_case(p))
+            && !url.chars().any(char::is_whitespace);
+        if ok {
+            Some(url)
+        } else {
+            cx.push(
+                Diagnostic::error(Code::BadValue, n.span, format!("`{url}` is not an http(s) URL"))
+                    .with_label("expected http:// or https://")
+                    .with_help("give the base URL of an OpenAI-compatible API, e.g. `https://api.example.org/v1`"),
+            );
+            None
+        }
+    });
+    let model = m.require(cx, "model", "model-name").and_then(|n| read::string(cx, n, "`model`"));
+    let api_key_env = m.get("api_key_env").and_then(|n| {
+        let v = read::string(cx, n, "`api_key_env`")?;
+        let ok = v.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if ok {
+            Some(v)
+        } else {
+            cx.push(
+                Diagnostic::error(Code::BadValue, n.span, format!("`{v}` is not an environment variable name"))
+                    .with_label("invalid variable name")
+                    .with_help("name the variable that holds the key, e.g. `REASONER_KEY`; never write the key itself"),
+            );
+            None
+        }
+    });
+    m.finish(cx);
+    Some(Endpoint {
+        url: url?,
+        model: model?,
+        api_key_env,
+    })
+}
+
+fn named(cx: &mut Cx<'_>, node: &Node, what: &str) -> Option<Named> {
+    let s = read::string(cx, node, &format!("{what}"))?;
+    read::name(cx, node, node.span, &s, what).map(|n| (n, node.span))
+}
+
+fn step<'n>(cx: &mut Cx<'_>, node: &'n Node) -> StepDraft<'n> {
+    let mut draft = StepDraft {
+        anchor: Span::point(node.span.start),
+        id: None,
+        agent: None,
+        prompt: None,
+        after: Vec::new(),
+        when: None,
+        repeat: None,
+        timeout: None,
+        retries: 0,
+    };
+    let Some(mut m) = read::map(cx, node, draft.anchor, "a step", STEP_KEYS) else {
+        return draft;
+    };
+    draft.id = m.require(cx, "id", "my-step").and_then(|n| named(cx, n, "step"));
+    if let Some((_, span)) = &draft.id {
+        m.anchor = *span;
+        draft.anchor = *span;
+    }
+    draft.agent = m.require(cx, "agent", "agent-name").and_then(|n| named(cx, n, "agent"));
+    draft.prompt = m.require(cx, "prompt", "\"...\"");
+    if let Some(p) = draft.prompt
+        && read::string(cx, p, "`prompt`").is_none()
+    {
+        draft.prompt = None;
+    }
+    draft.after = m
+        .get("after")
+        .map(|n| read::list(n).into_iter().filter_map(|a| named(cx, a, "step")).collect())
+        .unwrap_or_default();
+    draft.when = m.get("when").filter(|n| read::string(cx, n, "`when`").is_some());
+    draft.repeat = m.entry("repeat").and_then(|e| {
+        let mut r = read::map(cx, &e.value, e.key_span, "`repeat`", REPEAT_KEYS)?;
+        let back_to = r.require(cx, "back_to", "step-id").and_then(|n| named(cx, n, "step"));
+        let until = r
+            .require(cx, "until", "'steps.review.output.contains(\"LGTM\")'")
+            .filter(|n| read::string(cx, n, "`until`").is_some());
+        let max = r.require(cx, "max", "3").and_then(|n| read::count(cx, n, "`max`", 1));
+        r.finish(cx);
+        Some(RepeatDraft { back_to, until, max })
+    });
+    draft.timeout = m.get("timeout").and_then(|n| read::duration(cx, n, "`timeout`"));
+    draft.retries = m.get("retries").and_then(|n| read::count(cx, n, "`retries`", 0)).unwrap_or(0);
+    m.finish(cx);
+    draft
+}
+
+fn reflex<'n>(cx: &mut Cx<'_>, node: &'n Node) -> ReflexDraft<'n> {
+    let mut draft = ReflexDraft {
+        anchor: Span::point(node.span.start),
+        name: None,
+        when: None,
+        release: None,
+        hold: Duration::ZERO,
+        aggregate: Aggregate::Max,
+        scope: None,
+        actions: Vec::new(),
+        cooldown: DEFAULT_COOLDOWN,
+        max_replicas: None,
+        dry_run: false,
+    };
+    let Some(mut m) = read::map(cx, node, draft.anchor, "a reflex", REFLEX_KEYS) else {
+        return draft;
+    };
+    draft.name = m.require(cx, "name", "hot-gpu").and_then(|n| named(cx, n, "reflex"));
+    if let Some((_, span)) = &draft.name {
+        m.anchor = *span;
+        draft.anchor = *span;
+    }
+    draft.when = m
+        .require(cx, "when", "'gpu.util > 0.8'")
+        .filter(|n| read::string(cx, n, "`when`").is_some());
+    draft.release = m.get("release").filter(|n| read::string(cx, n, "`release`").is_some());
+    draft.hold = m.get("for").and_then(|n| read::duration(cx, n, "`for`")).unwrap_or(Duration::ZERO);
+    draft.aggregate = m
+        .get("aggregate")
+        .and_then(|n| {
+            const AGG: [Aggregate; 3] = [Aggregate::Max, Aggregate::Avg, Aggregate::Min];
+            read::choice(cx, n, "aggregation", &["max", "avg", "min"]).map(|i| AGG[i])
+        })
+        .unwrap_or(Aggregate::Max);
+    draft.scope = m.require(cx, "scope", "{ agent: coder }").and_then(|n| scope(cx, n));
+    draft.actions = m
+        .require(cx, "do", "[ { clone: 1 } ]")
+        .map(|n| {
+            let items = read::list(n);
+            if items.is_empty() {
+                cx.push(
+                    Diagnostic::error(Code::BadValue, n.span, "`do` lists no action")
+                        .with_label("empty")
+                        .with_help("list at least one action, e.g. `do: [ notify ]`"),
+                );
+            }
+            items.into_iter().filter_map(|a| action(cx, a)).collect()
+        })
+        .unwrap_or_default();
+    draft.cooldown = m.get("cooldown").and_then(|n| read::duration(cx, n, "`cooldown`")).unwrap_or(DEFAULT_COOLDOWN);
+    draft.max_replicas = m.get("max_replicas").and_then(|n| read::count(cx, n, "`max_replicas`", 1));
+    draft.dry_run = m.get("dry_run").and_then(|n| read::boolean(cx, n, "`dry_run`")).unwrap_or(false);
+    m.finish(cx);
+    draft
+}
+
+fn scope(cx: &mut Cx<'_>, node: &Node) -> Option<(Scope, Span)> {
+    let mut m = read::map(cx, node, node.span, "`scope`", SCOPE_KEYS)?;
+    let mut found: Vec<(Scope, Span)> = Vec::new();
+    for key in SCOPE_KEYS {
+        if let Some(v) = m.get(key) {
+            let Some(name) = read::string(cx, v, "a scope name") else { continue };
+            let s = match *key {
+                "agent" => Scope::Agent(name),
+                "instance" => Scope::Instance(name),
+                "node" => Scope::Node(name),
+                _ => Scope::Zone(name),
+            };
+            found.push((s, v.span));
+        }
+    }
+    m.finish(cx);
+    if found.len() != 1 {
+        cx.push(
+            Diagnostic::error(
+                Code::BadValue,
+                node.span,
+                format!("a scope names exactly one of agent, instance, node or zone; this one names {}", found.len()),
+            )
+            .with_label("ambiguous scope")
+            .with_help("write e.g. `scope: { agent: coder }`; use several reflexes for several scopes"),
+        );
+        return None;
+    }
+    found.pop()
+}
+
+fn action(cx: &mut Cx<'_>, node: &Node) -> Option<Action> {
+    // A bare word is an action without arguments: `drain`, `notify`.
+    let (key, key_span, value) = match &node.kind {
+        NodeKind::Scalar(s) if !node.is_null() => (s.text.as_str(), node.span, None),
+        NodeKind::Map(entries) if entries.len() == 1 => (entries[0].key.as_str(), entries[0].key_span, Some(&entries[0].value)),
+        _ => {
+            cx.push(
+                Diagnostic::error(Code::WrongType, node.span, format!("an action must be one name or a one-key mapping, found {}", node.kind_name()))
+                    .with_label("not an action")
+                    .with_help("write each action as its own list item: `- { clone: 1 }`, `- drain`"),
+            );
+            return None;
+        }
+    };
+    let missing = |cx: &mut Cx<'_>, example: &str| {
+        cx.push(
+            Diagnostic::error(Code::MissingKey, key_span, format!("the `{key}` action needs a value"))
+                .with_label("no value")
+                .with_help(format!("write `{{ {key}: {example} }}`")),
+        );
+    };
+    match key {
+        "clone" => match value {
+            Some(v) => read::count(cx, v, "`clone`", 1).map(|count| Action::Clone { count }),
+            None => Some(Action::Clone { count: 1 }),
+        },
+        "reroute" => {
+            let Some(v) = value else {
+                missing(cx, "new");
+                return None;
+            };
+            reroute(cx, v).map(Action::Reroute)
+        }
+        "decay" => {
+            let Some(v) = value else {
+                missing(cx, "{ target: original, capacity: 0.5 }");
+                return None;
+            };
+            let mut m = read::map(cx, v, key_span, "`decay`", DECAY_KEYS)?;
+            let target = m.require(cx, "target", "original").and_then(|n| {
+                read::choice(cx, n, "decay target", &["original", "clones"])
+                    .map(|i| if i == 0 { DecayTarget::Original } else { DecayTarget::Clones })
+            });
+            let capacity = m.require(cx, "capacity", "0.5").and_then(|n| {
+                let c = read::number(cx, n, "`capacity`", 0.0, 1.0)?;
+                if c == 0.0 {
+                    cx.push(
+                        Diagnostic::error(Code::BadValue, n.span, "`capacity` 0 would remove the replica, not decay it")
+                            .with_label("must be above 0")
+                            .with_help("use a share in (0, 1]; to stop a GPU use `drain`"),
+                    );
+                    return None;
+                }
+                Some(c)
+            });
+            m.finish(cx);
+            Some(Action::Decay {
+                target: target?,
+                capacity: capacity?,
+            })
+        }
+        "migrate" => {
+            let Some(v) = value else {
+                return Some(Action::Migrate {
+                    sessions: SessionCount::All,
+                    to: MigrateTarget::Auto,
+                });
+            };
+            let mut m = read::map(cx, v, key_span, "`migrate`", MIGRATE_KEYS)?;
+            let sessions = match m.get("sessions") {
+                None => Some(SessionCount::All),
+                Some(n) if n.as_scalar().is_some_and(|s| s.text == "all") => Some(SessionCount::All),
+                Some(n) => read::count(cx, n, "`sessions` (a number or `all`)", 1).map(SessionCount::Count),
+            };
+            let to = match m.get("to") {
+                None => Some(MigrateTarget::Auto),
+                Some(n) => migrate_target(cx, n),
+            };
+            m.finish(cx);
+            Some(Action::Migrate {
+                sessions: sessions?,
+                to: to?,
+            })
+        }
+        "drain" => match value {
+            Some(v) if !v.is_null() && v.as_scalar().and_then(|s| s.as_bool()) != Some(true) => {
+                cx.wrong_type(v, "`drain`", "no value", "drain");
+                None
+            }
+            _ => Some(Action::Drain),
+        },
+        "notify" => {
+            let message = value.filter(|v| !v.is_null()).and_then(|v| read::string(cx, v, "`notify`"));
+            Some(Action::Notify { message })
+        }
+        other => {
+            cx.push(
+                Diagnostic::error(Code::BadValue, key_span, format!("`{other}` is not a reflex action"))
+                    .with_label("unknown action")
+                    .with_help(crate::diag::did_you_mean(other, ACTION_KEYS.iter().copied(), "actions")),
+            );
+            None
+        }
+    }
+}
+
+fn reroute(cx: &mut Cx<'_>, node: &Node) -> Option<Reroute> {
+    if let Some(s) = node.as_scalar().filter(|s| s.style != ScalarStyle::Block) {
+        return match read::choice(cx, node, "reroute", &["new", "all"]) {
+            Some(0) => Some(Reroute::New),
+            Some(_) => Some(Reroute::All),
+            None => {
+                let _ = s;
+                None
+            }
+        };
+    }
+    let mut m = read::map(cx, node, node.span, "`reroute` weights", &["original", "clones"])?;
+    let mut weights = BTreeMap::new();
+    for key in ["original", "clones"] {
+        if let Some(n) = m.get(key)
+            && let Some(w) = read::number(cx, n, "a weight", 0.0, f64::MAX)
+        {
+            weights.insert(key.to_owned(), w);
+        }
+    }
+    m.finish(cx);
+    if weights.values().sum::<f64>() <= 0.0 {
+        cx.push(
+            Diagnostic::error(Code::BadValue, node.span, "reroute weights must not all be zero")
+                .with_label("no traffic would go anywhere")
+                .with_help("give at least one positive weight, e.g. `{ original: 1, clones: 3 }`"),
+        );
+        return None;
+    }
+    Some(Reroute::Weights(weights))
+}
+
+fn migrate_target(cx: &mut Cx<'_>, node: &Node) -> Option<MigrateTarget> {
+    if let Some(s) = node.as_scalar() {
+        let text = s.text.trim();
+        if text == "auto" {
+            return Some(MigrateTarget::Auto);
+        }
+        if let Some((n, g)) = text.rsplit_once(':')
+            && let Ok(gpu) = g.parse::<u32>()
+            && !n.is_empty()
+        {
+            return Some(MigrateTarget::Gpu { node: n.to_owned(), gpu });
+        }
+        cx.push(
+            Diagnostic::error(Code::BadValue, node.span, format!("`{text}` is not a migration target"))
+                .with_label("expected `auto` or `node:gpu`")
+                .with_help("write `to: auto`, `to: rtx-1:2` or `to: { node: rtx-1, gpu: 2 }`"),
+        );
+        return None;
+    }
+    let mut m: MapReader<'_> = read::map(cx, node, node.span, "`to`", GPU_REF_KEYS)?;
+    let n = m.require(cx, "node", "rtx-1").and_then(|n| read::string(cx, n, "`node`"));
+    let gpu = m.require(cx, "gpu", "0").and_then(|n| read::count(cx, n, "`gpu`", 0));
+    m.finish(cx);
+    Some(MigrateTarget::Gpu { node: n?, gpu: gpu? })
+}
+
+fn placement(cx: &mut Cx<'_>, node: &Node, anchor: Span) -> Placement {
+    let Some(mut m) = read::map(cx, node, anchor, "`placement`", PLACEMENT_KEYS) else {
+        return Placement::default();
+    };
+    let priority = m
+        .get("priority")
+        .and_then(|n| read::integer(cx, n, "`priority`", -1000, 1000))
+        .and_then(|p| i32::try_from(p).ok())
+        .unwrap_or(0);
+    let max_gpus_per_agent = m.get("max_gpus_per_agent").and_then(|n| read::count(cx, n, "`max_gpus_per_agent`", 1));
+    m.finish(cx);
+    Placement {
+        priority,
+        max_gpus_per_agent,
+    }
+}

@@ -1,0 +1,28 @@
+//! `skein`: the one binary that carries every role of Skein.
+//!
+//! Exit codes: 0 success, 1 failure (e.g. an invalid workflow), 2 bad usage
+//! or unreadable input.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+mod cli;
+mod validate;
+
+fn main() -> ExitCode {
+    let args = cli::Cli::parse();
+    match try_main(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(cli::EXIT_FAILURE)
+        }
+    }
+}
+
+fn try_main(args: cli::Cli) -> anyhow::Result<ExitCode> {
+    match args.command {
+        cli::Command::Validate(v) => validate::run(&v),
+    }
+}
