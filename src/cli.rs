@@ -39,7 +39,7 @@ pub struct ValidateArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = OutputFormat::Human)]
     pub output: OutputFormat,
-    /// Also print the workflow IR of valid files (as JSON with `--output json`).
+    /// Also print the workflow IR of valid files, as JSON (inside the report with `--output json`).
     #[arg(long)]
     pub print_ir: bool,
     /// Colour: auto (when stderr is a terminal and NO_COLOR is unset), always, never.

@@ -8,7 +8,7 @@ use skein_dsl::diag::{self, JsonDiagnostic};
 use skein_dsl::{RenderOptions, Workflow};
 use skein_orchestrator::workflows;
 
-use crate::cli::{ColorChoice, OutputFormat, ValidateArgs, EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
+use crate::cli::{ColorChoice, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, OutputFormat, ValidateArgs};
 
 /// One file's result in `--output json`.
 #[derive(Serialize)]
@@ -19,6 +19,9 @@ struct FileReport<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
     diagnostics: Vec<JsonDiagnostic>,
+    /// Problems found past the listing limit and not listed.
+    #[serde(skip_serializing_if = "is_zero")]
+    not_listed: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     workflow: Option<&'a Workflow>,
 }
@@ -53,6 +56,7 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<ExitCode> {
                         valid: p.is_valid(),
                         error: None,
                         diagnostics: diag::to_json(&p.diagnostics, &p.file),
+                        not_listed: p.diagnostics.suppressed(),
                         workflow: if args.print_ir { p.workflow.as_ref() } else { None },
                     },
                     Err(e) => FileReport {
@@ -60,6 +64,7 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<ExitCode> {
                         valid: false,
                         error: Some(error_chain(e)),
                         diagnostics: Vec::new(),
+                        not_listed: 0,
                         workflow: None,
                     },
                 })
@@ -118,6 +123,10 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<ExitCode> {
     } else {
         EXIT_OK
     }))
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 fn plural(n: usize, suffix: &'static str) -> &'static str {

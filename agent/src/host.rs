@@ -157,8 +157,7 @@ impl HostInventory {
                 };
                 let memory = MemoryInfo {
                     total_bytes: probe.nonzero(HostField::TotalMemory, system.total_memory()),
-                    available_bytes: probe
-                        .nonzero(HostField::AvailableMemory, system.available_memory()),
+                    available_bytes: probe.nonzero(HostField::AvailableMemory, system.available_memory()),
                 };
                 (cpu, memory)
             }
@@ -208,9 +207,7 @@ impl Probe {
     }
 
     fn value<T>(&mut self, field: HostField, result: Result<T, sysinfo::Error>) -> Option<T> {
-        result
-            .map_err(|error| self.miss(field, error.to_string()))
-            .ok()
+        result.map_err(|error| self.miss(field, error.to_string())).ok()
     }
 
     /// A string answer, trimmed; an empty string counts as missing.
@@ -265,14 +262,8 @@ mod tests {
         }
         let explained = |field| inventory.unavailable.iter().any(|u| u.field == field);
         assert_eq!(inventory.hostname.is_none(), explained(HostField::Hostname));
-        assert_eq!(
-            inventory.cpu.brand.is_none(),
-            explained(HostField::CpuBrand)
-        );
-        assert_eq!(
-            inventory.load_average.is_none(),
-            explained(HostField::LoadAverage)
-        );
+        assert_eq!(inventory.cpu.brand.is_none(), explained(HostField::CpuBrand));
+        assert_eq!(inventory.load_average.is_none(), explained(HostField::LoadAverage));
     }
 
     #[cfg(target_os = "linux")]

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::diag::{did_you_mean, Code, Diagnostic};
+use crate::diag::{Code, Diagnostic, did_you_mean};
 use crate::expr::{self, Context, Evaluator, ExprErrorKind};
 use crate::ir::{Expr, Reflex, Repeat, Scope, Step, Template, TemplatePart, Workflow};
 use crate::lower::{Draft, StepDraft};
@@ -15,13 +15,16 @@ use crate::template::{self, RawPart};
 /// What an expression may reference.
 struct Refs<'a> {
     context: Context,
-    inputs: &'a BTreeMap<String, (crate::ir::Input, crate::source::Span)>,
+    inputs: &'a BTreeSet<String>,
     /// Every defined step.
     steps: &'a BTreeSet<&'a str>,
     /// Steps whose results exist when the expression runs.
     visible: &'a BTreeSet<&'a str>,
     /// The step the expression belongs to, for messages.
     owner: Option<&'a str>,
+    /// For reflexes: the scope, which decides whether `agent.*` metrics
+    /// exist (only where the scope serves an agent).
+    scope: Option<&'a Scope>,
 }
 
 /// Check the draft and build the IR when nothing is wrong.
@@ -31,9 +34,15 @@ pub fn check(cx: &mut Cx<'_>, draft: Draft<'_>) -> Option<Workflow> {
         cx.push(
             Diagnostic::error(Code::MissingKey, draft.root, "the workflow has no `agents`")
                 .with_label("`agents` missing")
-                .with_help("declare at least one agent, e.g. `agents: { helper: { model: Qwen/Qwen2.5-0.5B-Instruct } }`"),
+                .with_help(if cx.script {
+                    "declare at least one agent, e.g. `agent(\"helper\", #{ model: \"Qwen/Qwen2.5-0.5B-Instruct\" });`"
+                } else {
+                    "declare at least one agent, e.g. `agents: { helper: { model: Qwen/Qwen2.5-0.5B-Instruct } }`"
+                }),
         );
-    } else if draft.agents.is_empty() && !cx.diags.has_errors() {
+    } else if draft.declared_agents.is_empty() && !cx.diags.has_errors() {
+        // Only when nothing else explains it: an agent whose name is invalid
+        // is reported as such, not as "no agent".
         cx.push(
             Diagnostic::error(Code::EmptyWorkflow, draft.root, "the workflow declares no agent")
                 .with_label("no agents")
@@ -58,12 +67,12 @@ pub fn check(cx: &mut Cx<'_>, draft: Draft<'_>) -> Option<Workflow> {
         }
     }
     let step_ids: BTreeSet<&str> = first_id.keys().copied().collect();
-    let agent_names: Vec<&str> = draft.agents.keys().map(String::as_str).collect();
+    let agent_names: Vec<&str> = draft.declared_agents.iter().map(String::as_str).collect();
 
     // References from steps: agents and `after`.
     for s in &draft.steps {
         if let Some((agent, span)) = &s.agent
-            && !draft.agents.contains_key(agent)
+            && !draft.declared_agents.contains(agent)
         {
             cx.push(
                 Diagnostic::error(Code::UndefinedAgent, *span, format!("no agent is named `{agent}`"))
@@ -93,10 +102,11 @@ pub fn check(cx: &mut Cx<'_>, draft: Draft<'_>) -> Option<Workflow> {
         let up = id.and_then(|id| upstream.get(id)).unwrap_or(&empty);
         let refs = Refs {
             context: Context::Step,
-            inputs: &draft.inputs,
+            inputs: &draft.declared_inputs,
             steps: &step_ids,
             visible: up,
             owner: id,
+            scope: None,
         };
         let prompt = s.prompt.and_then(|p| template(cx, &evaluator, p, &refs));
         let when = s.when.and_then(|w| expression(cx, &evaluator, w, &refs));
@@ -107,9 +117,15 @@ pub fn check(cx: &mut Cx<'_>, draft: Draft<'_>) -> Option<Workflow> {
             {
                 if step_ids.contains(back.as_str()) {
                     cx.push(
-                        Diagnostic::error(Code::NotUpstream, *span, format!("`repeat.back_to` names `{back}`, which does not run before `{id}`"))
-                            .with_label("not upstream")
-                            .with_help(format!("`back_to` must be `{id}` or a step it depends on through `after`")),
+                        Diagnostic::error(
+                            Code::NotUpstream,
+                            *span,
+                            format!("`repeat.back_to` names `{back}`, which does not run before `{id}`"),
+                        )
+                        .with_label("not upstream")
+                        .with_help(format!(
+                            "`back_to` must be `{id}` or a step it depends on through `after`"
+                        )),
                     );
                 } else {
                     cx.push(undefined_step(back, *span, &step_ids));
@@ -214,9 +230,15 @@ fn report_cycles(cx: &mut Cx<'_>, steps: &[StepDraft<'_>]) {
                         names.push(name);
                         names.reverse();
                         cx.push(
-                            Diagnostic::error(Code::Cycle, *span, format!("steps wait for each other in a cycle: {}", names.join(" → ")))
-                                .with_label("this `after` closes the cycle")
-                                .with_help("remove one of these `after` references; to loop back use `repeat: { back_to: ... }`"),
+                            Diagnostic::error(
+                                Code::Cycle,
+                                *span,
+                                format!("steps wait for each other in a cycle: {}", names.join(" → ")),
+                            )
+                            .with_label("this `after` closes the cycle")
+                            .with_help(
+                                "remove one of these `after` references; to loop back use `repeat: { back_to: ... }`",
+                            ),
                         );
                     }
                 }
@@ -258,7 +280,9 @@ fn check_expr(cx: &mut Cx<'_>, ev: &Evaluator, node: &Node, offset: usize, text:
     match ev.compile(text, refs.context) {
         Ok(_) => {}
         Err(e) => {
-            let start = e.offset.unwrap_or(0);
+            // An error at the very end (`a &&`) points just after the last
+            // character, not at the line break or indentation that follows.
+            let start = e.offset.unwrap_or(0).min(text.trim_end().len());
             let end = text[start.min(text.len())..]
                 .char_indices()
                 .nth(1)
@@ -267,16 +291,47 @@ fn check_expr(cx: &mut Cx<'_>, ev: &Evaluator, node: &Node, offset: usize, text:
             let d = match &e.kind {
                 ExprErrorKind::UndefinedVariable(v) => {
                     let end = start + v.len();
-                    Diagnostic::error(Code::UnknownVariable, at(cx, start, end), format!("`{v}` is not defined here"))
-                        .with_label("unknown variable")
-                        .with_help(did_you_mean(v, refs.context.variables().iter().copied(), "variables available here"))
+                    Diagnostic::error(
+                        Code::UnknownVariable,
+                        at(cx, start, end),
+                        format!("`{v}` is not defined here"),
+                    )
+                    .with_label("unknown variable")
+                    .with_help(did_you_mean(
+                        v,
+                        refs.context.variables().iter().copied(),
+                        "variables available here",
+                    ))
                 }
-                ExprErrorKind::Limit => Diagnostic::error(Code::ScriptLimit, span, format!("expression too complex: {}", e.message))
-                    .with_label("limit reached")
-                    .with_help("simplify the expression"),
-                _ => Diagnostic::error(Code::ExprSyntax, span, format!("invalid expression: {}", e.message))
-                    .with_label("here")
-                    .with_help("conditions are Rhai expressions, e.g. `steps.code.output.len() > 0`"),
+                ExprErrorKind::Limit => Diagnostic::error(
+                    Code::ScriptLimit,
+                    span,
+                    format!("expression too complex: {}", e.message),
+                )
+                .with_label("limit reached")
+                .with_help("simplify the expression"),
+                _ => {
+                    // Python's `and`, `or` and `not` are a common slip.
+                    let word: String = text[start.min(text.len())..]
+                        .chars()
+                        .take_while(char::is_ascii_alphabetic)
+                        .collect();
+                    let rhai = match word.as_str() {
+                        "and" => Some("&&"),
+                        "or" => Some("||"),
+                        "not" => Some("!"),
+                        _ => None,
+                    };
+                    let message = format!("invalid expression: {}", e.message);
+                    match rhai {
+                        Some(op) => Diagnostic::error(Code::ExprSyntax, at(cx, start, start + word.len()), message)
+                            .with_label(format!("`{word}` is not a Rhai operator"))
+                            .with_help(format!("write `{op}` instead of `{word}`")),
+                        None => Diagnostic::error(Code::ExprSyntax, span, message)
+                            .with_label("here")
+                            .with_help(format!("write a Rhai expression, e.g. `{}`", example(refs.context))),
+                    }
+                }
             };
             cx.push(d);
             return false;
@@ -292,13 +347,13 @@ fn check_expr(cx: &mut Cx<'_>, ev: &Evaluator, node: &Node, offset: usize, text:
         match (refs.context, seg(0)) {
             (Context::Step | Context::Until, Some("inputs")) => {
                 if let Some(name) = seg(1)
-                    && !refs.inputs.contains_key(name)
+                    && !refs.inputs.contains(name)
                 {
                     let span = span_of(cx, 1);
                     cx.push(
                         Diagnostic::error(Code::UndefinedInput, span, format!("no input is named `{name}`"))
                             .with_label("undefined input")
-                            .with_help(did_you_mean(name, refs.inputs.keys().map(String::as_str), "inputs")),
+                            .with_help(did_you_mean(name, refs.inputs.iter().map(String::as_str), "inputs")),
                     );
                 }
             }
@@ -310,23 +365,37 @@ fn check_expr(cx: &mut Cx<'_>, ev: &Evaluator, node: &Node, offset: usize, text:
                 } else if !refs.visible.contains(name) {
                     let owner = refs.owner.unwrap_or("this step");
                     let help = if refs.owner == Some(name) {
-                        format!("a step's own output exists only in `repeat.until`; here use a step `{owner}` depends on")
+                        format!(
+                            "a step's own output exists only in `repeat.until`; here use a step `{owner}` depends on"
+                        )
                     } else {
                         format!("add `{name}` to the `after` of `{owner}` (directly or through another step)")
                     };
                     cx.push(
-                        Diagnostic::error(Code::NotUpstream, span, format!("step `{name}` has not run when `{owner}` reads it"))
-                            .with_label("not upstream")
-                            .with_help(help),
+                        Diagnostic::error(
+                            Code::NotUpstream,
+                            span,
+                            format!("step `{name}` has not run when `{owner}` reads it"),
+                        )
+                        .with_label("not upstream")
+                        .with_help(help),
                     );
                 } else if let Some(field) = seg(2)
                     && !expr::STEP_FIELDS.contains(&field)
                 {
                     let span = span_of(cx, 2);
                     cx.push(
-                        Diagnostic::error(Code::UnknownVariable, span, format!("a step result has no field `{field}`"))
-                            .with_label("unknown field")
-                            .with_help(did_you_mean(field, expr::STEP_FIELDS.iter().copied(), "fields")),
+                        Diagnostic::error(
+                            Code::UnknownVariable,
+                            span,
+                            format!("a step result has no field `{field}`"),
+                        )
+                        .with_label("unknown field")
+                        .with_help(did_you_mean(
+                            field,
+                            expr::STEP_FIELDS.iter().copied(),
+                            "fields",
+                        )),
                     );
                 }
             }
@@ -336,7 +405,20 @@ fn check_expr(cx: &mut Cx<'_>, ev: &Evaluator, node: &Node, offset: usize, text:
                     "node" => expr::NODE_METRICS,
                     _ => expr::AGENT_METRICS,
                 };
+                let agent_scope = matches!(refs.scope, None | Some(Scope::Agent(_) | Scope::Instance(_)));
                 match seg(1) {
+                    Some(m) if scope == "agent" && metrics.contains(&m) && !agent_scope => {
+                        let span = span_of(cx, 0);
+                        cx.push(
+                            Diagnostic::error(
+                                Code::UnknownMetric,
+                                span,
+                                format!("`agent.{m}` is not measured in a node or zone scope"),
+                            )
+                            .with_label("no agent in this scope")
+                            .with_help("`agent.*` metrics need `scope: { agent: ... }` or `{ instance: ... }`; here use `gpu.*` or `node.*`"),
+                        );
+                    }
                     Some(m) if metrics.contains(&m) => {}
                     Some(m) => {
                         let span = span_of(cx, 1);
@@ -355,13 +437,26 @@ fn check_expr(cx: &mut Cx<'_>, ev: &Evaluator, node: &Node, offset: usize, text:
     cx.diags.error_count() == before
 }
 
+/// A valid expression in `context`, for help texts: a reflex condition sees
+/// telemetry, not steps.
+fn example(context: Context) -> &'static str {
+    match context {
+        Context::Step => "steps.code.output.len() > 0",
+        Context::Until => "steps.review.output.contains(\"LGTM\")",
+        Context::Reflex => "gpu.util > 0.8 && agent.queue_depth > 4",
+    }
+}
+
 fn expression(cx: &mut Cx<'_>, ev: &Evaluator, node: &Node, refs: &Refs<'_>) -> Option<Expr> {
     let text = node.as_scalar()?.text.clone();
     if text.trim().is_empty() {
         cx.push(
             Diagnostic::error(Code::ExprSyntax, node.span, "the expression is empty")
                 .with_label("empty")
-                .with_help("write a condition, e.g. `steps.code.output.len() > 0`, or remove the key"),
+                .with_help(format!(
+                    "write a condition, e.g. `{}`, or remove the key",
+                    example(refs.context)
+                )),
         );
         return None;
     }
@@ -397,14 +492,15 @@ fn reflexes(cx: &mut Cx<'_>, ev: &Evaluator, draft: &Draft<'_>, agent_names: &[&
     let mut out = Vec::new();
     let mut first: BTreeMap<&str, crate::source::Span> = BTreeMap::new();
     let no_steps = BTreeSet::new();
-    let refs = Refs {
-        context: Context::Reflex,
-        inputs: &draft.inputs,
-        steps: &no_steps,
-        visible: &no_steps,
-        owner: None,
-    };
     for r in &draft.reflexes {
+        let refs = Refs {
+            context: Context::Reflex,
+            inputs: &draft.declared_inputs,
+            steps: &no_steps,
+            visible: &no_steps,
+            owner: None,
+            scope: r.scope.as_ref().map(|(s, _)| s),
+        };
         if let Some((name, span)) = &r.name {
             if let Some(f) = first.get(name.as_str()) {
                 cx.push(
@@ -418,12 +514,16 @@ fn reflexes(cx: &mut Cx<'_>, ev: &Evaluator, draft: &Draft<'_>, agent_names: &[&
             }
         }
         if let Some((Scope::Agent(a), span)) = &r.scope
-            && !draft.agents.contains_key(a)
+            && !draft.declared_agents.contains(a)
         {
             cx.push(
-                Diagnostic::error(Code::UndefinedAgent, *span, format!("the reflex scope names `{a}`, but no agent has that name"))
-                    .with_label("undefined agent")
-                    .with_help(did_you_mean(a, agent_names.iter().copied(), "agents")),
+                Diagnostic::error(
+                    Code::UndefinedAgent,
+                    *span,
+                    format!("the reflex scope names `{a}`, but no agent has that name"),
+                )
+                .with_label("undefined agent")
+                .with_help(did_you_mean(a, agent_names.iter().copied(), "agents")),
             );
         }
         let when = r.when.and_then(|w| expression(cx, ev, w, &refs));

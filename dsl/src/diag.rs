@@ -165,10 +165,18 @@ impl Diagnostic {
     }
 }
 
+/// Most diagnostics kept for one file; past this, problems are only
+/// counted (like a compiler, which stops listing after many errors).
+pub const MAX_DIAGNOSTICS: usize = 200;
+
 /// The diagnostics of one source file, in the order found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Diagnostics {
     items: Vec<Diagnostic>,
+    /// Problems found past [`MAX_DIAGNOSTICS`]; an error among them still
+    /// makes the file invalid.
+    suppressed: usize,
+    suppressed_errors: usize,
 }
 
 impl Diagnostics {
@@ -176,22 +184,30 @@ impl Diagnostics {
     pub fn push(&mut self, d: Diagnostic) {
         // The same problem reached twice (e.g. through two references) is
         // reported once.
-        if !self.items.contains(&d) {
-            self.items.push(d);
+        if self.items.contains(&d) {
+            return;
         }
+        if self.items.len() >= MAX_DIAGNOSTICS {
+            self.suppressed += 1;
+            self.suppressed_errors += usize::from(d.severity == Severity::Error);
+            return;
+        }
+        self.items.push(d);
+    }
+
+    /// Problems found but not kept, past [`MAX_DIAGNOSTICS`].
+    pub fn suppressed(&self) -> usize {
+        self.suppressed
     }
 
     /// Whether any error (not warning) was recorded.
     pub fn has_errors(&self) -> bool {
-        self.items.iter().any(|d| d.severity == Severity::Error)
+        self.suppressed_errors > 0 || self.items.iter().any(|d| d.severity == Severity::Error)
     }
 
     /// Number of errors.
     pub fn error_count(&self) -> usize {
-        self.items
-            .iter()
-            .filter(|d| d.severity == Severity::Error)
-            .count()
+        self.suppressed_errors + self.items.iter().filter(|d| d.severity == Severity::Error).count()
     }
 
     /// Whether nothing was recorded.
@@ -268,7 +284,15 @@ pub fn render(diags: &Diagnostics, file: &SourceFile, opts: RenderOptions) -> St
             file,
             source: &source,
         };
-        if handler.render_report(&mut out, &report).is_err() {
+        if touches_long_line(d, file) {
+            // A source excerpt of a very long line is unreadable, and miette
+            // cannot pad past 65535 columns: print the one-line form.
+            out.push_str(&one_line(d, file));
+            out.push('\n');
+            if let Some(h) = &d.help {
+                out.push_str(&format!("  help: {h}\n"));
+            }
+        } else if handler.render_report(&mut out, &report).is_err() {
             // Rendering into a String cannot fail for IO reasons; fall back
             // to the one-line form if miette rejects a span.
             out.push_str(&one_line(d, file));
@@ -276,7 +300,30 @@ pub fn render(diags: &Diagnostics, file: &SourceFile, opts: RenderOptions) -> St
         }
         out.push('\n');
     }
+    if diags.suppressed() > 0 {
+        out.push_str(&format!(
+            "… and {} more problem(s) not shown; fix the ones above first\n\n",
+            diags.suppressed()
+        ));
+    }
     out
+}
+
+/// Lines longer than this (in bytes) are not shown as source excerpts.
+const MAX_EXCERPT_LINE: usize = 1000;
+
+fn touches_long_line(d: &Diagnostic, file: &SourceFile) -> bool {
+    let text = file.text();
+    let spans = std::iter::once(d.span).chain(d.related.iter().map(|(s, _)| *s));
+    spans.into_iter().any(|s| {
+        [s.start, s.end].into_iter().any(|at| {
+            let before = file.slice(Span::new(0, at));
+            let at = before.len();
+            let start = before.rfind('\n').map_or(0, |i| i + 1);
+            let end = text[at..].find('\n').map_or(text.len(), |i| at + i);
+            end - start > MAX_EXCERPT_LINE
+        })
+    })
 }
 
 /// `file:line:col: error[code]: message` — the grep-friendly one-line form.
@@ -382,10 +429,7 @@ impl miette::Diagnostic for Report<'_> {
     }
 
     fn help<'b>(&'b self) -> Option<Box<dyn fmt::Display + 'b>> {
-        self.diag
-            .help
-            .as_ref()
-            .map(|h| Box::new(h) as Box<dyn fmt::Display>)
+        self.diag.help.as_ref().map(|h| Box::new(h) as Box<dyn fmt::Display>)
     }
 
     fn source_code(&self) -> Option<&dyn miette::SourceCode> {
@@ -400,10 +444,7 @@ impl miette::Diagnostic for Report<'_> {
             (start, end - start)
         };
         let label = |text: &str| (!text.is_empty()).then(|| text.to_owned());
-        let primary = LabeledSpan::new_primary_with_span(
-            label(&self.diag.label),
-            clamp(self.diag.span),
-        );
+        let primary = LabeledSpan::new_primary_with_span(label(&self.diag.label), clamp(self.diag.span));
         let related = self
             .diag
             .related
@@ -426,17 +467,13 @@ pub fn suggest<'a>(wrong: &str, candidates: impl IntoIterator<Item = &'a str>) -
 
 /// Help text: "did you mean `x`?" when a close candidate exists, otherwise the
 /// list of what is allowed.
-pub fn did_you_mean<'a>(
-    wrong: &str,
-    candidates: impl IntoIterator<Item = &'a str> + Clone,
-    what: &str,
-) -> String {
+pub fn did_you_mean<'a>(wrong: &str, candidates: impl IntoIterator<Item = &'a str> + Clone, what: &str) -> String {
     match suggest(wrong, candidates.clone()) {
         Some(s) => format!("did you mean `{s}`?"),
         None => {
             let list: Vec<String> = candidates.into_iter().map(|c| format!("`{c}`")).collect();
             if list.is_empty() {
-                format!("no {what} is defined here")
+                format!("no {what} are defined here")
             } else {
                 format!("expected one of the {what}: {}", list.join(", "))
             }

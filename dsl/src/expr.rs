@@ -9,9 +9,10 @@
 //! "string too large"; both are errors, never hangs or aborts.
 
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
 use rhai::packages::{Package, StandardPackage};
-use rhai::{Dynamic, Engine, EvalAltResult, ParseError, ParseErrorType, Position, Scope, AST};
+use rhai::{AST, Dynamic, Engine, EvalAltResult, ParseError, ParseErrorType, Position, Scope};
 
 use crate::ir::Expr;
 
@@ -64,8 +65,11 @@ pub const SCRIPT_LIMITS: Limits = Limits {
 /// A sandboxed Rhai engine with `limits`: the standard library for strings,
 /// numbers, arrays and maps; no modules, `eval`, printing or I/O.
 pub fn sandbox(limits: Limits) -> Engine {
+    // Building the standard library is the costly part of a new engine; it is
+    // immutable, so every engine shares one copy.
+    static STDLIB: OnceLock<rhai::Shared<rhai::Module>> = OnceLock::new();
     let mut engine = Engine::new_raw();
-    StandardPackage::new().register_into_engine(&mut engine);
+    engine.register_global_module(STDLIB.get_or_init(|| StandardPackage::new().as_shared_module()).clone());
     engine
         .set_max_operations(limits.max_operations)
         .set_max_call_levels(limits.max_call_levels)
@@ -155,11 +159,7 @@ pub enum ExprErrorKind {
 pub fn offset_of_position(text: &str, pos: Position) -> Option<usize> {
     let line = pos.line()?;
     let col = pos.position().unwrap_or(1);
-    let start = text
-        .split_inclusive('\n')
-        .take(line - 1)
-        .map(str::len)
-        .sum::<usize>();
+    let start = text.split_inclusive('\n').take(line - 1).map(str::len).sum::<usize>();
     let rest = &text[start.min(text.len())..];
     let line_text = rest.split('\n').next().unwrap_or("");
     Some(
@@ -177,8 +177,13 @@ fn parse_error(text: &str, e: &ParseError) -> ExprError {
         ParseErrorType::ExprTooDeep | ParseErrorType::LiteralTooLarge(..) => ExprErrorKind::Limit,
         _ => ExprErrorKind::Syntax,
     };
+    let message = match e.err_type() {
+        // Rhai says "Script is incomplete"; here it is an expression.
+        ParseErrorType::UnexpectedEOF => "incomplete: something is missing at its end".to_owned(),
+        other => other.to_string(),
+    };
     ExprError {
-        message: e.err_type().to_string(),
+        message,
         offset: offset_of_position(text, e.position()),
         kind,
     }
@@ -198,10 +203,17 @@ pub fn eval_error(text: &str, e: &EvalAltResult) -> ExprError {
     };
     let message = match e {
         EvalAltResult::ErrorTooManyOperations(_) => {
-            "too many operations: the expression ran past its operation limit (an endless loop?)".to_owned()
+            "too many operations: the operation limit was reached (an endless loop?)".to_owned()
         }
         EvalAltResult::ErrorDataTooLarge(what, _) => {
-            format!("{} too large: the expression built a value past its size limit", what.to_lowercase())
+            // Rhai names the measure ("Length of string"); name the value.
+            let what = match what.as_str() {
+                "Length of string" => "string".to_owned(),
+                "Size of array/BLOB" => "array".to_owned(),
+                "Size of object map" => "object map".to_owned(),
+                other => other.to_lowercase(),
+            };
+            format!("{what} too large: a value grew past its size limit")
         }
         EvalAltResult::ErrorStackOverflow(_) => "stack overflow: calls nest too deeply (endless recursion?)".to_owned(),
         other => {
@@ -373,6 +385,38 @@ pub fn paths(text: &str) -> Vec<PathRef> {
                 prev_blocks_path = false;
             }
             c if c.is_ascii_whitespace() => i += 1,
+            // `steps["look"]` is the same path as `steps.look`.
+            b'[' if current.is_some() && !after_dot => {
+                let mut j = i + 1;
+                while j < bytes.len() && bytes[j].is_ascii_whitespace() {
+                    j += 1;
+                }
+                let quoted = bytes.get(j).copied().filter(|q| *q == b'"' || *q == b'`');
+                let key = quoted.and_then(|q| {
+                    let start = j + 1;
+                    let len = text.get(start..)?.find(q as char)?;
+                    let mut k = start + len + 1;
+                    while k < bytes.len() && bytes[k].is_ascii_whitespace() {
+                        k += 1;
+                    }
+                    let key = &text[start..start + len];
+                    (bytes.get(k) == Some(&b']') && !key.contains(['\\', '$'])).then_some((start, key, k + 1))
+                });
+                match (key, current.as_mut()) {
+                    (Some((start, key, next)), Some(p)) => {
+                        p.segments.push(key.to_owned());
+                        p.offsets.push(start);
+                        i = next;
+                    }
+                    _ => {
+                        // An index by expression: what it reaches is not
+                        // known before run time.
+                        out.extend(current.take());
+                        prev_blocks_path = false;
+                        i += 1;
+                    }
+                }
+            }
             b')' | b']' | b'0'..=b'9' => {
                 out.extend(current.take());
                 after_dot = false;
@@ -410,6 +454,22 @@ mod tests {
             vec![
                 vec!["steps".to_owned(), "review".into(), "output".into(), "contains".into()],
                 vec!["inputs".to_owned(), "x".into()],
+            ]
+        );
+    }
+
+    #[test]
+    fn index_by_string_is_a_path_segment() {
+        let p = paths(r#"steps["look"].output + inputs[ "x" ] + steps[n]"#);
+        let segs: Vec<Vec<String>> = p.into_iter().map(|p| p.segments).collect();
+        assert_eq!(
+            segs,
+            vec![
+                vec!["steps".to_owned(), "look".into(), "output".into()],
+                vec!["inputs".to_owned(), "x".into()],
+                vec!["steps".to_owned()],
+                // The index expression's own variables are paths too.
+                vec!["n".to_owned()],
             ]
         );
     }

@@ -507,22 +507,13 @@ pub enum MigrateTarget {
 }
 
 /// Workflow-wide scheduling preferences.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Placement {
     /// Higher runs first and may preempt lower.
     pub priority: i32,
     /// Most GPUs one replica of any agent may span.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_gpus_per_agent: Option<u32>,
-}
-
-impl Default for Placement {
-    fn default() -> Self {
-        Placement {
-            priority: 0,
-            max_gpus_per_agent: None,
-        }
-    }
 }
 
 impl Workflow {

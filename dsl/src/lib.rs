@@ -40,7 +40,7 @@ mod yaml;
 
 pub use diag::{Code, Diagnostic, Diagnostics, RenderOptions, Severity};
 pub use ir::Workflow;
-pub use lower::{is_valid_repo_id, FORMAT_VERSION};
+pub use lower::{FORMAT_VERSION, is_valid_repo_id};
 pub use source::{SourceFile, SourceKind, Span};
 pub use yaml::{MAX_DEPTH, MAX_NODES};
 
@@ -86,7 +86,10 @@ pub fn parse_as(name: &str, text: &str, kind: SourceKind) -> Parsed {
             Diagnostic::error(
                 Code::YamlLimit,
                 Span::point(0),
-                format!("the file is {} bytes; workflow files are at most {MAX_FILE_BYTES}", text.len()),
+                format!(
+                    "the file is {} bytes; workflow files are at most {MAX_FILE_BYTES}",
+                    text.len()
+                ),
             )
             .with_label("file too large")
             .with_help("split it, or check that this is the workflow file you meant"),

@@ -3,7 +3,7 @@
 //! values) without stopping. Cross references and expressions are checked
 //! next, by [`crate::check`], which turns a draft into the IR.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::diag::{Code, Diagnostic};
@@ -13,13 +13,22 @@ use crate::ir::{
     VariantPin, WeightFormat,
 };
 use crate::node::{Node, NodeKind, ScalarStyle};
-use crate::read::{self, Cx, MapReader};
+use crate::read::{self, Cx, MapReader, NameKind};
 use crate::source::Span;
 
 /// The workflow format version this crate reads.
 pub const FORMAT_VERSION: i64 = 1;
 
-const TOP_KEYS: &[&str] = &["version", "name", "description", "inputs", "agents", "steps", "reflexes", "placement"];
+const TOP_KEYS: &[&str] = &[
+    "version",
+    "name",
+    "description",
+    "inputs",
+    "agents",
+    "steps",
+    "reflexes",
+    "placement",
+];
 const INPUT_KEYS: &[&str] = &["type", "default", "description"];
 const AGENT_KEYS: &[&str] = &["model", "endpoint", "system", "temperature", "max_tokens"];
 const MODEL_KEYS: &[&str] = &[
@@ -79,6 +88,11 @@ pub struct Draft<'n> {
     pub agents: BTreeMap<String, (Agent, Span)>,
     /// Whether an `agents` key was present.
     pub agents_present: bool,
+    /// Every validly named agent, including those whose body has errors,
+    /// so that references to them are not reported as undefined too.
+    pub declared_agents: BTreeSet<String>,
+    /// Every validly named input, likewise.
+    pub declared_inputs: BTreeSet<String>,
     /// Steps in order.
     pub steps: Vec<StepDraft<'n>>,
     /// Reflexes in order.
@@ -149,24 +163,46 @@ pub struct ReflexDraft<'n> {
 pub fn workflow<'n>(cx: &mut Cx<'_>, root: &'n Node) -> Option<Draft<'n>> {
     let anchor = Span::point(root.span.start);
     let mut m = read::map(cx, root, anchor, "the workflow", TOP_KEYS)?;
-    if let Some(v) = m.get("version") {
-        if let Some(n) = read::integer(cx, v, "`version`", 1, i64::MAX)
-            && n != FORMAT_VERSION
-        {
-            cx.push(
-                Diagnostic::error(Code::BadValue, v.span, format!("workflow format version {n} is not supported"))
-                    .with_label("unsupported version")
-                    .with_help(format!("this Skein reads `version: {FORMAT_VERSION}`; upgrade Skein or rewrite the file")),
-            );
-        }
+    if let Some(v) = m.get("version")
+        && let Some(n) = read::integer(cx, v, "`version`", 1, i64::MAX)
+        && n != FORMAT_VERSION
+    {
+        cx.push(
+            Diagnostic::error(
+                Code::BadValue,
+                v.span,
+                format!("workflow format version {n} is not supported"),
+            )
+            .with_label("unsupported version")
+            .with_help(format!(
+                "this Skein reads `version: {FORMAT_VERSION}`; upgrade Skein or rewrite the file"
+            )),
+        );
     }
-    let name = m
-        .require(cx, "name", "my-workflow")
-        .and_then(|n| read::string(cx, n, "`name`").and_then(|s| read::name(cx, n, n.span, &s, "workflow")));
+    let name = if cx.script && m.get("name").is_none() {
+        cx.push(
+            Diagnostic::error(
+                Code::MissingKey,
+                anchor,
+                "the script never calls `workflow(...)`, so the workflow has no name",
+            )
+            .with_label("no `workflow(...)` call")
+            .with_help("start the script with `workflow(\"my-workflow\");`"),
+        );
+        None
+    } else {
+        m.require(cx, "name", "my-workflow")
+    }
+    .and_then(|n| read::string(cx, n, "`name`").and_then(|s| read::name(cx, n.span, &s, NameKind::Workflow)));
     let description = m.get("description").and_then(|n| read::string(cx, n, "`description`"));
-    let inputs = m.get("inputs").map(|n| inputs(cx, n)).unwrap_or_default();
+    let inputs_node = m.get("inputs");
+    let inputs = inputs_node.map(|n| inputs(cx, n)).unwrap_or_default();
     let agents_node = m.entry("agents");
-    let agents = agents_node.map(|e| agents(cx, &e.value, e.key_span)).unwrap_or_default();
+    let declared_agents = agents_node.map(|e| declared(&e.value)).unwrap_or_default();
+    let declared_inputs = inputs_node.map(declared).unwrap_or_default();
+    let agents = agents_node
+        .map(|e| agents(cx, &e.value, e.key_span))
+        .unwrap_or_default();
     let steps = m
         .get("steps")
         .and_then(|n| read::seq(cx, n, "`steps`", "- { id: ask, agent: helper, prompt: \"...\" }"))
@@ -174,10 +210,20 @@ pub fn workflow<'n>(cx: &mut Cx<'_>, root: &'n Node) -> Option<Draft<'n>> {
         .unwrap_or_default();
     let reflexes = m
         .get("reflexes")
-        .and_then(|n| read::seq(cx, n, "`reflexes`", "- { name: hot, when: \"gpu.util > 0.8\", do: [notify] }"))
+        .and_then(|n| {
+            read::seq(
+                cx,
+                n,
+                "`reflexes`",
+                "- { name: hot, when: \"gpu.util > 0.8\", do: [notify] }",
+            )
+        })
         .map(|items| items.iter().map(|n| reflex(cx, n)).collect())
         .unwrap_or_default();
-    let placement = m.entry("placement").map(|e| placement(cx, &e.value, e.key_span)).unwrap_or_default();
+    let placement = m
+        .entry("placement")
+        .map(|e| placement(cx, &e.value, e.key_span))
+        .unwrap_or_default();
     m.finish(cx);
     Some(Draft {
         root: anchor,
@@ -186,10 +232,24 @@ pub fn workflow<'n>(cx: &mut Cx<'_>, root: &'n Node) -> Option<Draft<'n>> {
         inputs,
         agents,
         agents_present: agents_node.is_some(),
+        declared_agents,
+        declared_inputs,
         steps,
         reflexes,
         placement,
     })
+}
+
+/// The valid names declared in an open-ended mapping (`agents`, `inputs`).
+fn declared(node: &Node) -> BTreeSet<String> {
+    match &node.kind {
+        NodeKind::Map(entries) => entries
+            .iter()
+            .filter(|e| crate::ir::is_valid_name(&e.key))
+            .map(|e| e.key.clone())
+            .collect(),
+        _ => BTreeSet::new(),
+    }
 }
 
 fn inputs(cx: &mut Cx<'_>, node: &Node) -> BTreeMap<String, (Input, Span)> {
@@ -198,7 +258,7 @@ fn inputs(cx: &mut Cx<'_>, node: &Node) -> BTreeMap<String, (Input, Span)> {
         return out;
     };
     for e in m.all() {
-        let Some(name) = read::name(cx, &e.value, e.key_span, &e.key, "input") else {
+        let Some(name) = read::name(cx, e.key_span, &e.key, NameKind::Input) else {
             continue;
         };
         // `figure: string` is short for `figure: { type: string }`.
@@ -262,7 +322,7 @@ fn agents(cx: &mut Cx<'_>, node: &Node, anchor: Span) -> BTreeMap<String, (Agent
         return out;
     };
     for e in m.all() {
-        let Some(name) = read::name(cx, &e.value, e.key_span, &e.key, "agent") else {
+        let Some(name) = read::name(cx, e.key_span, &e.key, NameKind::Agent) else {
             continue;
         };
         if let Some(a) = agent(cx, &e.value, e.key_span, &e.key) {
@@ -279,7 +339,11 @@ fn agent(cx: &mut Cx<'_>, node: &Node, anchor: Span, name: &str) -> Option<Agent
     let endpoint = m.entry("endpoint");
     let backend = match (model, endpoint) {
         (Some(mo), Some(en)) => {
-            let (first, second) = if mo.key_span.start < en.key_span.start { (mo, en) } else { (en, mo) };
+            let (first, second) = if mo.key_span.start < en.key_span.start {
+                (mo, en)
+            } else {
+                (en, mo)
+            };
             cx.push(
                 Diagnostic::error(
                     Code::ModelAndEndpoint,
@@ -294,17 +358,24 @@ fn agent(cx: &mut Cx<'_>, node: &Node, anchor: Span, name: &str) -> Option<Agent
         }
         (Some(mo), None) => model_requirement(cx, &mo.value, mo.key_span, name).map(Backend::Model),
         (None, Some(en)) => endpoint_spec(cx, &en.value, en.key_span, name).map(Backend::Endpoint),
+        (None, None) if misspells(node, &["model", "endpoint"]) => None,
         (None, None) => {
             cx.push(
-                Diagnostic::error(Code::NoModelOrEndpoint, anchor, format!("agent `{name}` has neither a `model` nor an `endpoint`"))
-                    .with_label("no model or endpoint")
-                    .with_help("add `model: { repo: owner/name }` or `endpoint: { url: ..., model: ... }`"),
+                Diagnostic::error(
+                    Code::NoModelOrEndpoint,
+                    anchor,
+                    format!("agent `{name}` has neither a `model` nor an `endpoint`"),
+                )
+                .with_label("no model or endpoint")
+                .with_help("add `model: { repo: owner/name }` or `endpoint: { url: ..., model: ... }`"),
             );
             None
         }
     };
     let system = m.get("system").and_then(|n| read::string(cx, n, "`system`"));
-    let temperature = m.get("temperature").and_then(|n| read::number(cx, n, "`temperature`", 0.0, 2.0));
+    let temperature = m
+        .get("temperature")
+        .and_then(|n| read::number(cx, n, "`temperature`", 0.0, 2.0));
     let max_tokens = m.get("max_tokens").and_then(|n| read::count(cx, n, "`max_tokens`", 1));
     m.finish(cx);
     Some(Agent {
@@ -315,13 +386,27 @@ fn agent(cx: &mut Cx<'_>, node: &Node, anchor: Span, name: &str) -> Option<Agent
     })
 }
 
+/// Whether some key of the mapping `node` looks like a misspelling of one of
+/// `keys` (it is then reported as unknown, with a suggestion, and problems
+/// that only follow from the missing key are not reported again).
+fn misspells(node: &Node, keys: &[&str]) -> bool {
+    let NodeKind::Map(entries) = &node.kind else {
+        return false;
+    };
+    entries
+        .iter()
+        .filter(|e| !keys.contains(&e.key.as_str()))
+        .any(|e| crate::diag::suggest(&e.key, keys.iter().copied()).is_some())
+}
+
 /// Whether `s` is a Hugging Face repository id: `name` or `owner/name`, each
 /// part of letters, digits, `-`, `_`, `.`, not starting or ending with `-`
 /// or `.`, without `--` or `..`, at most 96 characters in all.
 pub fn is_valid_repo_id(s: &str) -> bool {
     let part_ok = |p: &str| {
         !p.is_empty()
-            && p.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
             && !p.starts_with(['-', '.'])
             && !p.ends_with(['-', '.'])
             && !p.contains("--")
@@ -341,10 +426,25 @@ fn repo(cx: &mut Cx<'_>, node: &Node, what: &str) -> Option<String> {
     if is_valid_repo_id(&text) {
         return Some(text);
     }
+    // A pasted hub URL holds the id as its first two path segments.
+    let from_url = ["https://", "http://", ""]
+        .iter()
+        .flat_map(|scheme| ["huggingface.co/", "hf.co/"].map(|host| format!("{scheme}{host}")))
+        .find_map(|prefix| text.strip_prefix(prefix.as_str()))
+        .map(|rest| rest.split('/').take(2).collect::<Vec<_>>().join("/"))
+        .filter(|id| is_valid_repo_id(id));
+    let help = match from_url {
+        Some(id) => format!("write the repository id, not its URL: `{id}`"),
+        None => "write it as on the hub: `owner/name`, e.g. `Qwen/Qwen2.5-0.5B-Instruct`".to_owned(),
+    };
     cx.push(
-        Diagnostic::error(Code::BadValue, node.span, format!("`{text}` is not a Hugging Face repository id"))
-            .with_label("invalid repository id")
-            .with_help("write it as on the hub: `owner/name`, e.g. `Qwen/Qwen2.5-0.5B-Instruct`"),
+        Diagnostic::error(
+            Code::BadValue,
+            node.span,
+            format!("`{text}` is not a Hugging Face repository id"),
+        )
+        .with_label("invalid repository id")
+        .with_help(help),
     );
     None
 }
@@ -396,7 +496,10 @@ fn model_requirement(cx: &mut Cx<'_>, node: &Node, anchor: Span, agent: &str) ->
         .get("context")
         .and_then(|n| read::count(cx, n, "`context`", 1))
         .unwrap_or(DEFAULT_CONTEXT);
-    let concurrency = m.get("concurrency").and_then(|n| read::count(cx, n, "`concurrency`", 1)).unwrap_or(1);
+    let concurrency = m
+        .get("concurrency")
+        .and_then(|n| read::count(cx, n, "`concurrency`", 1))
+        .unwrap_or(1);
     let min_precision = match m.get("min_precision") {
         None => Precision::Int4,
         Some(n) => {
@@ -405,14 +508,23 @@ fn model_requirement(cx: &mut Cx<'_>, node: &Node, anchor: Span, agent: &str) ->
                 Some((_, Some(p))) => p,
                 Some((t, None)) => {
                     let names: Vec<&str> = Precision::ALL.iter().rev().map(|p| p.name()).collect();
+                    // The same number of bits first: `int16` means 16-bit
+                    // weights (`bf16`), not the spelling-close `int6`.
+                    let bits: String = t.chars().filter(char::is_ascii_digit).collect();
+                    let same_bits = Precision::ALL.iter().map(|p| p.name()).find(|name| {
+                        !bits.is_empty() && name.trim_start_matches(|c: char| c.is_ascii_alphabetic()) == bits
+                    });
+                    let help = match same_bits
+                        .map(str::to_owned)
+                        .or_else(|| crate::diag::suggest(t, names.iter().copied()))
+                    {
+                        Some(s) => format!("did you mean `{s}`? (highest first: {})", names.join(" > ")),
+                        None => format!("precisions, highest first: {}", names.join(" > ")),
+                    };
                     cx.push(
                         Diagnostic::error(Code::BadValue, n.span, format!("`{t}` is not a precision"))
                             .with_label("unknown precision")
-                            .with_help(format!(
-                                "{} (highest first: {})",
-                                crate::diag::did_you_mean(t, names.iter().copied(), "precisions"),
-                                names.join(" > ")
-                            )),
+                            .with_help(help),
                     );
                     Precision::Int4
                 }
@@ -427,7 +539,10 @@ fn model_requirement(cx: &mut Cx<'_>, node: &Node, anchor: Span, agent: &str) ->
             read::choice(cx, n, "preference", &names).map(|i| Preference::ALL[i])
         })
         .unwrap_or(Preference::Quality);
-    let gpu = m.entry("gpu").map(|e| gpu_constraints(cx, &e.value, e.key_span)).unwrap_or_default();
+    let gpu = m
+        .entry("gpu")
+        .map(|e| gpu_constraints(cx, &e.value, e.key_span))
+        .unwrap_or_default();
     m.finish(cx);
     Some(ModelRequirement {
         repo: repo?,
@@ -451,7 +566,9 @@ fn variant(cx: &mut Cx<'_>, node: &Node) -> Option<VariantPin> {
         });
     }
     let mut m = read::map(cx, node, node.span, "a variant", VARIANT_KEYS)?;
-    let repo = m.require(cx, "repo", "owner/name-GGUF").and_then(|n| repo(cx, n, "`repo`"));
+    let repo = m
+        .require(cx, "repo", "owner/name-GGUF")
+        .and_then(|n| repo(cx, n, "`repo`"));
     let file = m.get("file").and_then(|n| {
         let f = read::string(cx, n, "`file`")?;
         let lower = f.to_ascii_lowercase();
@@ -459,24 +576,38 @@ fn variant(cx: &mut Cx<'_>, node: &Node) -> Option<VariantPin> {
             Some(f)
         } else {
             cx.push(
-                Diagnostic::error(Code::BadValue, n.span, format!("`{f}` is not a safetensors or GGUF file"))
-                    .with_label("unsupported weight file")
-                    .with_help("Skein loads only `.safetensors` and `.gguf` weights (never pickle `.bin`/`.pt`)"),
+                Diagnostic::error(
+                    Code::BadValue,
+                    n.span,
+                    format!("`{f}` is not a safetensors or GGUF file"),
+                )
+                .with_label("unsupported weight file")
+                .with_help("Skein loads only `.safetensors` and `.gguf` weights (never pickle `.bin`/`.pt`)"),
             );
             None
         }
     });
     let revision = m.get("revision").and_then(|n| read::string(cx, n, "`revision`"));
     m.finish(cx);
-    Some(VariantPin { repo: repo?, file, revision })
+    Some(VariantPin {
+        repo: repo?,
+        file,
+        revision,
+    })
 }
 
 fn gpu_constraints(cx: &mut Cx<'_>, node: &Node, anchor: Span) -> GpuConstraints {
     let Some(mut m) = read::map(cx, node, anchor, "`gpu`", GPU_KEYS) else {
         return GpuConstraints::default();
     };
-    let models = m.get("models").map(|n| read::strings(cx, n, "a GPU model")).unwrap_or_default();
-    let nodes = m.get("nodes").map(|n| read::strings(cx, n, "a node name")).unwrap_or_default();
+    let models = m
+        .get("models")
+        .map(|n| read::strings(cx, n, "a GPU model"))
+        .unwrap_or_default();
+    let nodes = m
+        .get("nodes")
+        .map(|n| read::strings(cx, n, "a node name"))
+        .unwrap_or_default();
     let min_compute_capability = m.get("min_compute_capability").and_then(|n| {
         let text = read::string(cx, n, "`min_compute_capability`")?;
         let parsed = text
@@ -486,9 +617,13 @@ fn gpu_constraints(cx: &mut Cx<'_>, node: &Node, anchor: Span) -> GpuConstraints
             .filter(|(major, _)| *major >= 1);
         if parsed.is_none() {
             cx.push(
-                Diagnostic::error(Code::BadValue, n.span, format!("`{text}` is not a CUDA compute capability"))
-                    .with_label("expected MAJOR.MINOR")
-                    .with_help("write it like `8.0` (A100) or `8.9` (RTX 4090)"),
+                Diagnostic::error(
+                    Code::BadValue,
+                    n.span,
+                    format!("`{text}` is not a CUDA compute capability"),
+                )
+                .with_label("expected MAJOR.MINOR")
+                .with_help("write it like `8.0` (A100) or `8.9` (RTX 4090)"),
             );
         }
         parsed.map(|(major, minor)| ComputeCapability { major, minor })
@@ -512,7 +647,7 @@ fn endpoint_spec(cx: &mut Cx<'_>, node: &Node, anchor: Span, agent: &str) -> Opt
         let url = read::string(cx, n, "`url`")?;
         let ok = ["http://", "https://"]
             .iter()
-            .any(|p| url.len() > p.len() && url[..p.len()].eq_ignore_ascii_case(p))
+            .any(|p| url.len() > p.len() && url.get(..p.len()).is_some_and(|s| s.eq_ignore_ascii_case(p)))
             && !url.chars().any(char::is_whitespace);
         if ok {
             Some(url)
@@ -525,7 +660,9 @@ fn endpoint_spec(cx: &mut Cx<'_>, node: &Node, anchor: Span, agent: &str) -> Opt
             None
         }
     });
-    let model = m.require(cx, "model", "model-name").and_then(|n| read::string(cx, n, "`model`"));
+    let model = m
+        .require(cx, "model", "model-name")
+        .and_then(|n| read::nonempty(cx, n, "`model`"));
     let api_key_env = m.get("api_key_env").and_then(|n| {
         let v = read::string(cx, n, "`api_key_env`")?;
         let ok = v.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
@@ -534,9 +671,13 @@ fn endpoint_spec(cx: &mut Cx<'_>, node: &Node, anchor: Span, agent: &str) -> Opt
             Some(v)
         } else {
             cx.push(
-                Diagnostic::error(Code::BadValue, n.span, format!("`{v}` is not an environment variable name"))
-                    .with_label("invalid variable name")
-                    .with_help("name the variable that holds the key, e.g. `REASONER_KEY`; never write the key itself"),
+                Diagnostic::error(
+                    Code::BadValue,
+                    n.span,
+                    format!("`{v}` is not an environment variable name"),
+                )
+                .with_label("invalid variable name")
+                .with_help("name the variable that holds the key, e.g. `REASONER_KEY`; never write the key itself"),
             );
             None
         }
@@ -549,9 +690,9 @@ fn endpoint_spec(cx: &mut Cx<'_>, node: &Node, anchor: Span, agent: &str) -> Opt
     })
 }
 
-fn named(cx: &mut Cx<'_>, node: &Node, what: &str) -> Option<Named> {
-    let s = read::string(cx, node, &format!("{what}"))?;
-    read::name(cx, node, node.span, &s, what).map(|n| (n, node.span))
+fn named(cx: &mut Cx<'_>, node: &Node, kind: NameKind) -> Option<Named> {
+    let s = read::string(cx, node, &format!("{kind:?} name").to_lowercase())?;
+    read::name(cx, node.span, &s, kind).map(|n| (n, node.span))
 }
 
 fn step<'n>(cx: &mut Cx<'_>, node: &'n Node) -> StepDraft<'n> {
@@ -569,12 +710,16 @@ fn step<'n>(cx: &mut Cx<'_>, node: &'n Node) -> StepDraft<'n> {
     let Some(mut m) = read::map(cx, node, draft.anchor, "a step", STEP_KEYS) else {
         return draft;
     };
-    draft.id = m.require(cx, "id", "my-step").and_then(|n| named(cx, n, "step"));
+    draft.id = m
+        .require(cx, "id", "my-step")
+        .and_then(|n| named(cx, n, NameKind::Step));
     if let Some((_, span)) = &draft.id {
         m.anchor = *span;
         draft.anchor = *span;
     }
-    draft.agent = m.require(cx, "agent", "agent-name").and_then(|n| named(cx, n, "agent"));
+    draft.agent = m
+        .require(cx, "agent", "agent-name")
+        .and_then(|n| named(cx, n, NameKind::Agent));
     draft.prompt = m.require(cx, "prompt", "\"...\"");
     if let Some(p) = draft.prompt
         && read::string(cx, p, "`prompt`").is_none()
@@ -583,12 +728,19 @@ fn step<'n>(cx: &mut Cx<'_>, node: &'n Node) -> StepDraft<'n> {
     }
     draft.after = m
         .get("after")
-        .map(|n| read::list(n).into_iter().filter_map(|a| named(cx, a, "step")).collect())
+        .map(|n| {
+            read::list(n)
+                .into_iter()
+                .filter_map(|a| named(cx, a, NameKind::Step))
+                .collect()
+        })
         .unwrap_or_default();
     draft.when = m.get("when").filter(|n| read::string(cx, n, "`when`").is_some());
     draft.repeat = m.entry("repeat").and_then(|e| {
         let mut r = read::map(cx, &e.value, e.key_span, "`repeat`", REPEAT_KEYS)?;
-        let back_to = r.require(cx, "back_to", "step-id").and_then(|n| named(cx, n, "step"));
+        let back_to = r
+            .require(cx, "back_to", "step-id")
+            .and_then(|n| named(cx, n, NameKind::Step));
         let until = r
             .require(cx, "until", "'steps.review.output.contains(\"LGTM\")'")
             .filter(|n| read::string(cx, n, "`until`").is_some());
@@ -596,8 +748,22 @@ fn step<'n>(cx: &mut Cx<'_>, node: &'n Node) -> StepDraft<'n> {
         r.finish(cx);
         Some(RepeatDraft { back_to, until, max })
     });
-    draft.timeout = m.get("timeout").and_then(|n| read::duration(cx, n, "`timeout`"));
-    draft.retries = m.get("retries").and_then(|n| read::count(cx, n, "`retries`", 0)).unwrap_or(0);
+    draft.timeout = m.get("timeout").and_then(|n| {
+        let d = read::duration(cx, n, "`timeout`")?;
+        if d.is_zero() {
+            cx.push(
+                Diagnostic::error(Code::BadValue, n.span, "a `timeout` of zero would fail every attempt")
+                    .with_label("zero")
+                    .with_help("give the longest an attempt may take, e.g. `10m`, or remove `timeout`"),
+            );
+            return None;
+        }
+        Some(d)
+    });
+    draft.retries = m
+        .get("retries")
+        .and_then(|n| read::count(cx, n, "`retries`", 0))
+        .unwrap_or(0);
     m.finish(cx);
     draft
 }
@@ -619,7 +785,9 @@ fn reflex<'n>(cx: &mut Cx<'_>, node: &'n Node) -> ReflexDraft<'n> {
     let Some(mut m) = read::map(cx, node, draft.anchor, "a reflex", REFLEX_KEYS) else {
         return draft;
     };
-    draft.name = m.require(cx, "name", "hot-gpu").and_then(|n| named(cx, n, "reflex"));
+    draft.name = m
+        .require(cx, "name", "hot-gpu")
+        .and_then(|n| named(cx, n, NameKind::Reflex));
     if let Some((_, span)) = &draft.name {
         m.anchor = *span;
         draft.anchor = *span;
@@ -628,7 +796,10 @@ fn reflex<'n>(cx: &mut Cx<'_>, node: &'n Node) -> ReflexDraft<'n> {
         .require(cx, "when", "'gpu.util > 0.8'")
         .filter(|n| read::string(cx, n, "`when`").is_some());
     draft.release = m.get("release").filter(|n| read::string(cx, n, "`release`").is_some());
-    draft.hold = m.get("for").and_then(|n| read::duration(cx, n, "`for`")).unwrap_or(Duration::ZERO);
+    draft.hold = m
+        .get("for")
+        .and_then(|n| read::duration(cx, n, "`for`"))
+        .unwrap_or(Duration::ZERO);
     draft.aggregate = m
         .get("aggregate")
         .and_then(|n| {
@@ -651,9 +822,17 @@ fn reflex<'n>(cx: &mut Cx<'_>, node: &'n Node) -> ReflexDraft<'n> {
             items.into_iter().filter_map(|a| action(cx, a)).collect()
         })
         .unwrap_or_default();
-    draft.cooldown = m.get("cooldown").and_then(|n| read::duration(cx, n, "`cooldown`")).unwrap_or(DEFAULT_COOLDOWN);
-    draft.max_replicas = m.get("max_replicas").and_then(|n| read::count(cx, n, "`max_replicas`", 1));
-    draft.dry_run = m.get("dry_run").and_then(|n| read::boolean(cx, n, "`dry_run`")).unwrap_or(false);
+    draft.cooldown = m
+        .get("cooldown")
+        .and_then(|n| read::duration(cx, n, "`cooldown`"))
+        .unwrap_or(DEFAULT_COOLDOWN);
+    draft.max_replicas = m
+        .get("max_replicas")
+        .and_then(|n| read::count(cx, n, "`max_replicas`", 1));
+    draft.dry_run = m
+        .get("dry_run")
+        .and_then(|n| read::boolean(cx, n, "`dry_run`"))
+        .unwrap_or(false);
     m.finish(cx);
     draft
 }
@@ -663,7 +842,9 @@ fn scope(cx: &mut Cx<'_>, node: &Node) -> Option<(Scope, Span)> {
     let mut found: Vec<(Scope, Span)> = Vec::new();
     for key in SCOPE_KEYS {
         if let Some(v) = m.get(key) {
-            let Some(name) = read::string(cx, v, "a scope name") else { continue };
+            let Some(name) = read::nonempty(cx, v, "a scope name") else {
+                continue;
+            };
             let s = match *key {
                 "agent" => Scope::Agent(name),
                 "instance" => Scope::Instance(name),
@@ -679,7 +860,10 @@ fn scope(cx: &mut Cx<'_>, node: &Node) -> Option<(Scope, Span)> {
             Diagnostic::error(
                 Code::BadValue,
                 node.span,
-                format!("a scope names exactly one of agent, instance, node or zone; this one names {}", found.len()),
+                format!(
+                    "a scope names exactly one of agent, instance, node or zone; this one names {}",
+                    found.len()
+                ),
             )
             .with_label("ambiguous scope")
             .with_help("write e.g. `scope: { agent: coder }`; use several reflexes for several scopes"),
@@ -693,12 +877,21 @@ fn action(cx: &mut Cx<'_>, node: &Node) -> Option<Action> {
     // A bare word is an action without arguments: `drain`, `notify`.
     let (key, key_span, value) = match &node.kind {
         NodeKind::Scalar(s) if !node.is_null() => (s.text.as_str(), node.span, None),
-        NodeKind::Map(entries) if entries.len() == 1 => (entries[0].key.as_str(), entries[0].key_span, Some(&entries[0].value)),
+        NodeKind::Map(entries) if entries.len() == 1 => {
+            (entries[0].key.as_str(), entries[0].key_span, Some(&entries[0].value))
+        }
         _ => {
             cx.push(
-                Diagnostic::error(Code::WrongType, node.span, format!("an action must be one name or a one-key mapping, found {}", node.kind_name()))
-                    .with_label("not an action")
-                    .with_help("write each action as its own list item: `- { clone: 1 }`, `- drain`"),
+                Diagnostic::error(
+                    Code::WrongType,
+                    node.span,
+                    format!(
+                        "an action must be one name or a one-key mapping, found {}",
+                        node.kind_name()
+                    ),
+                )
+                .with_label("not an action")
+                .with_help("write each action as its own list item: `- { clone: 1 }`, `- drain`"),
             );
             return None;
         }
@@ -712,8 +905,8 @@ fn action(cx: &mut Cx<'_>, node: &Node) -> Option<Action> {
     };
     match key {
         "clone" => match value {
-            Some(v) => read::count(cx, v, "`clone`", 1).map(|count| Action::Clone { count }),
-            None => Some(Action::Clone { count: 1 }),
+            Some(v) if !v.is_null() => read::count(cx, v, "`clone`", 1).map(|count| Action::Clone { count }),
+            _ => Some(Action::Clone { count: 1 }),
         },
         "reroute" => {
             let Some(v) = value else {
@@ -729,16 +922,25 @@ fn action(cx: &mut Cx<'_>, node: &Node) -> Option<Action> {
             };
             let mut m = read::map(cx, v, key_span, "`decay`", DECAY_KEYS)?;
             let target = m.require(cx, "target", "original").and_then(|n| {
-                read::choice(cx, n, "decay target", &["original", "clones"])
-                    .map(|i| if i == 0 { DecayTarget::Original } else { DecayTarget::Clones })
+                read::choice(cx, n, "decay target", &["original", "clones"]).map(|i| {
+                    if i == 0 {
+                        DecayTarget::Original
+                    } else {
+                        DecayTarget::Clones
+                    }
+                })
             });
             let capacity = m.require(cx, "capacity", "0.5").and_then(|n| {
                 let c = read::number(cx, n, "`capacity`", 0.0, 1.0)?;
                 if c == 0.0 {
                     cx.push(
-                        Diagnostic::error(Code::BadValue, n.span, "`capacity` 0 would remove the replica, not decay it")
-                            .with_label("must be above 0")
-                            .with_help("use a share in (0, 1]; to stop a GPU use `drain`"),
+                        Diagnostic::error(
+                            Code::BadValue,
+                            n.span,
+                            "`capacity` 0 would remove the replica, not decay it",
+                        )
+                        .with_label("must be above 0")
+                        .with_help("use a share in (0, 1]; to stop a GPU use `drain`"),
                     );
                     return None;
                 }
@@ -760,7 +962,9 @@ fn action(cx: &mut Cx<'_>, node: &Node) -> Option<Action> {
             let mut m = read::map(cx, v, key_span, "`migrate`", MIGRATE_KEYS)?;
             let sessions = match m.get("sessions") {
                 None => Some(SessionCount::All),
-                Some(n) if n.as_scalar().is_some_and(|s| s.text == "all") => Some(SessionCount::All),
+                Some(n) if n.as_scalar().is_some_and(|s| s.text.trim().eq_ignore_ascii_case("all")) => {
+                    Some(SessionCount::All)
+                }
                 Some(n) => read::count(cx, n, "`sessions` (a number or `all`)", 1).map(SessionCount::Count),
             };
             let to = match m.get("to") {
@@ -781,7 +985,9 @@ fn action(cx: &mut Cx<'_>, node: &Node) -> Option<Action> {
             _ => Some(Action::Drain),
         },
         "notify" => {
-            let message = value.filter(|v| !v.is_null()).and_then(|v| read::string(cx, v, "`notify`"));
+            let message = value
+                .filter(|v| !v.is_null())
+                .and_then(|v| read::string(cx, v, "`notify`"));
             Some(Action::Notify { message })
         }
         other => {
@@ -830,14 +1036,17 @@ fn reroute(cx: &mut Cx<'_>, node: &Node) -> Option<Reroute> {
 fn migrate_target(cx: &mut Cx<'_>, node: &Node) -> Option<MigrateTarget> {
     if let Some(s) = node.as_scalar() {
         let text = s.text.trim();
-        if text == "auto" {
+        if text.eq_ignore_ascii_case("auto") {
             return Some(MigrateTarget::Auto);
         }
         if let Some((n, g)) = text.rsplit_once(':')
             && let Ok(gpu) = g.parse::<u32>()
             && !n.is_empty()
         {
-            return Some(MigrateTarget::Gpu { node: n.to_owned(), gpu });
+            return Some(MigrateTarget::Gpu {
+                node: n.to_owned(),
+                gpu,
+            });
         }
         cx.push(
             Diagnostic::error(Code::BadValue, node.span, format!("`{text}` is not a migration target"))
@@ -847,7 +1056,9 @@ fn migrate_target(cx: &mut Cx<'_>, node: &Node) -> Option<MigrateTarget> {
         return None;
     }
     let mut m: MapReader<'_> = read::map(cx, node, node.span, "`to`", GPU_REF_KEYS)?;
-    let n = m.require(cx, "node", "rtx-1").and_then(|n| read::string(cx, n, "`node`"));
+    let n = m
+        .require(cx, "node", "rtx-1")
+        .and_then(|n| read::nonempty(cx, n, "`node`"));
     let gpu = m.require(cx, "gpu", "0").and_then(|n| read::count(cx, n, "`gpu`", 0));
     m.finish(cx);
     Some(MigrateTarget::Gpu { node: n?, gpu: gpu? })
@@ -862,7 +1073,9 @@ fn placement(cx: &mut Cx<'_>, node: &Node, anchor: Span) -> Placement {
         .and_then(|n| read::integer(cx, n, "`priority`", -1000, 1000))
         .and_then(|p| i32::try_from(p).ok())
         .unwrap_or(0);
-    let max_gpus_per_agent = m.get("max_gpus_per_agent").and_then(|n| read::count(cx, n, "`max_gpus_per_agent`", 1));
+    let max_gpus_per_agent = m
+        .get("max_gpus_per_agent")
+        .and_then(|n| read::count(cx, n, "`max_gpus_per_agent`", 1));
     m.finish(cx);
     Placement {
         priority,

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::diag::{did_you_mean, Code, Diagnostic, Diagnostics};
+use crate::diag::{Code, Diagnostic, Diagnostics, did_you_mean};
 use crate::ir::is_valid_name;
 use crate::node::{Entry, Node, NodeKind, ScalarStyle};
 use crate::source::{SourceFile, Span};
@@ -40,55 +40,88 @@ impl Cx<'_> {
         );
     }
 
-    /// Byte offset in the file of byte `offset` of the scalar `node`'s value
-    /// text. Exact for plain scalars, quoted scalars without escapes and
-    /// block scalars; for script values, the call that declared them.
-    pub fn locate(&self, node: &Node, offset: usize) -> usize {
-        let Some(s) = node.as_scalar() else {
-            return node.span.start;
-        };
-        if self.script {
-            return node.span.start;
-        }
-        let raw = self.file.slice(node.span);
-        let value = s.text.as_str();
-        let offset = offset.min(value.len());
-        // Find the value's lines, in order, inside the raw source text; the
-        // offset falls in one of them.
-        let mut cursor = 0usize;
-        let mut line_start_in_value = 0usize;
-        for line in value.split_inclusive('\n') {
-            let content = line.trim_end_matches('\n');
-            let line_end_in_value = line_start_in_value + line.len();
-            let found = if content.is_empty() {
-                None
-            } else {
-                raw.get(cursor..).and_then(|r| r.find(content)).map(|i| cursor + i)
-            };
-            if offset < line_end_in_value || line_end_in_value == value.len() {
-                let within = offset - line_start_in_value;
-                return match found {
-                    Some(at) if within <= content.len() => node.span.start + at + within,
-                    Some(at) => node.span.start + at,
-                    None => node.span.start,
-                };
-            }
-            if let Some(at) = found {
-                cursor = at + content.len();
-            }
-            line_start_in_value = line_end_in_value;
-        }
-        node.span.start
-    }
-
-    /// A span inside a scalar's value, mapped into the file.
+    /// The span of bytes `start..end` of the scalar `node`'s value text,
+    /// mapped into the file. The value is matched against the source text it
+    /// was read from, so positions stay exact through quotes, escapes,
+    /// indentation and folded lines; for script values, the call that
+    /// declared them.
     pub fn locate_span(&self, node: &Node, start: usize, end: usize) -> Span {
-        let s = self.locate(node, start);
-        if self.script {
+        let Some(s) = node.as_scalar() else {
+            return Span::point(node.span.start);
+        };
+        let raw = self.file.slice(node.span);
+        // A script value, or an alias (`*name`) whose text is elsewhere:
+        // point at the whole node.
+        if self.script || raw.starts_with('*') {
             return node.span;
         }
-        Span::new(s, self.locate(node, end).max(s))
+        let chars = align(raw, &s.text);
+        let after_last = chars.last().map_or(0, |c| c.2);
+        let from = chars.iter().find(|c| c.0 >= start).map_or(after_last, |c| c.1);
+        let to = chars.iter().rev().find(|c| c.0 < end).map_or(from, |c| c.2);
+        Span::new(node.span.start + from, node.span.start + to.max(from))
     }
+}
+
+/// Match each character of a scalar's value to the source text it was read
+/// from: `(offset in the value, start and end in the source)`. Source text
+/// that makes no character (quotes, a block header, indentation, an escaped
+/// line break) is skipped; an escape sequence makes one character; a space
+/// made by folding a line break matches the line break.
+fn align(raw: &str, value: &str) -> Vec<(usize, usize, usize)> {
+    // Skip an anchor or tag (`&name`, `!!str`) and the opening quote, which
+    // could otherwise match the value's first characters.
+    let mut r = 0;
+    while raw[r..].starts_with(['&', '!']) {
+        r = raw[r..].find(char::is_whitespace).map_or(raw.len(), |i| r + i);
+        r += raw[r..].len() - raw[r..].trim_start().len();
+    }
+    let double = raw[r..].starts_with('"');
+    if raw[r..].starts_with(['"', '\'']) {
+        r += 1;
+    }
+    let mut out = Vec::with_capacity(value.len());
+    let mut values = value.char_indices().peekable();
+    while let Some(&(v, vc)) = values.peek() {
+        let Some(rc) = raw.get(r..).and_then(|rest| rest.chars().next()) else {
+            // Text the source does not hold, such as a block scalar's final
+            // line break.
+            out.push((v, raw.len(), raw.len()));
+            values.next();
+            continue;
+        };
+        if rc == vc {
+            out.push((v, r, r + rc.len_utf8()));
+            r += rc.len_utf8();
+            values.next();
+        } else if double && rc == '\\' {
+            let esc = raw[r + 1..].chars().next();
+            let digits = match esc {
+                Some('x') => 2,
+                Some('u') => 4,
+                Some('U') => 8,
+                _ => 0,
+            };
+            let len = 1 + esc.map_or(0, char::len_utf8) + digits;
+            let len = if raw.is_char_boundary((r + len).min(raw.len())) {
+                len
+            } else {
+                1
+            };
+            let end = (r + len).min(raw.len());
+            if !matches!(esc, Some('\n' | '\r')) {
+                out.push((v, r, end));
+                values.next();
+            }
+            r = end;
+        } else if vc.is_whitespace() && !rc.is_whitespace() {
+            out.push((v, r, r));
+            values.next();
+        } else {
+            r += rc.len_utf8();
+        }
+    }
+    out
 }
 
 /// A mapping being read: tracks which keys were used so the rest can be
@@ -134,7 +167,11 @@ pub fn map<'n>(
 impl<'n> MapReader<'n> {
     /// The entry for `key`, marked as used.
     pub fn entry(&mut self, key: &str) -> Option<&'n Entry> {
-        debug_assert!(self.allowed.contains(&key), "reader for {} asked for undeclared key {key}", self.what);
+        debug_assert!(
+            self.allowed.contains(&key),
+            "reader for {} asked for undeclared key {key}",
+            self.what
+        );
         let i = self.entries.iter().position(|e| e.key == key)?;
         self.used[i] = true;
         Some(&self.entries[i])
@@ -169,9 +206,13 @@ impl<'n> MapReader<'n> {
         for (e, used) in self.entries.iter().zip(&self.used) {
             if !used {
                 cx.push(
-                    Diagnostic::error(Code::UnknownKey, e.key_span, format!("unknown key `{}` in {}", e.key, self.what))
-                        .with_label("unknown key")
-                        .with_help(did_you_mean(&e.key, self.allowed.iter().copied(), "keys")),
+                    Diagnostic::error(
+                        Code::UnknownKey,
+                        e.key_span,
+                        format!("unknown key `{}` in {}", e.key, self.what),
+                    )
+                    .with_label("unknown key")
+                    .with_help(did_you_mean(&e.key, self.allowed.iter().copied(), "keys")),
                 );
             }
         }
@@ -189,8 +230,44 @@ pub fn string(cx: &mut Cx<'_>, node: &Node, what: &str) -> Option<String> {
     }
 }
 
+/// A string that is not empty or blank.
+pub fn nonempty(cx: &mut Cx<'_>, node: &Node, what: &str) -> Option<String> {
+    let s = string(cx, node, what)?;
+    if s.trim().is_empty() {
+        cx.push(
+            Diagnostic::error(Code::BadValue, node.span, format!("{what} is empty"))
+                .with_label("empty")
+                .with_help("give a name"),
+        );
+        return None;
+    }
+    Some(s)
+}
+
 /// A name (agent, step, input, reflex): letters, digits, `-`, `_`.
-pub fn name(cx: &mut Cx<'_>, node: &Node, span: Span, text: &str, what: &str) -> Option<String> {
+pub fn name(cx: &mut Cx<'_>, span: Span, text: &str, kind: NameKind) -> Option<String> {
+    let what = kind.what();
+    if kind.is_identifier() {
+        if is_valid_name(text) && !text.contains('-') {
+            return Some(text.to_owned());
+        }
+        let help = if is_valid_name(text) {
+            format!(
+                "{what} names are used in expressions (`{}.{}`), where `-` means minus: write `{}`",
+                kind.variable(),
+                text,
+                text.replace('-', "_")
+            )
+        } else {
+            format!("{what} names start with a letter and use only letters, digits and `_` (at most 64)")
+        };
+        cx.push(
+            Diagnostic::error(Code::BadName, span, format!("`{text}` is not a valid {what} name"))
+                .with_label("invalid name")
+                .with_help(help),
+        );
+        return None;
+    }
     if is_valid_name(text) {
         return Some(text.to_owned());
     }
@@ -199,8 +276,46 @@ pub fn name(cx: &mut Cx<'_>, node: &Node, span: Span, text: &str, what: &str) ->
             .with_label("invalid name")
             .with_help("names start with a letter and use only letters, digits, `-` and `_` (at most 64)"),
     );
-    let _ = node;
     None
+}
+
+/// What a name names, which decides the characters it may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NameKind {
+    /// The workflow itself.
+    Workflow,
+    /// An agent.
+    Agent,
+    /// A step: referenced in expressions as `steps.<id>`.
+    Step,
+    /// An input: referenced in expressions as `inputs.<name>`.
+    Input,
+    /// A reflex.
+    Reflex,
+}
+
+impl NameKind {
+    fn what(self) -> &'static str {
+        match self {
+            NameKind::Workflow => "workflow",
+            NameKind::Agent => "agent",
+            NameKind::Step => "step",
+            NameKind::Input => "input",
+            NameKind::Reflex => "reflex",
+        }
+    }
+
+    /// Names used as identifiers in expressions may not contain `-`.
+    fn is_identifier(self) -> bool {
+        matches!(self, NameKind::Step | NameKind::Input)
+    }
+
+    fn variable(self) -> &'static str {
+        match self {
+            NameKind::Input => "inputs",
+            _ => "steps",
+        }
+    }
 }
 
 /// A whole number in `[min, max]`.
@@ -213,9 +328,13 @@ pub fn integer(cx: &mut Cx<'_>, node: &Node, what: &str, min: i64, max: i64) -> 
         Some(n) if (min..=max).contains(&n) => Some(n),
         Some(n) => {
             cx.push(
-                Diagnostic::error(Code::BadValue, node.span, format!("{what} must be between {min} and {max}, found {n}"))
-                    .with_label("out of range")
-                    .with_help(format!("use a whole number from {min} to {max}")),
+                Diagnostic::error(
+                    Code::BadValue,
+                    node.span,
+                    format!("{what} must be between {min} and {max}, found {n}"),
+                )
+                .with_label("out of range")
+                .with_help(format!("use a whole number from {min} to {max}")),
             );
             None
         }
@@ -242,14 +361,23 @@ pub fn number(cx: &mut Cx<'_>, node: &Node, what: &str, min: f64, max: f64) -> O
         Some(n) if n >= min && n <= max => Some(n),
         Some(n) => {
             cx.push(
-                Diagnostic::error(Code::BadValue, node.span, format!("{what} must be between {min} and {max}, found {n}"))
-                    .with_label("out of range")
-                    .with_help(format!("use a number from {min} to {max}")),
+                Diagnostic::error(
+                    Code::BadValue,
+                    node.span,
+                    format!("{what} must be between {min} and {max}, found {n}"),
+                )
+                .with_label("out of range")
+                .with_help(format!("use a number from {min} to {max}")),
             );
             None
         }
         None => {
-            cx.wrong_type(node, what, "a number", &format!("{max}"));
+            // `50%` is a share written as a percentage: show the fraction.
+            let example = node
+                .as_scalar()
+                .and_then(|s| s.text.trim().strip_suffix('%')?.trim().parse::<f64>().ok())
+                .map_or_else(|| format!("{max}"), |p| format!("{}", p / 100.0));
+            cx.wrong_type(node, what, "a number", &example);
             None
         }
     }
@@ -271,9 +399,13 @@ pub fn duration(cx: &mut Cx<'_>, node: &Node, what: &str) -> Option<Duration> {
         Ok(d) => Some(d),
         Err(e) => {
             cx.push(
-                Diagnostic::error(Code::BadDuration, node.span, format!("{what} `{text}` is not a duration: {e}"))
-                    .with_label("not a duration")
-                    .with_help("write a number and a unit: `500ms`, `5s`, `2m`, `1h 30m`"),
+                Diagnostic::error(
+                    Code::BadDuration,
+                    node.span,
+                    format!("{what} `{text}` is not a duration: {e}"),
+                )
+                .with_label("not a duration")
+                .with_help("write a number and a unit: `500ms`, `5s`, `2m`, `1h 30m`"),
             );
             None
         }
@@ -294,9 +426,13 @@ pub fn size(cx: &mut Cx<'_>, node: &Node, what: &str) -> Option<u64> {
         Some(b) if b.as_u64() > 0 => Some(b.as_u64()),
         _ => {
             cx.push(
-                Diagnostic::error(Code::BadSize, node.span, format!("{what} `{text}` is not a memory size"))
-                    .with_label("not a size")
-                    .with_help("write a number and a unit: `24GiB`, `80 GB`, `512MiB`"),
+                Diagnostic::error(
+                    Code::BadSize,
+                    node.span,
+                    format!("{what} `{text}` is not a memory size"),
+                )
+                .with_label("not a size")
+                .with_help("write a number and a unit: `24GiB`, `80 GB`, `512MiB`"),
             );
             None
         }
@@ -343,5 +479,36 @@ pub fn seq<'n>(cx: &mut Cx<'_>, node: &'n Node, what: &str, example: &str) -> Op
             cx.wrong_type(node, what, "a list", example);
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::align;
+
+    /// The source text each value character was matched to.
+    fn matched(raw: &str, value: &str) -> Vec<String> {
+        align(raw, value)
+            .into_iter()
+            .map(|(_, start, end)| raw[start..end].to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn escapes_make_one_character() {
+        let raw = r#""a\tb\"c\x41""#;
+        assert_eq!(matched(raw, "a\tb\"cA"), ["a", "\\t", "b", "\\\"", "c", "\\x41"]);
+    }
+
+    #[test]
+    fn folded_and_indented_lines_match_their_source() {
+        // A folded block: the line break between `x` and `y` became a space.
+        let spans = align("x &&\n  y\n", "x && y\n");
+        let y = spans.iter().find(|c| c.0 == 5).map(|c| c.1);
+        assert_eq!(y, Some(7));
+        // A single-quoted scalar: `''` is one quote.
+        assert_eq!(matched("'it''s'", "it's"), ["i", "t", "'", "s"]);
+        // An anchor and a tag come before the value.
+        assert_eq!(matched("&a !!str \"ab\"", "ab"), ["a", "b"]);
     }
 }

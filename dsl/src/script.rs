@@ -58,14 +58,16 @@ pub fn parse(file: &SourceFile, diags: &mut Diagnostics) -> Option<Node> {
             ExprErrorKind::Limit => Diagnostic::error(Code::ScriptLimit, span, format!("the script was stopped: {}", err.message))
                 .with_label("limit reached here")
                 .with_help(format!(
-                    "a workflow script runs at most {} operations and builds strings of at most {} bytes; look for a loop that never ends",
+                    "a workflow script runs at most {} operations, builds strings of at most {} bytes and declares at most {MAX_NODES} values; look for a loop that never ends",
                     SCRIPT_LIMITS.max_operations, SCRIPT_LIMITS.max_string_size
                 )),
             ExprErrorKind::Syntax => {
-                let help = if err.message.contains("name of a property") {
-                    "a map key that is a Rhai keyword (`for`, `do`, `until`, ...) must be quoted: `\"for\": \"5s\"`"
-                } else {
-                    "see docs/workflows.md for the workflow script API"
+                let help = match keyword_key(file, at) {
+                    Some(k) => format!("`{k}` is a Rhai keyword: as a map key it must be quoted, `\"{k}\": ...`"),
+                    None if err.message.contains("name of a property") => {
+                        "a map key that is a Rhai keyword (`for`, `do`, `until`, `default`, ...) must be quoted: `\"for\": \"5s\"`".to_owned()
+                    }
+                    None => "see docs/workflows.md for the workflow script API".to_owned(),
                 };
                 Diagnostic::error(Code::ScriptError, span, format!("invalid Rhai: {}", err.message))
                     .with_label("here")
@@ -104,6 +106,25 @@ pub fn parse(file: &SourceFile, diags: &mut Diagnostics) -> Option<Node> {
     })
 }
 
+/// Workflow keys that are reserved words in Rhai.
+const KEYWORD_KEYS: &[&str] = &[
+    "for", "do", "until", "default", "loop", "while", "if", "else", "switch", "fn", "let",
+];
+
+/// A workflow key that is a Rhai keyword, written unquoted as a map key on
+/// the line of `at` (the usual cause of a syntax error there).
+fn keyword_key(file: &SourceFile, at: usize) -> Option<&'static str> {
+    let line = file.line_col(at).line;
+    let text = file.text().lines().nth(line - 1)?;
+    KEYWORD_KEYS.iter().copied().find(|k| {
+        text.match_indices(k).any(|(i, _)| {
+            let before = text[..i].chars().next_back();
+            let after = text[i + k.len()..].trim_start();
+            !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '"') && after.starts_with(':')
+        })
+    })
+}
+
 fn register(engine: &mut rhai::Engine, file: &SourceFile, state: &Shared) {
     let text: Arc<str> = Arc::from(file.text());
 
@@ -132,48 +153,57 @@ fn register(engine: &mut rhai::Engine, file: &SourceFile, state: &Shared) {
     }
     {
         let (st, at) = (state.clone(), call_span.clone());
-        engine.register_fn("placement", move |ctx: NativeCallContext, spec: rhai::Map| -> CallResult {
-            let span = at(&ctx, "placement");
-            with(&st, |s| {
-                let node = convert(s, &Dynamic::from_map(spec), span, 0)?;
-                set_top(s, "placement", span, node)
-            })
-        });
+        engine.register_fn(
+            "placement",
+            move |ctx: NativeCallContext, spec: rhai::Map| -> CallResult {
+                let span = at(&ctx, "placement");
+                with(&st, |s| {
+                    let node = convert(s, &Dynamic::from_map(spec), span, 0)?;
+                    set_top(s, "placement", span, node)
+                })
+            },
+        );
     }
     for (func, section) in [("input", Section::Inputs), ("agent", Section::Agents)] {
         let (st, at) = (state.clone(), call_span.clone());
-        engine.register_fn(func, move |ctx: NativeCallContext, name: &str, spec: Dynamic| -> CallResult {
-            let span = at(&ctx, func);
-            with(&st, |s| {
-                let node = convert(s, &spec, span, 0)?;
-                named(s, section, name, span, node)
-            })
-        });
+        engine.register_fn(
+            func,
+            move |ctx: NativeCallContext, name: &str, spec: Dynamic| -> CallResult {
+                let span = at(&ctx, func);
+                with(&st, |s| {
+                    let node = convert(s, &spec, span, 0)?;
+                    named(s, section, name, span, node)
+                })
+            },
+        );
     }
     for (func, section, key) in [("step", Section::Steps, "id"), ("reflex", Section::Reflexes, "name")] {
         let (st, at) = (state.clone(), call_span.clone());
-        engine.register_fn(func, move |ctx: NativeCallContext, name: &str, spec: rhai::Map| -> CallResult {
-            let span = at(&ctx, func);
-            with(&st, |s| {
-                let mut node = convert(s, &Dynamic::from_map(spec), span, 0)?;
-                if let NodeKind::Map(entries) = &mut node.kind {
-                    entries.retain(|e| e.key != key);
-                    entries.insert(
-                        0,
-                        Entry {
-                            key: key.to_owned(),
-                            key_span: span,
-                            value: scalar_str(name, span),
-                        },
-                    );
-                }
-                match section {
-                    Section::Steps => s.steps.push(node),
-                    _ => s.reflexes.push(node),
-                }
-                Ok(())
-            })
-        });
+        engine.register_fn(
+            func,
+            move |ctx: NativeCallContext, name: &str, spec: rhai::Map| -> CallResult {
+                let span = at(&ctx, func);
+                with(&st, |s| {
+                    let mut node = convert(s, &Dynamic::from_map(spec), span, 0)?;
+                    if let NodeKind::Map(entries) = &mut node.kind {
+                        entries.retain(|e| e.key != key);
+                        entries.insert(
+                            0,
+                            Entry {
+                                key: key.to_owned(),
+                                key_span: span,
+                                value: scalar_str(name, span),
+                            },
+                        );
+                    }
+                    match section {
+                        Section::Steps => s.steps.push(node),
+                        _ => s.reflexes.push(node),
+                    }
+                    Ok(())
+                })
+            },
+        );
     }
 }
 
@@ -226,10 +256,14 @@ fn named(s: &mut State, section: Section, name: &str, span: Span, value: Node) -
     if let Some(first) = list.iter().find(|e| e.key == name) {
         let first = first.key_span;
         s.diags.push(
-            Diagnostic::error(Code::DuplicateKey, span, format!("the {what} `{name}` is declared twice"))
-                .with_label("second declaration")
-                .with_related(first, "first declaration")
-                .with_help(format!("give each {what} its own name")),
+            Diagnostic::error(
+                Code::DuplicateKey,
+                span,
+                format!("the {what} `{name}` is declared twice"),
+            )
+            .with_label("second declaration")
+            .with_related(first, "first declaration")
+            .with_help(format!("give each {what} its own name")),
         );
         return Ok(());
     }
@@ -246,7 +280,7 @@ fn convert(s: &mut State, v: &Dynamic, span: Span, depth: usize) -> Result<Node,
     s.nodes += 1;
     if depth > MAX_DEPTH || s.nodes > MAX_NODES {
         return Err(Box::new(EvalAltResult::ErrorDataTooLarge(
-            "Workflow value".to_owned(),
+            "Workflow".to_owned(),
             Position::NONE,
         )));
     }
@@ -264,7 +298,8 @@ fn convert(s: &mut State, v: &Dynamic, span: Span, depth: usize) -> Result<Node,
         return Ok(scalar(i.to_string(), ScalarStyle::Plain));
     }
     if let Ok(f) = v.as_float() {
-        return Ok(scalar(f.to_string(), ScalarStyle::Plain));
+        // `{:?}` keeps the fraction (`8.0`, not `8`), as the script wrote it.
+        return Ok(scalar(format!("{f:?}"), ScalarStyle::Plain));
     }
     if let Ok(c) = v.as_char() {
         return Ok(scalar(c.to_string(), ScalarStyle::Quoted));
@@ -321,7 +356,9 @@ mod tests {
         assert_eq!(keys, ["name", "agents", "steps"]);
         // The agent points at its call, on line 2.
         assert_eq!(f.line_col(e[1].value.span.start).line, 1);
-        let NodeKind::Map(agents) = &e[1].value.kind else { panic!() };
+        let NodeKind::Map(agents) = &e[1].value.kind else {
+            panic!()
+        };
         assert_eq!(f.line_col(agents[0].key_span.start).line, 2);
     }
 }

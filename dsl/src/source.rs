@@ -77,6 +77,10 @@ pub struct SourceFile {
     text: String,
     /// Byte offset of the first byte of each line.
     line_starts: Vec<usize>,
+    /// Byte offset of each character, kept only when the text is not ASCII
+    /// (for ASCII text the two are equal), so that converting the YAML
+    /// parser's character positions costs O(1) even on one-line files.
+    char_offsets: Option<Vec<usize>>,
 }
 
 impl SourceFile {
@@ -85,10 +89,12 @@ impl SourceFile {
         let text = text.into();
         let mut line_starts = vec![0];
         line_starts.extend(text.match_indices('\n').map(|(i, _)| i + 1));
+        let char_offsets = (!text.is_ascii()).then(|| text.char_indices().map(|(i, _)| i).collect());
         SourceFile {
             name: name.into(),
             text,
             line_starts,
+            char_offsets,
         }
     }
 
@@ -140,10 +146,10 @@ impl SourceFile {
     /// Byte offset of the `index`-th character (character indices are what
     /// the YAML parser reports).
     pub fn offset_of_char(&self, index: usize) -> usize {
-        self.text
-            .char_indices()
-            .nth(index)
-            .map_or(self.text.len(), |(i, _)| i)
+        match &self.char_offsets {
+            None => index.min(self.text.len()),
+            Some(offsets) => offsets.get(index).copied().unwrap_or(self.text.len()),
+        }
     }
 
     fn floor_char(&self, mut offset: usize) -> usize {

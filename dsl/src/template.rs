@@ -38,13 +38,10 @@ pub fn parse(text: &str) -> (Vec<RawPart>, Vec<TemplateError>) {
     let mut literal = String::new();
     while let Some(open_rel) = text[rest_start..].find("{{") {
         let open = rest_start + open_rel;
-        let close_rel = text[open + 2..].find("}}");
-        let next_open = text[open + 2..].find("{{");
         literal.push_str(&text[rest_start..open]);
-        match close_rel {
-            Some(c) if next_open.is_none_or(|n| n > c) => {
-                let inner_start = open + 2;
-                let inner_end = inner_start + c;
+        let inner_start = open + 2;
+        match close_of(text, inner_start) {
+            Some(inner_end) => {
                 let inner = &text[inner_start..inner_end];
                 let lead = inner.len() - inner.trim_start().len();
                 let trimmed = inner.trim();
@@ -66,7 +63,7 @@ pub fn parse(text: &str) -> (Vec<RawPart>, Vec<TemplateError>) {
                 }
                 rest_start = inner_end + 2;
             }
-            _ => {
+            None => {
                 errors.push(TemplateError {
                     message: "`{{` is not closed by `}}`".to_owned(),
                     start: open,
@@ -83,6 +80,33 @@ pub fn parse(text: &str) -> (Vec<RawPart>, Vec<TemplateError>) {
         parts.push(RawPart::Text(literal));
     }
     (parts, errors)
+}
+
+/// Where the interpolation whose expression starts at `from` ends: the
+/// offset of its closing `}}`. Braces inside string literals and balanced
+/// braces of the expression itself (`#{ a: 1 }`) do not close it; a `{{`
+/// outside a string means the previous one was never closed.
+fn close_of(text: &str, from: usize) -> Option<usize> {
+    let bytes = text.as_bytes();
+    let mut depth = 0usize;
+    let mut i = from;
+    while i < bytes.len() {
+        match bytes[i] {
+            q @ (b'"' | b'\'' | b'`') => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != q {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b'{' if depth == 0 && bytes.get(i + 1) == Some(&b'{') => return None,
+            b'{' => depth += 1,
+            b'}' if depth > 0 => depth -= 1,
+            b'}' if bytes.get(i + 1) == Some(&b'}') => return Some(i),
+            _ => {}
+        }
+        i += 1;
+    }
+    None
 }
 
 #[cfg(test)]
@@ -104,6 +128,20 @@ mod tests {
                 RawPart::Text("!".into()),
             ]
         );
+    }
+
+    #[test]
+    fn braces_in_strings_and_maps_do_not_close() {
+        let (parts, errors) = parse(r#"a {{ "{{" }} b {{ #{ x: 1 }.x }} c {{ "}}" }}"#);
+        assert!(errors.is_empty(), "{errors:?}");
+        let exprs: Vec<&str> = parts
+            .iter()
+            .filter_map(|p| match p {
+                RawPart::Expr { text, .. } => Some(text.as_str()),
+                RawPart::Text(_) => None,
+            })
+            .collect();
+        assert_eq!(exprs, [r#""{{""#, "#{ x: 1 }.x", r#""}}""#]);
     }
 
     #[test]

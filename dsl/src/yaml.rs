@@ -24,6 +24,8 @@ enum Frame {
         start: usize,
         anchor: usize,
         entries: Vec<Entry>,
+        /// Index of each key in `entries`, for duplicate detection.
+        seen: HashMap<String, usize>,
         key: Option<(String, Span)>,
         /// A non-scalar key was seen: its value is dropped.
         skip_value: bool,
@@ -52,11 +54,29 @@ pub fn parse(file: &SourceFile, diags: &mut Diagnostics) -> Option<Node> {
             Ok(ev) => ev,
             Err(e) => {
                 let at = builder.offset(e.marker());
-                builder.diags.push(
-                    Diagnostic::error(Code::YamlSyntax, Span::point(at), format!("invalid YAML: {}", e.info()))
-                        .with_label("here")
-                        .with_help("check the indentation and quoting around this point"),
-                );
+                if e.info() == "recursion limit exceeded" {
+                    // The scanner counts open `[`/`{` in a byte and reads
+                    // ahead, so deep flow nesting fails here, before the
+                    // builder sees the collections.
+                    builder.diags.push(too_deep(Span::point(at)));
+                    return None;
+                }
+                let d = Diagnostic::error(Code::YamlSyntax, Span::point(at), format!("invalid YAML: {}", e.info()))
+                    .with_label("here");
+                // A `{` or `[` left open is found only where the parser gives
+                // up, often a line later: show where it was opened.
+                let d = match builder.open_flow() {
+                    Some((open, [open_c, close_c], what)) => d
+                        .with_related(
+                            Span::new(open, open + 1),
+                            format!("this {what} is not closed before the error"),
+                        )
+                        .with_help(format!(
+                            "check that this `{open_c}` is closed by `{close_c}`, and the quoting inside it"
+                        )),
+                    None => d.with_help("check the indentation and quoting around this point"),
+                };
+                builder.diags.push(d);
                 return None;
             }
         };
@@ -78,7 +98,9 @@ pub fn parse(file: &SourceFile, diags: &mut Diagnostics) -> Option<Node> {
                 }
                 Ok(())
             }
-            Event::Scalar(text, style, anchor, tag) => builder.scalar(span, text.into_owned(), style, anchor, tag.as_deref()),
+            Event::Scalar(text, style, anchor, tag) => {
+                builder.scalar(span, text.into_owned(), style, anchor, tag.as_deref())
+            }
             Event::MappingStart(anchor, tag) => builder.open(span, anchor, tag.as_deref(), true),
             Event::SequenceStart(anchor, tag) => builder.open(span, anchor, tag.as_deref(), false),
             Event::MappingEnd | Event::SequenceEnd => builder.close(span),
@@ -113,7 +135,20 @@ struct Builder<'a> {
 
 impl Builder<'_> {
     fn offset(&self, m: &Marker) -> usize {
-        self.file.offset_of(m.line(), m.col())
+        self.file.offset_of_char(m.index())
+    }
+
+    /// The innermost open collection when it is a flow one (`{ ... }` or
+    /// `[ ... ]`): where it opens, its brackets and what it is.
+    fn open_flow(&self) -> Option<(usize, [char; 2], &'static str)> {
+        let start = match self.stack.last()? {
+            Frame::Map { start, .. } | Frame::Seq { start, .. } => *start,
+        };
+        match self.file.text().get(start..)?.chars().next()? {
+            '{' => Some((start, ['{', '}'], "mapping")),
+            '[' => Some((start, ['[', ']'], "list")),
+            _ => None,
+        }
     }
 
     fn count(&mut self, n: usize, span: Span) -> Result<(), Stop> {
@@ -139,22 +174,40 @@ impl Builder<'_> {
             return Some(tag.suffix.clone());
         }
         self.diags.push(
-            Diagnostic::error(Code::UnsupportedYaml, span, format!("the YAML tag `{tag}` is not supported here"))
-                .with_label("unsupported tag")
-                .with_help("remove the tag; values are typed by the field they fill"),
+            Diagnostic::error(
+                Code::UnsupportedYaml,
+                span,
+                format!("the YAML tag `{tag}` is not supported here"),
+            )
+            .with_label("unsupported tag")
+            .with_help("remove the tag; values are typed by the field they fill"),
         );
         None
     }
 
-    fn scalar(&mut self, span: Span, text: String, style: YStyle, anchor: usize, tag: Option<&Tag>) -> Result<(), Stop> {
+    fn scalar(
+        &mut self,
+        span: Span,
+        text: String,
+        style: YStyle,
+        anchor: usize,
+        tag: Option<&Tag>,
+    ) -> Result<(), Stop> {
         self.count(1, span)?;
         let mut style = match style {
             YStyle::Plain => ScalarStyle::Plain,
             YStyle::SingleQuoted | YStyle::DoubleQuoted => ScalarStyle::Quoted,
             YStyle::Literal | YStyle::Folded => ScalarStyle::Block,
         };
-        if self.check_tag(tag, span, &["str", "int", "float", "bool", "null"]).as_deref() == Some("str") {
-            style = ScalarStyle::Quoted;
+        // A core-schema tag types the scalar as its style would: `!!str`
+        // makes it text, the others make a quoted value read as unquoted.
+        match self
+            .check_tag(tag, span, &["str", "int", "float", "bool", "null"])
+            .as_deref()
+        {
+            Some("str") => style = ScalarStyle::Quoted,
+            Some(_) => style = ScalarStyle::Plain,
+            None => {}
         }
         let node = Node {
             span,
@@ -166,11 +219,7 @@ impl Builder<'_> {
     fn open(&mut self, span: Span, anchor: usize, tag: Option<&Tag>, map: bool) -> Result<(), Stop> {
         self.check_tag(tag, span, if map { &["map"] } else { &["seq"] });
         if self.stack.len() >= MAX_DEPTH {
-            self.diags.push(
-                Diagnostic::error(Code::YamlLimit, span, format!("values are nested more than {MAX_DEPTH} levels deep"))
-                    .with_label("too deep")
-                    .with_help("a workflow needs only a few levels of nesting"),
-            );
+            self.diags.push(too_deep(span));
             return Err(Stop);
         }
         self.count(1, span)?;
@@ -179,6 +228,7 @@ impl Builder<'_> {
                 start: span.start,
                 anchor,
                 entries: Vec::new(),
+                seen: HashMap::new(),
                 key: None,
                 skip_value: false,
             }
@@ -197,7 +247,9 @@ impl Builder<'_> {
             return Ok(());
         };
         let (start, anchor, kind) = match frame {
-            Frame::Map { start, anchor, entries, .. } => (start, anchor, NodeKind::Map(entries)),
+            Frame::Map {
+                start, anchor, entries, ..
+            } => (start, anchor, NodeKind::Map(entries)),
             Frame::Seq { start, anchor, items } => (start, anchor, NodeKind::Seq(items)),
         };
         // Block collections end where their last item ends; the end event of
@@ -207,7 +259,13 @@ impl Builder<'_> {
             NodeKind::Seq(i) => i.last().map(|n| n.span.end),
             NodeKind::Scalar(_) => None,
         }
-        .map_or(span.end, |last| if span.end > last && span.len() > 0 { span.end } else { last.max(start) });
+        .map_or(span.end, |last| {
+            if span.end > last && !span.is_empty() {
+                span.end
+            } else {
+                last.max(start)
+            }
+        });
         let size = node_count(&kind);
         let node = Node {
             span: Span::new(start, end),
@@ -241,6 +299,7 @@ impl Builder<'_> {
             Some(Frame::Seq { items, .. }) => items.push(node),
             Some(Frame::Map {
                 entries,
+                seen,
                 key,
                 skip_value,
                 ..
@@ -251,22 +310,31 @@ impl Builder<'_> {
                     _ => {
                         *skip_value = true;
                         self.diags.push(
-                            Diagnostic::error(Code::UnsupportedYaml, node.span, "keys must be plain names, not lists or mappings")
-                                .with_label("complex key")
-                                .with_help("write the key as a name, e.g. `model:`"),
+                            Diagnostic::error(
+                                Code::UnsupportedYaml,
+                                node.span,
+                                "keys must be plain names, not lists or mappings",
+                            )
+                            .with_label("complex key")
+                            .with_help("write the key as a name, e.g. `model:`"),
                         );
                     }
                 },
                 Some((k, key_span)) => {
-                    if let Some(first) = entries.iter().find(|e| e.key == k) {
-                        let first_span = first.key_span;
+                    if let Some(&first) = seen.get(&k) {
+                        let first_span = entries[first].key_span;
                         self.diags.push(
-                            Diagnostic::error(Code::DuplicateKey, key_span, format!("the key `{k}` appears twice in this mapping"))
-                                .with_label("second occurrence")
-                                .with_related(first_span, "first occurrence")
-                                .with_help("remove one of them; YAML keeps only one value per key"),
+                            Diagnostic::error(
+                                Code::DuplicateKey,
+                                key_span,
+                                format!("the key `{k}` appears twice in this mapping"),
+                            )
+                            .with_label("second occurrence")
+                            .with_related(first_span, "first occurrence")
+                            .with_help("remove one of them; YAML keeps only one value per key"),
                         );
                     } else {
+                        seen.insert(k.clone(), entries.len());
                         entries.push(Entry {
                             key: k,
                             key_span,
@@ -278,6 +346,16 @@ impl Builder<'_> {
         }
         Ok(())
     }
+}
+
+fn too_deep(span: Span) -> Diagnostic {
+    Diagnostic::error(
+        Code::YamlLimit,
+        span,
+        format!("values are nested more than {MAX_DEPTH} levels deep"),
+    )
+    .with_label("too deep")
+    .with_help("a workflow needs only a few levels of nesting")
 }
 
 fn node_count(kind: &NodeKind) -> usize {
@@ -316,7 +394,10 @@ mod tests {
     fn alias_bomb_is_refused() {
         let mut text = String::from("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
         for i in 1..10 {
-            text.push_str(&format!("a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n", p = i - 1));
+            text.push_str(&format!(
+                "a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n",
+                p = i - 1
+            ));
         }
         let f = SourceFile::new("bomb.yaml", text);
         let mut d = Diagnostics::default();

@@ -20,9 +20,7 @@ use serde::{Deserialize, Serialize};
 /// assert_eq!(weights.to_string(), "14.2 GiB");
 /// assert_eq!(serde_json::to_string(&weights).unwrap(), "15237000000");
 /// ```
-#[derive(
-    Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Bytes(u64);
 
@@ -164,10 +162,7 @@ mod tests {
             Some(Bytes::new((1 << 30) + (1 << 20)))
         );
         assert_eq!(Bytes::KIB.checked_mul(1024), Some(Bytes::MIB));
-        assert_eq!(
-            Bytes::MIB.checked_sub(Bytes::KIB),
-            Some(Bytes::new(1023 * 1024))
-        );
+        assert_eq!(Bytes::MIB.checked_sub(Bytes::KIB), Some(Bytes::new(1023 * 1024)));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use skein_dsl::{Parsed, SourceKind, MAX_FILE_BYTES};
+use skein_dsl::{MAX_FILE_BYTES, Parsed, SourceKind};
 
 /// Why a workflow file could not be read (its content is judged by the
 /// diagnostics of [`Parsed`], not here).
@@ -58,7 +58,9 @@ pub fn load(path: &Path) -> Result<Parsed, LoadError> {
     let file = std::fs::File::open(path).map_err(io)?;
     // Read one byte past the limit to tell "exactly at the limit" from "over".
     let mut bytes = Vec::new();
-    file.take(MAX_FILE_BYTES as u64 + 1).read_to_end(&mut bytes).map_err(io)?;
+    file.take(MAX_FILE_BYTES as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
     if bytes.len() > MAX_FILE_BYTES {
         return Err(LoadError::TooLarge {
             path: path.to_owned(),
@@ -89,6 +91,9 @@ mod tests {
 
         let other = dir.path().join("w.json");
         assert!(matches!(load(&other), Err(LoadError::UnknownKind { .. })));
-        assert!(matches!(load(&dir.path().join("missing.yaml")), Err(LoadError::Io { .. })));
+        assert!(matches!(
+            load(&dir.path().join("missing.yaml")),
+            Err(LoadError::Io { .. })
+        ));
     }
 }

@@ -359,9 +359,7 @@ impl FromStr for GgmlType {
             .iter()
             .copied()
             .find(|t| t.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| Error::UnknownGgmlTypeName {
-                found: s.to_owned(),
-            })
+            .ok_or_else(|| Error::UnknownGgmlTypeName { found: s.to_owned() })
     }
 }
 
@@ -435,11 +433,7 @@ mod tests {
     #[test]
     fn block_layouts_match_ggml() {
         for (ggml_type, elements, bytes) in KNOWN {
-            assert_eq!(
-                ggml_type.elements_per_block(),
-                elements,
-                "{ggml_type} elements"
-            );
+            assert_eq!(ggml_type.elements_per_block(), elements, "{ggml_type} elements");
             assert_eq!(ggml_type.bytes_per_block(), bytes, "{ggml_type} bytes");
         }
         let listed: Vec<_> = KNOWN.iter().map(|k| k.0).collect();
@@ -575,11 +569,7 @@ mod tests {
             GgmlType::I64,
         ];
         for ggml_type in GgmlType::ALL {
-            assert_eq!(
-                ggml_type.is_quantized(),
-                !dense.contains(&ggml_type),
-                "{ggml_type}"
-            );
+            assert_eq!(ggml_type.is_quantized(), !dense.contains(&ggml_type), "{ggml_type}");
         }
     }
 
@@ -595,18 +585,9 @@ mod tests {
             GgmlType::Q6_K.tensor_bytes(&[14336, 4096]).unwrap(),
             Bytes::new(56 * 210 * 4096)
         );
-        assert_eq!(
-            GgmlType::Q8_0.row_bytes(4096).unwrap(),
-            Bytes::new(128 * 34)
-        );
-        assert_eq!(
-            GgmlType::F32.tensor_bytes(&[4096]).unwrap(),
-            Bytes::new(16_384)
-        );
-        assert_eq!(
-            GgmlType::F16.tensor_bytes(&[7, 3, 2, 1]).unwrap(),
-            Bytes::new(84)
-        );
+        assert_eq!(GgmlType::Q8_0.row_bytes(4096).unwrap(), Bytes::new(128 * 34));
+        assert_eq!(GgmlType::F32.tensor_bytes(&[4096]).unwrap(), Bytes::new(16_384));
+        assert_eq!(GgmlType::F16.tensor_bytes(&[7, 3, 2, 1]).unwrap(), Bytes::new(84));
         assert_eq!(GgmlType::F32.tensor_bytes(&[]).unwrap(), Bytes::new(4));
         assert_eq!(GgmlType::Q4_0.tensor_bytes(&[0, 100]).unwrap(), Bytes::ZERO);
         assert_eq!(GgmlType::Q4_0.tensor_bytes(&[32, 0]).unwrap(), Bytes::ZERO);
@@ -639,18 +620,12 @@ mod tests {
         let err = GgmlType::F32.tensor_bytes(&ne).unwrap_err();
         assert!(matches!(&err, Error::TensorTooLarge { shape, .. } if shape == &ne));
         assert!(GgmlType::Q4_0.tensor_bytes(&[32, u64::MAX, 2]).is_err());
-        assert_eq!(
-            GgmlType::I8.tensor_bytes(&[u64::MAX]).unwrap(),
-            Bytes::new(u64::MAX)
-        );
+        assert_eq!(GgmlType::I8.tensor_bytes(&[u64::MAX]).unwrap(), Bytes::new(u64::MAX));
     }
 
     #[test]
     fn serde_uses_the_name() {
-        assert_eq!(
-            serde_json::to_string(&GgmlType::IQ4_XS).unwrap(),
-            r#""IQ4_XS""#
-        );
+        assert_eq!(serde_json::to_string(&GgmlType::IQ4_XS).unwrap(), r#""IQ4_XS""#);
         let back: GgmlType = serde_json::from_str(r#""IQ4_XS""#).unwrap();
         assert_eq!(back, GgmlType::IQ4_XS);
         assert!(serde_json::from_str::<GgmlType>(r#""Q9_K""#).is_err());

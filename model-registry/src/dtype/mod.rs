@@ -66,9 +66,7 @@ impl fmt::Display for TensorDtype {
 /// Number of elements of a tensor, or `None` if it does not fit in a `u64`. An empty
 /// shape is a scalar: one element.
 fn element_count(shape: &[u64]) -> Option<u64> {
-    shape
-        .iter()
-        .try_fold(1u64, |count, &dim| count.checked_mul(dim))
+    shape.iter().try_fold(1u64, |count, &dim| count.checked_mul(dim))
 }
 
 fn too_large(dtype: impl Into<TensorDtype>, shape: &[u64]) -> Error {
@@ -85,23 +83,14 @@ mod tests {
     #[test]
     fn tensor_dtype_dispatches_to_its_format() {
         let st = TensorDtype::from(SafetensorsDtype::BF16);
-        assert_eq!(
-            st.tensor_bytes(&[4096, 4096]).unwrap(),
-            Bytes::new(32 * 1024 * 1024)
-        );
+        assert_eq!(st.tensor_bytes(&[4096, 4096]).unwrap(), Bytes::new(32 * 1024 * 1024));
         let gg = TensorDtype::from(GgmlType::Q4_K);
-        assert_eq!(
-            gg.tensor_bytes(&[4096, 4096]).unwrap(),
-            Bytes::new(9_437_184)
-        );
+        assert_eq!(gg.tensor_bytes(&[4096, 4096]).unwrap(), Bytes::new(9_437_184));
     }
 
     #[test]
     fn tensor_dtype_display_and_serde_name_the_format() {
-        assert_eq!(
-            TensorDtype::from(SafetensorsDtype::F16).to_string(),
-            "safetensors F16"
-        );
+        assert_eq!(TensorDtype::from(SafetensorsDtype::F16).to_string(), "safetensors F16");
         assert_eq!(TensorDtype::from(GgmlType::F16).to_string(), "GGML F16");
         let json = serde_json::to_string(&TensorDtype::from(GgmlType::Q6_K)).unwrap();
         assert_eq!(json, r#"{"format":"ggml","dtype":"Q6_K"}"#);

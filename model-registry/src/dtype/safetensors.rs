@@ -275,39 +275,19 @@ mod tests {
     fn tensor_bytes_of_dense_dtypes() {
         // Llama-3-8B's embedding: 128256 x 4096 in BF16.
         assert_eq!(
-            SafetensorsDtype::BF16
-                .tensor_bytes(&[128_256, 4096])
-                .unwrap(),
+            SafetensorsDtype::BF16.tensor_bytes(&[128_256, 4096]).unwrap(),
             Bytes::new(1_050_673_152)
         );
-        assert_eq!(
-            SafetensorsDtype::F32.tensor_bytes(&[]).unwrap(),
-            Bytes::new(4)
-        );
-        assert_eq!(
-            SafetensorsDtype::C64.tensor_bytes(&[3]).unwrap(),
-            Bytes::new(24)
-        );
-        assert_eq!(
-            SafetensorsDtype::BOOL.tensor_bytes(&[5]).unwrap(),
-            Bytes::new(5)
-        );
-        assert_eq!(
-            SafetensorsDtype::I64.tensor_bytes(&[0, 9]).unwrap(),
-            Bytes::ZERO
-        );
+        assert_eq!(SafetensorsDtype::F32.tensor_bytes(&[]).unwrap(), Bytes::new(4));
+        assert_eq!(SafetensorsDtype::C64.tensor_bytes(&[3]).unwrap(), Bytes::new(24));
+        assert_eq!(SafetensorsDtype::BOOL.tensor_bytes(&[5]).unwrap(), Bytes::new(5));
+        assert_eq!(SafetensorsDtype::I64.tensor_bytes(&[0, 9]).unwrap(), Bytes::ZERO);
     }
 
     #[test]
     fn tensor_bytes_of_sub_byte_dtypes_must_fill_bytes() {
-        assert_eq!(
-            SafetensorsDtype::F4.tensor_bytes(&[2, 3]).unwrap(),
-            Bytes::new(3)
-        );
-        assert_eq!(
-            SafetensorsDtype::F6_E2M3.tensor_bytes(&[4]).unwrap(),
-            Bytes::new(3)
-        );
+        assert_eq!(SafetensorsDtype::F4.tensor_bytes(&[2, 3]).unwrap(), Bytes::new(3));
+        assert_eq!(SafetensorsDtype::F6_E2M3.tensor_bytes(&[4]).unwrap(), Bytes::new(3));
         let err = SafetensorsDtype::F4.tensor_bytes(&[3]).unwrap_err();
         assert!(matches!(
             err,
@@ -325,9 +305,7 @@ mod tests {
 
     #[test]
     fn tensor_bytes_refuses_overflow() {
-        let err = SafetensorsDtype::F32
-            .tensor_bytes(&[1 << 62, 2])
-            .unwrap_err();
+        let err = SafetensorsDtype::F32.tensor_bytes(&[1 << 62, 2]).unwrap_err();
         assert!(matches!(&err, Error::TensorTooLarge { shape, .. } if shape == &[1 << 62, 2]));
         assert!(SafetensorsDtype::U8.tensor_bytes(&[u64::MAX, 2]).is_err());
         assert!(SafetensorsDtype::U16.tensor_bytes(&[u64::MAX]).is_err());
@@ -344,9 +322,6 @@ mod tests {
         let back: SafetensorsDtype = serde_json::from_str(r#""F8_E4M3""#).unwrap();
         assert_eq!(back, SafetensorsDtype::F8_E4M3);
         let err = serde_json::from_str::<SafetensorsDtype>(r#""F128""#).unwrap_err();
-        assert!(
-            err.to_string().contains("unknown safetensors dtype `F128`"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("unknown safetensors dtype `F128`"), "{err}");
     }
 }
