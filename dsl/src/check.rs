@@ -50,22 +50,7 @@ pub fn check(cx: &mut Cx<'_>, draft: Draft<'_>) -> Option<Workflow> {
         );
     }
 
-    // Step ids: unique.
-    let mut first_id: BTreeMap<&str, crate::source::Span> = BTreeMap::new();
-    for s in &draft.steps {
-        if let Some((id, span)) = &s.id {
-            if let Some(first) = first_id.get(id.as_str()) {
-                cx.push(
-                    Diagnostic::error(Code::DuplicateName, *span, format!("two steps are named `{id}`"))
-                        .with_label("second step with this id")
-                        .with_related(*first, "first one")
-                        .with_help("give every step its own `id`"),
-                );
-            } else {
-                first_id.insert(id, *span);
-            }
-        }
-    }
+    let first_id = unique(cx, draft.steps.iter().filter_map(|s| s.id.as_ref()), ("step", "id"));
     let step_ids: BTreeSet<&str> = first_id.keys().copied().collect();
     let agent_names: Vec<&str> = draft.declared_agents.iter().map(String::as_str).collect();
 
@@ -176,6 +161,33 @@ pub fn check(cx: &mut Cx<'_>, draft: Draft<'_>) -> Option<Workflow> {
         reflexes,
         placement: draft.placement,
     })
+}
+
+/// Report every name given twice (`what`: the kind of item and the key that
+/// names it); returns each name with its first place.
+fn unique<'a>(
+    cx: &mut Cx<'_>,
+    names: impl Iterator<Item = &'a crate::lower::Named>,
+    (item, key): (&str, &str),
+) -> BTreeMap<&'a str, crate::source::Span> {
+    let mut first: BTreeMap<&str, crate::source::Span> = BTreeMap::new();
+    for (name, span) in names {
+        if let Some(f) = first.get(name.as_str()) {
+            cx.push(
+                Diagnostic::error(
+                    Code::DuplicateName,
+                    *span,
+                    format!("two {item}s have the {key} `{name}`"),
+                )
+                .with_label(format!("second {item} with this {key}"))
+                .with_related(*f, "first one")
+                .with_help(format!("give every {item} its own `{key}`")),
+            );
+        } else {
+            first.insert(name, *span);
+        }
+    }
+    first
 }
 
 fn undefined_step(name: &str, span: crate::source::Span, ids: &BTreeSet<&str>) -> Diagnostic {
@@ -490,7 +502,11 @@ fn template(cx: &mut Cx<'_>, ev: &Evaluator, node: &Node, refs: &Refs<'_>) -> Op
 
 fn reflexes(cx: &mut Cx<'_>, ev: &Evaluator, draft: &Draft<'_>, agent_names: &[&str]) -> Vec<Reflex> {
     let mut out = Vec::new();
-    let mut first: BTreeMap<&str, crate::source::Span> = BTreeMap::new();
+    unique(
+        cx,
+        draft.reflexes.iter().filter_map(|r| r.name.as_ref()),
+        ("reflex", "name"),
+    );
     let no_steps = BTreeSet::new();
     for r in &draft.reflexes {
         let refs = Refs {
@@ -501,18 +517,7 @@ fn reflexes(cx: &mut Cx<'_>, ev: &Evaluator, draft: &Draft<'_>, agent_names: &[&
             owner: None,
             scope: r.scope.as_ref().map(|(s, _)| s),
         };
-        if let Some((name, span)) = &r.name {
-            if let Some(f) = first.get(name.as_str()) {
-                cx.push(
-                    Diagnostic::error(Code::DuplicateName, *span, format!("two reflexes are named `{name}`"))
-                        .with_label("second reflex with this name")
-                        .with_related(*f, "first one")
-                        .with_help("give every reflex its own `name`"),
-                );
-            } else {
-                first.insert(name, *span);
-            }
-        }
+
         if let Some((Scope::Agent(a), span)) = &r.scope
             && !draft.declared_agents.contains(a)
         {

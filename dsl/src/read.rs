@@ -318,6 +318,25 @@ impl NameKind {
     }
 }
 
+fn out_of_range<T: std::fmt::Display>(
+    cx: &mut Cx<'_>,
+    node: &Node,
+    what: &str,
+    (min, max): (T, T),
+    found: T,
+    kind: &str,
+) {
+    cx.push(
+        Diagnostic::error(
+            Code::BadValue,
+            node.span,
+            format!("{what} must be between {min} and {max}, found {found}"),
+        )
+        .with_label("out of range")
+        .with_help(format!("use {kind} from {min} to {max}")),
+    );
+}
+
 /// A whole number in `[min, max]`.
 pub fn integer(cx: &mut Cx<'_>, node: &Node, what: &str, min: i64, max: i64) -> Option<i64> {
     let parsed = node
@@ -327,15 +346,7 @@ pub fn integer(cx: &mut Cx<'_>, node: &Node, what: &str, min: i64, max: i64) -> 
     match parsed {
         Some(n) if (min..=max).contains(&n) => Some(n),
         Some(n) => {
-            cx.push(
-                Diagnostic::error(
-                    Code::BadValue,
-                    node.span,
-                    format!("{what} must be between {min} and {max}, found {n}"),
-                )
-                .with_label("out of range")
-                .with_help(format!("use a whole number from {min} to {max}")),
-            );
+            out_of_range(cx, node, what, (min, max), n, "a whole number");
             None
         }
         None => {
@@ -360,15 +371,7 @@ pub fn number(cx: &mut Cx<'_>, node: &Node, what: &str, min: f64, max: f64) -> O
     match parsed {
         Some(n) if n >= min && n <= max => Some(n),
         Some(n) => {
-            cx.push(
-                Diagnostic::error(
-                    Code::BadValue,
-                    node.span,
-                    format!("{what} must be between {min} and {max}, found {n}"),
-                )
-                .with_label("out of range")
-                .with_help(format!("use a number from {min} to {max}")),
-            );
+            out_of_range(cx, node, what, (min, max), n, "a number");
             None
         }
         None => {
