@@ -50,7 +50,11 @@ pub fn check(cx: &mut Cx<'_>, draft: Draft<'_>) -> Option<Workflow> {
         );
     }
 
-    let first_id = unique(cx, draft.steps.iter().filter_map(|s| s.id.as_ref()), ("step", "id"));
+    let first_id = unique(
+        cx,
+        draft.steps.iter().filter_map(|s| s.id.as_ref()),
+        ("step", "steps", "id"),
+    );
     let step_ids: BTreeSet<&str> = first_id.keys().copied().collect();
     let agent_names: Vec<&str> = draft.declared_agents.iter().map(String::as_str).collect();
 
@@ -163,12 +167,12 @@ pub fn check(cx: &mut Cx<'_>, draft: Draft<'_>) -> Option<Workflow> {
     })
 }
 
-/// Report every name given twice (`what`: the kind of item and the key that
-/// names it); returns each name with its first place.
+/// Report every name given twice (the kind of item, its plural, and the key
+/// that names it); returns each name with its first place.
 fn unique<'a>(
     cx: &mut Cx<'_>,
     names: impl Iterator<Item = &'a crate::lower::Named>,
-    (item, key): (&str, &str),
+    (item, items, key): (&str, &str, &str),
 ) -> BTreeMap<&'a str, crate::source::Span> {
     let mut first: BTreeMap<&str, crate::source::Span> = BTreeMap::new();
     for (name, span) in names {
@@ -177,7 +181,7 @@ fn unique<'a>(
                 Diagnostic::error(
                     Code::DuplicateName,
                     *span,
-                    format!("two {item}s have the {key} `{name}`"),
+                    format!("two {items} have the {key} `{name}`"),
                 )
                 .with_label(format!("second {item} with this {key}"))
                 .with_related(*f, "first one")
@@ -505,7 +509,7 @@ fn reflexes(cx: &mut Cx<'_>, ev: &Evaluator, draft: &Draft<'_>, agent_names: &[&
     unique(
         cx,
         draft.reflexes.iter().filter_map(|r| r.name.as_ref()),
-        ("reflex", "name"),
+        ("reflex", "reflexes", "name"),
     );
     let no_steps = BTreeSet::new();
     for r in &draft.reflexes {

@@ -669,7 +669,7 @@ fn step<'n>(cx: &mut Cx<'_>, node: &'n Node) -> StepDraft<'n> {
         return draft;
     };
     draft.id = m
-        .require(cx, "id", "my-step")
+        .require(cx, "id", "my_step")
         .and_then(|n| named(cx, n, NameKind::Step));
     if let Some((_, span)) = &draft.id {
         m.anchor = *span;
@@ -697,7 +697,7 @@ fn step<'n>(cx: &mut Cx<'_>, node: &'n Node) -> StepDraft<'n> {
     draft.repeat = m.entry("repeat").and_then(|e| {
         let mut r = read::map(cx, &e.value, e.key_span, "`repeat`", REPEAT_KEYS)?;
         let back_to = r
-            .require(cx, "back_to", "step-id")
+            .require(cx, "back_to", "step_id")
             .and_then(|n| named(cx, n, NameKind::Step));
         let until = r
             .require(cx, "until", "'steps.review.output.contains(\"LGTM\")'")

@@ -128,8 +128,10 @@ pub(super) fn reflex<'n>(cx: &mut Cx<'_>, node: &'n Node) -> ReflexDraft<'n> {
 fn scope(cx: &mut Cx<'_>, node: &Node) -> Option<(Scope, Span)> {
     let mut m = read::map(cx, node, node.span, "`scope`", SCOPE_KEYS)?;
     let mut found: Vec<(Scope, Span)> = Vec::new();
+    let mut given = 0;
     for key in SCOPE_KEYS {
         if let Some(v) = m.get(key) {
+            given += 1;
             let Some(name) = read::nonempty(cx, v, "a scope name") else {
                 continue;
             };
@@ -143,15 +145,12 @@ fn scope(cx: &mut Cx<'_>, node: &Node) -> Option<(Scope, Span)> {
         }
     }
     m.finish(cx);
-    if found.len() != 1 {
+    if given != 1 {
         cx.push(
             Diagnostic::error(
                 Code::BadValue,
                 node.span,
-                format!(
-                    "a scope names exactly one of agent, instance, node or zone; this one names {}",
-                    found.len()
-                ),
+                format!("a scope names exactly one of agent, instance, node or zone; this one names {given}"),
             )
             .with_label("ambiguous scope")
             .with_help("write e.g. `scope: { agent: coder }`; use several reflexes for several scopes"),
