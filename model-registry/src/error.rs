@@ -1,5 +1,6 @@
 //! The crate's error type.
 
+use crate::config::Architecture;
 use crate::dtype::{GgmlType, SafetensorsDtype, TensorDtype};
 
 /// Everything that can go wrong in this crate.
@@ -83,11 +84,302 @@ pub enum Error {
         /// The shape as given.
         shape: Vec<u64>,
     },
+
+    /// A `config.json` is not valid JSON.
+    #[error("config.json is not valid JSON")]
+    ConfigNotJson {
+        /// The parser's error, with line and column.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A key that the parameter count needs is absent from `config.json` (or `null`), and
+    /// the model type defines no default for it.
+    #[error("config.json has no `{key}`; help: a {architecture} config needs it to count parameters")]
+    MissingConfigKey {
+        /// The key, with its section (`text_config.hidden_size`) when nested.
+        key: String,
+        /// The architecture whose config was being read.
+        architecture: Architecture,
+    },
+
+    /// A key of `config.json` holds a value of the wrong type or out of range.
+    #[error("`{key}` in config.json is {found}; expected {expected}")]
+    InvalidConfigValue {
+        /// The key, with its section when nested; `(root)` for the document itself.
+        key: String,
+        /// The offending value, as JSON (shortened when long).
+        found: String,
+        /// What the key must hold.
+        expected: &'static str,
+    },
+
+    /// `config.json` names a model type (or only architecture classes) that Skein cannot
+    /// count from the config alone.
+    #[error(
+        "`{key}` is {found}, which Skein cannot size from config.json; supported model types: {}",
+        Architecture::supported_list()
+    )]
+    UnsupportedArchitecture {
+        /// `model_type`, `architectures`, `text_config.model_type` or `vision_config.model_type`.
+        key: String,
+        /// What that key holds, as JSON.
+        found: String,
+    },
+
+    /// Sizes in a `config.json` are so large that a count overflows 64 bits. No real model
+    /// is that large, so the config is corrupt.
+    #[error("sizes in this {architecture} config.json overflow 64-bit arithmetic; the config is corrupt")]
+    ConfigArithmeticOverflow {
+        /// The architecture whose config was being counted.
+        architecture: Architecture,
+    },
+
+    /// Fewer than the 8 bytes of a safetensors header length were given.
+    #[error("a safetensors file starts with an 8-byte header length, but only {len} bytes were given")]
+    SafetensorsPrefixTooShort {
+        /// The number of bytes given.
+        len: usize,
+    },
+
+    /// A safetensors header length beyond what loaders accept: the file is corrupt or
+    /// hostile, and reading that many bytes is refused.
+    #[error("the safetensors header claims {len} bytes, more than the {limit} that loaders accept")]
+    SafetensorsHeaderTooLarge {
+        /// The length in the file.
+        len: u64,
+        /// The largest accepted length.
+        limit: u64,
+    },
+
+    /// A safetensors header is not valid JSON, or not of the header's shape (a field of
+    /// the wrong type, non-string metadata, a tensor listed twice).
+    #[error("the safetensors header is malformed")]
+    SafetensorsHeaderJson {
+        /// The parser's error, with line and column.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A tensor of a safetensors header has an invalid dtype or shape.
+    #[error("invalid safetensors tensor `{name}`")]
+    SafetensorsTensor {
+        /// The tensor's name.
+        name: String,
+        /// What is wrong with it.
+        #[source]
+        source: Box<Error>,
+    },
+
+    /// A safetensors tensor's byte range does not have the size its dtype and shape need.
+    #[error(
+        "safetensors tensor `{name}` ({dtype} {shape:?}) needs {} bytes but its data_offsets span {} bytes",
+        .expected.get(),
+        .found.get()
+    )]
+    SafetensorsSizeMismatch {
+        /// The tensor's name.
+        name: String,
+        /// Its dtype.
+        dtype: SafetensorsDtype,
+        /// Its shape.
+        shape: Vec<u64>,
+        /// Bytes that dtype and shape need.
+        expected: crate::Bytes,
+        /// Bytes between its data offsets.
+        found: crate::Bytes,
+    },
+
+    /// The tensors' byte ranges do not tile the data section: one is reversed, or leaves
+    /// a gap after the previous tensor, or overlaps it.
+    #[error(
+        "safetensors tensor `{name}` has data_offsets [{start}, {end}], but tensors must fill the data \
+         section in order without gaps or overlaps: it should start at byte {expected_start}"
+    )]
+    SafetensorsOffsets {
+        /// The first tensor (in offset order) that is out of place.
+        name: String,
+        /// Its start offset.
+        start: u64,
+        /// Its end offset.
+        end: u64,
+        /// Where the previous tensor ended.
+        expected_start: u64,
+    },
+
+    /// A safetensors file's size differs from its header's account of it.
+    #[error("the safetensors file should be {expected} bytes long by its header, but is {found} bytes")]
+    SafetensorsFileSize {
+        /// Length prefix, header and data section.
+        expected: u64,
+        /// The size of the file.
+        found: u64,
+    },
+
+    /// A packed-weight bit width outside 1 to 32.
+    #[error("{bits} bits per packed weight is impossible; GPTQ and AWQ use 2, 3, 4 or 8")]
+    InvalidPackedBits {
+        /// The width given.
+        bits: u32,
+    },
+
+    /// A packed `qweight` does not unpack to a whole number of weights of the given
+    /// width: the bits do not belong to this checkpoint.
+    #[error(
+        "`{name}` holds {words} 32-bit words, which do not unpack to whole {bits}-bit weights; \
+         help: check `bits` in quantization_config"
+    )]
+    PackedBitsMismatch {
+        /// The `qweight` tensor.
+        name: String,
+        /// Its element count.
+        words: u64,
+        /// The width given.
+        bits: u32,
+    },
+
+    /// `model.safetensors.index.json` is not valid JSON or has no `weight_map`.
+    #[error("the safetensors index is malformed")]
+    ShardIndexJson {
+        /// The parser's error, with line and column.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// The safetensors index names a shard file outside the repository.
+    #[error("the safetensors index places `{tensor}` in `{file}`, which is not a file path inside the repository")]
+    ShardIndexBadFile {
+        /// The tensor whose entry names the file.
+        tensor: String,
+        /// The file path as given.
+        file: String,
+    },
+
+    /// A GGUF file does not start with the magic `GGUF`.
+    #[error("not a GGUF file: it starts with \"{}\" instead of \"GGUF\"", .found.escape_ascii())]
+    GgufBadMagic {
+        /// The first bytes of the file (up to four).
+        found: Vec<u8>,
+    },
+
+    /// A GGUF version other than 2 and 3.
+    #[error("GGUF version {version} is not supported{}", gguf_version_help(*.version))]
+    GgufVersion {
+        /// The version field as read (little-endian).
+        version: u32,
+    },
+
+    /// A GGUF metadata value (or array item) of a type GGUF does not define.
+    #[error("GGUF metadata `{key}` has value type {id}, which GGUF does not define")]
+    GgufValueType {
+        /// The key whose value (or array item) has the type.
+        key: String,
+        /// The type id read.
+        id: u32,
+    },
+
+    /// A count or size in a GGUF header beyond what any real file has: the file is
+    /// corrupt or hostile, and is refused before anything is allocated for it.
+    #[error("GGUF {what}: {value} exceeds the limit of {limit}; the file is corrupt")]
+    GgufLimit {
+        /// What was counted (`tensors`, `header bytes`, …).
+        what: &'static str,
+        /// The value in (or implied by) the file.
+        value: u64,
+        /// The largest accepted value.
+        limit: u64,
+    },
+
+    /// A GGUF metadata key or tensor name that is not UTF-8.
+    #[error("the GGUF string at byte {offset} is a key or tensor name but not UTF-8")]
+    GgufUtf8 {
+        /// Offset of the string's length field in the file.
+        offset: u64,
+    },
+
+    /// A GGUF metadata key that appears twice.
+    #[error("GGUF metadata key `{key}` appears twice")]
+    GgufDuplicateKey {
+        /// The key.
+        key: String,
+    },
+
+    /// A GGUF tensor name that appears twice.
+    #[error("GGUF tensor `{name}` appears twice")]
+    GgufDuplicateTensor {
+        /// The name.
+        name: String,
+    },
+
+    /// `general.alignment` is not a power of two that fits in a `u32`.
+    #[error("GGUF `general.alignment` must be a power of two (a u32), but is {found}")]
+    GgufAlignment {
+        /// The value's type and value (`u32 48`).
+        found: String,
+    },
+
+    /// A GGUF tensor info with an invalid ggml type or dimensions.
+    #[error("invalid GGUF tensor `{name}`")]
+    GgufTensor {
+        /// The tensor's name.
+        name: String,
+        /// What is wrong with it.
+        #[source]
+        source: Box<Error>,
+    },
+
+    /// A GGUF tensor whose data offset is not where the previous tensor's padded data
+    /// ends (ggml requires tensors to fill the data section in order).
+    #[error("GGUF tensor `{name}` has offset {offset}, but the previous tensors end at {expected}")]
+    GgufTensorOffset {
+        /// The tensor's name.
+        name: String,
+        /// The offset in its info.
+        offset: u64,
+        /// Where its data must start.
+        expected: u64,
+    },
+
+    /// A whole GGUF file (not a prefix) ended inside its header.
+    #[error("the GGUF file is truncated: its header needs at least {needed} bytes but the file has {len}")]
+    GgufTruncated {
+        /// Bytes the header needs, at least.
+        needed: u64,
+        /// Bytes the file has.
+        len: u64,
+    },
+
+    /// A quantization method, dtype or GGUF file type that Skein cannot size or run.
+    #[error("unsupported quantization `{found}`; help: choose another variant")]
+    UnsupportedQuantization {
+        /// The method (`quant_method`), dtype or type name as found.
+        found: String,
+    },
+
+    /// A field of a known `quantization_config` that is missing or malformed.
+    #[error("quantization_config field `{field}` is missing or invalid (found {found})")]
+    QuantizationConfigField {
+        /// The field.
+        field: &'static str,
+        /// Its value as JSON, or `nothing`.
+        found: String,
+    },
 }
 
 fn did_you_mean(suggestion: Option<SafetensorsDtype>) -> String {
     match suggestion {
         Some(dtype) => format!("; help: dtype names are case-sensitive, did you mean `{dtype}`?"),
         None => String::new(),
+    }
+}
+
+/// For a version that reads as 2 or 3 with its bytes swapped, the file is big-endian.
+fn gguf_version_help(version: u32) -> &'static str {
+    if matches!(version.swap_bytes(), 2 | 3) {
+        "; help: this is a big-endian GGUF file, which Skein does not read"
+    } else if version == 1 {
+        "; help: GGUF v1 is obsolete; re-convert the model with a current llama.cpp"
+    } else {
+        " (only versions 2 and 3)"
     }
 }

@@ -11,6 +11,23 @@
 //!   of a safetensors header and knows its width in bits; [`GgmlType`] maps a GGUF
 //!   tensor type id to ggml's block layout (elements and bytes per block). Both compute
 //!   the exact byte size of a tensor and refuse shapes their format cannot store.
+//! - [`config`]: a typed, validated view of a Hugging Face `config.json`
+//!   ([`ModelConfig`]) for the architectures in [`Architecture`], with the defaults of
+//!   each model type's `transformers` config class and errors that name the key.
+//! - [`params`]: exact parameter counts from a [`ModelConfig`] ([`parameter_count`]),
+//!   broken down by part and by layer, the non-parameter tensors published checkpoints
+//!   store, and the KV-cache size per token ([`kv_bytes_per_token`]).
+//! - [`safetensors`]: safetensors headers parsed from the bytes a range read fetched
+//!   ([`header_len`](safetensors::header_len), then
+//!   [`parse_header`](safetensors::parse_header)), validated as the reference loader
+//!   does, with exact totals per dtype; [`ShardIndex`] for sharded checkpoints.
+//! - [`gguf`]: GGUF headers (v2, v3) from a prefix of the file; [`GgufHeader::parse`]
+//!   says how many more bytes it needs when the prefix ends inside the header, keeps
+//!   only the start of huge arrays such as vocabularies, and checks every length before
+//!   using it.
+//! - [`quant`]: a variant's [`Quantization`] (format, method, bits, group size) from
+//!   `quantization_config`, from safetensors tensors or from GGUF file types and names,
+//!   with the nominal bits that map it to a workflow precision tier.
 //! - [`bytes`]: the [`Bytes`] newtype used for every memory figure, with checked
 //!   arithmetic and binary-unit display.
 //! - [`error`]: the crate's one error enum, [`Error`].
@@ -26,9 +43,19 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod bytes;
+pub mod config;
 pub mod dtype;
 pub mod error;
+pub mod gguf;
+pub mod params;
+pub mod quant;
+pub mod safetensors;
 
 pub use bytes::Bytes;
+pub use config::{Architecture, ModelConfig};
 pub use dtype::{GgmlType, SafetensorsDtype};
 pub use error::Error;
+pub use gguf::{GgufHeader, GgufParse, GgufValue};
+pub use params::{ParamBreakdown, kv_bytes_per_token, parameter_count};
+pub use quant::{GgufFileType, NominalPrecision, NumberKind, QuantMethod, Quantization, WeightFormat};
+pub use safetensors::{SafetensorsHeader, ShardIndex, TensorTotals};
