@@ -364,6 +364,256 @@ pub enum Error {
         /// Its value as JSON, or `nothing`.
         found: String,
     },
+
+    /// A repository id that is not `owner/name` as the hub spells ids.
+    #[error(
+        "`{found}` is not a Hugging Face repository id: {reason}; help: write it as `owner/name`, \
+         for example `meta-llama/Meta-Llama-3-8B`"
+    )]
+    InvalidRepoId {
+        /// The id as given.
+        found: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
+    /// The hub client could not be set up (an `HF_ENDPOINT` that is not a URL).
+    #[error("cannot set up a hub client for endpoint `{endpoint}`; help: check HF_ENDPOINT")]
+    HubClient {
+        /// The endpoint configured.
+        endpoint: String,
+        /// The client library's error.
+        #[source]
+        source: Box<hf_hub::HFError>,
+    },
+
+    /// A call to the hub failed: the repository, revision or file does not exist, access
+    /// was refused, the network failed, or the hub answered with an error.
+    #[error("cannot {action} for `{repo}` from the hub{}", hub_help(.source))]
+    Hub {
+        /// The repository.
+        repo: String,
+        /// What was being done, as a verb phrase (`read the repository info at revision main`).
+        action: String,
+        /// The client library's error, with the HTTP status and URL.
+        #[source]
+        source: Box<hf_hub::HFError>,
+    },
+
+    /// A call to the hub took longer than the configured timeout.
+    #[error(
+        "cannot {action} for `{repo}` from the hub: no answer within {timeout_ms} ms; help: check the \
+         network and HF_ENDPOINT"
+    )]
+    HubTimeout {
+        /// The repository.
+        repo: String,
+        /// What was being done.
+        action: String,
+        /// The timeout.
+        timeout_ms: u64,
+    },
+
+    /// Offline (`HF_HUB_OFFLINE`), and the cache lacks what was asked for.
+    #[error(
+        "HF_HUB_OFFLINE is set, and the cache at {} lacks {what} of `{repo}`; help: run once online \
+         (with HF_HUB_OFFLINE unset) to fill the cache, or unset HF_HUB_OFFLINE",
+        .cache.display()
+    )]
+    HubOffline {
+        /// The repository.
+        repo: String,
+        /// What is missing (`the file list at revision `main``).
+        what: String,
+        /// The Hugging Face cache folder that was searched.
+        cache: std::path::PathBuf,
+    },
+
+    /// The hub answered, but not as its protocol promises.
+    #[error("the hub's answer for `{repo}` is invalid: {detail}")]
+    HubResponse {
+        /// The repository.
+        repo: String,
+        /// What was wrong with the answer.
+        detail: String,
+    },
+
+    /// A file that the repository does not have at the resolved commit.
+    #[error("`{repo}` has no file `{file}` at commit {sha}")]
+    HubFileMissing {
+        /// The repository.
+        repo: String,
+        /// The commit.
+        sha: String,
+        /// The path asked for.
+        file: String,
+    },
+
+    /// A file asked for as metadata that is far too large to be metadata.
+    #[error("`{file}` of `{repo}` is {size} bytes, more than the {limit} bytes Skein reads as metadata")]
+    HubFileTooLarge {
+        /// The repository.
+        repo: String,
+        /// The path.
+        file: String,
+        /// Its size on the hub.
+        size: u64,
+        /// The largest size read.
+        limit: u64,
+    },
+
+    /// A header (or shard index) read from the hub that its parser refused.
+    #[error("cannot read the header of `{file}` in `{repo}`")]
+    HubHeader {
+        /// The repository.
+        repo: String,
+        /// The file whose header it is.
+        file: String,
+        /// The parser's error.
+        #[source]
+        source: Box<Error>,
+    },
+
+    /// A file that was just downloaded into the Hugging Face cache cannot be read back.
+    #[error("cannot read {} from the Hugging Face cache", .path.display())]
+    HubCacheRead {
+        /// The cached file.
+        path: std::path::PathBuf,
+        /// The IO error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A repository whose only weights are pickle files, which can run arbitrary code
+    /// when loaded.
+    #[error(
+        "`{repo}` offers only pickle weights ({}), which can run arbitrary code when loaded; help: choose \
+         a safetensors or GGUF variant of the model, or opt in to pickle weights (allow_pickle)",
+        .files.join(", ")
+    )]
+    PickleOnly {
+        /// The repository.
+        repo: String,
+        /// Its pickle weight files.
+        files: Vec<String>,
+    },
+
+    /// An estimate request with a value out of range.
+    #[error("estimate request `{field}` is {found}; expected {expected}")]
+    InvalidEstimateRequest {
+        /// The field (`context`, `concurrency`, `layout`, …).
+        field: &'static str,
+        /// Its value.
+        found: String,
+        /// What it must be.
+        expected: &'static str,
+    },
+
+    /// A figure of a memory estimate overflows 64 bits; the inputs are absurd.
+    #[error("the memory estimate overflows 64-bit arithmetic at {what}; the model or request is absurd")]
+    EstimateOverflow {
+        /// The figure that overflowed.
+        what: &'static str,
+    },
+
+    /// A KV-cache type of `auto` where a concrete type is needed.
+    #[error("the KV-cache type `auto` must be resolved against an engine before sizing a cache")]
+    KvDtypeUnresolved,
+
+    /// An engine that cannot load a variant's weights.
+    #[error("{engine} cannot load {weights}; help: {help}")]
+    EngineCannotLoad {
+        /// The engine.
+        engine: &'static str,
+        /// The variant's quantization.
+        weights: String,
+        /// What to do instead.
+        help: &'static str,
+    },
+
+    /// A KV-cache type the engine does not offer.
+    #[error("{engine} has no `{kv_dtype}` KV cache; it offers {supported}")]
+    KvDtypeUnsupported {
+        /// The engine.
+        engine: &'static str,
+        /// The type asked for.
+        kv_dtype: crate::estimate::KvDtype,
+        /// The types it offers.
+        supported: &'static str,
+    },
+
+    /// A layout the engine cannot run.
+    #[error("{engine} cannot run the layout {layout}; help: {help}")]
+    UnsupportedLayout {
+        /// The engine.
+        engine: &'static str,
+        /// The layout (`TP 2 × PP 1`).
+        layout: String,
+        /// What to do instead.
+        help: &'static str,
+    },
+
+    /// A tensor-parallel degree the model does not allow.
+    #[error("tensor parallelism of degree {degree} is impossible for this model: {reason}")]
+    InvalidTensorParallel {
+        /// The degree.
+        degree: u64,
+        /// Why.
+        reason: crate::estimate::TpInvalid,
+    },
+
+    /// A pipeline split that leaves a stage without layers.
+    #[error(
+        "pipeline stage {stage} would get none of the {layers} layers; help: give it a larger share or \
+         use fewer stages"
+    )]
+    EmptyPipelineStage {
+        /// The stage (from 0).
+        stage: usize,
+        /// The model's decoder layers.
+        layers: u64,
+    },
+
+    /// A weight header tensor of a layer the model does not have.
+    #[error("tensor `{name}` belongs to a layer beyond the model's {layers}; the header is of another model")]
+    TensorOutsideModel {
+        /// The tensor's name.
+        name: String,
+        /// The model's decoder layers.
+        layers: u64,
+    },
+
+    /// A fit check with a usable-memory figure count unlike the estimate's devices.
+    #[error("the estimate has {devices} devices but {usable} usable-memory figures were given")]
+    DeviceCountMismatch {
+        /// Devices in the estimate.
+        devices: usize,
+        /// Figures given.
+        usable: usize,
+    },
+}
+
+/// A hint for the hub failures a user can fix.
+fn hub_help(error: &hf_hub::HFError) -> &'static str {
+    use hf_hub::HFError;
+    const REPO_HELP: &str =
+        "; help: check the repository id (the hub also says \"not found\" for a private repository without HF_TOKEN)";
+    match error {
+        HFError::AuthRequired { .. } | HFError::Forbidden { .. } => {
+            "; help: the repository may be gated or private: accept its terms on the hub and set HF_TOKEN"
+        }
+        HFError::RepoNotFound { .. } => REPO_HELP,
+        // A revision URL of a missing repository is a 404 too; the hub's error code tells
+        // which is missing.
+        HFError::RevisionNotFound {
+            context: Some(context), ..
+        } if context.error_code.as_deref() == Some("RepoNotFound") => REPO_HELP,
+        HFError::RevisionNotFound { .. } => {
+            "; help: check the repository id and the revision (a branch, tag or commit id)"
+        }
+        HFError::RateLimited { .. } => "; help: the hub is rate-limiting requests; wait, or set HF_TOKEN",
+        _ => "",
+    }
 }
 
 fn did_you_mean(suggestion: Option<SafetensorsDtype>) -> String {

@@ -31,11 +31,21 @@
 //! - [`bytes`]: the [`Bytes`] newtype used for every memory figure, with checked
 //!   arithmetic and binary-unit display.
 //! - [`error`]: the crate's one error enum, [`Error`].
+//! - [`estimate`]: memory estimates. [`ModelShape`] and [`WeightGroups`] (bytes per
+//!   tensor group, from headers or computed from a [`Quantization`]) with an
+//!   [`EstimateRequest`] (context, sequences, KV type, engine, tensor/pipeline layout)
+//!   give an [`Estimate`]: per-device weights, KV cache, activations and overhead, each
+//!   line explained, with the named constants used; [`fits`] checks it against usable
+//!   memory; [`tp_degrees`] lists valid tensor-parallel degrees and why others fail.
+//! - [`hub`]: the IO edge. [`hub::HubClient`] resolves a repository on the Hugging Face
+//!   Hub, downloads `config.json` and friends, reads safetensors and GGUF headers with
+//!   HTTP Range requests (never weights), discovers quantized variants, and caches all of
+//!   it by commit so a second run is offline; it honours the `HF_*` variables.
 //!
 //! # Invariants
 //!
-//! The crate is pure: no IO, no clocks, no global state. Every function takes values and
-//! returns values, so an estimate is a deterministic function of the headers it is given,
+//! Outside [`hub`], the crate is pure: no IO, no clocks, no global state. Every function
+//! takes values and returns values, so an estimate is a deterministic function of the headers it is given,
 //! and nothing here can fail for IO reasons. Byte arithmetic never wraps: an overflow is
 //! an [`Error::TensorTooLarge`] (or `None` from [`Bytes`] arithmetic), not a wrong number.
 
@@ -46,7 +56,9 @@ pub mod bytes;
 pub mod config;
 pub mod dtype;
 pub mod error;
+pub mod estimate;
 pub mod gguf;
+pub mod hub;
 pub mod params;
 pub mod quant;
 pub mod safetensors;
@@ -55,6 +67,10 @@ pub use bytes::Bytes;
 pub use config::{Architecture, ModelConfig};
 pub use dtype::{GgmlType, SafetensorsDtype};
 pub use error::Error;
+pub use estimate::{
+    Engine, Estimate, EstimateRequest, KvDtype, Layout, ModelShape, WeightGroups, WeightsSource, estimate, fits,
+    tp_degrees,
+};
 pub use gguf::{GgufHeader, GgufParse, GgufValue};
 pub use params::{ParamBreakdown, kv_bytes_per_token, parameter_count};
 pub use quant::{GgufFileType, NominalPrecision, NumberKind, QuantMethod, Quantization, WeightFormat};

@@ -490,7 +490,7 @@ fn json_count(value: &serde_json::Value) -> Option<u64> {
     (in_range && float.fract() == 0.0).then_some(float as u64)
 }
 
-fn is_repo_relative(file: &str) -> bool {
+pub(crate) fn is_repo_relative(file: &str) -> bool {
     !file.is_empty()
         && !file.starts_with('/')
         && !file.contains('\\')

@@ -1,0 +1,57 @@
+//! The hub edge: model metadata from the Hugging Face Hub without downloading weights.
+//!
+//! A plan needs a model's files and sizes, its `config.json`, and the headers of its
+//! weight files; never the weights. [`HubClient`] gets exactly that, through `hf-hub`
+//! and its cache, and honours `HF_ENDPOINT`, `HF_TOKEN`, `HF_HOME`/`HF_HUB_CACHE` and
+//! `HF_HUB_OFFLINE` as the Python client does ([`HubConfig`]):
+//!
+//! 1. [`HubClient::resolve`]: a revision to a commit and the file list with sizes.
+//! 2. [`HubClient::fetch_small`]: `config.json` and other small files, downloaded into
+//!    the Hugging Face cache.
+//! 3. [`HubClient::safetensors_checkpoint`], [`HubClient::safetensors_header`] and
+//!    [`HubClient::gguf_header`]: headers by HTTP Range requests, handed to the crate's
+//!    parsers; for a 140 GB sharded checkpoint that is a few hundred KB.
+//! 4. [`HubClient::discover_variants`]: the repository's own checkpoints and its
+//!    quantized derivatives on the hub.
+//!
+//! Everything is cached under the Hugging Face cache keyed by commit (`cache`), so a
+//! second run makes no request, and offline mode answers from the cache or says
+//! precisely what is missing and how to fill it.
+//!
+//! # Layout
+//!
+//! - `config`: [`HubConfig`] from the environment, [`HubToken`] (never printed).
+//! - `client`: [`HubClient`], its builder, transfer counters ([`TransferStats`]), and the
+//!   shared calls: resolve, small files, range reads under a timeout.
+//! - `headers`: the range-read strategies for safetensors and GGUF headers.
+//! - `variants`: variant discovery.
+//! - `repo`: the values resolved and cached ([`RepoId`], [`CommitSha`],
+//!   [`ResolvedRepo`]) and the sorting of files into formats ([`WeightFiles`]).
+//! - `cache`: Skein's metadata cache (`<HF cache>/skein/`), written atomically.
+//!
+//! # Invariants
+//!
+//! This is the only module of the crate that does IO. It never reads a byte of tensor
+//! data: safetensors reads stop at the header's end, GGUF reads at the parser's bound
+//! (capped at [`MAX_HEADER_BYTES`](crate::gguf::MAX_HEADER_BYTES)), and a server that
+//! ignores a Range request is cut off after the bytes asked for. Offline, it sends
+//! nothing. It refuses repositories with only pickle weights unless allowed. It never
+//! logs or prints the token.
+
+mod cache;
+mod client;
+mod config;
+mod headers;
+mod repo;
+mod variants;
+
+pub use client::{DEFAULT_REVISION, HubClient, HubClientBuilder, MAX_SMALL_FILE_BYTES, TransferStats};
+pub use config::{
+    DEFAULT_ENDPOINT, DEFAULT_MAX_RETRIES, DEFAULT_REF_MAX_AGE, DEFAULT_REQUEST_TIMEOUT, HubConfig, HubToken,
+};
+pub use headers::{
+    GGUF_FIRST_RANGE, GgufFile, MAX_CONCURRENT_HEADER_READS, SAFETENSORS_FIRST_RANGE, SafetensorsCheckpoint,
+    SafetensorsFile,
+};
+pub use repo::{CommitSha, RepoFile, RepoId, ResolvedRepo, SAFETENSORS_INDEX, WeightFiles};
+pub use variants::{Derivative, MAX_DERIVATIVES, VariantCandidate, VariantSource, repo_variants};
