@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 mod cli;
+mod models;
 mod validate;
 
 fn main() -> ExitCode {
@@ -24,5 +25,7 @@ fn main() -> ExitCode {
 fn try_main(args: cli::Cli) -> anyhow::Result<ExitCode> {
     match args.command {
         cli::Command::Validate(v) => validate::run(&v),
+        cli::Command::Models(cli::ModelsCommand::Inspect(a)) => models::run_inspect(&a),
+        cli::Command::Models(cli::ModelsCommand::Fit(a)) => models::run_fit(&a),
     }
 }

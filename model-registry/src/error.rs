@@ -135,6 +135,16 @@ pub enum Error {
         architecture: Architecture,
     },
 
+    /// A GGUF header that cannot be read as a model config (for GGUF-only repositories,
+    /// which publish no `config.json`); see [`ModelConfig::from_gguf`].
+    ///
+    /// [`ModelConfig::from_gguf`]: crate::ModelConfig::from_gguf
+    #[error("{problem}")]
+    GgufConfig {
+        /// What is missing, unsupported or invalid, naming the GGUF key or tensor.
+        problem: crate::config::GgufConfigProblem,
+    },
+
     /// Fewer than the 8 bytes of a safetensors header length were given.
     #[error("a safetensors file starts with an 8-byte header length, but only {len} bytes were given")]
     SafetensorsPrefixTooShort {
@@ -583,6 +593,44 @@ pub enum Error {
         layers: u64,
     },
 
+    /// A GPU name that is neither in the catalog nor a memory size.
+    #[error("unknown GPU `{found}`{}; help: name one of {known}, or give its memory (`48GiB`)", suggestion_text(.suggestions))]
+    UnknownGpu {
+        /// The name given.
+        found: String,
+        /// Catalog names close to it.
+        suggestions: Vec<String>,
+        /// Every catalog name, comma-separated.
+        known: String,
+    },
+
+    /// A GPU set that does not read as `NAME[:COUNT]` joined by `+`.
+    #[error(
+        "invalid GPU set `{spec}`: {reason}; help: write e.g. `A100-80GB`, `RTX4090-24GB:2` or `A100-80GB+RTX4090-24GB`"
+    )]
+    InvalidGpuSet {
+        /// The set as given.
+        spec: String,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// The shards of a safetensors checkpoint disagree with its index.
+    #[error("the shards disagree with `model.safetensors.index.json`: {detail}")]
+    ShardIndexMismatch {
+        /// The first disagreement.
+        detail: String,
+    },
+
+    /// A repository with neither `config.json` nor a GGUF file to read the model's shape from.
+    #[error(
+        "`{repo}` has no config.json and no GGUF file, so its shape is unknown; help: name the base model's repository"
+    )]
+    NoModelShape {
+        /// The repository.
+        repo: String,
+    },
+
     /// A fit check with a usable-memory figure count unlike the estimate's devices.
     #[error("the estimate has {devices} devices but {usable} usable-memory figures were given")]
     DeviceCountMismatch {
@@ -613,6 +661,17 @@ fn hub_help(error: &hf_hub::HFError) -> &'static str {
         }
         HFError::RateLimited { .. } => "; help: the hub is rate-limiting requests; wait, or set HF_TOKEN",
         _ => "",
+    }
+}
+
+fn suggestion_text(suggestions: &[String]) -> String {
+    match suggestions {
+        [] => String::new(),
+        [one] => format!(" (did you mean `{one}`?)"),
+        many => format!(
+            " (did you mean one of {}?)",
+            many.iter().map(|s| format!("`{s}`")).collect::<Vec<_>>().join(", ")
+        ),
     }
 }
 

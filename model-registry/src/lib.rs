@@ -53,11 +53,13 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod bytes;
+pub mod catalog;
 pub mod config;
 pub mod dtype;
 pub mod error;
 pub mod estimate;
 pub mod gguf;
+pub mod gpu;
 pub mod hub;
 pub mod params;
 pub mod quant;

@@ -478,6 +478,50 @@ impl ShardIndex {
     }
 }
 
+impl ShardIndex {
+    /// Checks the shards' headers against the index: every tensor the index names is in
+    /// the shard it names, and no shard holds a tensor the index does not place there.
+    /// A checkpoint that fails this was uploaded half-way or edited by hand, and an
+    /// estimate from it would be wrong. (`total_size` is not compared: writers count
+    /// shared tensors differently.)
+    ///
+    /// Errors: [`Error::ShardIndexMismatch`] naming the first disagreement.
+    pub fn check_shards<'a>(
+        &self,
+        shards: impl IntoIterator<Item = (&'a str, &'a SafetensorsHeader)>,
+    ) -> Result<(), Error> {
+        let mismatch = |detail: String| Err(Error::ShardIndexMismatch { detail });
+        let mut seen = BTreeSet::new();
+        for (file, header) in shards {
+            for tensor in header.tensors() {
+                match self.weight_map.get(&tensor.name) {
+                    Some(placed) if placed == file => {
+                        seen.insert(tensor.name.as_str());
+                    }
+                    Some(placed) => {
+                        return mismatch(format!(
+                            "`{}` is in `{file}` but the index places it in `{placed}`",
+                            tensor.name
+                        ));
+                    }
+                    None => {
+                        return mismatch(format!(
+                            "`{file}` holds `{}`, which the index does not name",
+                            tensor.name
+                        ));
+                    }
+                }
+            }
+        }
+        if let Some((name, file)) = self.weight_map.iter().find(|(name, _)| !seen.contains(name.as_str())) {
+            return mismatch(format!(
+                "the index places `{name}` in `{file}`, but that shard does not hold it"
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// A JSON number used as a count: a non-negative integer, also when written as a float
 /// with no fraction (`1.6e10`), as some writers do.
 fn json_count(value: &serde_json::Value) -> Option<u64> {

@@ -20,7 +20,11 @@
 //!   "unset" exactly as in Python (for `num_key_value_heads`: as many as query heads).
 //!
 //! Every error names the key that failed, with its section (`text_config.hidden_size`).
+//!
+//! [`ModelConfig::from_gguf`] builds the same config from a GGUF header alone, for
+//! GGUF-only repositories, by mapping llama.cpp's metadata keys back to these.
 
+mod gguf;
 mod llava;
 mod text;
 
@@ -31,6 +35,7 @@ use serde_json::{Map, Value};
 
 use crate::Error;
 
+pub use gguf::GgufConfigProblem;
 pub use llava::{ProjectorConfig, VisionConfig};
 pub use text::{Biases, MlpKind, MoeConfig, NormKind, PositionEncoding, TextConfig};
 

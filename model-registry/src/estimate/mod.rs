@@ -263,7 +263,6 @@ pub fn estimate(shape: &ModelShape, weights: &WeightGroups, request: &EstimateRe
                 .to_owned(),
         );
     }
-    let kv_row = shape.kv_row(shape.kv_heads, kv_dtype)?;
     Ok(Estimate {
         engine,
         device_kind: if engine.on_cpu() {
@@ -275,9 +274,7 @@ pub fn estimate(shape: &ModelShape, weights: &WeightGroups, request: &EstimateRe
         context: request.context,
         concurrency: request.concurrency,
         kv_dtype,
-        kv_bytes_per_token: kv_row
-            .checked_mul(shape.layers)
-            .ok_or(Error::EstimateOverflow { what: "KV per token" })?,
+        kv_bytes_per_token: shape.kv_bytes_per_token(kv_dtype)?,
         kv_tokens,
         weights: WeightsSummary {
             origin: weights.origin.clone(),

@@ -120,6 +120,17 @@ impl ModelShape {
         self.moe.map_or(1, |m| m.experts_per_token)
     }
 
+    /// KV-cache bytes of one token over all layers with `kv_dtype` (a concrete type,
+    /// not [`KvDtype::Auto`](super::KvDtype::Auto)).
+    ///
+    /// Errors: those of [`KvDtype::row_bytes`](super::KvDtype::row_bytes), and
+    /// [`Error::EstimateOverflow`].
+    pub fn kv_bytes_per_token(&self, kv_dtype: super::KvDtype) -> Result<Bytes, Error> {
+        self.kv_row(self.kv_heads, kv_dtype)?
+            .checked_mul(self.layers)
+            .ok_or(Error::EstimateOverflow { what: "KV per token" })
+    }
+
     /// KV-cache bytes of one token in one layer for one KV head in `kv_dtype`: the K
     /// and the V vector.
     pub(crate) fn kv_row(&self, kv_heads: u64, kv_dtype: super::KvDtype) -> Result<Bytes, Error> {

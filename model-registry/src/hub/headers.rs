@@ -151,6 +151,11 @@ impl HubClient {
             .buffered(MAX_CONCURRENT_HEADER_READS)
             .try_collect()
             .await?;
+        if let Some(index) = &index {
+            index
+                .check_shards(files.iter().map(|f| (f.path.as_str(), &f.header)))
+                .map_err(|source| header_error(resolved, SAFETENSORS_INDEX, source))?;
+        }
         Ok(Some(SafetensorsCheckpoint { index, files }))
     }
 

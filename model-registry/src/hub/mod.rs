@@ -42,6 +42,7 @@ mod cache;
 mod client;
 mod config;
 mod headers;
+mod inspect;
 mod repo;
 mod variants;
 
@@ -53,5 +54,6 @@ pub use headers::{
     GGUF_FIRST_RANGE, GgufFile, MAX_CONCURRENT_HEADER_READS, SAFETENSORS_FIRST_RANGE, SafetensorsCheckpoint,
     SafetensorsFile,
 };
+pub use inspect::{DEFAULT_DERIVATIVES, InspectOptions};
 pub use repo::{CommitSha, RepoFile, RepoId, ResolvedRepo, SAFETENSORS_INDEX, WeightFiles};
 pub use variants::{Derivative, MAX_DERIVATIVES, VariantCandidate, VariantSource, repo_variants};

@@ -29,6 +29,10 @@ pub enum Body {
 }
 
 impl Body {
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     pub fn len(&self) -> u64 {
         match self {
             Body::Bytes(bytes) => bytes.len() as u64,
@@ -170,6 +174,8 @@ pub struct MockHub {
     pub url: String,
     state: Arc<HubState>,
     task: tokio::task::JoinHandle<()>,
+    /// The runtime serving it, when started by [`MockHub::start_in_background`].
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl Drop for MockHub {
@@ -200,7 +206,25 @@ impl MockHub {
         let task = tokio::spawn(async move {
             axum::serve(listener, app).await.unwrap();
         });
-        MockHub { url, state, task }
+        MockHub {
+            url,
+            state,
+            task,
+            runtime: None,
+        }
+    }
+
+    /// Starts a hub on its own runtime, for synchronous tests (a CLI run in a child
+    /// process, say). Call it outside any runtime.
+    pub fn start_in_background(repos: Vec<MockRepo>) -> MockHub {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut hub = runtime.block_on(MockHub::start(repos));
+        hub.runtime = Some(runtime);
+        hub
     }
 
     /// Requests received so far.

@@ -1,0 +1,341 @@
+//! GPUs by name: the catalog behind `--gpu A100-80GB` and GPU sets such as
+//! `RTX4090-24GB:2` or `A100-80GB+RTX4090-24GB`.
+//!
+//! A plan made before the fleet reports in (`skein models fit`) needs each GPU's usable
+//! memory; the catalog gives the total that `nvidia-smi` reports for each model on
+//! current drivers, which is what a live agent would report for an idle card. A GPU not
+//! in the catalog can be given by its memory (`48GiB`). Pure: no IO.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::Serialize;
+
+use crate::{Bytes, Error};
+
+/// One GPU model of the catalog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct GpuModel {
+    /// The name used on the command line and in docs (`A100-80GB`).
+    pub name: &'static str,
+    /// Other names accepted for it, compared without case and punctuation.
+    #[serde(skip)]
+    pub aliases: &'static [&'static str],
+    /// The name NVML reports for the usual board (`NVIDIA A100-SXM4-80GB`).
+    pub nvml_name: &'static str,
+    /// Total memory as NVML reports it.
+    pub memory: Bytes,
+    /// CUDA compute capability, major and minor: 8.0 and later have bf16 and the
+    /// kernels of AWQ/Marlin; 7.x runs bf16 checkpoints as fp16.
+    pub compute_capability: (u8, u8),
+}
+
+const MIB: u64 = 1 << 20;
+
+/// The catalog, largest memory first. Figures are the totals `nvidia-smi` reports
+/// (MiB) on recent drivers; a live agent's measurement replaces them.
+pub const GPU_MODELS: &[GpuModel] = &[
+    gpu("H200-141GB", &["h200"], "NVIDIA H200", 143_771, (9, 0)),
+    gpu(
+        "A100-80GB",
+        &["a10080g", "a100sxm480gb", "a100pcie80gb"],
+        "NVIDIA A100-SXM4-80GB",
+        81_920,
+        (8, 0),
+    ),
+    gpu(
+        "H100-80GB",
+        &["h100", "h10080g", "h100sxm580gb"],
+        "NVIDIA H100 80GB HBM3",
+        81_559,
+        (9, 0),
+    ),
+    gpu(
+        "RTXA6000-48GB",
+        &["a6000", "rtxa6000"],
+        "NVIDIA RTX A6000",
+        49_140,
+        (8, 6),
+    ),
+    gpu("L40S-48GB", &["l40s"], "NVIDIA L40S", 46_068, (8, 9)),
+    gpu(
+        "A100-40GB",
+        &["a10040g", "a100sxm440gb", "a100pcie40gb"],
+        "NVIDIA A100-SXM4-40GB",
+        40_960,
+        (8, 0),
+    ),
+    gpu(
+        "V100-32GB",
+        &["v10032g", "v100sxm232gb"],
+        "Tesla V100-SXM2-32GB",
+        32_768,
+        (7, 0),
+    ),
+    gpu(
+        "RTX3090-24GB",
+        &["rtx3090", "3090"],
+        "NVIDIA GeForce RTX 3090",
+        24_576,
+        (8, 6),
+    ),
+    gpu(
+        "RTX4090-24GB",
+        &["rtx4090", "4090", "geforcertx4090"],
+        "NVIDIA GeForce RTX 4090",
+        24_564,
+        (8, 9),
+    ),
+    gpu("L4-24GB", &["l4"], "NVIDIA L4", 23_034, (8, 9)),
+    gpu("A10-24GB", &["a10"], "NVIDIA A10", 23_028, (8, 6)),
+    gpu(
+        "V100-16GB",
+        &["v10016g", "v100pcie16gb", "teslav100pcie16gb"],
+        "Tesla V100-PCIE-16GB",
+        16_160,
+        (7, 0),
+    ),
+    gpu("T4-16GB", &["t4", "teslat4"], "Tesla T4", 15_360, (7, 5)),
+];
+
+const fn gpu(
+    name: &'static str,
+    aliases: &'static [&'static str],
+    nvml_name: &'static str,
+    memory_mib: u64,
+    compute_capability: (u8, u8),
+) -> GpuModel {
+    GpuModel {
+        name,
+        aliases,
+        nvml_name,
+        memory: Bytes::new(memory_mib * MIB),
+        compute_capability,
+    }
+}
+
+/// Most GPUs one set may name: more than any node or pipeline Skein plans for.
+pub const MAX_GPUS_PER_SET: u32 = 64;
+
+/// One GPU of a set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Gpu {
+    /// Its catalog name, or its memory for a GPU given by size.
+    pub name: String,
+    /// Usable memory.
+    pub memory: Bytes,
+    /// Compute capability, when known.
+    pub compute_capability: Option<(u8, u8)>,
+}
+
+impl Gpu {
+    /// A catalog GPU by name (see [`lookup`]).
+    ///
+    /// Errors: [`Error::UnknownGpu`] with the closest names.
+    pub fn named(name: &str) -> Result<Gpu, Error> {
+        if let Some(model) = lookup(name) {
+            return Ok(Gpu::from(model));
+        }
+        if let Some(memory) = parse_memory(name) {
+            return Ok(Gpu {
+                name: memory.to_string().replace(' ', ""),
+                memory,
+                compute_capability: None,
+            });
+        }
+        Err(Error::UnknownGpu {
+            found: name.to_owned(),
+            suggestions: suggestions(name),
+            known: GPU_MODELS.iter().map(|m| m.name).collect::<Vec<_>>().join(", "),
+        })
+    }
+}
+
+impl From<&GpuModel> for Gpu {
+    fn from(model: &GpuModel) -> Gpu {
+        Gpu {
+            name: model.name.to_owned(),
+            memory: model.memory,
+            compute_capability: Some(model.compute_capability),
+        }
+    }
+}
+
+/// The catalog entry `name` denotes: its catalog name or an alias, compared without
+/// case, spaces, dashes or an `NVIDIA`/`GeForce`/`Tesla` prefix; the NVML name too.
+pub fn lookup(name: &str) -> Option<&'static GpuModel> {
+    let key = normalize(name);
+    GPU_MODELS.iter().find(|model| {
+        normalize(model.name) == key
+            || normalize(model.nvml_name) == key
+            || model.aliases.iter().any(|alias| normalize(alias) == key)
+    })
+}
+
+fn normalize(name: &str) -> String {
+    let lower: String = name
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    let mut key = lower.as_str();
+    for prefix in ["nvidia", "geforce", "tesla"] {
+        key = key.strip_prefix(prefix).unwrap_or(key);
+    }
+    key.to_owned()
+}
+
+/// A memory size with a unit (`48GiB`, `24 GB`, `16160MiB`); `None` without a unit or
+/// for zero.
+fn parse_memory(text: &str) -> Option<Bytes> {
+    let text = text.trim();
+    if !text.ends_with(|c: char| c.is_ascii_alphabetic()) {
+        return None;
+    }
+    let size = bytesize::ByteSize::from_str(text).ok()?;
+    (size.as_u64() > 0).then(|| Bytes::new(size.as_u64()))
+}
+
+/// Catalog names within a small edit distance of `name`, or that contain it.
+fn suggestions(name: &str) -> Vec<String> {
+    let key = normalize(name);
+    if key.is_empty() {
+        return Vec::new();
+    }
+    let mut close: Vec<(usize, &str)> = GPU_MODELS
+        .iter()
+        .filter_map(|model| {
+            let candidates = std::iter::once(model.name).chain(model.aliases.iter().copied());
+            let distance = candidates
+                .map(|c| {
+                    let c = normalize(c);
+                    if c.contains(&key) {
+                        0
+                    } else {
+                        strsim::levenshtein(&c, &key)
+                    }
+                })
+                .min()?;
+            let limit = if key.len() <= 5 { 1 } else { 2 };
+            (distance <= limit).then_some((distance, model.name))
+        })
+        .collect();
+    close.sort();
+    close.into_iter().map(|(_, name)| name.to_owned()).collect()
+}
+
+/// GPUs considered together for one model: one card, several of one kind, or a mix.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuSet {
+    /// The set as written (`RTX4090-24GB:2`).
+    pub label: String,
+    /// Its GPUs, in the order written.
+    pub gpus: Vec<Gpu>,
+}
+
+impl GpuSet {
+    /// Usable memory of each GPU.
+    pub fn memory(&self) -> Vec<Bytes> {
+        self.gpus.iter().map(|g| g.memory).collect()
+    }
+}
+
+impl FromStr for GpuSet {
+    type Err = Error;
+
+    /// `NAME[:COUNT]` parts joined by `+`: `A100-80GB`, `RTX4090-24GB:2`,
+    /// `A100-80GB+RTX4090-24GB:2`, `48GiB:4`.
+    fn from_str(spec: &str) -> Result<GpuSet, Error> {
+        let invalid = |reason: String| Error::InvalidGpuSet {
+            spec: spec.to_owned(),
+            reason,
+        };
+        let mut gpus = Vec::new();
+        for part in spec.split('+') {
+            let part = part.trim();
+            if part.is_empty() {
+                return Err(invalid("a `+` with no GPU on one side".to_owned()));
+            }
+            let (name, count) = match part.rsplit_once(':') {
+                Some((name, count)) => {
+                    let count: u32 = count
+                        .trim()
+                        .parse()
+                        .map_err(|_| invalid(format!("`{count}` after `:` is not a GPU count")))?;
+                    (name.trim(), count)
+                }
+                None => (part, 1),
+            };
+            if count == 0 {
+                return Err(invalid(format!("`{part}` asks for zero GPUs")));
+            }
+            let gpu = Gpu::named(name)?;
+            let total = gpus.len() as u64 + u64::from(count);
+            if total > u64::from(MAX_GPUS_PER_SET) {
+                return Err(invalid(format!("{total} GPUs; a set has at most {MAX_GPUS_PER_SET}")));
+            }
+            gpus.extend(std::iter::repeat_n(gpu, count as usize));
+        }
+        Ok(GpuSet {
+            label: spec.trim().to_owned(),
+            gpus,
+        })
+    }
+}
+
+impl fmt::Display for GpuSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(&self.label)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_resolve_loosely_and_unknown_names_suggest() {
+        for name in ["A100-80GB", "a100 80gb", "NVIDIA A100-SXM4-80GB", "a100-sxm4-80gb"] {
+            assert_eq!(lookup(name).map(|m| m.name), Some("A100-80GB"), "{name}");
+        }
+        for name in ["RTX4090", "NVIDIA GeForce RTX 4090", "4090", "rtx4090-24gb"] {
+            assert_eq!(lookup(name).map(|m| m.name), Some("RTX4090-24GB"), "{name}");
+        }
+        assert_eq!(lookup("Tesla V100-PCIE-16GB").map(|m| m.name), Some("V100-16GB"));
+        let err = Gpu::named("A100").unwrap_err();
+        assert!(
+            err.to_string().starts_with(
+                "unknown GPU `A100` (did you mean one of `A100-40GB`, `A100-80GB`, `A10-24GB`, `H100-80GB`?)"
+            ),
+            "{err}"
+        );
+        let err = Gpu::named("RTX4080").unwrap_err().to_string();
+        assert!(err.contains("did you mean one of `RTX4090-24GB`"), "{err}");
+    }
+
+    #[test]
+    fn sets_parse_counts_mixes_and_sizes() {
+        let set: GpuSet = "RTX4090-24GB:2".parse().unwrap();
+        assert_eq!(set.gpus.len(), 2);
+        assert_eq!(set.memory(), vec![Bytes::new(24_564 * MIB); 2]);
+        let set: GpuSet = "A100-80GB + RTX4090-24GB".parse().unwrap();
+        assert_eq!(
+            set.gpus.iter().map(|g| g.name.as_str()).collect::<Vec<_>>(),
+            ["A100-80GB", "RTX4090-24GB"]
+        );
+        let set: GpuSet = "48GiB:4".parse().unwrap();
+        assert_eq!(set.gpus.len(), 4);
+        assert_eq!(set.gpus[0].memory, Bytes::new(48 << 30));
+        assert_eq!(set.gpus[0].compute_capability, None);
+    }
+
+    #[test]
+    fn bad_sets_say_what_is_wrong() {
+        let message = |spec: &str| spec.parse::<GpuSet>().unwrap_err().to_string();
+        assert!(message("A100-80GB:0").contains("`A100-80GB:0` asks for zero GPUs"));
+        assert!(message("A100-80GB:two").contains("`two` after `:` is not a GPU count"));
+        assert!(message("A100-80GB+").contains("a `+` with no GPU on one side"));
+        assert!(message("A100-80GB:65").contains("65 GPUs; a set has at most 64"));
+        assert!(message("48").starts_with("unknown GPU `48`"));
+    }
+}

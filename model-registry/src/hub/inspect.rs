@@ -1,0 +1,428 @@
+//! `inspect`: one model's shape and every variant, from the hub's metadata and headers.
+
+use futures::{StreamExt, TryStreamExt};
+
+use super::client::HubClient;
+use super::headers::MAX_CONCURRENT_HEADER_READS;
+use super::repo::{RepoId, ResolvedRepo};
+use super::variants::{Derivative, VariantSource};
+use crate::catalog::{
+    GgufVariantFiles, MAX_LISTED_TP_DEGREE, ModelInfo, ShapeSource, SkippedVariant, Variant, gguf_variants,
+    sort_variants,
+};
+use crate::estimate::{ModelShape, WeightGroups, WeightsSource, tp_degrees};
+use crate::{Bytes, Error, ModelConfig, Quantization, WeightFormat};
+
+/// Quantized derivatives `inspect` resolves by default, the most downloaded first.
+pub const DEFAULT_DERIVATIVES: usize = 10;
+
+const INCOMPLETE_SPLITS: &str = "some splits of this GGUF file are missing from the repository";
+
+/// Derivatives resolved at once.
+const CONCURRENT_DERIVATIVES: usize = 4;
+
+/// What [`HubClient::inspect`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InspectOptions {
+    /// Quantized derivatives to resolve and list; 0 lists only the repository's own.
+    pub derivatives: usize,
+    /// Whether to read the weight headers of derivatives too, making their figures
+    /// exact instead of computed (a GGUF header is up to a few MiB, mostly vocabulary).
+    pub derivative_headers: bool,
+}
+
+impl Default for InspectOptions {
+    fn default() -> Self {
+        InspectOptions {
+            derivatives: DEFAULT_DERIVATIVES,
+            derivative_headers: false,
+        }
+    }
+}
+
+/// Errors that stop an inspection: the hub or the cache failed, not a variant.
+fn is_fatal(error: &Error) -> bool {
+    matches!(
+        error,
+        Error::Hub { .. }
+            | Error::HubTimeout { .. }
+            | Error::HubOffline { .. }
+            | Error::HubClient { .. }
+            | Error::HubCacheRead { .. }
+    )
+}
+
+impl HubClient {
+    /// The model `repo` at `revision`: its shape (from `config.json`, or from a GGUF
+    /// file's metadata in a GGUF-only repository), its own checkpoints with bytes from
+    /// their headers (exact), and up to [`InspectOptions::derivatives`] quantized
+    /// derivatives classified from their file names or `config.json` (bytes computed,
+    /// unless [`InspectOptions::derivative_headers`]). Variants that cannot be used are
+    /// listed in [`ModelInfo::skipped`] with the reason; a derivative list that cannot be
+    /// fetched is a note. Everything read is cached by commit, so a second call makes no
+    /// request.
+    ///
+    /// Errors: those of resolving the repository, reading `config.json` or the headers
+    /// of its own weights from the hub; [`Error::PickleOnly`]; [`Error::NoModelShape`];
+    /// and the config's validation errors.
+    #[tracing::instrument(skip(self, repo, options), fields(repo = %repo))]
+    pub async fn inspect(&self, repo: &RepoId, revision: &str, options: &InspectOptions) -> Result<ModelInfo, Error> {
+        let resolved = self.resolve(repo, revision).await?;
+        let files = self.weight_files(&resolved)?;
+        let (ggufs, incomplete) = gguf_variants(&files.gguf);
+        let (config, shape_source) = self.model_config(&resolved, &ggufs).await?;
+        let shape = ModelShape::from_config(&config)?;
+
+        let mut variants = Vec::new();
+        let mut skipped: Vec<SkippedVariant> = incomplete
+            .into_iter()
+            .map(|name| SkippedVariant {
+                id: format!("{repo}:{name}"),
+                reason: INCOMPLETE_SPLITS.to_owned(),
+            })
+            .collect();
+        let mut notes = Vec::new();
+
+        let own = self.repo_variants(&resolved, Some(&config), &shape, &ggufs, true, VariantSource::ThisRepo);
+        for (id, outcome) in own.await {
+            match outcome {
+                Ok(variant) => variants.push(variant),
+                Err(error) if is_fatal(&error) => return Err(error),
+                Err(error) => skipped.push(skip(id, &error)),
+            }
+        }
+        if files.safetensors.is_empty() && ggufs.is_empty() && !files.pickle.is_empty() {
+            notes.push(
+                "only pickle weights (.bin/.pt); they were allowed but are not listed as a variant: \
+                 their tensors cannot be read without loading them"
+                    .to_owned(),
+            );
+        }
+
+        if options.derivatives > 0 {
+            match self.quantized_derivatives(repo).await {
+                Ok(derivatives) => {
+                    let take = derivatives.len().min(options.derivatives);
+                    if derivatives.len() > take {
+                        notes.push(format!(
+                            "{} more quantized derivatives on the hub are not listed (raise --derivatives)",
+                            derivatives.len() - take
+                        ));
+                    }
+                    let results: Vec<_> = futures::stream::iter(derivatives.into_iter().take(take))
+                        .map(|d| self.derivative(d, &shape, options.derivative_headers))
+                        .buffered(CONCURRENT_DERIVATIVES)
+                        .collect()
+                        .await;
+                    for (found, lost) in results {
+                        variants.extend(found);
+                        skipped.extend(lost);
+                    }
+                }
+                Err(error) => notes.push(format!("quantized derivatives not listed: {}", error_chain(&error))),
+            }
+        }
+
+        sort_variants(&mut variants);
+        Ok(ModelInfo {
+            repo: resolved.repo.clone(),
+            revision: resolved.revision.clone(),
+            sha: resolved.sha.clone(),
+            shape_source,
+            tp_degrees: tp_degrees(&shape, None, MAX_LISTED_TP_DEGREE),
+            shape,
+            variants,
+            skipped,
+            notes,
+        })
+    }
+
+    /// `config.json`, or the metadata of the first GGUF variant's first file.
+    async fn model_config(
+        &self,
+        resolved: &ResolvedRepo,
+        ggufs: &[GgufVariantFiles],
+    ) -> Result<(ModelConfig, ShapeSource), Error> {
+        if let Some(json) = self.fetch_small(resolved, "config.json").await? {
+            let text = String::from_utf8_lossy(&json);
+            return Ok((ModelConfig::from_json(&text)?, ShapeSource::ConfigJson));
+        }
+        let first = ggufs
+            .iter()
+            .find_map(|g| g.model.first())
+            .ok_or_else(|| Error::NoModelShape {
+                repo: resolved.repo.to_string(),
+            })?;
+        let header = self.gguf_header(resolved, &first.path).await?;
+        let config = ModelConfig::from_gguf(&header.header)?;
+        Ok((
+            config,
+            ShapeSource::Gguf {
+                file: first.path.clone(),
+            },
+        ))
+    }
+
+    /// The variants of one repository: its safetensors checkpoint and each GGUF
+    /// variant, each with its id and outcome, from headers or (with `headers` false)
+    /// computed from the quantization its config or file name states.
+    async fn repo_variants(
+        &self,
+        resolved: &ResolvedRepo,
+        config: Option<&ModelConfig>,
+        shape: &ModelShape,
+        ggufs: &[GgufVariantFiles],
+        headers: bool,
+        source: VariantSource,
+    ) -> Vec<(String, Result<Variant, Error>)> {
+        let mut out = Vec::new();
+        let files = resolved.weight_files();
+        if let (false, Some(config)) = (files.safetensors.is_empty(), config) {
+            let id = resolved.repo.to_string();
+            let outcome = self.safetensors_variant(resolved, config, shape, headers, source).await;
+            out.push((id, outcome));
+        }
+        let gguf: Vec<_> = futures::stream::iter(ggufs)
+            .map(|group| async move {
+                let id = format!("{}:{}", resolved.repo, group.name());
+                (id, self.gguf_variant(resolved, shape, group, headers, source).await)
+            })
+            .buffered(MAX_CONCURRENT_HEADER_READS)
+            .collect()
+            .await;
+        out.extend(gguf);
+        out
+    }
+
+    async fn safetensors_variant(
+        &self,
+        resolved: &ResolvedRepo,
+        config: &ModelConfig,
+        shape: &ModelShape,
+        headers: bool,
+        source: VariantSource,
+    ) -> Result<Variant, Error> {
+        let files = resolved.weight_files();
+        let stated = Quantization::from_config(config.quantization_config.as_ref(), config.torch_dtype.as_deref())?;
+        let weights = if headers {
+            let checkpoint = self
+                .safetensors_checkpoint(resolved)
+                .await?
+                .ok_or_else(|| Error::NoModelShape {
+                    repo: resolved.repo.to_string(),
+                })?;
+            let parsed: Vec<_> = checkpoint.files.iter().map(|f| f.header.clone()).collect();
+            let mut groups = WeightGroups::resolve(shape, WeightsSource::Safetensors(&parsed))?;
+            // The config's `quantization_config` knows group sizes the tensors only
+            // imply; without one, the tensors' dtypes are the truth.
+            if config.quantization_config.is_some() || groups.quantization.is_none() {
+                groups.quantization = stated.or(groups.quantization);
+            }
+            groups
+        } else {
+            let quantization = stated.ok_or_else(|| Error::UnsupportedQuantization {
+                found: "config.json states neither quantization_config nor torch_dtype".to_owned(),
+            })?;
+            WeightGroups::resolve(shape, WeightsSource::Computed(quantization))?
+        };
+        let quantization = weights.quantization.ok_or_else(|| Error::UnsupportedQuantization {
+            found: "tensors of no known dtype".to_owned(),
+        })?;
+        let mut names: Vec<String> = files.safetensors.iter().map(|f| f.path.clone()).collect();
+        names.extend(files.safetensors_index.iter().map(|f| f.path.clone()));
+        Ok(variant(
+            resolved,
+            resolved.repo.to_string(),
+            names,
+            source,
+            quantization,
+            files.safetensors_bytes(),
+            weights,
+            shape,
+        ))
+    }
+
+    async fn gguf_variant(
+        &self,
+        resolved: &ResolvedRepo,
+        shape: &ModelShape,
+        group: &GgufVariantFiles,
+        headers: bool,
+        source: VariantSource,
+    ) -> Result<Variant, Error> {
+        let named = Quantization::from_gguf_file_name(group.name());
+        let weights = if headers {
+            let model: Vec<_> = futures::stream::iter(&group.model)
+                .map(|f| self.gguf_header(resolved, &f.path))
+                .buffered(MAX_CONCURRENT_HEADER_READS)
+                .map_ok(|f| f.header)
+                .try_collect()
+                .await?;
+            let mmproj = match (&group.mmproj, shape.vision) {
+                (Some(file), Some(_)) => Some(self.gguf_header(resolved, &file.path).await?.header),
+                _ => None,
+            };
+            let mut groups = WeightGroups::resolve(
+                shape,
+                WeightsSource::Gguf {
+                    model: &model,
+                    mmproj: mmproj.as_ref(),
+                },
+            )?;
+            groups.quantization = groups.quantization.or(named);
+            groups
+        } else {
+            let quantization = named.ok_or_else(|| Error::UnsupportedQuantization {
+                found: format!("a GGUF file whose name `{}` states no type", group.name()),
+            })?;
+            WeightGroups::resolve(shape, WeightsSource::Computed(quantization))?
+        };
+        let quantization = weights.quantization.ok_or_else(|| Error::UnsupportedQuantization {
+            found: format!("GGUF `{}` of no known file type", group.name()),
+        })?;
+        let mut names: Vec<String> = group.model.iter().map(|f| f.path.clone()).collect();
+        if let (Some(file), Some(_)) = (&group.mmproj, shape.vision) {
+            names.push(file.path.clone());
+        }
+        Ok(variant(
+            resolved,
+            format!("{}:{}", resolved.repo, group.name()),
+            names,
+            source,
+            quantization,
+            group.size(),
+            weights,
+            shape,
+        ))
+    }
+
+    /// A derivative's variants, and those skipped. A derivative whose own config gives
+    /// another parameter count is another model (a fine-tune listed as a quantization)
+    /// and is skipped.
+    async fn derivative(
+        &self,
+        derivative: Derivative,
+        shape: &ModelShape,
+        headers: bool,
+    ) -> (Vec<Variant>, Vec<SkippedVariant>) {
+        let id = derivative.repo.to_string();
+        let resolved = match self.resolve(&derivative.repo, super::DEFAULT_REVISION).await {
+            Ok(resolved) => resolved,
+            Err(error) => return (Vec::new(), vec![skip(id, &error)]),
+        };
+        let files = match self.weight_files(&resolved) {
+            Ok(files) => files,
+            Err(error) => return (Vec::new(), vec![skip(id, &error)]),
+        };
+        if files.safetensors.is_empty() && files.gguf.is_empty() {
+            let reason = "it has no safetensors or GGUF weights".to_owned();
+            return (Vec::new(), vec![SkippedVariant { id, reason }]);
+        }
+        let config = if files.safetensors.is_empty() {
+            None
+        } else {
+            match self.fetch_small(&resolved, "config.json").await {
+                Ok(Some(json)) => match ModelConfig::from_json(&String::from_utf8_lossy(&json)) {
+                    Ok(config) => Some(config),
+                    Err(error) => return (Vec::new(), vec![skip(id, &error)]),
+                },
+                Ok(None) => {
+                    let reason = "its safetensors checkpoint has no config.json".to_owned();
+                    return (Vec::new(), vec![SkippedVariant { id, reason }]);
+                }
+                Err(error) => return (Vec::new(), vec![skip(id, &error)]),
+            }
+        };
+        if let Some(config) = &config {
+            match ModelShape::from_config(config) {
+                Ok(own) if own.params.total() == shape.params.total() => {}
+                Ok(own) => {
+                    let reason = format!(
+                        "its config.json describes another model ({} parameters, not {})",
+                        own.params.total(),
+                        shape.params.total()
+                    );
+                    return (Vec::new(), vec![SkippedVariant { id, reason }]);
+                }
+                Err(error) => return (Vec::new(), vec![skip(id, &error)]),
+            }
+        }
+        let (ggufs, incomplete) = gguf_variants(&files.gguf);
+        let mut found = Vec::new();
+        let mut lost: Vec<SkippedVariant> = incomplete
+            .into_iter()
+            .map(|name| SkippedVariant {
+                id: format!("{}:{name}", resolved.repo),
+                reason: INCOMPLETE_SPLITS.to_owned(),
+            })
+            .collect();
+        for (id, outcome) in self
+            .repo_variants(
+                &resolved,
+                config.as_ref(),
+                shape,
+                &ggufs,
+                headers,
+                VariantSource::QuantizedDerivative,
+            )
+            .await
+        {
+            match outcome {
+                Ok(variant) => found.push(variant),
+                Err(error) => lost.push(skip(id, &error)),
+            }
+        }
+        (found, lost)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn variant(
+    resolved: &ResolvedRepo,
+    id: String,
+    files: Vec<String>,
+    source: VariantSource,
+    quantization: Quantization,
+    size: u64,
+    weights: WeightGroups,
+    shape: &ModelShape,
+) -> Variant {
+    Variant {
+        id,
+        repo: resolved.repo.clone(),
+        sha: resolved.sha.clone(),
+        files,
+        source,
+        quantization,
+        size: Bytes::new(size),
+        // llama.cpp, which runs GGUF files, splits by layers, not by tensors.
+        tp_degrees: match quantization.format {
+            WeightFormat::Gguf => Vec::new(),
+            WeightFormat::Safetensors => tp_degrees(shape, Some(&quantization), MAX_LISTED_TP_DEGREE)
+                .into_iter()
+                .filter(|d| d.is_valid())
+                .map(|d| d.degree)
+                .collect(),
+        },
+        weights,
+    }
+}
+
+fn skip(id: String, error: &Error) -> SkippedVariant {
+    SkippedVariant {
+        id,
+        reason: error_chain(error),
+    }
+}
+
+/// An error and its causes, `: `-joined.
+pub(crate) fn error_chain(error: &Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

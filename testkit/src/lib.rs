@@ -1,0 +1,282 @@
+//! Test doubles for Skein's true edges, shared by the workspace's tests: a mock
+//! Hugging Face Hub on loopback ([`mock_hub`]), and writers for the safetensors and GGUF
+//! headers it serves, so tests generate tiny or virtual models instead of committing any.
+
+pub mod mock_hub;
+
+use serde_json::{Map, Value, json};
+use skein_model_registry::{GgmlType, SafetensorsDtype};
+
+/// A tensor to write: name, dtype, row-major shape.
+pub type Tensor = (String, SafetensorsDtype, Vec<u64>);
+
+/// One shard of a sharded checkpoint: its file name, its first bytes (length prefix and
+/// header) and its full length.
+pub struct Shard {
+    pub name: String,
+    pub prefix: Vec<u8>,
+    pub len: u64,
+}
+
+/// A safetensors file's first bytes (length prefix and header, padded with spaces to a
+/// multiple of 8 as writers do) and its full length, for tensors stored in order.
+pub fn safetensors_prefix(tensors: &[Tensor]) -> (Vec<u8>, u64) {
+    let mut header = Map::new();
+    let mut offset = 0u64;
+    for (name, dtype, shape) in tensors {
+        let len = dtype.tensor_bytes(shape).unwrap().get();
+        header.insert(
+            name.clone(),
+            json!({ "dtype": dtype.as_str(), "shape": shape, "data_offsets": [offset, offset + len] }),
+        );
+        offset += len;
+    }
+    header.insert("__metadata__".to_owned(), json!({ "format": "pt" }));
+    let mut header = serde_json::to_vec(&Value::Object(header)).unwrap();
+    while !header.len().is_multiple_of(8) {
+        header.push(b' ');
+    }
+    let mut prefix = (header.len() as u64).to_le_bytes().to_vec();
+    prefix.extend(header);
+    let total = prefix.len() as u64 + offset;
+    (prefix, total)
+}
+
+/// The tensors of a Llama-3-70B-shaped model (80 layers, hidden 8192, GQA with 8 KV
+/// heads, a 128,256-token vocabulary, untied head), all BF16: 70,553,706,496 parameters,
+/// about 141 GB.
+pub fn llama_70b_tensors() -> Vec<Tensor> {
+    let bf16 = SafetensorsDtype::BF16;
+    let (hidden, kv, ffn, vocab) = (8192u64, 1024u64, 28672u64, 128_256u64);
+    let mut tensors = vec![("model.embed_tokens.weight".to_owned(), bf16, vec![vocab, hidden])];
+    for layer in 0..80 {
+        let p = format!("model.layers.{layer}");
+        tensors.extend([
+            (format!("{p}.input_layernorm.weight"), bf16, vec![hidden]),
+            (format!("{p}.self_attn.q_proj.weight"), bf16, vec![hidden, hidden]),
+            (format!("{p}.self_attn.k_proj.weight"), bf16, vec![kv, hidden]),
+            (format!("{p}.self_attn.v_proj.weight"), bf16, vec![kv, hidden]),
+            (format!("{p}.self_attn.o_proj.weight"), bf16, vec![hidden, hidden]),
+            (format!("{p}.post_attention_layernorm.weight"), bf16, vec![hidden]),
+            (format!("{p}.mlp.gate_proj.weight"), bf16, vec![ffn, hidden]),
+            (format!("{p}.mlp.up_proj.weight"), bf16, vec![ffn, hidden]),
+            (format!("{p}.mlp.down_proj.weight"), bf16, vec![hidden, ffn]),
+        ]);
+    }
+    tensors.push(("model.norm.weight".to_owned(), bf16, vec![hidden]));
+    tensors.push(("lm_head.weight".to_owned(), bf16, vec![vocab, hidden]));
+    tensors
+}
+
+/// A sharded checkpoint as `transformers` writes one: shards of at most `max_shard_bytes`
+/// of tensor data named `model-0000i-of-0000n.safetensors`, and the index JSON.
+pub fn shard(tensors: Vec<Tensor>, max_shard_bytes: u64) -> (Vec<Shard>, Vec<u8>) {
+    let mut groups: Vec<Vec<Tensor>> = vec![Vec::new()];
+    let mut in_group = 0u64;
+    let mut total_size = 0u64;
+    for tensor in tensors {
+        let len = tensor.1.tensor_bytes(&tensor.2).unwrap().get();
+        total_size += len;
+        if in_group + len > max_shard_bytes && !groups.last().unwrap().is_empty() {
+            groups.push(Vec::new());
+            in_group = 0;
+        }
+        in_group += len;
+        groups.last_mut().unwrap().push(tensor);
+    }
+    let n = groups.len();
+    let mut weight_map = Map::new();
+    let mut shards = Vec::new();
+    for (i, group) in groups.iter().enumerate() {
+        let name = format!("model-{:05}-of-{n:05}.safetensors", i + 1);
+        for (tensor, ..) in group {
+            weight_map.insert(tensor.clone(), json!(name));
+        }
+        let (prefix, len) = safetensors_prefix(group);
+        shards.push(Shard { name, prefix, len });
+    }
+    let index = json!({ "metadata": { "total_size": total_size }, "weight_map": weight_map });
+    (shards, serde_json::to_vec_pretty(&index).unwrap())
+}
+
+/// Meta-Llama-3-70B's `config.json`.
+pub const LLAMA_70B_CONFIG: &str = r#"{
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 128000,
+  "eos_token_id": 128001,
+  "hidden_act": "silu",
+  "hidden_size": 8192,
+  "initializer_range": 0.02,
+  "intermediate_size": 28672,
+  "max_position_embeddings": 8192,
+  "model_type": "llama",
+  "num_attention_heads": 64,
+  "num_hidden_layers": 80,
+  "num_key_value_heads": 8,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": null,
+  "rope_theta": 500000.0,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.40.0.dev0",
+  "use_cache": true,
+  "vocab_size": 128256
+}"#;
+
+/// A GGUF metadata value.
+pub enum Kv {
+    U32(u32),
+    Str(String),
+    StrArray(Vec<String>),
+    F32Array(Vec<f32>),
+    I32Array(Vec<i32>),
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend((s.len() as u64).to_le_bytes());
+    out.extend(s.as_bytes());
+}
+
+/// A GGUF v3 header (up to the end of the tensor infos) and the full file length, with
+/// tensors laid out in order, each padded to the default alignment of 32.
+pub fn gguf_prefix(kvs: &[(&str, Kv)], tensors: &[(String, Vec<u64>, GgmlType)]) -> (Vec<u8>, u64) {
+    const ALIGN: u64 = 32;
+    let pad = |n: u64| n.div_ceil(ALIGN) * ALIGN;
+    let mut out = b"GGUF".to_vec();
+    out.extend(3u32.to_le_bytes());
+    out.extend((tensors.len() as u64).to_le_bytes());
+    out.extend((kvs.len() as u64).to_le_bytes());
+    for (key, value) in kvs {
+        put_str(&mut out, key);
+        match value {
+            Kv::U32(v) => {
+                out.extend(4u32.to_le_bytes());
+                out.extend(v.to_le_bytes());
+            }
+            Kv::Str(s) => {
+                out.extend(8u32.to_le_bytes());
+                put_str(&mut out, s);
+            }
+            Kv::StrArray(items) => {
+                out.extend(9u32.to_le_bytes());
+                out.extend(8u32.to_le_bytes());
+                out.extend((items.len() as u64).to_le_bytes());
+                for item in items {
+                    put_str(&mut out, item);
+                }
+            }
+            Kv::F32Array(items) => {
+                out.extend(9u32.to_le_bytes());
+                out.extend(6u32.to_le_bytes());
+                out.extend((items.len() as u64).to_le_bytes());
+                items.iter().for_each(|v| out.extend(v.to_le_bytes()));
+            }
+            Kv::I32Array(items) => {
+                out.extend(9u32.to_le_bytes());
+                out.extend(5u32.to_le_bytes());
+                out.extend((items.len() as u64).to_le_bytes());
+                items.iter().for_each(|v| out.extend(v.to_le_bytes()));
+            }
+        }
+    }
+    let mut offset = 0u64;
+    for (name, ne, ggml_type) in tensors {
+        put_str(&mut out, name);
+        out.extend((ne.len() as u32).to_le_bytes());
+        ne.iter().for_each(|d| out.extend(d.to_le_bytes()));
+        out.extend(ggml_type.id().to_le_bytes());
+        out.extend(offset.to_le_bytes());
+        offset += pad(ggml_type.tensor_bytes(ne).unwrap().get());
+    }
+    let total = pad(out.len() as u64) + offset;
+    (out, total)
+}
+
+/// The dimensions of a Llama-shaped model, for [`llama_gguf`].
+#[derive(Debug, Clone, Copy)]
+pub struct LlamaDims {
+    pub layers: u64,
+    pub hidden: u64,
+    pub heads: u64,
+    pub kv_heads: u64,
+    pub ffn: u64,
+    pub context: u64,
+}
+
+/// Llama-3-8B: 32 layers, hidden 4096, 32 heads, 8 KV heads, MLP 14336.
+pub const LLAMA_8B: LlamaDims = LlamaDims {
+    layers: 32,
+    hidden: 4096,
+    heads: 32,
+    kv_heads: 8,
+    ffn: 14336,
+    context: 8192,
+};
+
+/// Llama-3-70B: 80 layers, hidden 8192, 64 heads, 8 KV heads, MLP 28672.
+pub const LLAMA_70B: LlamaDims = LlamaDims {
+    layers: 80,
+    hidden: 8192,
+    heads: 64,
+    kv_heads: 8,
+    ffn: 28672,
+    context: 8192,
+};
+
+/// A Llama-3-8B-shaped Q4_K_M GGUF with a `vocab`-token vocabulary: the token, score and
+/// type arrays make the header several MiB for 100k tokens; the file is about 4.6 GB.
+pub fn llama_8b_gguf(vocab: u64) -> (Vec<u8>, u64) {
+    llama_gguf(LLAMA_8B, vocab, 15, GgmlType::Q4_K, GgmlType::Q6_K)
+}
+
+/// A Llama-shaped GGUF as llama.cpp's quantizer lays one out: `file_type` is the
+/// `llama_ftype` id (15 = `Q4_K_M`, 7 = `Q8_0`), `main` the type of most matrices and
+/// `side` that of `attn_v`, `ffn_down` and the output (the `_M` mixes' larger type).
+pub fn llama_gguf(d: LlamaDims, vocab: u64, file_type: u32, main: GgmlType, side: GgmlType) -> (Vec<u8>, u64) {
+    let (hidden, ffn) = (d.hidden, d.ffn);
+    let kv = d.hidden / d.heads * d.kv_heads;
+    let u32_of = |v: u64| Kv::U32(u32::try_from(v).unwrap());
+    let kvs = vec![
+        ("general.architecture", Kv::Str("llama".to_owned())),
+        ("general.name", Kv::Str("Llama mock".to_owned())),
+        ("general.file_type", Kv::U32(file_type)),
+        ("llama.block_count", u32_of(d.layers)),
+        ("llama.context_length", u32_of(d.context)),
+        ("llama.embedding_length", u32_of(hidden)),
+        ("llama.feed_forward_length", u32_of(ffn)),
+        ("llama.attention.head_count", u32_of(d.heads)),
+        ("llama.attention.head_count_kv", u32_of(d.kv_heads)),
+        ("tokenizer.ggml.model", Kv::Str("gpt2".to_owned())),
+        (
+            "tokenizer.ggml.tokens",
+            Kv::StrArray((0..vocab).map(|i| format!("token_{i:06}")).collect()),
+        ),
+        (
+            "tokenizer.ggml.scores",
+            Kv::F32Array((0..vocab).map(|i| -(i as f32)).collect()),
+        ),
+        ("tokenizer.ggml.token_type", Kv::I32Array(vec![1; vocab as usize])),
+    ];
+    let f32 = GgmlType::F32;
+    let mut tensors = vec![("token_embd.weight".to_owned(), vec![hidden, vocab], main)];
+    for block in 0..d.layers {
+        let b = format!("blk.{block}");
+        tensors.extend([
+            (format!("{b}.attn_norm.weight"), vec![hidden], f32),
+            (format!("{b}.attn_q.weight"), vec![hidden, hidden], main),
+            (format!("{b}.attn_k.weight"), vec![hidden, kv], main),
+            (format!("{b}.attn_v.weight"), vec![hidden, kv], side),
+            (format!("{b}.attn_output.weight"), vec![hidden, hidden], main),
+            (format!("{b}.ffn_norm.weight"), vec![hidden], f32),
+            (format!("{b}.ffn_gate.weight"), vec![hidden, ffn], main),
+            (format!("{b}.ffn_up.weight"), vec![hidden, ffn], main),
+            (format!("{b}.ffn_down.weight"), vec![ffn, hidden], side),
+        ]);
+    }
+    tensors.push(("output_norm.weight".to_owned(), vec![hidden], f32));
+    tensors.push(("output.weight".to_owned(), vec![hidden, vocab], side));
+    gguf_prefix(&kvs, &tensors)
+}
