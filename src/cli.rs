@@ -61,6 +61,11 @@ pub struct HubArgs {
     /// computed (a GGUF header is up to a few MiB).
     #[arg(long)]
     pub derivative_headers: bool,
+    /// A variant to list besides those discovered, repeatable: `owner/name`,
+    /// `owner/name@REVISION`, or `owner/name:file.gguf` for one GGUF file. Its headers
+    /// are read, so its figures are exact.
+    #[arg(long = "variant", value_name = "REPO[@REV][:FILE]")]
+    pub variants: Vec<String>,
     /// Accept repositories whose only weights are pickle files (`.bin`, `.pt`), which
     /// can run code when loaded.
     #[arg(long)]

@@ -12,7 +12,7 @@ use skein_model_registry::Bytes;
 use skein_model_registry::catalog::{FitOptions, ModelInfo, SetFit, ShapeSource, VariantFit, fit_all};
 use skein_model_registry::estimate::KvDtype;
 use skein_model_registry::gpu::GpuSet;
-use skein_model_registry::hub::{HubClient, HubClientBuilder, RepoId, TransferStats, VariantSource};
+use skein_model_registry::hub::{HubClient, HubClientBuilder, RepoId, TransferStats, VariantPin, VariantSource};
 
 use crate::cli::{EXIT_FAILURE, EXIT_OK, FitArgs, HubArgs, InspectArgs, KvCacheType, OutputFormat};
 
@@ -47,9 +47,15 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 fn inspect(hub: &HubArgs, target: &str) -> anyhow::Result<(ModelInfo, TransferStats)> {
     let (repo, revision) = parse_target(target)?;
     let client = client(hub)?;
+    let pins = hub
+        .variants
+        .iter()
+        .map(|pin| VariantPin::parse(pin).with_context(|| format!("in --variant {pin}")))
+        .collect::<anyhow::Result<_>>()?;
     let options = skein_model_registry::hub::InspectOptions {
         derivatives: hub.derivatives,
         derivative_headers: hub.derivative_headers,
+        pins,
     };
     let runtime = runtime()?;
     let progress = indicatif::ProgressBar::new_spinner();
@@ -315,6 +321,8 @@ fn render_inspect(info: &ModelInfo) -> String {
                     (VariantSource::ThisRepo, false) => "this repo, computed",
                     (VariantSource::QuantizedDerivative, true) => "derivative, headers",
                     (VariantSource::QuantizedDerivative, false) => "derivative, computed",
+                    (VariantSource::Pinned, true) => "pinned, headers",
+                    (VariantSource::Pinned, false) => "pinned, computed",
                 }
                 .to_owned(),
             ]

@@ -6,7 +6,10 @@ use std::process::{Command, Output};
 
 use skein_model_registry::GgmlType;
 use skein_testkit::mock_hub::{MockHub, MockRepo};
-use skein_testkit::{LLAMA_70B, LLAMA_70B_CONFIG, llama_8b_gguf, llama_70b_tensors, llama_gguf, shard};
+use skein_testkit::{
+    LLAMA_70B, LLAMA_70B_CONFIG, llama_8b_gguf, llama_70b_awq_tensors, llama_70b_tensors, llama_gguf, llama_gguf_split,
+    shard,
+};
 
 const BASE: &str = "meta-llama/Meta-Llama-3-70B";
 const GGUF_REPO: &str = "quantizer/Meta-Llama-3-70B-GGUF";
@@ -33,8 +36,17 @@ fn hub() -> MockHub {
         base = base.virtual_file(&shard.name, shard.prefix, shard.len);
     }
     let (q4, q4_len) = llama_gguf(LLAMA_70B, 128_256, 15, GgmlType::Q4_K, GgmlType::Q6_K);
-    let (q8, q8_len) = llama_gguf(LLAMA_70B, 128_256, 7, GgmlType::Q8_0, GgmlType::Q8_0);
-    let half = q8_len / 2;
+    let q8 = llama_gguf_split(LLAMA_70B, 128_256, 7, GgmlType::Q8_0, GgmlType::Q8_0, 2);
+    let [(q8_1, q8_1_len), (q8_2, q8_2_len)] = <[_; 2]>::try_from(q8).ok().unwrap();
+    let (awq_shards, awq_index) = shard(llama_70b_awq_tensors(), 5_000_000_000);
+    let mut awq = MockRepo::new(AWQ_REPO)
+        .tags(&["transformers", "safetensors", "awq", "4-bit"])
+        .quantized_from(BASE)
+        .file("config.json", AWQ_CONFIG)
+        .file("model.safetensors.index.json", awq_index);
+    for shard in awq_shards {
+        awq = awq.virtual_file(&shard.name, shard.prefix, shard.len);
+    }
     let (small, small_len) = llama_8b_gguf(32_000);
     MockHub::start_in_background(vec![
         base,
@@ -42,14 +54,9 @@ fn hub() -> MockHub {
             .tags(&["gguf", "llama"])
             .quantized_from(BASE)
             .virtual_file("Meta-Llama-3-70B-Q4_K_M.gguf", q4, q4_len)
-            .virtual_file("Meta-Llama-3-70B-Q8_0-00001-of-00002.gguf", q8, half)
-            .virtual_file("Meta-Llama-3-70B-Q8_0-00002-of-00002.gguf", Vec::new(), q8_len - half),
-        MockRepo::new(AWQ_REPO)
-            .tags(&["transformers", "safetensors", "awq", "4-bit"])
-            .quantized_from(BASE)
-            .file("config.json", AWQ_CONFIG)
-            .virtual_file("model-00001-of-00002.safetensors", Vec::new(), 20_000_000_000)
-            .virtual_file("model-00002-of-00002.safetensors", Vec::new(), 19_800_000_000),
+            .virtual_file("Meta-Llama-3-70B-Q8_0-00001-of-00002.gguf", q8_1, q8_1_len)
+            .virtual_file("Meta-Llama-3-70B-Q8_0-00002-of-00002.gguf", q8_2, q8_2_len),
+        awq,
         MockRepo::new(FINETUNE_REPO)
             .tags(&["safetensors"])
             .quantized_from(BASE)
@@ -133,6 +140,107 @@ fn inspect_lists_every_variant_from_headers_and_a_second_run_is_offline() {
             "quantizer/Meta-Llama-3-70B-GGUF:Meta-Llama-3-70B-Q4_K_M.gguf",
             AWQ_REPO,
         ]
+    );
+}
+
+#[test]
+fn derivative_headers_make_every_figure_exact() {
+    let hub = hub();
+    let cache = tempfile::tempdir().unwrap();
+    let computed = skein(
+        &hub,
+        cache.path(),
+        &["models", "inspect", BASE, "--output", "json"],
+        false,
+    );
+    let exact = skein(
+        &hub,
+        cache.path(),
+        &["models", "inspect", BASE, "--output", "json", "--derivative-headers"],
+        false,
+    );
+    assert!(exact.status.success(), "{}", text(&exact.stderr));
+    let computed: serde_json::Value = serde_json::from_slice(&computed.stdout).unwrap();
+    let exact: serde_json::Value = serde_json::from_slice(&exact.stdout).unwrap();
+    assert_eq!(
+        exact["model"]["skipped"].as_array().unwrap().len(),
+        1,
+        "only the other model"
+    );
+    let variants = exact["model"]["variants"].as_array().unwrap();
+    assert_eq!(variants.len(), 4);
+    for (exact, computed) in variants.iter().zip(computed["model"]["variants"].as_array().unwrap()) {
+        assert_eq!(exact["id"], computed["id"]);
+        assert_eq!(exact["weights"]["origin"]["from"], "header", "{}", exact["id"]);
+        // Computed from the file name or config and read from the headers: within 3 %.
+        let bytes = |v: &serde_json::Value| v["weights"]["layers"].as_array().unwrap().len();
+        assert_eq!(bytes(exact), 80);
+        let loaded = |v: &serde_json::Value| {
+            let w = &v["weights"];
+            ["embeddings", "lm_head", "final_norm"]
+                .iter()
+                .map(|k| w[k].as_u64().unwrap())
+                .sum::<u64>()
+                + w["layers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|l| {
+                        ["attention_qo", "attention_kv", "mlp", "replicated"]
+                            .iter()
+                            .map(|k| l[k].as_u64().unwrap())
+                            .sum::<u64>()
+                    })
+                    .sum::<u64>()
+        };
+        let (e, c) = (loaded(exact) as f64, loaded(computed) as f64);
+        assert!((e - c).abs() / e < 0.03, "{}: {e} read vs {c} computed", exact["id"]);
+    }
+}
+
+#[test]
+fn pinned_variants_are_listed_with_exact_figures_and_wrong_pins_say_why() {
+    let hub = hub();
+    let cache = tempfile::tempdir().unwrap();
+    let q4 = "quantizer/Meta-Llama-3-70B-GGUF:Meta-Llama-3-70B-Q4_K_M.gguf";
+    let out = skein(
+        &hub,
+        cache.path(),
+        &[
+            "models",
+            "inspect",
+            BASE,
+            "--derivatives",
+            "0",
+            "--variant",
+            q4,
+            "--variant",
+            "quantizer/Meta-Llama-3-70B-GGUF:Meta-Llama-3-70B-Q2_K.gguf",
+            "--variant",
+            GGUF_ONLY,
+        ],
+        false,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let listed: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains(" gguf ") || l.contains(" safetensors "))
+        .collect();
+    assert_eq!(listed.len(), 2, "{stdout}");
+    assert!(
+        listed[1].contains(q4) && listed[1].ends_with("pinned, headers"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(
+            "quantizer/Meta-Llama-3-70B-GGUF:Meta-Llama-3-70B-Q2_K.gguf: pinned, but the repository has no such weights"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("acme/Llama-8B-GGUF:llama-8b.Q4_K_M.gguf: its weights are of another model: 32 layers, not 80, 4096 hidden width, not 8192"),
+        "{stdout}"
     );
 }
 

@@ -1,6 +1,9 @@
 //! Memory estimation cost: 1,000 variant × GPU-set combinations (10 variants × 100 GPU
-//! sets drawn from the reference fleet), each an estimate and a fit check, against a
-//! baseline in the same run: 1,000 parameter counts from the same configs.
+//! sets drawn from the reference fleet), each placed by the fit search `skein models
+//! fit` and the planner run (`catalog::fit_variant`: layouts tried until one fits, each
+//! an estimate and a fit check), against a baseline in the same run: 1,000 parameter
+//! counts from the same configs. A single estimate + fit check per combination, with
+//! the layout the search tries first, is measured too.
 //!
 //! Run: `cargo bench -p skein-model-registry --bench estimate -- --warm-up-time 1 --measurement-time 3`
 
@@ -8,11 +11,13 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::json;
+use skein_model_registry::catalog::{FitOptions, fit_variant};
 use skein_model_registry::config::ModelConfig;
 use skein_model_registry::estimate::{
-    Engine, EstimateRequest, Layout, ModelShape, WeightGroups, WeightsSource, check_tp, estimate, fits,
+    Engine, EstimateRequest, KvDtype, Layout, ModelShape, WeightGroups, WeightsSource, check_tp, estimate, fits,
 };
-use skein_model_registry::{Bytes, GgufFileType, Quantization, WeightFormat, parameter_count};
+use skein_model_registry::gpu::GpuSet;
+use skein_model_registry::{GgufFileType, Quantization, WeightFormat, parameter_count};
 
 const LLAMA3: &str = include_str!("../tests/fixtures/configs/meta-llama--Meta-Llama-3-8B.json");
 const MISTRAL: &str = include_str!("../tests/fixtures/configs/mistralai--Mistral-7B-v0.1.json");
@@ -22,10 +27,6 @@ const QWEN: &str = include_str!("../tests/fixtures/configs/Qwen--Qwen2.5-7B-Inst
 const DEEPSEEK_33B: &str = r#"{"model_type": "llama", "hidden_size": 7168, "num_hidden_layers": 62,
     "num_attention_heads": 56, "num_key_value_heads": 8, "intermediate_size": 19200, "vocab_size": 32256,
     "max_position_embeddings": 16384, "tie_word_embeddings": false, "torch_dtype": "bfloat16"}"#;
-
-const A100: Bytes = Bytes::new(81_920 << 20);
-const RTX4090: Bytes = Bytes::new(24_564 << 20);
-const V100: Bytes = Bytes::new(16_160 << 20);
 
 struct Variant {
     config: ModelConfig,
@@ -66,20 +67,20 @@ fn variants() -> Vec<Variant> {
 
 /// 100 GPU sets drawn from the reference fleet with a fixed linear congruential
 /// sequence, so every run measures the same sets.
-fn gpu_sets() -> Vec<Vec<Bytes>> {
-    let kinds: [Vec<Bytes>; 12] = [
-        vec![A100],
-        vec![A100; 2],
-        vec![A100; 4],
-        vec![RTX4090],
-        vec![RTX4090; 2],
-        vec![RTX4090; 4],
-        vec![RTX4090; 8],
-        vec![V100],
-        vec![V100; 2],
-        vec![A100, RTX4090],
-        vec![A100, A100, RTX4090, RTX4090],
-        vec![RTX4090, V100],
+fn gpu_sets() -> Vec<GpuSet> {
+    let kinds = [
+        "A100-80GB",
+        "A100-80GB:2",
+        "A100-80GB:4",
+        "RTX4090-24GB",
+        "RTX4090-24GB:2",
+        "RTX4090-24GB:4",
+        "RTX4090-24GB:8",
+        "V100-16GB",
+        "V100-16GB:2",
+        "A100-80GB+RTX4090-24GB",
+        "A100-80GB:2+RTX4090-24GB:2",
+        "RTX4090-24GB+V100-16GB",
     ];
     let mut state: u64 = 0x5EED;
     (0..100)
@@ -87,44 +88,48 @@ fn gpu_sets() -> Vec<Vec<Bytes>> {
             state = state
                 .wrapping_mul(6_364_136_223_846_793_005)
                 .wrapping_add(1_442_695_040_888_963_407);
-            kinds[(state >> 33) as usize % kinds.len()].clone()
+            kinds[(state >> 33) as usize % kinds.len()]
+                .parse()
+                .expect("a catalog set")
         })
         .collect()
 }
 
-/// The request a planner would try first: llama.cpp for GGUF, otherwise vLLM with
-/// tensor parallelism over equal GPUs where the model allows it, else pipeline stages
-/// sized by memory.
-fn request(v: &Variant, gpus: &[Bytes]) -> EstimateRequest {
+/// The layout the search tries first on the whole set: one GPU; tensor parallelism over
+/// all of them where vLLM can; else pipeline stages sized by memory.
+fn first_request(v: &Variant, set: &GpuSet) -> EstimateRequest {
+    let gpus = set.memory();
     let gguf = v.weights.quantization.is_some_and(|q| q.format == WeightFormat::Gguf);
+    let engine = if gguf { Engine::LLAMA_CPP } else { Engine::VLLM };
     let n = gpus.len() as u64;
     let equal = gpus.iter().all(|&g| Some(&g) == gpus.first());
-    let (engine, layout) = if n == 1 {
-        (if gguf { Engine::LLAMA_CPP } else { Engine::VLLM }, Layout::single())
+    let layout = if n == 1 {
+        Layout::single()
     } else if !gguf && equal && check_tp(&v.shape, v.weights.quantization.as_ref(), n).is_ok() {
-        (Engine::VLLM, Layout::tensor_parallel(n))
+        Layout::tensor_parallel(n)
     } else {
-        let engine = if gguf { Engine::LLAMA_CPP } else { Engine::VLLM };
-        (engine, Layout::pipeline_by_memory(gpus.to_vec()))
+        Layout::pipeline_by_memory(gpus)
     };
     EstimateRequest::new(engine, 8192).with_layout(layout)
 }
 
+const OPTIONS: FitOptions = FitOptions {
+    context: 8192,
+    concurrency: 1,
+    kv_dtype: KvDtype::Auto,
+};
+
 fn estimation(c: &mut Criterion) {
     let variants = variants();
     let sets = gpu_sets();
-    let combos: Vec<(&Variant, &Vec<Bytes>, EstimateRequest)> = variants
+    let combos: Vec<(&Variant, &GpuSet, EstimateRequest)> = variants
         .iter()
-        .flat_map(|v| sets.iter().map(move |g| (v, g, request(v, g))))
+        .flat_map(|v| sets.iter().map(move |g| (v, g, first_request(v, g))))
         .collect();
     assert_eq!(combos.len(), 1000);
-    // Every combination estimates (a layout the model cannot take would be an error).
     let fitting = combos
         .iter()
-        .filter(|(v, g, r)| {
-            let e = estimate(&v.shape, &v.weights, r).expect("estimates");
-            fits(&e, g).expect("one figure per GPU").fits
-        })
+        .filter(|(v, g, _)| fit_variant(&v.shape, &v.weights, g, OPTIONS).fits)
         .count();
     println!("{fitting} of 1000 combinations fit");
 
@@ -136,11 +141,18 @@ fn estimation(c: &mut Criterion) {
             }
         })
     });
-    group.bench_function("estimate + fits ×1000", |b| {
+    group.bench_function("estimate + fits ×1000 (one layout each)", |b| {
         b.iter(|| {
-            for (v, gpus, r) in &combos {
+            for (v, set, r) in &combos {
                 let e = estimate(&v.shape, &v.weights, black_box(r)).expect("estimates");
-                black_box(fits(&e, gpus).expect("fits"));
+                black_box(fits(&e, &set.memory()).expect("fits"));
+            }
+        })
+    });
+    group.bench_function("fit_variant ×1000 (the search)", |b| {
+        b.iter(|| {
+            for (v, set, _) in &combos {
+                black_box(fit_variant(&v.shape, &v.weights, black_box(set), OPTIONS));
             }
         })
     });

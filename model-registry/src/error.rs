@@ -622,6 +622,13 @@ pub enum Error {
         detail: String,
     },
 
+    /// A variant whose weights are of another model than the one asked about.
+    #[error("its weights are of another model: {detail}")]
+    OtherModel {
+        /// What differs.
+        detail: String,
+    },
+
     /// A repository with neither `config.json` nor a GGUF file to read the model's shape from.
     #[error(
         "`{repo}` has no config.json and no GGUF file, so its shape is unknown; help: name the base model's repository"

@@ -839,3 +839,91 @@ fn tp_degree_table_for_the_docs() {
     }
     insta::assert_snapshot!("tp_degrees", out);
 }
+
+// --- The fit search (`skein models fit`, the planner) ---
+
+mod search {
+    use super::*;
+    use skein_model_registry::catalog::{FitOptions, SetFit, fit_variant};
+    use skein_model_registry::estimate::{KvDtype, Stages};
+    use skein_model_registry::gpu::GpuSet;
+
+    const OPTIONS: FitOptions = FitOptions {
+        context: 8192,
+        concurrency: 1,
+        kv_dtype: KvDtype::Auto,
+    };
+
+    fn place(model: &str, q: Quantization, set: &str) -> SetFit {
+        let shape = shape_of(model);
+        let set: GpuSet = set.parse().unwrap();
+        fit_variant(&shape, &computed(&shape, q), &set, OPTIONS)
+    }
+
+    /// `(GPUs used, tensor-parallel degree, stages)` of a fitting placement.
+    fn layout(fit: &SetFit) -> (Vec<usize>, u64, usize) {
+        assert!(fit.fits, "{fit:?}");
+        let p = fit.placement.as_ref().unwrap();
+        (p.gpus.clone(), p.layout().tensor_parallel, p.layout().stages.count())
+    }
+
+    #[test]
+    fn the_fewest_gpus_that_fit_are_used() {
+        // Llama-3-8B bf16 fits one 4090 of the four: the others stay free.
+        assert_eq!(
+            layout(&place("meta-llama--Meta-Llama-3-8B", bf16(), "RTX4090-24GB:4")),
+            (vec![0], 1, 1)
+        );
+        // deepseek-coder-33b bf16 needs four 4090s, as TP 4 (tensor parallelism first).
+        assert_eq!(
+            layout(&place("deepseek-coder-33b", bf16(), "RTX4090-24GB:4")),
+            (vec![0, 1, 2, 3], 4, 1)
+        );
+    }
+
+    #[test]
+    fn an_invalid_degree_falls_back_to_tensor_parallel_groups_as_stages() {
+        // AWQ with groups of 128 cannot take TP 4 (19,200 / 4 is not whole groups), and
+        // one or two 16 GB V100s are too small; four take TP 2 × PP 2.
+        let fit = place("deepseek-coder-33b", awq(), "V100-16GB:4");
+        let (gpus, tp, stages) = layout(&fit);
+        assert_eq!((gpus.len(), tp, stages), (2, 2, 1), "TP 2 fits two V100s");
+        // bf16 on eight V100s: TP 8 would fit, but six do as TP 2 × PP 3 (56 heads rule
+        // out TP 6; five GPUs are not enough).
+        let fit = place("deepseek-coder-33b", bf16(), "V100-16GB:8");
+        assert_eq!(layout(&fit), (vec![0, 1, 2, 3, 4, 5], 2, 3));
+    }
+
+    #[test]
+    fn mixed_cards_split_layers_by_memory_largest_first() {
+        // 87.0 GiB of bf16 weights: neither card alone; the A100 (listed second) takes
+        // most layers.
+        let fit = place("mistralai--Mixtral-8x7B-v0.1", bf16(), "RTX4090-24GB+A100-80GB");
+        let p = fit.placement.as_ref().unwrap();
+        assert!(fit.fits);
+        assert_eq!(p.gpus, [1, 0]);
+        assert!(matches!(p.layout().stages, Stages::Memory(_)));
+        let layers: Vec<u64> = p.estimate.devices.iter().map(|d| d.layers.len()).collect();
+        assert!(layers[0] > 3 * layers[1], "{layers:?}");
+    }
+
+    #[test]
+    fn when_nothing_fits_the_closest_whole_set_layout_is_shown() {
+        let fit = place("mistralai--Mixtral-8x7B-v0.1", bf16(), "RTX4090-24GB:4");
+        assert!(!fit.fits);
+        let p = fit.placement.as_ref().unwrap();
+        assert_eq!(p.gpus.len(), 4);
+        assert_eq!(p.layout().tensor_parallel, 4, "TP 4 comes closest (1.8 GiB short)");
+        let short = p.report.devices.iter().map(|d| d.short).max().unwrap();
+        assert!(short > Bytes::ZERO && short < Bytes::new(3 << 30), "{short}");
+    }
+
+    #[test]
+    fn gguf_variants_run_on_llama_cpp_by_layers() {
+        let fit = place("mistralai--Mixtral-8x7B-v0.1", q4_k_m(), "V100-16GB:2");
+        let p = fit.placement.as_ref().unwrap();
+        assert!(fit.fits);
+        assert_eq!(p.estimate.engine.name(), "llama.cpp");
+        assert_eq!((p.layout().tensor_parallel, p.layout().stages.count()), (1, 2));
+    }
+}

@@ -68,6 +68,38 @@ pub fn llama_70b_tensors() -> Vec<Tensor> {
     tensors
 }
 
+/// The tensors of [`llama_70b_tensors`]'s model as AutoAWQ stores it (4-bit, groups of
+/// 128, GEMM layout): per linear layer an I32 `qweight` `[in, out/8]`, I32 `qzeros`
+/// `[in/128, out/8]` and F16 `scales` `[in/128, out]`; embeddings, norms and the output
+/// in F16.
+pub fn llama_70b_awq_tensors() -> Vec<Tensor> {
+    let (f16, i32) = (SafetensorsDtype::F16, SafetensorsDtype::I32);
+    let (hidden, kv, ffn, vocab) = (8192u64, 1024u64, 28672u64, 128_256u64);
+    let linear = |name: String, inp: u64, out: u64| {
+        [
+            (format!("{name}.qweight"), i32, vec![inp, out / 8]),
+            (format!("{name}.qzeros"), i32, vec![inp / 128, out / 8]),
+            (format!("{name}.scales"), f16, vec![inp / 128, out]),
+        ]
+    };
+    let mut tensors = vec![("model.embed_tokens.weight".to_owned(), f16, vec![vocab, hidden])];
+    for layer in 0..80 {
+        let p = format!("model.layers.{layer}");
+        tensors.push((format!("{p}.input_layernorm.weight"), f16, vec![hidden]));
+        tensors.extend(linear(format!("{p}.self_attn.q_proj"), hidden, hidden));
+        tensors.extend(linear(format!("{p}.self_attn.k_proj"), hidden, kv));
+        tensors.extend(linear(format!("{p}.self_attn.v_proj"), hidden, kv));
+        tensors.extend(linear(format!("{p}.self_attn.o_proj"), hidden, hidden));
+        tensors.push((format!("{p}.post_attention_layernorm.weight"), f16, vec![hidden]));
+        tensors.extend(linear(format!("{p}.mlp.gate_proj"), hidden, ffn));
+        tensors.extend(linear(format!("{p}.mlp.up_proj"), hidden, ffn));
+        tensors.extend(linear(format!("{p}.mlp.down_proj"), ffn, hidden));
+    }
+    tensors.push(("model.norm.weight".to_owned(), f16, vec![hidden]));
+    tensors.push(("lm_head.weight".to_owned(), f16, vec![vocab, hidden]));
+    tensors
+}
+
 /// A sharded checkpoint as `transformers` writes one: shards of at most `max_shard_bytes`
 /// of tensor data named `model-0000i-of-0000n.safetensors`, and the index JSON.
 pub fn shard(tensors: Vec<Tensor>, max_shard_bytes: u64) -> (Vec<Shard>, Vec<u8>) {
@@ -128,6 +160,8 @@ pub const LLAMA_70B_CONFIG: &str = r#"{
 
 /// A GGUF metadata value.
 pub enum Kv {
+    U16(u16),
+    I32(i32),
     U32(u32),
     Str(String),
     StrArray(Vec<String>),
@@ -152,6 +186,14 @@ pub fn gguf_prefix(kvs: &[(&str, Kv)], tensors: &[(String, Vec<u64>, GgmlType)])
     for (key, value) in kvs {
         put_str(&mut out, key);
         match value {
+            Kv::U16(v) => {
+                out.extend(2u32.to_le_bytes());
+                out.extend(v.to_le_bytes());
+            }
+            Kv::I32(v) => {
+                out.extend(5u32.to_le_bytes());
+                out.extend(v.to_le_bytes());
+            }
             Kv::U32(v) => {
                 out.extend(4u32.to_le_bytes());
                 out.extend(v.to_le_bytes());
@@ -234,8 +276,22 @@ pub fn llama_8b_gguf(vocab: u64) -> (Vec<u8>, u64) {
 
 /// A Llama-shaped GGUF as llama.cpp's quantizer lays one out: `file_type` is the
 /// `llama_ftype` id (15 = `Q4_K_M`, 7 = `Q8_0`), `main` the type of most matrices and
-/// `side` that of `attn_v`, `ffn_down` and the output (the `_M` mixes' larger type).
+/// `side` that of the output and, in the layers llama.cpp's quantizer favours, of
+/// `attn_v` and `ffn_down` (the `_M` mixes' larger type).
 pub fn llama_gguf(d: LlamaDims, vocab: u64, file_type: u32, main: GgmlType, side: GgmlType) -> (Vec<u8>, u64) {
+    let (kvs, tensors) = llama_gguf_parts(d, vocab, file_type, main, side);
+    gguf_prefix(&kvs, &tensors)
+}
+
+/// The metadata and tensor table of [`llama_gguf`].
+#[allow(clippy::type_complexity)]
+fn llama_gguf_parts(
+    d: LlamaDims,
+    vocab: u64,
+    file_type: u32,
+    main: GgmlType,
+    side: GgmlType,
+) -> (Vec<(&'static str, Kv)>, Vec<(String, Vec<u64>, GgmlType)>) {
     let (hidden, ffn) = (d.hidden, d.ffn);
     let kv = d.hidden / d.heads * d.kv_heads;
     let u32_of = |v: u64| Kv::U32(u32::try_from(v).unwrap());
@@ -261,6 +317,16 @@ pub fn llama_gguf(d: LlamaDims, vocab: u64, file_type: u32, main: GgmlType, side
         ("tokenizer.ggml.token_type", Kv::I32Array(vec![1; vocab as usize])),
     ];
     let f32 = GgmlType::F32;
+    // llama.cpp's `use_more_bits`: the first and last eighth of the layers and every
+    // third in between get the larger type.
+    let n = d.layers;
+    let pick = |i: u64| {
+        if i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2 {
+            side
+        } else {
+            main
+        }
+    };
     let mut tensors = vec![("token_embd.weight".to_owned(), vec![hidden, vocab], main)];
     for block in 0..d.layers {
         let b = format!("blk.{block}");
@@ -268,15 +334,48 @@ pub fn llama_gguf(d: LlamaDims, vocab: u64, file_type: u32, main: GgmlType, side
             (format!("{b}.attn_norm.weight"), vec![hidden], f32),
             (format!("{b}.attn_q.weight"), vec![hidden, hidden], main),
             (format!("{b}.attn_k.weight"), vec![hidden, kv], main),
-            (format!("{b}.attn_v.weight"), vec![hidden, kv], side),
+            (format!("{b}.attn_v.weight"), vec![hidden, kv], pick(block)),
             (format!("{b}.attn_output.weight"), vec![hidden, hidden], main),
             (format!("{b}.ffn_norm.weight"), vec![hidden], f32),
             (format!("{b}.ffn_gate.weight"), vec![hidden, ffn], main),
             (format!("{b}.ffn_up.weight"), vec![hidden, ffn], main),
-            (format!("{b}.ffn_down.weight"), vec![ffn, hidden], side),
+            (format!("{b}.ffn_down.weight"), vec![ffn, hidden], pick(block)),
         ]);
     }
     tensors.push(("output_norm.weight".to_owned(), vec![hidden], f32));
     tensors.push(("output.weight".to_owned(), vec![hidden, vocab], side));
-    gguf_prefix(&kvs, &tensors)
+    (kvs, tensors)
+}
+
+/// [`llama_gguf`] cut into `parts` files as `gguf-split` writes them: the first with all
+/// metadata, every file with `split.no`, `split.count` and `split.tensors.count`, and the
+/// tensors spread in order. Each entry is a file's header and its full length.
+pub fn llama_gguf_split(
+    d: LlamaDims,
+    vocab: u64,
+    file_type: u32,
+    main: GgmlType,
+    side: GgmlType,
+    parts: usize,
+) -> Vec<(Vec<u8>, u64)> {
+    let (kvs, tensors) = llama_gguf_parts(d, vocab, file_type, main, side);
+    let total = tensors.len();
+    let per = total.div_ceil(parts);
+    let split = |no: usize| {
+        vec![
+            ("split.no", Kv::U16(u16::try_from(no).unwrap())),
+            ("split.count", Kv::U16(u16::try_from(parts).unwrap())),
+            ("split.tensors.count", Kv::I32(i32::try_from(total).unwrap())),
+        ]
+    };
+    let mut kvs = Some(kvs);
+    tensors
+        .chunks(per)
+        .enumerate()
+        .map(|(no, chunk)| {
+            let mut meta = kvs.take().unwrap_or_default();
+            meta.extend(split(no));
+            gguf_prefix(&meta, chunk)
+        })
+        .collect()
 }

@@ -12,9 +12,10 @@
 
 use serde::Serialize;
 
-use super::{ModelInfo, Variant};
+use super::ModelInfo;
 use crate::estimate::{
-    Engine, Estimate, EstimateRequest, FitReport, KvDtype, Layout, ModelShape, Stages, check_tp, estimate, fits,
+    Engine, Estimate, EstimateRequest, FitReport, KvDtype, Layout, ModelShape, Stages, WeightGroups, check_tp,
+    estimate, fits,
 };
 use crate::gpu::GpuSet;
 use crate::{Bytes, WeightFormat};
@@ -125,7 +126,7 @@ pub fn fit_all(info: &ModelInfo, sets: &[GpuSet], options: FitOptions) -> Vec<Va
             id: variant.id.clone(),
             sets: sets
                 .iter()
-                .map(|set| fit_variant(&info.shape, variant, set, options))
+                .map(|set| fit_variant(&info.shape, &variant.weights, set, options))
                 .collect(),
         })
         .collect();
@@ -133,9 +134,12 @@ pub fn fit_all(info: &ModelInfo, sets: &[GpuSet], options: FitOptions) -> Vec<Va
     all
 }
 
-/// `variant` on `set`: the fitting placement with the fewest GPUs, or the closest.
-pub fn fit_variant(shape: &ModelShape, variant: &Variant, set: &GpuSet, options: FitOptions) -> SetFit {
-    let engine = engine_for(variant.format());
+/// A variant with `weights` on `set`: the fitting placement with the fewest GPUs, or
+/// the closest. The engine follows the weights' format ([`engine_for`]); weights of
+/// unknown quantization are taken as safetensors.
+pub fn fit_variant(shape: &ModelShape, weights: &WeightGroups, set: &GpuSet, options: FitOptions) -> SetFit {
+    let format = weights.quantization.map_or(WeightFormat::Safetensors, |q| q.format);
+    let engine = engine_for(format);
     let mut order: Vec<usize> = (0..set.gpus.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(set.gpus[i].memory));
     let memory = |i: usize| set.gpus[i].memory;
@@ -144,13 +148,13 @@ pub fn fit_variant(shape: &ModelShape, variant: &Variant, set: &GpuSet, options:
     let mut last_error = None;
     for count in 1..=order.len() {
         let chosen = &order[..count];
-        for layout in layouts(shape, variant, engine, chosen.iter().map(|&i| memory(i)).collect()) {
+        for layout in layouts(shape, weights, engine, chosen.iter().map(|&i| memory(i)).collect()) {
             let request = EstimateRequest::new(engine, options.context)
                 .with_concurrency(options.concurrency)
                 .with_kv_dtype(options.kv_dtype)
                 .with_layout(layout);
             let usable: Vec<Bytes> = chosen.iter().map(|&i| memory(i)).collect();
-            let outcome = estimate(shape, &variant.weights, &request)
+            let outcome = estimate(shape, weights, &request)
                 .and_then(|estimate| fits(&estimate, &usable).map(|report| (estimate, report)));
             let (estimate, report) = match outcome {
                 Ok(pair) => pair,
@@ -191,12 +195,12 @@ pub fn fit_variant(shape: &ModelShape, variant: &Variant, set: &GpuSet, options:
 
 /// The layouts `engine` can run on GPUs with `memory` each (largest first), most
 /// parallel first.
-fn layouts(shape: &ModelShape, variant: &Variant, engine: Engine, memory: Vec<Bytes>) -> Vec<Layout> {
+fn layouts(shape: &ModelShape, weights: &WeightGroups, engine: Engine, memory: Vec<Bytes>) -> Vec<Layout> {
     let n = memory.len();
     if n == 1 {
         return vec![Layout::single()];
     }
-    let valid = |k: usize| check_tp(shape, Some(&variant.quantization), k as u64).is_ok();
+    let valid = |k: usize| check_tp(shape, weights.quantization.as_ref(), k as u64).is_ok();
     let mut layouts = Vec::new();
     if matches!(engine, Engine::Vllm(_)) {
         // Tensor-parallel groups of `tp` identical GPUs as `n / tp` stages, from one

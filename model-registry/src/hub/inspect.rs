@@ -5,7 +5,7 @@ use futures::{StreamExt, TryStreamExt};
 use super::client::HubClient;
 use super::headers::MAX_CONCURRENT_HEADER_READS;
 use super::repo::{RepoId, ResolvedRepo};
-use super::variants::{Derivative, VariantSource};
+use super::variants::{VariantPin, VariantSource};
 use crate::catalog::{
     GgufVariantFiles, MAX_LISTED_TP_DEGREE, ModelInfo, ShapeSource, SkippedVariant, Variant, gguf_variants,
     sort_variants,
@@ -22,13 +22,16 @@ const INCOMPLETE_SPLITS: &str = "some splits of this GGUF file are missing from 
 const CONCURRENT_DERIVATIVES: usize = 4;
 
 /// What [`HubClient::inspect`] reads.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InspectOptions {
     /// Quantized derivatives to resolve and list; 0 lists only the repository's own.
     pub derivatives: usize,
     /// Whether to read the weight headers of derivatives too, making their figures
     /// exact instead of computed (a GGUF header is up to a few MiB, mostly vocabulary).
     pub derivative_headers: bool,
+    /// Variants the user pinned, listed besides those discovered; their headers are
+    /// always read.
+    pub pins: Vec<VariantPin>,
 }
 
 impl Default for InspectOptions {
@@ -36,6 +39,7 @@ impl Default for InspectOptions {
         InspectOptions {
             derivatives: DEFAULT_DERIVATIVES,
             derivative_headers: false,
+            pins: Vec::new(),
         }
     }
 }
@@ -110,7 +114,11 @@ impl HubClient {
                         ));
                     }
                     let results: Vec<_> = futures::stream::iter(derivatives.into_iter().take(take))
-                        .map(|d| self.derivative(d, &shape, options.derivative_headers))
+                        .filter(|d| std::future::ready(!options.pins.iter().any(|p| p.repo == d.repo)))
+                        .map(|d| {
+                            let source = VariantSource::QuantizedDerivative;
+                            self.other_repo(d.repo, None, &shape, options.derivative_headers, source)
+                        })
                         .buffered(CONCURRENT_DERIVATIVES)
                         .collect()
                         .await;
@@ -120,6 +128,35 @@ impl HubClient {
                     }
                 }
                 Err(error) => notes.push(format!("quantized derivatives not listed: {}", error_chain(&error))),
+            }
+        }
+
+        for pin in &options.pins {
+            let revision = pin.revision.clone();
+            let (found, lost) = self
+                .other_repo(pin.repo.clone(), revision, &shape, true, VariantSource::Pinned)
+                .await;
+            let matches = |id: &str| match &pin.file {
+                Some(file) => {
+                    id.strip_prefix(pin.repo.as_str())
+                        .and_then(|rest| rest.strip_prefix(':'))
+                        == Some(file)
+                }
+                None => true,
+            };
+            let before = variants.len();
+            variants.extend(found.into_iter().filter(|v| matches(&v.id)));
+            skipped.extend(lost.into_iter().filter(|s| matches(&s.id) || !s.id.contains(':')));
+            if variants.len() == before && !skipped.iter().any(|s| s.id.starts_with(pin.repo.as_str())) {
+                skipped.push(SkippedVariant {
+                    id: match &pin.file {
+                        Some(file) => format!("{}:{file}", pin.repo),
+                        None => pin.repo.to_string(),
+                    },
+                    reason: "pinned, but the repository has no such weights (for a GGUF pin, name the file, or \
+                             the first split of a split file)"
+                        .to_owned(),
+                });
             }
         }
 
@@ -258,6 +295,9 @@ impl HubClient {
                 .map_ok(|f| f.header)
                 .try_collect()
                 .await?;
+            if let Some(first) = model.first() {
+                same_model(shape, first)?;
+            }
             let mmproj = match (&group.mmproj, shape.vision) {
                 (Some(file), Some(_)) => Some(self.gguf_header(resolved, &file.path).await?.header),
                 _ => None,
@@ -296,17 +336,21 @@ impl HubClient {
         ))
     }
 
-    /// A derivative's variants, and those skipped. A derivative whose own config gives
-    /// another parameter count is another model (a fine-tune listed as a quantization)
-    /// and is skipped.
-    async fn derivative(
+    /// The variants of another repository (a derivative or a pin) of the model `shape`
+    /// describes, and those skipped. A repository whose own config gives another
+    /// parameter count is another model (a fine-tune listed as a quantization) and is
+    /// skipped.
+    async fn other_repo(
         &self,
-        derivative: Derivative,
+        repo: RepoId,
+        revision: Option<String>,
         shape: &ModelShape,
         headers: bool,
+        source: VariantSource,
     ) -> (Vec<Variant>, Vec<SkippedVariant>) {
-        let id = derivative.repo.to_string();
-        let resolved = match self.resolve(&derivative.repo, super::DEFAULT_REVISION).await {
+        let id = repo.to_string();
+        let revision = revision.as_deref().unwrap_or(super::DEFAULT_REVISION);
+        let resolved = match self.resolve(&repo, revision).await {
             Ok(resolved) => resolved,
             Err(error) => return (Vec::new(), vec![skip(id, &error)]),
         };
@@ -337,12 +381,14 @@ impl HubClient {
             match ModelShape::from_config(config) {
                 Ok(own) if own.params.total() == shape.params.total() => {}
                 Ok(own) => {
-                    let reason = format!(
-                        "its config.json describes another model ({} parameters, not {})",
-                        own.params.total(),
-                        shape.params.total()
-                    );
-                    return (Vec::new(), vec![SkippedVariant { id, reason }]);
+                    let error = Error::OtherModel {
+                        detail: format!(
+                            "config.json counts {} parameters, not {}",
+                            own.params.total(),
+                            shape.params.total()
+                        ),
+                    };
+                    return (Vec::new(), vec![skip(id, &error)]);
                 }
                 Err(error) => return (Vec::new(), vec![skip(id, &error)]),
             }
@@ -357,14 +403,7 @@ impl HubClient {
             })
             .collect();
         for (id, outcome) in self
-            .repo_variants(
-                &resolved,
-                config.as_ref(),
-                shape,
-                &ggufs,
-                headers,
-                VariantSource::QuantizedDerivative,
-            )
+            .repo_variants(&resolved, config.as_ref(), shape, &ggufs, headers, source)
             .await
         {
             match outcome {
@@ -405,6 +444,29 @@ fn variant(
                 .collect(),
         },
         weights,
+    }
+}
+
+/// Whether a GGUF header describes the model `shape` describes: its layer count and
+/// width.
+fn same_model(shape: &ModelShape, header: &crate::GgufHeader) -> Result<(), Error> {
+    let differs = |what: &str, found: Option<u64>, expected: u64| match found {
+        Some(found) if found != expected => Some(format!("{found} {what}, not {expected}")),
+        _ => None,
+    };
+    let problems: Vec<String> = [
+        differs("layers", header.block_count(), shape.layers),
+        differs("hidden width", header.embedding_length(), shape.hidden),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::OtherModel {
+            detail: problems.join(", "),
+        })
     }
 }
 

@@ -56,4 +56,4 @@ pub use headers::{
 };
 pub use inspect::{DEFAULT_DERIVATIVES, InspectOptions};
 pub use repo::{CommitSha, RepoFile, RepoId, ResolvedRepo, SAFETENSORS_INDEX, WeightFiles};
-pub use variants::{Derivative, MAX_DERIVATIVES, VariantCandidate, VariantSource, repo_variants};
+pub use variants::{Derivative, MAX_DERIVATIVES, VariantCandidate, VariantPin, VariantSource, repo_variants};

@@ -22,6 +22,44 @@ pub enum VariantSource {
     /// A repository that the hub lists as a quantized derivative of it
     /// (`base_model:quantized:<repo>`).
     QuantizedDerivative,
+    /// A repository (or a file in one) the user pinned: a workflow's `variants` or
+    /// `--variant` on the command line.
+    Pinned,
+}
+
+/// A variant the user names: a repository at a revision, optionally one GGUF file in it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VariantPin {
+    /// The repository.
+    pub repo: RepoId,
+    /// The revision; the default branch when `None`.
+    pub revision: Option<String>,
+    /// One file of it (a GGUF file, or the first split of one); every variant of the
+    /// repository when `None`.
+    pub file: Option<String>,
+}
+
+impl VariantPin {
+    /// `owner/name[@revision][:file]`, as `--variant` takes it.
+    ///
+    /// Errors: [`Error::InvalidRepoId`] for the repository part.
+    pub fn parse(text: &str) -> Result<VariantPin, Error> {
+        let (head, file) = match text.split_once(':') {
+            Some((head, file)) if !file.is_empty() => (head, Some(file.to_owned())),
+            Some((head, _)) => (head, None),
+            None => (text, None),
+        };
+        let (repo, revision) = match head.split_once('@') {
+            Some((repo, revision)) if !revision.is_empty() => (repo, Some(revision.to_owned())),
+            Some((repo, _)) => (repo, None),
+            None => (head, None),
+        };
+        Ok(VariantPin {
+            repo: RepoId::parse(repo)?,
+            revision,
+            file,
+        })
+    }
 }
 
 /// A variant to consider: a repository and, for GGUF, the file.
