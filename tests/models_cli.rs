@@ -107,6 +107,7 @@ fn inspect_lists_every_variant_from_headers_and_a_second_run_is_offline() {
     insta::assert_snapshot!("inspect_70b", text(&out.stdout));
     // A 141 GB checkpoint and 115 GB of derivatives: planning read under 2 MB.
     let served = hub.bytes_served();
+    eprintln!("inspect served {served} bytes in {} requests", hub.requests());
     assert!(served < 2_000_000, "served {served} bytes");
     assert!(
         text(&out.stderr).contains("no weights downloaded"),
