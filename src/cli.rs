@@ -32,6 +32,102 @@ pub enum Command {
     /// downloaded).
     #[command(subcommand)]
     Models(ModelsCommand),
+    /// Run the orchestrator: the hardware graph, the service agents join (gRPC) and the
+    /// REST API. Tokens are created in the data directory on first start.
+    Server(ServerArgs),
+    /// Show the nodes and GPUs of a running server, like nvidia-smi for the whole fleet.
+    Nodes(NodesArgs),
+    /// Run an agent: join a server and stream this machine's GPUs (NVML), or a
+    /// simulated node of a fleet file.
+    Agent(AgentArgs),
+    /// Run everything on this machine: the server and a local agent, or one agent per
+    /// node of a simulated fleet (`--fleet workflows/fleets/lab.yaml`).
+    Up(UpArgs),
+}
+
+/// `skein agent`.
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// The server's agent address: `http://HOST:7879` (`https://` with TLS).
+    #[arg(long, value_name = "URL")]
+    pub join: String,
+    /// The join token.
+    #[arg(long, env = "SKEIN_JOIN_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// A file holding the join token (the server's `<data dir>/join-token`).
+    #[arg(long, value_name = "FILE", conflicts_with = "token")]
+    pub token_file: Option<PathBuf>,
+    /// This node's name; default: the hostname. With --simulate, the fleet node to be.
+    #[arg(long, value_name = "NAME")]
+    pub node: Option<String>,
+    /// Present the GPUs of a node of this fleet file instead of the real ones.
+    #[arg(long, value_name = "FLEET.yaml")]
+    pub simulate: Option<PathBuf>,
+    /// PEM CA certificate to trust for an `https://` server.
+    #[arg(long, value_name = "FILE")]
+    pub ca: Option<PathBuf>,
+}
+
+/// `skein up`.
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// A fleet file: run one simulated agent per node instead of this machine's agent.
+    #[arg(long, value_name = "FLEET.yaml")]
+    pub fleet: Option<PathBuf>,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// `skein server`.
+#[derive(Debug, Args)]
+pub struct ServerArgs {
+    /// Address of the REST API.
+    #[arg(long, default_value = crate::cluster::DEFAULT_API_ADDR, value_name = "IP:PORT")]
+    pub listen: String,
+    /// Address agents join (gRPC).
+    #[arg(long, default_value = crate::cluster::DEFAULT_GRPC_ADDR, value_name = "IP:PORT")]
+    pub agent_listen: String,
+    /// Join token agents must present; default: the one in `<data dir>/join-token`,
+    /// created on first start.
+    #[arg(long, env = "SKEIN_JOIN_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Bearer token of the REST API; default: `<data dir>/api-token`, created on first
+    /// start.
+    #[arg(long, env = "SKEIN_API_TOKEN", hide_env_values = true)]
+    pub api_token: Option<String>,
+    /// Where Skein keeps its state; default `$SKEIN_DATA_DIR`, `$XDG_DATA_HOME/skein` or
+    /// `~/.local/share/skein`.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// How often agents sample and send telemetry.
+    #[arg(long, default_value = "1s", value_name = "DURATION")]
+    pub sample_interval: String,
+    /// PEM certificate chain: serve the agent service over TLS (with --tls-key).
+    #[arg(long, value_name = "FILE")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE")]
+    pub tls_key: Option<PathBuf>,
+}
+
+/// `skein nodes`.
+#[derive(Debug, Args)]
+pub struct NodesArgs {
+    /// The server's REST address.
+    #[arg(long, default_value = "http://127.0.0.1:7878", value_name = "URL")]
+    pub server: String,
+    /// Bearer token; default: `<data dir>/api-token` of a server on this machine.
+    #[arg(long, env = "SKEIN_API_TOKEN", hide_env_values = true)]
+    pub api_token: Option<String>,
+    /// The data directory whose api-token to read.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Output format: a table, or the whole graph as JSON.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Human)]
+    pub output: OutputFormat,
+    /// Refresh every second until interrupted.
+    #[arg(long)]
+    pub watch: bool,
 }
 
 /// `skein models …`.

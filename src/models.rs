@@ -34,14 +34,6 @@ fn client(hub: &HubArgs) -> anyhow::Result<HubClient> {
     Ok(builder.build()?)
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")
-}
-
 /// Reads the model, with a progress line on a terminal (bytes of metadata and headers
 /// received so far), and a summary of what crossed the network.
 fn inspect(hub: &HubArgs, target: &str) -> anyhow::Result<(ModelInfo, TransferStats)> {
@@ -57,7 +49,7 @@ fn inspect(hub: &HubArgs, target: &str) -> anyhow::Result<(ModelInfo, TransferSt
         derivative_headers: hub.derivative_headers,
         pins,
     };
-    let runtime = runtime()?;
+    let runtime = crate::cluster::runtime(Some(2))?;
     let progress = indicatif::ProgressBar::new_spinner();
     if !std::io::stderr().is_terminal() {
         progress.set_draw_target(indicatif::ProgressDrawTarget::hidden());

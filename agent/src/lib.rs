@@ -1,9 +1,11 @@
 //! The Skein node agent.
 //!
-//! An agent runs on every machine that lends hardware to Skein. It will discover GPUs
-//! (NVML, or a simulated fleet file), stream inventory and telemetry to the orchestrator
-//! over gRPC, and start and stop inference engines on the GPUs it is assigned. Today it
-//! holds the first piece: discovery of the host itself.
+//! An agent runs on every machine that lends hardware to Skein. It discovers the host
+//! and its GPUs — real ones through NVML, or a simulated node of a fleet file — and
+//! samples them; it will stream inventory and telemetry to the orchestrator over gRPC
+//! (through the `proto` types) and start and stop inference engines on the GPUs it is
+//! assigned. Simulated and real GPUs go through the same code after discovery: both
+//! are a [`GpuSource`].
 //!
 //! # Layout
 //!
@@ -11,17 +13,43 @@
 //!   returned as a serializable [`HostInventory`]. Nothing in it fails: what the host
 //!   does not report is `None`, with the reason listed in
 //!   [`HostInventory::unavailable`].
+//! - [`gpu`]: the GPU types ([`GpuInfo`] sent once, [`GpuSample`] per tick,
+//!   [`ThrottleReasons`]), the [`GpuSource`] trait, and the NVML source
+//!   ([`discover_nvml`] → [`NvmlSource`]), which loads `libnvidia-ml.so.1` at run
+//!   time and returns `Ok(None)` on a machine without the driver.
+//! - [`daemon`]: the connection to the orchestrator: register, then one gRPC stream
+//!   (telemetry up, pings and commands down), reconnecting with backoff.
+//! - [`fleet`]: fleet files ([`load_fleet`] → [`Fleet`] → [`Fleet::node`]): the
+//!   schema, the GPU model catalog ([`fleet::catalog`]) and diagnostics with
+//!   file:line:column.
+//! - [`telemetry`]: the models that drive simulated metrics (`ramp`, `square`,
+//!   `spike`, `replay`, …) as pure functions of time.
+//! - [`sim`]: [`SimulatedSource`], a fleet node as a [`GpuSource`]: modelled metrics
+//!   plus the ones that follow from them (power from utilization, temperature from
+//!   power, throttle reasons and clocks from both).
 //!
 //! # Invariants
 //!
 //! The agent shares only the wire protocol with the orchestrator; it does not depend on
-//! the orchestrator, DSL or model-registry crates. Discovery reads the local system and
-//! blocks briefly (files under `/proc` and `/sys` on Linux); async callers run it on a
-//! blocking thread.
+//! the orchestrator, DSL or model-registry crates. `telemetry`, `sim` and fleet
+//! checking are pure (no clock, no IO): a simulated reading is a function of the
+//! fleet file and `t`, and only [`load_fleet`] reads files. Discovery reads the local
+//! system and blocks briefly (files under `/proc` and `/sys` on Linux, NVML calls);
+//! async callers run it, and GPU sampling, on a blocking thread. Nothing panics on
+//! bad input or a failing driver call: a failing NVML field is `None`, logged once.
 
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod daemon;
+pub mod fleet;
+pub mod gpu;
 pub mod host;
+pub mod sim;
+mod suggest;
+pub mod telemetry;
 
+pub use fleet::{Fleet, FleetError, load_fleet};
+pub use gpu::{GpuInfo, GpuSample, GpuSource, NvmlSource, PcieLink, SampleError, ThrottleReasons, discover_nvml};
 pub use host::HostInventory;
+pub use sim::SimulatedSource;

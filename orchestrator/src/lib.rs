@@ -5,7 +5,17 @@
 //! # Layout
 //! - [`workflows`]: reading workflow files from disk into the IR (the file
 //!   edge in front of the pure `skein-dsl` core).
+//! - [`graph`]: the live hardware graph (nodes, GPUs, links, telemetry windows, health)
+//!   and its immutable snapshots. No IO, no clock: callers pass the time.
+//! - [`agents`]: the gRPC service agents join (registration, the telemetry stream),
+//!   feeding the graph.
+//! - [`api`]: the REST API over the graph and the Prometheus metrics.
+//! - [`server`]: `skein server`: both doors and the sweep that marks silent nodes down.
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
+pub mod agents;
+pub mod api;
+pub mod graph;
+pub mod server;
 pub mod workflows;

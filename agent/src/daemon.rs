@@ -1,0 +1,353 @@
+//! The agent's connection to the orchestrator: register, then one long-lived stream
+//! (telemetry up, pings and later commands down), reconnecting with backoff for as long
+//! as the agent runs.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use skein_proto::agent::v1::{
+    self as pb, AgentMessage, RegisterRequest, agent_message, agent_service_client::AgentServiceClient,
+    orchestrator_message,
+};
+use tokio::sync::mpsc;
+use tonic::Request;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+
+use crate::gpu::{GpuInfo, GpuSample, GpuSource};
+use crate::host::HostInventory;
+
+/// The GPU source of a machine without GPUs (or without the NVIDIA driver): a CPU-only
+/// node, which still reports its host and can run CPU engines.
+#[derive(Debug, Default)]
+pub struct NoGpus;
+
+impl GpuSource for NoGpus {
+    fn inventory(&self) -> &[GpuInfo] {
+        &[]
+    }
+
+    fn sample(&mut self, _t: f64) -> Vec<Result<GpuSample, crate::gpu::SampleError>> {
+        Vec::new()
+    }
+
+    fn describe(&self) -> String {
+        "none (CPU-only node)".to_owned()
+    }
+}
+
+/// How an agent reaches its orchestrator.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// The orchestrator's agent address: `http://host:7879`, or `https://…` with TLS.
+    pub join: String,
+    /// The join token.
+    pub token: String,
+    /// This node's name (hostname, or the simulated node's).
+    pub node_name: String,
+    /// A PEM CA certificate to trust for `https://` (default: the system's roots).
+    pub tls_ca: Option<PathBuf>,
+    /// The agent's version, sent at registration.
+    pub version: String,
+}
+
+/// Why the agent stopped for good (a transient failure only causes a reconnect).
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The join address is not a URL the agent can use.
+    #[error("--join `{url}` is not usable: {reason}; help: write http://HOST:7879 (https:// with TLS)")]
+    BadJoinUrl {
+        /// The address given.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// The orchestrator refused the token: retrying would not help.
+    #[error("the orchestrator refused this agent: {0}")]
+    Refused(String),
+    /// The CA file could not be read.
+    #[error("cannot read the CA certificate {}", .path.display())]
+    TlsCa {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// First wait after a failed connection; doubled up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+/// Longest wait between attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+/// The endpoint for `config.join`.
+fn endpoint(config: &AgentConfig) -> Result<Endpoint, AgentError> {
+    let bad = |reason: String| AgentError::BadJoinUrl {
+        url: config.join.clone(),
+        reason,
+    };
+    if !(config.join.starts_with("http://") || config.join.starts_with("https://")) {
+        return Err(bad("it does not start with http:// or https://".to_owned()));
+    }
+    let mut endpoint = Endpoint::from_shared(config.join.clone())
+        .map_err(|e| bad(e.to_string()))?
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(Duration::from_secs(10))
+        .keep_alive_timeout(Duration::from_secs(10));
+    if config.join.starts_with("https://") {
+        let mut tls = ClientTlsConfig::new().with_native_roots();
+        if let Some(path) = &config.tls_ca {
+            let pem = std::fs::read(path).map_err(|source| AgentError::TlsCa {
+                path: path.clone(),
+                source,
+            })?;
+            tls = tls.ca_certificate(Certificate::from_pem(pem));
+        }
+        endpoint = endpoint.tls_config(tls).map_err(|e| bad(e.to_string()))?;
+    }
+    Ok(endpoint)
+}
+
+/// Runs the agent until the orchestrator refuses it: registers, streams telemetry from
+/// `source` at the interval the orchestrator asks for, answers pings, and reconnects
+/// with exponential backoff (0.2 s doubling to 10 s) whenever the connection drops.
+///
+/// Errors: [`AgentError::BadJoinUrl`], [`AgentError::TlsCa`], [`AgentError::Refused`]
+/// (a wrong or missing token); never for a server that is down or restarting.
+pub async fn run(config: AgentConfig, mut source: Box<dyn GpuSource>, host: HostInventory) -> Result<(), AgentError> {
+    let endpoint = endpoint(&config)?;
+    let started = Instant::now();
+    let mut backoff = FIRST_BACKOFF;
+    let mut seq = 0u64;
+    loop {
+        let outcome = session(&config, &endpoint, source.as_mut(), &host, started, &mut seq).await;
+        match outcome {
+            Ok(()) => {
+                tracing::warn!("the orchestrator closed the stream; reconnecting");
+                backoff = FIRST_BACKOFF;
+            }
+            Err(SessionError::Refused(message)) => return Err(AgentError::Refused(message)),
+            Err(SessionError::Connected(message)) => {
+                tracing::warn!(%message, "lost the orchestrator; reconnecting");
+                backoff = FIRST_BACKOFF;
+            }
+            Err(SessionError::Unreachable(message)) => {
+                tracing::warn!(%message, retry_in = ?backoff, "cannot reach the orchestrator");
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+enum SessionError {
+    /// Wrong token or a refused registration.
+    Refused(String),
+    /// Never got through.
+    Unreachable(String),
+    /// Was connected, then lost it.
+    Connected(String),
+}
+
+fn with_token<T>(message: T, token: &str) -> Result<Request<T>, SessionError> {
+    let mut request = Request::new(message);
+    let value = MetadataValue::try_from(format!("Bearer {token}"))
+        .map_err(|_| SessionError::Refused("the join token has characters a header cannot carry".to_owned()))?;
+    request.metadata_mut().insert(skein_proto::AUTHORIZATION, value);
+    Ok(request)
+}
+
+fn status_error(status: &tonic::Status) -> SessionError {
+    match status.code() {
+        tonic::Code::Unauthenticated | tonic::Code::PermissionDenied | tonic::Code::InvalidArgument => {
+            SessionError::Refused(status.message().to_owned())
+        }
+        _ => SessionError::Unreachable(format!("{}: {}", status.code(), status.message())),
+    }
+}
+
+/// One connection: register, stream until it breaks.
+async fn session(
+    config: &AgentConfig,
+    endpoint: &Endpoint,
+    source: &mut dyn GpuSource,
+    host: &HostInventory,
+    started: Instant,
+    seq: &mut u64,
+) -> Result<(), SessionError> {
+    let channel: Channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| SessionError::Unreachable(error_chain(&e)))?;
+    let mut client = AgentServiceClient::new(channel);
+    let registration = client
+        .register(with_token(
+            RegisterRequest {
+                node_name: config.node_name.clone(),
+                agent_version: config.version.clone(),
+                inventory: Some(inventory(source, host)),
+            },
+            &config.token,
+        )?)
+        .await
+        .map_err(|s| status_error(&s))?
+        .into_inner();
+    let interval = Duration::from_millis(u64::from(registration.sample_interval_ms.max(50)));
+    tracing::info!(node = %registration.node_id, known = registration.known, ?interval, "registered");
+
+    let (outbound, rx) = mpsc::channel::<AgentMessage>(64);
+    let hello = AgentMessage {
+        kind: Some(agent_message::Kind::Hello(pb::Hello {
+            node_id: registration.node_id.clone(),
+        })),
+    };
+    outbound
+        .send(hello)
+        .await
+        .map_err(|_| SessionError::Unreachable("the stream closed at once".to_owned()))?;
+    let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+    let mut inbound = client
+        .session(with_token(stream, &config.token)?)
+        .await
+        .map_err(|s| status_error(&s))?
+        .into_inner();
+
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                let t = started.elapsed().as_secs_f64();
+                let samples: Vec<GpuSample> = source
+                    .sample(t)
+                    .into_iter()
+                    .filter_map(|sample| sample.map_err(|error| tracing::debug!(%error, "a GPU could not be sampled")).ok())
+                    .collect();
+                *seq += 1;
+                let message = telemetry(*seq, &samples, host);
+                if outbound.send(message).await.is_err() {
+                    return Err(SessionError::Connected("the stream to the orchestrator closed".to_owned()));
+                }
+            }
+            message = inbound.message() => {
+                match message {
+                    Ok(Some(message)) => match message.kind {
+                        Some(orchestrator_message::Kind::Ping(ping)) => {
+                            let pong = AgentMessage { kind: Some(agent_message::Kind::Pong(pb::Pong { id: ping.id })) };
+                            if outbound.send(pong).await.is_err() {
+                                return Err(SessionError::Connected("the stream to the orchestrator closed".to_owned()));
+                            }
+                        }
+                        None => {}
+                    },
+                    Ok(None) => return Ok(()),
+                    Err(status) => return match status_error(&status) {
+                        SessionError::Refused(message) => Err(SessionError::Refused(message)),
+                        _ => Err(SessionError::Connected(format!("{}: {}", status.code(), status.message()))),
+                    },
+                }
+            }
+        }
+    }
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// The inventory as the protocol carries it.
+pub fn inventory(source: &dyn GpuSource, host: &HostInventory) -> pb::Inventory {
+    pb::Inventory {
+        host: Some(pb::Host {
+            hostname: host.hostname.clone().unwrap_or_default(),
+            os: [host.os.name.as_deref(), host.os.version.as_deref()]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .join(" "),
+            kernel: host.os.kernel_version.clone().unwrap_or_default(),
+            arch: host.os.arch.clone(),
+            logical_cores: host
+                .cpu
+                .logical_cores
+                .map_or(0, |c| u32::try_from(c).unwrap_or(u32::MAX)),
+            physical_cores: host
+                .cpu
+                .physical_cores
+                .map_or(0, |c| u32::try_from(c).unwrap_or(u32::MAX)),
+            cpu_brand: host.cpu.brand.clone().unwrap_or_default(),
+            memory_total: host.memory.total_bytes.unwrap_or(0),
+            numa_nodes: 0,
+        }),
+        gpus: source.inventory().iter().map(gpu_to_wire).collect(),
+        gpu_source: source.describe(),
+    }
+}
+
+fn gpu_to_wire(gpu: &GpuInfo) -> pb::Gpu {
+    let (major, minor) = gpu.compute_capability.unwrap_or((0, 0));
+    pb::Gpu {
+        index: gpu.index,
+        uuid: gpu.uuid.clone(),
+        name: gpu.name.clone(),
+        memory_total: gpu.memory_total,
+        compute_major: major,
+        compute_minor: minor,
+        power_limit_mw: gpu.power_limit_mw.unwrap_or(0),
+        pcie_generation: gpu.pcie.map_or(0, |p| p.generation),
+        pcie_width: gpu.pcie.map_or(0, |p| p.width),
+        nvlink_peers: gpu.nvlink_peers.clone(),
+        mig_enabled: match gpu.mig_enabled {
+            Some(true) => pb::Tristate::Yes,
+            Some(false) => pb::Tristate::No,
+            None => pb::Tristate::Unknown,
+        } as i32,
+        simulated: gpu.simulated,
+    }
+}
+
+/// One telemetry message.
+pub fn telemetry(seq: u64, samples: &[GpuSample], host: &HostInventory) -> AgentMessage {
+    let unix_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    AgentMessage {
+        kind: Some(agent_message::Kind::Telemetry(pb::Telemetry {
+            seq,
+            unix_ms,
+            gpus: samples.iter().map(sample_to_wire).collect(),
+            host: Some(pb::HostSample {
+                load1_centi: host
+                    .load_average
+                    .as_ref()
+                    .map_or(0, |l| (l.one * 100.0).clamp(0.0, f64::from(u32::MAX)) as u32),
+                memory_available: host.memory.available_bytes.unwrap_or(0),
+            }),
+        })),
+    }
+}
+
+fn sample_to_wire(s: &GpuSample) -> pb::GpuSample {
+    pb::GpuSample {
+        index: s.index,
+        memory_used: s.memory_used,
+        memory_free: s.memory_free,
+        utilization_pct: s.utilization_pct,
+        memory_utilization_pct: s.memory_utilization_pct,
+        temperature_c: s.temperature_c,
+        power_mw: s.power_mw,
+        sm_clock_mhz: s.sm_clock_mhz,
+        throttle_reasons: s.throttle.bits(),
+        ecc_corrected: s.ecc_corrected,
+        ecc_uncorrected: s.ecc_uncorrected,
+        foreign_memory: s.foreign_memory,
+    }
+}

@@ -1,0 +1,361 @@
+//! The gRPC service agents talk to: registration and the live stream, feeding the
+//! [`HardwareGraph`]. The translation from the wire types happens here, with
+//! validation: a malformed inventory or sample is refused with a status that says what
+//! is wrong.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::Stream;
+use skein_proto::agent::v1::{
+    self as pb, AgentMessage, OrchestratorMessage, RegisterRequest, RegisterResponse, agent_message,
+    agent_service_server::AgentService, orchestrator_message,
+};
+use tokio::sync::{broadcast, mpsc};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::graph::{
+    GpuFacts, GpuSample, GraphEvent, HardwareGraph, HostFacts, HostSample, IndexedSample, Millis, NodeId,
+    NodeInventory, TelemetryBatch,
+};
+
+/// A shared secret: the join token agents present, or the API token of the REST API.
+/// Its `Debug` and `Display` never show it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// A secret from its text; `None` when empty.
+    pub fn new(text: impl Into<String>) -> Option<Secret> {
+        let text = text.into();
+        (!text.trim().is_empty()).then(|| Secret(text.trim().to_owned()))
+    }
+
+    /// A fresh random secret: 32 bytes from the operating system, hex.
+    pub fn generate() -> std::io::Result<Secret> {
+        use std::io::Read;
+        let mut bytes = [0u8; 32];
+        std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+        Ok(Secret(bytes.iter().map(|b| format!("{b:02x}")).collect()))
+    }
+
+    /// The text, for sending it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Compares in time independent of where the texts differ.
+    pub fn matches(&self, presented: &str) -> bool {
+        let (a, b) = (self.0.as_bytes(), presented.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(…)")
+    }
+}
+
+/// The orchestrator's monotonic clock, in [`Millis`] since it started.
+#[derive(Debug, Clone, Copy)]
+pub struct Clock(Instant);
+
+impl Clock {
+    /// Starts now.
+    pub fn start() -> Clock {
+        Clock(Instant::now())
+    }
+
+    /// Milliseconds since the start.
+    pub fn now(&self) -> Millis {
+        u64::try_from(self.0.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+/// How long an agent has to send its `Hello` after opening the stream.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Pings for round-trip latency are sent every this many telemetry intervals.
+const PING_EVERY_INTERVALS: u32 = 5;
+
+/// Longest node name accepted (a DNS name's limit).
+const MAX_NODE_NAME: usize = 253;
+
+/// Most GPUs one node may report.
+const MAX_GPUS_PER_NODE: usize = 64;
+
+/// The `AgentService` implementation.
+#[derive(Clone)]
+pub struct AgentGateway {
+    graph: Arc<HardwareGraph>,
+    token: Secret,
+    events: broadcast::Sender<GraphEvent>,
+    clock: Clock,
+}
+
+impl AgentGateway {
+    /// A gateway feeding `graph`, accepting agents that present `token`, publishing
+    /// every change on `events`.
+    pub fn new(graph: Arc<HardwareGraph>, token: Secret, events: broadcast::Sender<GraphEvent>, clock: Clock) -> Self {
+        AgentGateway {
+            graph,
+            token,
+            events,
+            clock,
+        }
+    }
+
+    fn publish(&self, events: Vec<GraphEvent>) {
+        for event in events {
+            // No subscriber is fine.
+            let _ = self.events.send(event);
+        }
+    }
+
+    fn authorize<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        let peer = request
+            .remote_addr()
+            .map_or_else(|| "an unknown peer".to_owned(), |a| a.to_string());
+        let Some(value) = request.metadata().get(skein_proto::AUTHORIZATION) else {
+            tracing::warn!(%peer, "refused an agent without a join token");
+            return Err(Status::unauthenticated(
+                "no join token: start the agent with --token <the join token `skein server` printed>",
+            ));
+        };
+        let presented = value.to_str().unwrap_or("").strip_prefix("Bearer ").unwrap_or("");
+        if self.token.matches(presented) {
+            Ok(())
+        } else {
+            tracing::warn!(%peer, "refused an agent with a wrong join token");
+            Err(Status::permission_denied(
+                "wrong join token: use the join token `skein server` printed (or the one in its data directory)",
+            ))
+        }
+    }
+}
+
+type OutboundStream = Pin<Box<dyn Stream<Item = Result<OrchestratorMessage, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AgentService for AgentGateway {
+    async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<RegisterResponse>, Status> {
+        self.authorize(&request)?;
+        let inventory = inventory_from_wire(request.into_inner())?;
+        let name = inventory.name.clone();
+        let gpus = inventory.gpus.len();
+        let (registration, events) = self.graph.register(inventory, self.clock.now());
+        tracing::info!(node = %registration.id, %name, gpus, known = registration.known, "agent registered");
+        self.publish(events);
+        Ok(Response::new(RegisterResponse {
+            node_id: registration.id.0,
+            sample_interval_ms: u32::try_from(self.graph.config().sample_interval_ms).unwrap_or(u32::MAX),
+            known: registration.known,
+        }))
+    }
+
+    type SessionStream = OutboundStream;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        self.authorize(&request)?;
+        let mut inbound = request.into_inner();
+        let hello = tokio::time::timeout(HELLO_TIMEOUT, inbound.message())
+            .await
+            .map_err(|_| {
+                Status::deadline_exceeded("the first message of the stream must be a Hello, sent at once")
+            })??;
+        let node = match hello.and_then(|m| m.kind) {
+            Some(agent_message::Kind::Hello(hello)) => NodeId(hello.node_id),
+            _ => {
+                return Err(Status::invalid_argument(
+                    "the first message of the stream must be a Hello with the node id Register returned",
+                ));
+            }
+        };
+        let (generation, events) = self
+            .graph
+            .connected(&node, self.clock.now())
+            .map_err(|e| Status::not_found(format!("{e}")))?;
+        self.publish(events);
+        tracing::info!(%node, "agent connected");
+
+        let (outbound, rx) = mpsc::channel::<Result<OrchestratorMessage, Status>>(16);
+        let gateway = self.clone();
+        tokio::spawn(async move {
+            gateway.serve_stream(&node, inbound, outbound).await;
+            let events = gateway.graph.disconnected(&node, generation);
+            if !events.is_empty() {
+                tracing::info!(%node, "agent disconnected");
+            }
+            gateway.publish(events);
+        });
+        let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
+        Ok(Response::new(Box::pin(stream)))
+    }
+}
+
+impl AgentGateway {
+    /// Reads the stream until it ends, pinging now and then for the round trip.
+    async fn serve_stream(
+        &self,
+        node: &NodeId,
+        mut inbound: Streaming<AgentMessage>,
+        outbound: mpsc::Sender<Result<OrchestratorMessage, Status>>,
+    ) {
+        let interval = Duration::from_millis(self.graph.config().sample_interval_ms.max(1));
+        let mut ping = tokio::time::interval(interval * PING_EVERY_INTERVALS);
+        let mut pending: Option<(u64, Instant)> = None;
+        let mut next_ping = 1u64;
+        loop {
+            tokio::select! {
+                message = inbound.message() => {
+                    let message = match message {
+                        Ok(Some(message)) => message,
+                        Ok(None) => return,
+                        Err(status) => {
+                            tracing::debug!(%node, %status, "agent stream ended");
+                            return;
+                        }
+                    };
+                    match message.kind {
+                        Some(agent_message::Kind::Telemetry(telemetry)) => {
+                            let now = self.clock.now();
+                            match self.graph.ingest(node, telemetry_from_wire(telemetry), now) {
+                                Ok(events) => self.publish(events),
+                                Err(problem) => {
+                                    let problem = problem.to_string();
+                                    tracing::warn!(%node, %problem, "refused telemetry");
+                                    let _ = outbound.send(Err(Status::invalid_argument(problem))).await;
+                                    return;
+                                }
+                            }
+                        }
+                        Some(agent_message::Kind::Pong(pong)) => {
+                            if let Some((id, sent)) = pending
+                                && id == pong.id
+                            {
+                                let rtt = sent.elapsed().as_secs_f64() * 1000.0;
+                                let _ = self.graph.record_rtt(node, rtt);
+                                pending = None;
+                            }
+                        }
+                        Some(agent_message::Kind::Hello(_)) | None => {}
+                    }
+                }
+                _ = ping.tick() => {
+                    let id = next_ping;
+                    next_ping += 1;
+                    pending = Some((id, Instant::now()));
+                    let message = OrchestratorMessage {
+                        kind: Some(orchestrator_message::Kind::Ping(pb::Ping { id })),
+                    };
+                    if outbound.send(Ok(message)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A registration's inventory, checked.
+fn inventory_from_wire(request: RegisterRequest) -> Result<NodeInventory, Status> {
+    let name = request.node_name.trim().to_owned();
+    if name.is_empty() || name.len() > MAX_NODE_NAME || name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(Status::invalid_argument(format!(
+            "node name `{}` is not usable: give 1 to {MAX_NODE_NAME} characters without spaces (a hostname)",
+            request.node_name.escape_debug()
+        )));
+    }
+    let inventory = request.inventory.unwrap_or_default();
+    if inventory.gpus.len() > MAX_GPUS_PER_NODE {
+        return Err(Status::invalid_argument(format!(
+            "node `{name}` reports {} GPUs; at most {MAX_GPUS_PER_NODE} per node",
+            inventory.gpus.len()
+        )));
+    }
+    let mut gpus: Vec<GpuFacts> = inventory.gpus.into_iter().map(gpu_from_wire).collect();
+    gpus.sort_by_key(|g| g.index);
+    if let Some((position, gpu)) = gpus.iter().enumerate().find(|(i, g)| g.index as usize != *i) {
+        return Err(Status::invalid_argument(format!(
+            "node `{name}` reports GPU index {} where {position} was expected: indexes must be 0, 1, 2, … without gaps",
+            gpu.index
+        )));
+    }
+    let host = inventory.host.unwrap_or_default();
+    Ok(NodeInventory {
+        name,
+        agent_version: request.agent_version,
+        gpu_source: inventory.gpu_source,
+        host: HostFacts {
+            hostname: host.hostname,
+            os: host.os,
+            kernel: host.kernel,
+            arch: host.arch,
+            logical_cores: host.logical_cores,
+            physical_cores: host.physical_cores,
+            cpu_brand: host.cpu_brand,
+            memory_total: host.memory_total,
+            numa_nodes: host.numa_nodes,
+        },
+        gpus,
+    })
+}
+
+fn gpu_from_wire(gpu: pb::Gpu) -> GpuFacts {
+    let nonzero = |v: u32| (v != 0).then_some(v);
+    GpuFacts {
+        index: gpu.index,
+        uuid: gpu.uuid,
+        name: gpu.name,
+        memory_total: gpu.memory_total,
+        compute_capability: (gpu.compute_major != 0).then_some((gpu.compute_major, gpu.compute_minor)),
+        power_limit_mw: nonzero(gpu.power_limit_mw),
+        pcie: (gpu.pcie_generation != 0).then_some((gpu.pcie_generation, gpu.pcie_width)),
+        nvlink_peers: gpu.nvlink_peers,
+        mig_enabled: match pb::Tristate::try_from(gpu.mig_enabled) {
+            Ok(pb::Tristate::Yes) => Some(true),
+            Ok(pb::Tristate::No) => Some(false),
+            _ => None,
+        },
+        simulated: gpu.simulated,
+    }
+}
+
+/// A telemetry message as a batch (the receive time is set by the graph).
+fn telemetry_from_wire(telemetry: pb::Telemetry) -> TelemetryBatch {
+    let gpus = telemetry
+        .gpus
+        .into_iter()
+        .map(|g| IndexedSample {
+            index: g.index,
+            sample: GpuSample {
+                received_ms: 0,
+                unix_ms: telemetry.unix_ms,
+                memory_used: g.memory_used,
+                memory_free: g.memory_free,
+                utilization_pct: g.utilization_pct,
+                memory_utilization_pct: g.memory_utilization_pct,
+                temperature_c: g.temperature_c,
+                power_mw: g.power_mw,
+                sm_clock_mhz: g.sm_clock_mhz,
+                throttle_reasons: g.throttle_reasons,
+                ecc_corrected: g.ecc_corrected,
+                ecc_uncorrected: g.ecc_uncorrected,
+                foreign_memory: g.foreign_memory,
+            },
+        })
+        .collect();
+    TelemetryBatch {
+        seq: telemetry.seq,
+        gpus,
+        host: telemetry.host.map(|h| HostSample {
+            load1: f64::from(h.load1_centi) / 100.0,
+            memory_available: h.memory_available,
+        }),
+    }
+}

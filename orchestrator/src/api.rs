@@ -1,0 +1,290 @@
+//! The REST API over the hardware graph: `GET /v1/nodes`, `GET /v1/graph`,
+//! `GET /v1/graph/events` (server-sent events) and `GET /metrics` (Prometheus text).
+//!
+//! Every route but `/healthz` needs `Authorization: Bearer <API token>`.
+
+use std::convert::Infallible;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use futures::Stream;
+use serde::Serialize;
+use tokio::sync::broadcast;
+
+use crate::agents::Secret;
+use crate::graph::{GraphEvent, GraphSnapshot, HardwareGraph, HealthState, NodeView};
+
+/// What the routes share.
+#[derive(Clone)]
+pub struct ApiState {
+    /// The graph.
+    pub graph: Arc<HardwareGraph>,
+    /// Graph changes.
+    pub events: broadcast::Sender<GraphEvent>,
+    /// The bearer token clients present.
+    pub token: Secret,
+}
+
+/// The router.
+pub fn router(state: ApiState) -> Router {
+    let protected = Router::new()
+        .route("/v1/nodes", get(nodes))
+        .route("/v1/graph", get(graph))
+        .route("/v1/graph/events", get(events))
+        .route("/metrics", get(metrics))
+        .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .merge(protected)
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route; see docs/api.md") })
+        .with_state(state)
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: &'a str,
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    (status, axum::Json(ErrorBody { error: message })).into_response()
+}
+
+async fn authorize(State(state): State<ApiState>, request: Request, next: Next) -> Response {
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match presented {
+        Some(token) if state.token.matches(token) => next.run(request).await,
+        Some(_) => error(StatusCode::UNAUTHORIZED, "wrong API token"),
+        None => error(
+            StatusCode::UNAUTHORIZED,
+            "missing `Authorization: Bearer <API token>`; the token is in the server's data directory (api-token)",
+        ),
+    }
+}
+
+/// One row of `GET /v1/nodes`.
+#[derive(Debug, Serialize)]
+pub struct NodeSummary {
+    /// Id.
+    pub id: String,
+    /// Name.
+    pub name: String,
+    /// Connected now.
+    pub connected: bool,
+    /// Health state.
+    pub health: HealthState,
+    /// Why, when not ok.
+    pub reasons: Vec<String>,
+    /// GPUs.
+    pub gpus: usize,
+    /// Total GPU memory, bytes.
+    pub gpu_memory_total: u64,
+    /// Free GPU memory now, bytes (GPUs without a sample count as zero).
+    pub gpu_memory_free: u64,
+    /// Round trip to the agent, milliseconds.
+    pub rtt_ms: Option<f64>,
+    /// What discovered its GPUs.
+    pub gpu_source: String,
+    /// Agent version.
+    pub agent_version: String,
+}
+
+impl From<&NodeView> for NodeSummary {
+    fn from(node: &NodeView) -> NodeSummary {
+        NodeSummary {
+            id: node.id.0.clone(),
+            name: node.inventory.name.clone(),
+            connected: node.connected,
+            health: node.health.state,
+            reasons: node.health.reasons.clone(),
+            gpus: node.gpus.len(),
+            gpu_memory_total: node.gpus.iter().map(|g| g.facts.memory_total).sum(),
+            gpu_memory_free: node.gpus.iter().filter_map(|g| g.memory_free()).sum(),
+            rtt_ms: node.rtt_ms,
+            gpu_source: node.inventory.gpu_source.clone(),
+            agent_version: node.inventory.agent_version.clone(),
+        }
+    }
+}
+
+async fn nodes(State(state): State<ApiState>) -> axum::Json<Vec<NodeSummary>> {
+    let snapshot = state.graph.snapshot();
+    axum::Json(snapshot.nodes.iter().map(|n| NodeSummary::from(n.as_ref())).collect())
+}
+
+async fn graph(State(state): State<ApiState>) -> axum::Json<GraphSnapshot> {
+    axum::Json(state.graph.snapshot())
+}
+
+async fn events(State(state): State<ApiState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let receiver = state.events.subscribe();
+    let stream = futures::stream::unfold(receiver, |mut receiver| async move {
+        let event = match receiver.recv().await {
+            Ok(event) => {
+                let name = match &event {
+                    GraphEvent::NodeRegistered { .. } => "node_registered",
+                    GraphEvent::NodeConnection { .. } => "node_connection",
+                    GraphEvent::Health { .. } => "health",
+                    GraphEvent::Telemetry { .. } => "telemetry",
+                };
+                let data = serde_json::to_string(&event).unwrap_or_default();
+                Event::default().event(name).data(data)
+            }
+            // A slow reader skips what it missed and is told how much.
+            Err(broadcast::error::RecvError::Lagged(missed)) => Event::default()
+                .event("lagged")
+                .data(format!("{{\"missed\":{missed}}}")),
+            Err(broadcast::error::RecvError::Closed) => return None,
+        };
+        Some((Ok(event), receiver))
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default())
+}
+
+async fn metrics(State(state): State<ApiState>) -> Response {
+    let body = prometheus_text(&state.graph.snapshot());
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        body,
+    )
+        .into_response()
+}
+
+/// The snapshot in the Prometheus text format, with the metric names of NVIDIA's
+/// dcgm-exporter where one applies (so existing Grafana dashboards work) and `skein_`
+/// names for the rest.
+pub fn prometheus_text(snapshot: &GraphSnapshot) -> String {
+    struct Metric {
+        name: &'static str,
+        help: &'static str,
+        kind: &'static str,
+    }
+    const METRICS: &[Metric] = &[
+        Metric {
+            name: "DCGM_FI_DEV_GPU_UTIL",
+            help: "GPU utilization (in %).",
+            kind: "gauge",
+        },
+        Metric {
+            name: "DCGM_FI_DEV_MEM_COPY_UTIL",
+            help: "Memory utilization (in %).",
+            kind: "gauge",
+        },
+        Metric {
+            name: "DCGM_FI_DEV_FB_USED",
+            help: "Framebuffer memory used (in MiB).",
+            kind: "gauge",
+        },
+        Metric {
+            name: "DCGM_FI_DEV_FB_FREE",
+            help: "Framebuffer memory free (in MiB).",
+            kind: "gauge",
+        },
+        Metric {
+            name: "DCGM_FI_DEV_GPU_TEMP",
+            help: "GPU temperature (in C).",
+            kind: "gauge",
+        },
+        Metric {
+            name: "DCGM_FI_DEV_POWER_USAGE",
+            help: "Power draw (in W).",
+            kind: "gauge",
+        },
+        Metric {
+            name: "DCGM_FI_DEV_SM_CLOCK",
+            help: "SM clock frequency (in MHz).",
+            kind: "gauge",
+        },
+        Metric {
+            name: "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+            help: "Throttling reasons bitmask.",
+            kind: "gauge",
+        },
+        Metric {
+            name: "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+            help: "Total number of single-bit volatile ECC errors.",
+            kind: "counter",
+        },
+        Metric {
+            name: "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+            help: "Total number of double-bit volatile ECC errors.",
+            kind: "counter",
+        },
+        Metric {
+            name: "skein_gpu_foreign_memory_bytes",
+            help: "Memory held by processes Skein did not start.",
+            kind: "gauge",
+        },
+        Metric {
+            name: "skein_gpu_health",
+            help: "1 for the GPU's current health state.",
+            kind: "gauge",
+        },
+    ];
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let mut out = String::new();
+    for metric in METRICS {
+        let _ = writeln!(out, "# HELP {} {}", metric.name, metric.help);
+        let _ = writeln!(out, "# TYPE {} {}", metric.name, metric.kind);
+        for (node, gpu) in snapshot.gpus() {
+            let labels = format!(
+                "gpu=\"{}\",UUID=\"{}\",modelName=\"{}\",Hostname=\"{}\"",
+                gpu.facts.index,
+                escape(&gpu.facts.uuid),
+                escape(&gpu.facts.name),
+                escape(&node.inventory.name)
+            );
+            if metric.name == "skein_gpu_health" {
+                for state in [HealthState::Ok, HealthState::Degraded, HealthState::Down] {
+                    let value = u8::from(gpu.health.state == state);
+                    let _ = writeln!(out, "{}{{{labels},state=\"{state}\"}} {value}", metric.name);
+                }
+                continue;
+            }
+            let Some(s) = gpu.latest else { continue };
+            let value: Option<f64> = match metric.name {
+                "DCGM_FI_DEV_GPU_UTIL" => s.utilization_pct.map(f64::from),
+                "DCGM_FI_DEV_MEM_COPY_UTIL" => s.memory_utilization_pct.map(f64::from),
+                "DCGM_FI_DEV_FB_USED" => Some(mib(s.memory_used)),
+                "DCGM_FI_DEV_FB_FREE" => Some(mib(s.memory_free)),
+                "DCGM_FI_DEV_GPU_TEMP" => s.temperature_c.map(f64::from),
+                "DCGM_FI_DEV_POWER_USAGE" => s.power_mw.map(|p| f64::from(p) / 1000.0),
+                "DCGM_FI_DEV_SM_CLOCK" => s.sm_clock_mhz.map(f64::from),
+                "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS" => Some(s.throttle_reasons as f64),
+                "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL" => s.ecc_corrected.map(|v| v as f64),
+                "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL" => s.ecc_uncorrected.map(|v| v as f64),
+                "skein_gpu_foreign_memory_bytes" => s.foreign_memory.map(|v| v as f64),
+                _ => None,
+            };
+            if let Some(value) = value {
+                let _ = writeln!(out, "{}{{{labels}}} {value}", metric.name);
+            }
+        }
+    }
+    let _ = writeln!(out, "# HELP skein_node_up 1 when the node reports telemetry.");
+    let _ = writeln!(out, "# TYPE skein_node_up gauge");
+    for node in &snapshot.nodes {
+        let up = u8::from(node.health.state != HealthState::Down && node.last_seen_ms.is_some());
+        let _ = writeln!(
+            out,
+            "skein_node_up{{Hostname=\"{}\"}} {up}",
+            escape(&node.inventory.name)
+        );
+    }
+    out
+}
+
+/// A label value in the text format: backslash, quote and newline escaped.
+fn escape(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}

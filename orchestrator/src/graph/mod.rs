@@ -1,0 +1,504 @@
+//! The live hardware graph: every node and GPU the agents report, a window of recent
+//! telemetry per GPU, derived health, and cheap immutable snapshots for the planner.
+//!
+//! # Design
+//!
+//! Membership (a map of nodes) changes rarely and sits behind a read-write lock; each
+//! node has its own mutex over its mutable state (telemetry windows, last seen), so
+//! ingestion from many agents contends only per node. After every change a node
+//! publishes an immutable [`NodeView`] (latest samples and health, not the windows);
+//! a [`GraphSnapshot`] is one `Arc` per node, so taking one costs microseconds and
+//! holds no lock while the planner works. Windows are read on demand ([`HardwareGraph::window`]).
+//!
+//! The graph reads no clock and does no IO: callers pass the time ([`Millis`] on their
+//! monotonic clock) and publish the [`GraphEvent`]s each call returns. Health rules live
+//! in [`health`].
+
+pub mod health;
+pub mod model;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+pub use model::{
+    GpuFacts, GpuSample, GpuView, GraphEvent, GraphSnapshot, Health, HealthState, HostFacts, HostSample, IndexedSample,
+    Link, LinkKind, Millis, NodeId, NodeInventory, NodeView, TelemetryBatch,
+};
+
+/// How the graph judges its nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraphConfig {
+    /// The telemetry interval agents are told to use.
+    pub sample_interval_ms: u64,
+    /// A node that sent nothing for this many intervals is down.
+    pub missed_intervals_down: u32,
+    /// Samples kept per GPU.
+    pub window: usize,
+}
+
+impl Default for GraphConfig {
+    fn default() -> Self {
+        GraphConfig {
+            sample_interval_ms: 1000,
+            missed_intervals_down: 3,
+            window: 120,
+        }
+    }
+}
+
+/// Why telemetry was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GraphError {
+    /// The node id is not registered.
+    #[error("node `{0}` is not registered; register first")]
+    UnknownNode(NodeId),
+    /// A sample for a GPU the node did not report at registration.
+    #[error("node `{node}` has no GPU {index} (it registered {count})")]
+    UnknownGpu {
+        /// The node.
+        node: NodeId,
+        /// The index sent.
+        index: u32,
+        /// GPUs registered.
+        count: usize,
+    },
+}
+
+struct NodeState {
+    inventory: Arc<NodeInventory>,
+    windows: Vec<VecDeque<GpuSample>>,
+    connected: bool,
+    /// Generation of the current connection: a stream that ended after a newer one
+    /// opened does not mark the node disconnected.
+    connection: u64,
+    last_seen_ms: Option<Millis>,
+    /// When it registered or last connected: a node that never sends telemetry goes
+    /// down counted from here.
+    alive_since_ms: Millis,
+    last_seq: Option<u64>,
+    rtt_ms: Option<f64>,
+    host: Option<HostSample>,
+    down: bool,
+    gpu_health: Vec<Health>,
+}
+
+struct NodeCell {
+    id: NodeId,
+    state: Mutex<NodeState>,
+    view: Mutex<Arc<NodeView>>,
+}
+
+/// The live graph. Share it behind an `Arc`; every method takes `&self`.
+pub struct HardwareGraph {
+    config: GraphConfig,
+    version: AtomicU64,
+    next_id: AtomicU64,
+    /// Node name → cell, sorted by name.
+    nodes: RwLock<BTreeMap<String, Arc<NodeCell>>>,
+    /// Node id → name.
+    ids: RwLock<BTreeMap<NodeId, String>>,
+}
+
+/// What [`HardwareGraph::register`] decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Registration {
+    /// The node's id.
+    pub id: NodeId,
+    /// Whether the name was registered before.
+    pub known: bool,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding the lock leaves consistent data here (every update is a
+    // whole-value replacement), so a poisoned lock is still usable.
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl HardwareGraph {
+    /// An empty graph.
+    pub fn new(config: GraphConfig) -> HardwareGraph {
+        HardwareGraph {
+            config,
+            version: AtomicU64::new(0),
+            next_id: AtomicU64::new(1),
+            nodes: RwLock::new(BTreeMap::new()),
+            ids: RwLock::new(BTreeMap::new()),
+        }
+    }
+
+    /// Its configuration.
+    pub fn config(&self) -> GraphConfig {
+        self.config
+    }
+
+    fn bump(&self) -> u64 {
+        self.version.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    fn cell_by_id(&self, id: &NodeId) -> Result<Arc<NodeCell>, GraphError> {
+        let ids = self.ids.read().unwrap_or_else(|p| p.into_inner());
+        let name = ids.get(id).ok_or_else(|| GraphError::UnknownNode(id.clone()))?;
+        let nodes = self.nodes.read().unwrap_or_else(|p| p.into_inner());
+        nodes
+            .get(name)
+            .cloned()
+            .ok_or_else(|| GraphError::UnknownNode(id.clone()))
+    }
+
+    /// Registers a node (or re-registers a known one, keeping its id). A re-registration
+    /// replaces the inventory: a node whose GPUs changed starts fresh windows.
+    pub fn register(&self, inventory: NodeInventory, now: Millis) -> (Registration, Vec<GraphEvent>) {
+        let name = inventory.name.clone();
+        let gpus = inventory.gpus.len();
+        let inventory = Arc::new(inventory);
+        let mut nodes = self.nodes.write().unwrap_or_else(|p| p.into_inner());
+        let version = self.bump();
+        let (cell, known) = match nodes.get(&name) {
+            Some(cell) => {
+                let mut state = lock(&cell.state);
+                if state.inventory.gpus != inventory.gpus {
+                    state.windows = vec![VecDeque::new(); gpus];
+                    state.gpu_health = vec![Health::OK; gpus];
+                }
+                state.inventory = inventory;
+                state.alive_since_ms = now;
+                drop(state);
+                (Arc::clone(cell), true)
+            }
+            None => {
+                let id = NodeId(format!("node-{}", self.next_id.fetch_add(1, Ordering::SeqCst)));
+                let state = NodeState {
+                    inventory,
+                    windows: vec![VecDeque::new(); gpus],
+                    connected: false,
+                    connection: 0,
+                    last_seen_ms: None,
+                    alive_since_ms: now,
+                    last_seq: None,
+                    rtt_ms: None,
+                    host: None,
+                    down: false,
+                    gpu_health: vec![Health::OK; gpus],
+                };
+                let view = Arc::new(build_view(&id, &state, version));
+                let cell = Arc::new(NodeCell {
+                    id: id.clone(),
+                    state: Mutex::new(state),
+                    view: Mutex::new(view),
+                });
+                nodes.insert(name.clone(), Arc::clone(&cell));
+                self.ids
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(id, name.clone());
+                (cell, false)
+            }
+        };
+        drop(nodes);
+        self.publish(&cell, version);
+        let registration = Registration {
+            id: cell.id.clone(),
+            known,
+        };
+        let event = GraphEvent::NodeRegistered {
+            node: cell.id.clone(),
+            name,
+            known,
+            version,
+        };
+        (registration, vec![event])
+    }
+
+    fn publish(&self, cell: &NodeCell, version: u64) {
+        let state = lock(&cell.state);
+        let view = Arc::new(build_view(&cell.id, &state, version));
+        drop(state);
+        *lock(&cell.view) = view;
+    }
+
+    /// A node's stream opened; returns the connection's generation for
+    /// [`disconnected`](Self::disconnected).
+    pub fn connected(&self, id: &NodeId, now: Millis) -> Result<(u64, Vec<GraphEvent>), GraphError> {
+        let cell = self.cell_by_id(id)?;
+        let version = self.bump();
+        let mut events = Vec::new();
+        let generation = {
+            let mut state = lock(&cell.state);
+            state.connection += 1;
+            state.connected = true;
+            state.alive_since_ms = now;
+            state.connection
+        };
+        events.push(GraphEvent::NodeConnection {
+            node: id.clone(),
+            connected: true,
+            version,
+        });
+        self.publish(&cell, version);
+        Ok((generation, events))
+    }
+
+    /// A node's stream of `generation` closed. Health follows from missed telemetry
+    /// ([`sweep`](Self::sweep)), not from the closed stream alone: an agent that
+    /// reconnects at once never goes down.
+    pub fn disconnected(&self, id: &NodeId, generation: u64) -> Vec<GraphEvent> {
+        let Ok(cell) = self.cell_by_id(id) else {
+            return Vec::new();
+        };
+        {
+            let mut state = lock(&cell.state);
+            if state.connection != generation || !state.connected {
+                return Vec::new();
+            }
+            state.connected = false;
+        }
+        let version = self.bump();
+        self.publish(&cell, version);
+        vec![GraphEvent::NodeConnection {
+            node: id.clone(),
+            connected: false,
+            version,
+        }]
+    }
+
+    /// Takes a node's telemetry: appends each GPU's sample to its window, recomputes
+    /// health, and publishes the node's new view.
+    ///
+    /// Errors: [`GraphError::UnknownNode`], and [`GraphError::UnknownGpu`] for a
+    /// sample of a GPU the node did not register (the whole batch is refused).
+    pub fn ingest(&self, id: &NodeId, batch: TelemetryBatch, now: Millis) -> Result<Vec<GraphEvent>, GraphError> {
+        let cell = self.cell_by_id(id)?;
+        let version = self.bump();
+        let seq = batch.seq;
+        let mut events = Vec::new();
+        let view = {
+            let mut state = lock(&cell.state);
+            let count = state.windows.len();
+            if let Some(bad) = batch.gpus.iter().find(|s| s.index as usize >= count) {
+                return Err(GraphError::UnknownGpu {
+                    node: id.clone(),
+                    index: bad.index,
+                    count,
+                });
+            }
+            for IndexedSample { index, sample } in batch.gpus {
+                let window = &mut state.windows[index as usize];
+                if window.len() == self.config.window {
+                    window.pop_front();
+                }
+                window.push_back(GpuSample {
+                    received_ms: now,
+                    ..sample
+                });
+            }
+            state.last_seen_ms = Some(now);
+            state.last_seq = Some(batch.seq);
+            if batch.host.is_some() {
+                state.host = batch.host;
+            }
+            if state.down {
+                state.down = false;
+                events.push(GraphEvent::Health {
+                    node: id.clone(),
+                    gpu: None,
+                    from: HealthState::Down,
+                    to: Health::OK,
+                    version,
+                });
+            }
+            for index in 0..count {
+                let health = health::gpu_health(&state.inventory.gpus[index], &state.windows[index]);
+                if health != state.gpu_health[index] {
+                    if health.state != state.gpu_health[index].state {
+                        events.push(GraphEvent::Health {
+                            node: id.clone(),
+                            gpu: Some(index as u32),
+                            from: state.gpu_health[index].state,
+                            to: health.clone(),
+                            version,
+                        });
+                    }
+                    state.gpu_health[index] = health;
+                }
+            }
+            Arc::new(build_view(id, &state, version))
+        };
+        *lock(&cell.view) = view;
+        events.push(GraphEvent::Telemetry {
+            node: id.clone(),
+            seq,
+            version,
+        });
+        Ok(events)
+    }
+
+    /// Records a measured round trip to a node's agent.
+    pub fn record_rtt(&self, id: &NodeId, rtt_ms: f64) -> Result<(), GraphError> {
+        let cell = self.cell_by_id(id)?;
+        lock(&cell.state).rtt_ms = Some(rtt_ms);
+        let version = self.bump();
+        self.publish(&cell, version);
+        Ok(())
+    }
+
+    /// Marks down every node that sent no telemetry for
+    /// [`GraphConfig::missed_intervals_down`] intervals before `now` (counted from its
+    /// last telemetry, or from when it registered or connected). Call it at least twice
+    /// per interval.
+    pub fn sweep(&self, now: Millis) -> Vec<GraphEvent> {
+        let limit = self
+            .config
+            .sample_interval_ms
+            .saturating_mul(u64::from(self.config.missed_intervals_down));
+        let cells: Vec<Arc<NodeCell>> = self
+            .nodes
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let mut events = Vec::new();
+        for cell in cells {
+            let went_down = {
+                let mut state = lock(&cell.state);
+                let since = state
+                    .last_seen_ms
+                    .unwrap_or(state.alive_since_ms)
+                    .max(state.alive_since_ms);
+                if !state.down && now.saturating_sub(since) > limit {
+                    state.down = true;
+                    true
+                } else {
+                    false
+                }
+            };
+            if went_down {
+                let version = self.bump();
+                self.publish(&cell, version);
+                let missed = self.config.missed_intervals_down;
+                events.push(GraphEvent::Health {
+                    node: cell.id.clone(),
+                    gpu: None,
+                    from: HealthState::Ok,
+                    to: Health {
+                        state: HealthState::Down,
+                        reasons: vec![format!("no telemetry for {missed} intervals")],
+                    },
+                    version,
+                });
+            }
+        }
+        events
+    }
+
+    /// The graph now: one immutable view per node, sorted by name.
+    pub fn snapshot(&self) -> GraphSnapshot {
+        let nodes = self.nodes.read().unwrap_or_else(|p| p.into_inner());
+        let views: Vec<Arc<NodeView>> = nodes.values().map(|cell| Arc::clone(&lock(&cell.view))).collect();
+        drop(nodes);
+        GraphSnapshot {
+            version: views.iter().map(|v| v.version).max().unwrap_or(0),
+            sample_interval_ms: self.config.sample_interval_ms,
+            nodes: views,
+        }
+    }
+
+    /// The current version: it changes with every registration, connection, sample and
+    /// health change.
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::SeqCst)
+    }
+
+    /// A GPU's recent samples, oldest first.
+    pub fn window(&self, id: &NodeId, gpu: u32) -> Result<Vec<GpuSample>, GraphError> {
+        let cell = self.cell_by_id(id)?;
+        let state = lock(&cell.state);
+        let count = state.windows.len();
+        let window = state.windows.get(gpu as usize).ok_or(GraphError::UnknownGpu {
+            node: id.clone(),
+            index: gpu,
+            count,
+        })?;
+        Ok(window.iter().copied().collect())
+    }
+
+    /// The node id registered under `name`.
+    pub fn id_of(&self, name: &str) -> Option<NodeId> {
+        let nodes = self.nodes.read().unwrap_or_else(|p| p.into_inner());
+        nodes.get(name).map(|cell| cell.id.clone())
+    }
+}
+
+fn build_view(id: &NodeId, state: &NodeState, version: u64) -> NodeView {
+    let down = state.down;
+    let gpus: Vec<GpuView> = state
+        .inventory
+        .gpus
+        .iter()
+        .zip(&state.windows)
+        .zip(&state.gpu_health)
+        .map(|((facts, window), health)| GpuView {
+            facts: facts.clone(),
+            latest: window.back().copied(),
+            health: if down {
+                Health {
+                    state: HealthState::Down,
+                    reasons: vec!["its node is down".to_owned()],
+                }
+            } else {
+                health.clone()
+            },
+        })
+        .collect();
+    let health = if down {
+        Health {
+            state: HealthState::Down,
+            reasons: vec!["no telemetry for several intervals".to_owned()],
+        }
+    } else {
+        let degraded: Vec<String> = gpus
+            .iter()
+            .filter(|g| g.health.state == HealthState::Degraded)
+            .map(|g| format!("GPU {}: {}", g.facts.index, g.health.reasons.join("; ")))
+            .collect();
+        if degraded.is_empty() {
+            Health::OK
+        } else {
+            Health {
+                state: HealthState::Degraded,
+                reasons: degraded,
+            }
+        }
+    };
+    NodeView {
+        id: id.clone(),
+        inventory: Arc::clone(&state.inventory),
+        connected: state.connected,
+        health,
+        last_seen_ms: state.last_seen_ms,
+        last_seq: state.last_seq,
+        rtt_ms: state.rtt_ms,
+        host: state.host,
+        links: links(&state.inventory.gpus),
+        gpus,
+        version,
+    }
+}
+
+/// Every pair of GPUs of a node: NVLink where either lists the other as a peer, PCIe
+/// otherwise.
+fn links(gpus: &[GpuFacts]) -> Vec<Link> {
+    let mut links = Vec::new();
+    for (i, a) in gpus.iter().enumerate() {
+        for b in &gpus[i + 1..] {
+            let nvlink = a.nvlink_peers.contains(&b.uuid) || b.nvlink_peers.contains(&a.uuid);
+            links.push(Link {
+                a: a.index,
+                b: b.index,
+                kind: if nvlink { LinkKind::Nvlink } else { LinkKind::Pcie },
+            });
+        }
+    }
+    links
+}

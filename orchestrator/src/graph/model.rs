@@ -1,0 +1,329 @@
+//! The values the hardware graph holds and hands out: inventory, telemetry samples,
+//! health, and the immutable views a snapshot is made of.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+
+/// A node's id: assigned at its first registration, kept for the same node name across
+/// reconnects and agent restarts.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct NodeId(pub String);
+
+impl std::fmt::Display for NodeId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Milliseconds on the orchestrator's monotonic clock (since it started). The graph
+/// never reads a clock: callers pass the time.
+pub type Millis = u64;
+
+/// What a node reported about itself at registration.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NodeInventory {
+    /// The node's name (hostname, or the simulated node's name).
+    pub name: String,
+    /// The agent's version.
+    pub agent_version: String,
+    /// What discovered its GPUs.
+    pub gpu_source: String,
+    /// The machine.
+    pub host: HostFacts,
+    /// Its GPUs, by index.
+    pub gpus: Vec<GpuFacts>,
+}
+
+/// The machine's static facts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct HostFacts {
+    /// Hostname.
+    pub hostname: String,
+    /// Operating system.
+    pub os: String,
+    /// Kernel version.
+    pub kernel: String,
+    /// CPU architecture.
+    pub arch: String,
+    /// Logical CPU cores (0 when unknown).
+    pub logical_cores: u32,
+    /// Physical CPU cores (0 when unknown).
+    pub physical_cores: u32,
+    /// CPU model.
+    pub cpu_brand: String,
+    /// RAM in bytes (0 when unknown).
+    pub memory_total: u64,
+    /// NUMA nodes (0 when unknown).
+    pub numa_nodes: u32,
+}
+
+/// A GPU's static facts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuFacts {
+    /// Index on its node.
+    pub index: u32,
+    /// NVML UUID (`GPU-…`).
+    pub uuid: String,
+    /// Model name as NVML reports it.
+    pub name: String,
+    /// Total memory in bytes.
+    pub memory_total: u64,
+    /// CUDA compute capability.
+    pub compute_capability: Option<(u32, u32)>,
+    /// Power limit in milliwatts.
+    pub power_limit_mw: Option<u32>,
+    /// PCIe generation and width.
+    pub pcie: Option<(u32, u32)>,
+    /// UUIDs of the GPUs on the node it has an active NVLink to.
+    pub nvlink_peers: Vec<String>,
+    /// Whether MIG is on.
+    pub mig_enabled: Option<bool>,
+    /// Whether it is a simulated GPU.
+    pub simulated: bool,
+}
+
+/// One GPU at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct GpuSample {
+    /// When the orchestrator received it.
+    pub received_ms: Millis,
+    /// When the agent took it (Unix milliseconds, the agent's clock).
+    pub unix_ms: i64,
+    /// Memory in use, bytes.
+    pub memory_used: u64,
+    /// Memory free, bytes.
+    pub memory_free: u64,
+    /// Busy percentage of the last sample period.
+    pub utilization_pct: Option<u32>,
+    /// Memory-controller busy percentage.
+    pub memory_utilization_pct: Option<u32>,
+    /// Degrees Celsius.
+    pub temperature_c: Option<i32>,
+    /// Milliwatts.
+    pub power_mw: Option<u32>,
+    /// SM clock, MHz.
+    pub sm_clock_mhz: Option<u32>,
+    /// NVML throttle-reason bits ([`skein_proto::throttle`]).
+    pub throttle_reasons: u64,
+    /// Corrected ECC errors since the driver loaded.
+    pub ecc_corrected: Option<u64>,
+    /// Uncorrected ECC errors since the driver loaded.
+    pub ecc_uncorrected: Option<u64>,
+    /// Memory held by processes Skein did not start, when measured.
+    pub foreign_memory: Option<u64>,
+}
+
+/// A GPU's sample as an agent sends it: the sample and the GPU's index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IndexedSample {
+    /// The GPU's index on its node.
+    pub index: u32,
+    /// The sample.
+    pub sample: GpuSample,
+}
+
+/// The machine at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct HostSample {
+    /// One-minute load average.
+    pub load1: f64,
+    /// Available RAM, bytes.
+    pub memory_available: u64,
+}
+
+/// One telemetry message of a node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TelemetryBatch {
+    /// The agent's sequence number.
+    pub seq: u64,
+    /// Its GPUs.
+    pub gpus: Vec<IndexedSample>,
+    /// The machine.
+    pub host: Option<HostSample>,
+}
+
+/// Whether something can be planned on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthState {
+    /// Working normally.
+    Ok,
+    /// Working, but throttled or accumulating errors: avoid for new work.
+    Degraded,
+    /// Not reporting: its node missed its telemetry intervals or disconnected.
+    Down,
+}
+
+impl std::fmt::Display for HealthState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(match self {
+            HealthState::Ok => "ok",
+            HealthState::Degraded => "degraded",
+            HealthState::Down => "down",
+        })
+    }
+}
+
+/// A health state with the reasons for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Health {
+    /// The state.
+    pub state: HealthState,
+    /// Why it is not ok; empty when ok.
+    pub reasons: Vec<String>,
+}
+
+impl Health {
+    /// Ok, no reasons.
+    pub const OK: Health = Health {
+        state: HealthState::Ok,
+        reasons: Vec::new(),
+    };
+}
+
+/// How two GPUs of a node are connected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LinkKind {
+    /// NVLink.
+    Nvlink,
+    /// Through PCIe (and the host bridge).
+    Pcie,
+}
+
+/// A link between two GPUs of one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Link {
+    /// One GPU's index.
+    pub a: u32,
+    /// The other's.
+    pub b: u32,
+    /// NVLink or PCIe.
+    pub kind: LinkKind,
+}
+
+/// One GPU in a snapshot.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GpuView {
+    /// Static facts.
+    pub facts: GpuFacts,
+    /// The latest sample.
+    pub latest: Option<GpuSample>,
+    /// Health, with reasons.
+    pub health: Health,
+}
+
+impl GpuView {
+    /// Memory a new engine could use now: free memory as the GPU reports it (which
+    /// already excludes every process's, Skein's own included); `None` before the first
+    /// sample.
+    pub fn memory_free(&self) -> Option<u64> {
+        self.latest.map(|s| s.memory_free)
+    }
+}
+
+/// One node in a snapshot: immutable, built when its state changed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NodeView {
+    /// Its id.
+    pub id: NodeId,
+    /// Its inventory.
+    pub inventory: Arc<NodeInventory>,
+    /// Whether its agent is connected now.
+    pub connected: bool,
+    /// Node health: down when it stopped reporting; degraded when a GPU is.
+    pub health: Health,
+    /// When it last sent telemetry (orchestrator clock).
+    pub last_seen_ms: Option<Millis>,
+    /// The agent's last sequence number.
+    pub last_seq: Option<u64>,
+    /// Round-trip time of the last ping, milliseconds.
+    pub rtt_ms: Option<f64>,
+    /// The machine now.
+    pub host: Option<HostSample>,
+    /// Its GPUs, by index.
+    pub gpus: Vec<GpuView>,
+    /// Links between its GPUs.
+    pub links: Vec<Link>,
+    /// The graph version at which this view was built.
+    pub version: u64,
+}
+
+/// The whole graph at one version: cheap to take (one `Arc` per node), immutable, and
+/// safe to hold while planning.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GraphSnapshot {
+    /// The graph's version when taken; every change increments it.
+    pub version: u64,
+    /// The expected telemetry interval.
+    pub sample_interval_ms: u64,
+    /// Every node, sorted by name.
+    pub nodes: Vec<Arc<NodeView>>,
+}
+
+impl GraphSnapshot {
+    /// Every GPU with its node.
+    pub fn gpus(&self) -> impl Iterator<Item = (&NodeView, &GpuView)> {
+        self.nodes
+            .iter()
+            .flat_map(|n| n.gpus.iter().map(move |g| (n.as_ref(), g)))
+    }
+
+    /// Estimated round trip between two nodes: the sum of their measured round trips to
+    /// the orchestrator, the round trip of the path through it (an upper bound of the
+    /// direct one). `None` when either was never measured.
+    pub fn network_rtt_ms(&self, a: &NodeId, b: &NodeId) -> Option<f64> {
+        let rtt = |id: &NodeId| self.nodes.iter().find(|n| &n.id == id).and_then(|n| n.rtt_ms);
+        Some(rtt(a)? + rtt(b)?)
+    }
+}
+
+/// Something that changed, for `/v1/graph/events` and the reflex engine.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum GraphEvent {
+    /// A node registered (`known`: it had registered before).
+    NodeRegistered {
+        /// The node.
+        node: NodeId,
+        /// Its name.
+        name: String,
+        /// Whether it was known.
+        known: bool,
+        /// Graph version.
+        version: u64,
+    },
+    /// A node's stream opened or closed.
+    NodeConnection {
+        /// The node.
+        node: NodeId,
+        /// Open or closed.
+        connected: bool,
+        /// Graph version.
+        version: u64,
+    },
+    /// A node's or GPU's health changed.
+    Health {
+        /// The node.
+        node: NodeId,
+        /// The GPU's index, or `None` for the node itself.
+        gpu: Option<u32>,
+        /// The previous state.
+        from: HealthState,
+        /// The new health.
+        to: Health,
+        /// Graph version.
+        version: u64,
+    },
+    /// A node's telemetry arrived.
+    Telemetry {
+        /// The node.
+        node: NodeId,
+        /// The agent's sequence number.
+        seq: u64,
+        /// Graph version.
+        version: u64,
+    },
+}

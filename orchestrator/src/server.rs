@@ -1,0 +1,181 @@
+//! `skein server`: the hardware graph with its two doors, the gRPC service agents join
+//! and the REST API, plus the sweep that marks silent nodes down.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use skein_proto::agent::v1::agent_service_server::AgentServiceServer;
+use tokio::net::TcpListener;
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+
+use crate::agents::{AgentGateway, Clock, Secret};
+use crate::api::{ApiState, router};
+use crate::graph::{GraphConfig, GraphEvent, HardwareGraph};
+
+/// Where the server listens and whom it lets in.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The REST API (and later the web page).
+    pub api_addr: SocketAddr,
+    /// The gRPC service agents join.
+    pub grpc_addr: SocketAddr,
+    /// The token agents present.
+    pub join_token: Secret,
+    /// The token REST clients present.
+    pub api_token: Secret,
+    /// Telemetry interval and health rules.
+    pub graph: GraphConfig,
+    /// A certificate and key (PEM) to serve gRPC over TLS.
+    pub tls: Option<TlsFiles>,
+}
+
+/// A PEM certificate chain and its private key.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// Certificate chain.
+    pub cert: PathBuf,
+    /// Private key.
+    pub key: PathBuf,
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// A listener could not bind.
+    #[error("cannot listen on {addr} for the {what}; help: choose another address or stop what holds it")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Which door.
+        what: &'static str,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A TLS file could not be read or used.
+    #[error("cannot use the TLS file {}", .path.display())]
+    Tls {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// A running server. Dropping it stops it.
+pub struct RunningServer {
+    /// The REST address it listens on (with the real port when 0 was asked).
+    pub api_addr: SocketAddr,
+    /// The gRPC address.
+    pub grpc_addr: SocketAddr,
+    /// The graph.
+    pub graph: Arc<HardwareGraph>,
+    /// Graph changes.
+    pub events: broadcast::Sender<GraphEvent>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+impl RunningServer {
+    /// Waits until a part of the server stops (it should not).
+    pub async fn wait(mut self) {
+        let tasks = std::mem::take(&mut self.tasks);
+        let _ = futures::future::select_all(tasks).await;
+    }
+}
+
+/// Binds both doors and starts serving on the current tokio runtime.
+///
+/// Errors: [`ServerError::Bind`], [`ServerError::Tls`].
+pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
+    let clock = Clock::start();
+    let graph = Arc::new(HardwareGraph::new(config.graph));
+    let (events, _) = broadcast::channel(4096);
+
+    let bind = |addr: SocketAddr, what: &'static str| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServerError::Bind { addr, what, source })
+    };
+    let api_listener = bind(config.api_addr, "REST API").await?;
+    let grpc_listener = bind(config.grpc_addr, "agent service (gRPC)").await?;
+    let api_addr = api_listener.local_addr().unwrap_or(config.api_addr);
+    let grpc_addr = grpc_listener.local_addr().unwrap_or(config.grpc_addr);
+
+    let gateway = AgentGateway::new(Arc::clone(&graph), config.join_token.clone(), events.clone(), clock);
+    let mut builder = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)));
+    if let Some(tls) = &config.tls {
+        let read = |path: &PathBuf| {
+            std::fs::read(path).map_err(|source| ServerError::Tls {
+                path: path.clone(),
+                source: Box::new(source),
+            })
+        };
+        let identity = tonic::transport::Identity::from_pem(read(&tls.cert)?, read(&tls.key)?);
+        builder = builder
+            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+            .map_err(|source| ServerError::Tls {
+                path: tls.cert.clone(),
+                source: Box::new(source),
+            })?;
+    }
+    let incoming = tonic::transport::server::TcpIncoming::from(grpc_listener);
+    let grpc = builder
+        .add_service(AgentServiceServer::new(gateway))
+        .serve_with_incoming(incoming);
+    let grpc_task = tokio::spawn(async move {
+        if let Err(error) = grpc.await {
+            tracing::error!(%error, "the agent service stopped");
+        }
+    });
+
+    let app = router(ApiState {
+        graph: Arc::clone(&graph),
+        events: events.clone(),
+        token: config.api_token.clone(),
+    });
+    let api_task = tokio::spawn(async move {
+        if let Err(error) = axum::serve(api_listener, app).await {
+            tracing::error!(%error, "the REST API stopped");
+        }
+    });
+
+    let sweep_graph = Arc::clone(&graph);
+    let sweep_events = events.clone();
+    let period = Duration::from_millis((config.graph.sample_interval_ms / 4).max(10));
+    let sweep_task = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            for event in sweep_graph.sweep(clock.now()) {
+                if let GraphEvent::Health { node, to, .. } = &event {
+                    tracing::warn!(%node, state = %to.state, reasons = ?to.reasons, "node health changed");
+                }
+                let _ = sweep_events.send(event);
+            }
+        }
+    });
+
+    tracing::info!(%api_addr, %grpc_addr, "skein server listening");
+    Ok(RunningServer {
+        api_addr,
+        grpc_addr,
+        graph,
+        events,
+        tasks: vec![grpc_task, api_task, sweep_task],
+    })
+}

@@ -1,0 +1,280 @@
+//! The hardware graph as a pure state machine: registration, telemetry, health, down
+//! detection, snapshots and the metrics text. Times are passed in (milliseconds).
+
+use skein_orchestrator::api::prometheus_text;
+use skein_orchestrator::graph::{
+    GpuFacts, GpuSample, GraphConfig, GraphError, GraphEvent, HardwareGraph, HealthState, HostFacts, IndexedSample,
+    LinkKind, NodeInventory, TelemetryBatch,
+};
+
+const INTERVAL: u64 = 1000;
+
+fn gpu(index: u32, name: &str, memory_gib: u64, peers: &[&str]) -> GpuFacts {
+    GpuFacts {
+        index,
+        uuid: format!("GPU-{name}-{index}"),
+        name: name.to_owned(),
+        memory_total: memory_gib << 30,
+        compute_capability: Some((8, 0)),
+        power_limit_mw: Some(400_000),
+        pcie: Some((4, 16)),
+        nvlink_peers: peers.iter().map(|p| (*p).to_owned()).collect(),
+        mig_enabled: Some(false),
+        simulated: true,
+    }
+}
+
+fn node(name: &str, gpus: Vec<GpuFacts>) -> NodeInventory {
+    NodeInventory {
+        name: name.to_owned(),
+        agent_version: "0.1.0".to_owned(),
+        gpu_source: format!("simulated node {name}"),
+        host: HostFacts {
+            hostname: name.to_owned(),
+            ..HostFacts::default()
+        },
+        gpus,
+    }
+}
+
+fn a100_box() -> NodeInventory {
+    let uuid = |i: u32| format!("GPU-NVIDIA A100-SXM4-80GB-{i}");
+    let peers = |me: u32| (0..4).filter(|&i| i != me).map(uuid).collect::<Vec<_>>();
+    let gpus = (0..4)
+        .map(|i| {
+            let peers = peers(i);
+            gpu(
+                i,
+                "NVIDIA A100-SXM4-80GB",
+                80,
+                &peers.iter().map(String::as_str).collect::<Vec<_>>(),
+            )
+        })
+        .collect();
+    node("a100-box", gpus)
+}
+
+fn sample(used_gib: u64, util: u32) -> GpuSample {
+    GpuSample {
+        received_ms: 0,
+        unix_ms: 1_790_000_000_000,
+        memory_used: used_gib << 30,
+        memory_free: (80 - used_gib) << 30,
+        utilization_pct: Some(util),
+        memory_utilization_pct: Some(util / 2),
+        temperature_c: Some(40),
+        power_mw: Some(100_000),
+        sm_clock_mhz: Some(1410),
+        throttle_reasons: 0,
+        ecc_corrected: Some(0),
+        ecc_uncorrected: Some(0),
+        foreign_memory: Some(0),
+    }
+}
+
+fn batch(seq: u64, samples: Vec<(u32, GpuSample)>) -> TelemetryBatch {
+    TelemetryBatch {
+        seq,
+        gpus: samples
+            .into_iter()
+            .map(|(index, sample)| IndexedSample { index, sample })
+            .collect(),
+        host: None,
+    }
+}
+
+fn graph() -> HardwareGraph {
+    HardwareGraph::new(GraphConfig {
+        sample_interval_ms: INTERVAL,
+        ..GraphConfig::default()
+    })
+}
+
+#[test]
+fn registration_keeps_the_id_of_a_known_name() {
+    let g = graph();
+    let (first, events) = g.register(a100_box(), 0);
+    assert!(!first.known);
+    assert!(matches!(&events[..], [GraphEvent::NodeRegistered { known: false, .. }]));
+    let (other, _) = g.register(node("rtx-1", vec![gpu(0, "NVIDIA GeForce RTX 4090", 24, &[])]), 0);
+    let (again, _) = g.register(a100_box(), 5000);
+    assert_eq!(again.id, first.id);
+    assert!(again.known);
+    assert_ne!(other.id, first.id);
+    let snapshot = g.snapshot();
+    let names: Vec<&str> = snapshot.nodes.iter().map(|n| n.inventory.name.as_str()).collect();
+    assert_eq!(names, ["a100-box", "rtx-1"]);
+    // NVLink between all four GPUs of the box: six links.
+    let links = &snapshot.nodes[0].links;
+    assert_eq!(links.len(), 6);
+    assert!(links.iter().all(|l| l.kind == LinkKind::Nvlink));
+}
+
+#[test]
+fn telemetry_lands_in_the_snapshot_and_the_window() {
+    let g = graph();
+    let (r, _) = g.register(a100_box(), 0);
+    let before = g.snapshot();
+    for seq in 1..=5 {
+        g.ingest(
+            &r.id,
+            batch(seq, vec![(0, sample(seq, 10 * seq as u32))]),
+            seq * INTERVAL,
+        )
+        .unwrap();
+    }
+    let after = g.snapshot();
+    assert!(after.version > before.version);
+    // The snapshot taken before is unchanged: views are immutable.
+    assert!(before.nodes[0].gpus[0].latest.is_none());
+    let gpu0 = &after.nodes[0].gpus[0];
+    assert_eq!(gpu0.latest.unwrap().utilization_pct, Some(50));
+    assert_eq!(gpu0.latest.unwrap().received_ms, 5 * INTERVAL);
+    assert_eq!(gpu0.memory_free(), Some(75 << 30));
+    let window = g.window(&r.id, 0).unwrap();
+    assert_eq!(window.len(), 5);
+    assert_eq!(window[0].utilization_pct, Some(10));
+    assert_eq!(after.nodes[0].last_seq, Some(5));
+}
+
+#[test]
+fn the_window_keeps_the_newest_samples() {
+    let g = HardwareGraph::new(GraphConfig {
+        window: 3,
+        ..GraphConfig::default()
+    });
+    let (r, _) = g.register(a100_box(), 0);
+    for seq in 1..=10 {
+        g.ingest(&r.id, batch(seq, vec![(1, sample(1, seq as u32))]), seq)
+            .unwrap();
+    }
+    let utils: Vec<Option<u32>> = g.window(&r.id, 1).unwrap().iter().map(|s| s.utilization_pct).collect();
+    assert_eq!(utils, [Some(8), Some(9), Some(10)]);
+}
+
+#[test]
+fn samples_for_unknown_nodes_or_gpus_are_refused() {
+    let g = graph();
+    let (r, _) = g.register(a100_box(), 0);
+    let err = g.ingest(&r.id, batch(1, vec![(4, sample(1, 1))]), 1).unwrap_err();
+    assert_eq!(err.to_string(), "node `node-1` has no GPU 4 (it registered 4)");
+    let stranger = skein_orchestrator::graph::NodeId("node-99".to_owned());
+    assert!(matches!(
+        g.ingest(&stranger, batch(1, vec![]), 1),
+        Err(GraphError::UnknownNode(_))
+    ));
+    // Nothing of the refused batch was kept.
+    assert!(g.window(&r.id, 0).unwrap().is_empty());
+}
+
+#[test]
+fn throttling_and_rising_ecc_degrade_a_gpu_and_recovery_clears_it() {
+    let g = graph();
+    let (r, _) = g.register(a100_box(), 0);
+    g.ingest(&r.id, batch(1, vec![(2, sample(1, 90))]), 1000).unwrap();
+    let hot = GpuSample {
+        temperature_c: Some(91),
+        throttle_reasons: skein_proto::throttle::HW_THERMAL_SLOWDOWN,
+        ..sample(1, 90)
+    };
+    let events = g.ingest(&r.id, batch(2, vec![(2, hot)]), 2000).unwrap();
+    let health_events: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            GraphEvent::Health { gpu, from, to, .. } => Some((*gpu, *from, to.state, to.reasons.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        health_events,
+        [(
+            Some(2),
+            HealthState::Ok,
+            HealthState::Degraded,
+            vec!["thermal throttling at 91 °C".to_owned()]
+        )]
+    );
+    let snapshot = g.snapshot();
+    assert_eq!(snapshot.nodes[0].health.state, HealthState::Degraded);
+    assert_eq!(snapshot.nodes[0].health.reasons, ["GPU 2: thermal throttling at 91 °C"]);
+
+    let errors = GpuSample {
+        ecc_corrected: Some(12),
+        ..sample(1, 90)
+    };
+    g.ingest(&r.id, batch(3, vec![(2, errors)]), 3000).unwrap();
+    assert_eq!(
+        g.snapshot().nodes[0].gpus[2].health.reasons,
+        ["12 corrected ECC errors in the last 3 samples"]
+    );
+    // Once the window no longer holds the rise, and nothing throttles, it is ok again.
+    let g = HardwareGraph::new(GraphConfig {
+        window: 2,
+        ..GraphConfig::default()
+    });
+    let (r, _) = g.register(a100_box(), 0);
+    g.ingest(&r.id, batch(1, vec![(2, hot)]), 1000).unwrap();
+    g.ingest(&r.id, batch(2, vec![(2, sample(1, 5))]), 2000).unwrap();
+    assert_eq!(g.snapshot().nodes[0].gpus[2].health.state, HealthState::Ok);
+}
+
+#[test]
+fn a_silent_node_goes_down_after_three_intervals_and_comes_back() {
+    let g = graph();
+    let (r, _) = g.register(a100_box(), 0);
+    g.connected(&r.id, 0).unwrap();
+    g.ingest(&r.id, batch(1, vec![(0, sample(1, 1))]), 1000).unwrap();
+    assert!(g.sweep(3999).is_empty(), "three intervals have not passed");
+    let events = g.sweep(4001);
+    assert!(
+        matches!(&events[..], [GraphEvent::Health { gpu: None, to, .. }] if to.state == HealthState::Down),
+        "{events:?}"
+    );
+    assert!(g.sweep(5000).is_empty(), "down is reported once");
+    let snapshot = g.snapshot();
+    assert_eq!(snapshot.nodes[0].health.state, HealthState::Down);
+    assert!(
+        snapshot.nodes[0]
+            .gpus
+            .iter()
+            .all(|gpu| gpu.health.state == HealthState::Down)
+    );
+    // Telemetry again: up.
+    let events = g.ingest(&r.id, batch(2, vec![(0, sample(1, 1))]), 6000).unwrap();
+    assert!(events.iter().any(
+        |e| matches!(e, GraphEvent::Health { gpu: None, from: HealthState::Down, to, .. } if to.state == HealthState::Ok)
+    ));
+    assert_eq!(g.snapshot().nodes[0].health.state, HealthState::Ok);
+}
+
+#[test]
+fn a_node_that_never_reports_goes_down_counted_from_registration() {
+    let g = graph();
+    g.register(a100_box(), 10_000);
+    assert!(g.sweep(12_000).is_empty());
+    assert_eq!(g.sweep(13_001).len(), 1);
+}
+
+#[test]
+fn only_the_newest_connection_counts() {
+    let g = graph();
+    let (r, _) = g.register(a100_box(), 0);
+    let (old, _) = g.connected(&r.id, 0).unwrap();
+    let (new, _) = g.connected(&r.id, 10).unwrap();
+    assert!(
+        g.disconnected(&r.id, old).is_empty(),
+        "a stale stream ending changes nothing"
+    );
+    assert!(g.snapshot().nodes[0].connected);
+    assert_eq!(g.disconnected(&r.id, new).len(), 1);
+    assert!(!g.snapshot().nodes[0].connected);
+}
+
+#[test]
+fn metrics_use_the_gpu_exporter_names() {
+    let g = graph();
+    let (r, _) = g.register(a100_box(), 0);
+    g.ingest(&r.id, batch(1, vec![(0, sample(8, 42))]), 1000).unwrap();
+    let text = prometheus_text(&g.snapshot());
+    insta::assert_snapshot!(text);
+}

@@ -1,0 +1,13 @@
+//! Generates the gRPC code from `skein/agent/v1/agent.proto` with `protox` (a Rust
+//! protobuf compiler), so building needs no system `protoc`.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let proto = "skein/agent/v1/agent.proto";
+    println!("cargo:rerun-if-changed={proto}");
+    let descriptors = protox::compile([proto], ["."])?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(descriptors)?;
+    Ok(())
+}

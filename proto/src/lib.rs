@@ -1,0 +1,65 @@
+//! Skein's wire protocol: the gRPC service between agents and the orchestrator,
+//! generated from `skein/agent/v1/agent.proto` at build time.
+//!
+//! The `.proto` file is the contract; read its comments for the meaning of each field.
+//! Both sides depend on this crate and on nothing of each other.
+
+#![allow(missing_docs)]
+
+/// `skein.agent.v1`: registration, the telemetry stream and commands.
+pub mod agent {
+    /// Version 1.
+    pub mod v1 {
+        tonic::include_proto!("skein.agent.v1");
+    }
+}
+
+/// The metadata key that carries the join token (`Bearer <token>`).
+pub const AUTHORIZATION: &str = "authorization";
+
+/// NVML's clocks-throttle-reason bits, as `GpuSample.throttle_reasons` carries them
+/// (`nvmlClocksEventReason*` in `nvml.h`).
+pub mod throttle {
+    /// Nothing runs on the GPU.
+    pub const GPU_IDLE: u64 = 0x1;
+    /// Clocks held by the applications-clocks setting.
+    pub const APPLICATIONS_CLOCKS_SETTING: u64 = 0x2;
+    /// The software power cap (the power limit) holds clocks down.
+    pub const SW_POWER_CAP: u64 = 0x4;
+    /// Hardware slowdown: temperature or power brake, by the hardware.
+    pub const HW_SLOWDOWN: u64 = 0x8;
+    /// Synchronised boost across GPUs.
+    pub const SYNC_BOOST: u64 = 0x10;
+    /// The driver slows clocks to keep the temperature down.
+    pub const SW_THERMAL_SLOWDOWN: u64 = 0x20;
+    /// The hardware slows clocks: the GPU is too hot.
+    pub const HW_THERMAL_SLOWDOWN: u64 = 0x40;
+    /// The hardware power brake (an external signal) slows clocks.
+    pub const HW_POWER_BRAKE_SLOWDOWN: u64 = 0x80;
+    /// Clocks held by the display clock setting.
+    pub const DISPLAY_CLOCK_SETTING: u64 = 0x100;
+
+    /// Reasons that mean heat.
+    pub const THERMAL: u64 = HW_SLOWDOWN | SW_THERMAL_SLOWDOWN | HW_THERMAL_SLOWDOWN;
+    /// Reasons that mean power.
+    pub const POWER: u64 = SW_POWER_CAP | HW_POWER_BRAKE_SLOWDOWN;
+
+    /// The names of the bits set in `reasons`, NVML's spelling in snake case.
+    pub fn names(reasons: u64) -> Vec<&'static str> {
+        [
+            (GPU_IDLE, "gpu_idle"),
+            (APPLICATIONS_CLOCKS_SETTING, "applications_clocks_setting"),
+            (SW_POWER_CAP, "sw_power_cap"),
+            (HW_SLOWDOWN, "hw_slowdown"),
+            (SYNC_BOOST, "sync_boost"),
+            (SW_THERMAL_SLOWDOWN, "sw_thermal_slowdown"),
+            (HW_THERMAL_SLOWDOWN, "hw_thermal_slowdown"),
+            (HW_POWER_BRAKE_SLOWDOWN, "hw_power_brake_slowdown"),
+            (DISPLAY_CLOCK_SETTING, "display_clock_setting"),
+        ]
+        .into_iter()
+        .filter(|(bit, _)| reasons & bit != 0)
+        .map(|(_, name)| name)
+        .collect()
+    }
+}

@@ -1,0 +1,506 @@
+//! `skein server` and `skein nodes`: the orchestrator's hardware graph, and a table of
+//! it for people.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+use skein_orchestrator::agents::Secret;
+use skein_orchestrator::graph::GraphConfig;
+use skein_orchestrator::server::{ServerConfig, TlsFiles};
+
+use skein_agent::daemon::{AgentConfig, NoGpus};
+use skein_agent::{GpuSource, HostInventory, discover_nvml, load_fleet};
+
+use crate::cli::{AgentArgs, EXIT_OK, NodesArgs, OutputFormat, ServerArgs, UpArgs};
+
+/// Default REST address.
+pub const DEFAULT_API_ADDR: &str = "127.0.0.1:7878";
+/// Default gRPC address for agents.
+pub const DEFAULT_GRPC_ADDR: &str = "0.0.0.0:7879";
+
+/// Skein's data directory: `--data-dir`, else `$SKEIN_DATA_DIR`, else
+/// `$XDG_DATA_HOME/skein`, else `~/.local/share/skein`.
+pub fn data_dir(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(dir) = flag {
+        return Ok(dir.to_owned());
+    }
+    let env = |key: &str| std::env::var_os(key).filter(|v| !v.is_empty()).map(PathBuf::from);
+    if let Some(dir) = env("SKEIN_DATA_DIR") {
+        return Ok(dir);
+    }
+    if let Some(dir) = env("XDG_DATA_HOME") {
+        return Ok(dir.join("skein"));
+    }
+    match env("HOME") {
+        Some(home) => Ok(home.join(".local/share/skein")),
+        None => bail!("no data directory: set --data-dir, SKEIN_DATA_DIR or HOME"),
+    }
+}
+
+/// The secret in `file`, created (random, mode 0600) when absent.
+pub fn load_or_create_secret(file: &Path) -> anyhow::Result<Secret> {
+    match std::fs::read_to_string(file) {
+        Ok(text) => {
+            Secret::new(text).with_context(|| format!("{} is empty; delete it to get a new token", file.display()))
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(dir) = file.parent() {
+                std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+            }
+            let secret = Secret::generate().context("cannot read random bytes for a token")?;
+            write_private(file, secret.expose())?;
+            Ok(secret)
+        }
+        Err(error) => Err(error).with_context(|| format!("cannot read {}", file.display())),
+    }
+}
+
+/// Writes `text` to `file` readable by its owner only.
+fn write_private(file: &Path, text: &str) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(file)
+        .with_context(|| format!("cannot create {}", file.display()))?;
+    writeln!(out, "{text}").with_context(|| format!("cannot write {}", file.display()))?;
+    out.sync_all()
+        .with_context(|| format!("cannot write {}", file.display()))?;
+    Ok(())
+}
+
+/// A secret from a flag, else a file.
+pub fn secret_from(flag: Option<&str>, file: &Path) -> anyhow::Result<Secret> {
+    match flag.and_then(Secret::new) {
+        Some(secret) => Ok(secret),
+        None => load_or_create_secret(file),
+    }
+}
+
+/// The server's configuration from its flags; creates the data directory and tokens.
+pub fn server_config(args: &ServerArgs) -> anyhow::Result<(ServerConfig, PathBuf)> {
+    let dir = data_dir(args.data_dir.as_deref())?;
+    let join_token = secret_from(args.token.as_deref(), &dir.join("join-token"))?;
+    let api_token = secret_from(args.api_token.as_deref(), &dir.join("api-token"))?;
+    let parse = |text: &str, flag: &str| -> anyhow::Result<SocketAddr> {
+        text.parse()
+            .with_context(|| format!("{flag} `{text}` is not an address; write IP:PORT, e.g. 0.0.0.0:7879"))
+    };
+    let interval = humantime::parse_duration(&args.sample_interval).with_context(|| {
+        format!(
+            "--sample-interval `{}` is not a duration; write e.g. 1s or 500ms",
+            args.sample_interval
+        )
+    })?;
+    if interval < Duration::from_millis(50) || interval > Duration::from_secs(60) {
+        bail!("--sample-interval must be between 50ms and 60s");
+    }
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+        }),
+        (None, None) => None,
+        _ => bail!("--tls-cert and --tls-key go together"),
+    };
+    Ok((
+        ServerConfig {
+            api_addr: parse(&args.listen, "--listen")?,
+            grpc_addr: parse(&args.agent_listen, "--agent-listen")?,
+            join_token,
+            api_token,
+            graph: GraphConfig {
+                sample_interval_ms: u64::try_from(interval.as_millis()).unwrap_or(1000),
+                ..GraphConfig::default()
+            },
+            tls,
+        },
+        dir,
+    ))
+}
+
+/// A multi-threaded tokio runtime with `workers` threads (one per core by default).
+pub fn runtime(workers: Option<usize>) -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(workers) = workers {
+        builder.worker_threads(workers);
+    }
+    builder.enable_all().build().context("cannot start the async runtime")
+}
+
+/// Logs to stderr; `RUST_LOG` overrides the default `info`.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none())
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// `skein server`.
+pub fn run_server(args: &ServerArgs) -> anyhow::Result<ExitCode> {
+    init_logging();
+    let (config, dir) = server_config(args)?;
+    let runtime = runtime(None)?;
+    runtime.block_on(async {
+        let server = skein_orchestrator::server::start(config).await?;
+        eprintln!(
+            "skein server: REST API on http://{}, agents join at http://{} with the token in {}",
+            server.api_addr,
+            server.grpc_addr,
+            dir.join("join-token").display()
+        );
+        tokio::select! {
+            _ = server.wait() => bail!("the server stopped"),
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("skein server: stopping");
+                Ok(ExitCode::from(EXIT_OK))
+            }
+        }
+    })
+}
+
+/// What `skein nodes` reads from `GET /v1/graph`.
+#[derive(Debug, Deserialize)]
+struct Graph {
+    nodes: Vec<Node>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Node {
+    inventory: Inventory,
+    connected: bool,
+    health: Health,
+    gpus: Vec<Gpu>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Inventory {
+    name: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Health {
+    state: String,
+    reasons: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Gpu {
+    facts: GpuFacts,
+    latest: Option<Sample>,
+    health: Health,
+}
+
+#[derive(Debug, Deserialize)]
+struct GpuFacts {
+    index: u32,
+    name: String,
+    memory_total: u64,
+}
+
+#[derive(Debug, Deserialize)]
+struct Sample {
+    memory_used: u64,
+    utilization_pct: Option<u32>,
+    temperature_c: Option<i32>,
+}
+
+fn gib(bytes: u64) -> String {
+    format!("{:.1}", bytes as f64 / (1u64 << 30) as f64)
+}
+
+/// The table `skein nodes` prints: one row per GPU, one per GPU-less node.
+fn render_nodes(graph: &Graph) -> String {
+    let mut rows = vec![[
+        "NODE".to_owned(),
+        "GPU".to_owned(),
+        "MODEL".to_owned(),
+        "MEMORY (GiB)".to_owned(),
+        "UTIL".to_owned(),
+        "TEMP".to_owned(),
+        "HEALTH".to_owned(),
+    ]];
+    for node in &graph.nodes {
+        let node_health = if node.connected || node.health.state == "down" {
+            node.health.state.clone()
+        } else {
+            format!("{} (disconnected)", node.health.state)
+        };
+        if node.gpus.is_empty() {
+            rows.push([
+                node.inventory.name.clone(),
+                "-".to_owned(),
+                "(no GPU)".to_owned(),
+                "-".to_owned(),
+                "-".to_owned(),
+                "-".to_owned(),
+                node_health.clone(),
+            ]);
+        }
+        for gpu in &node.gpus {
+            let (used, util, temp) = match &gpu.latest {
+                Some(s) => (
+                    gib(s.memory_used),
+                    s.utilization_pct.map_or("-".to_owned(), |u| format!("{u}%")),
+                    s.temperature_c.map_or("-".to_owned(), |t| format!("{t}°C")),
+                ),
+                None => ("-".to_owned(), "-".to_owned(), "-".to_owned()),
+            };
+            let mut health = gpu.health.state.clone();
+            if let Some(reason) = gpu.health.reasons.first() {
+                let _ = write!(health, ": {reason}");
+            }
+            rows.push([
+                node.inventory.name.clone(),
+                gpu.facts.index.to_string(),
+                gpu.facts.name.clone(),
+                format!("{used} / {}", gib(gpu.facts.memory_total)),
+                util,
+                temp,
+                health,
+            ]);
+        }
+    }
+    let mut widths = [0usize; 7];
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    for (r, row) in rows.iter().enumerate() {
+        let mut line = String::new();
+        for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
+            // Figures right-aligned under their headers, text left-aligned.
+            let _ = if r > 0 && matches!(i, 3..=5) {
+                write!(line, "{cell:>w$}   ")
+            } else {
+                write!(line, "{cell:<w$}   ")
+            };
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// `skein nodes`.
+pub fn run_nodes(args: &NodesArgs) -> anyhow::Result<ExitCode> {
+    let token = match args.api_token.as_deref().and_then(Secret::new) {
+        Some(token) => token,
+        None => {
+            let file = data_dir(args.data_dir.as_deref())?.join("api-token");
+            let text = std::fs::read_to_string(&file).with_context(|| {
+                format!(
+                    "no API token: pass --api-token, set SKEIN_API_TOKEN, or run on the server's machine (reads {})",
+                    file.display()
+                )
+            })?;
+            Secret::new(text).with_context(|| format!("{} is empty", file.display()))?
+        }
+    };
+    let url = format!("{}/v1/graph", args.server.trim_end_matches('/'));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .context("cannot build an HTTP client")?;
+    loop {
+        let response = runtime.block_on(async {
+            let response = client
+                .get(&url)
+                .bearer_auth(token.expose())
+                .send()
+                .await
+                .with_context(|| {
+                    format!(
+                        "cannot reach the Skein server at {}; is `skein server` or `skein up` running?",
+                        args.server
+                    )
+                })?;
+            let status = response.status();
+            let body = response.text().await.context("the server's answer was cut off")?;
+            if !status.is_success() {
+                bail!("the server answered {status}: {}", body.trim());
+            }
+            Ok(body)
+        })?;
+        match args.output {
+            OutputFormat::Json => println!("{response}"),
+            OutputFormat::Human => {
+                let graph: Graph =
+                    serde_json::from_str(&response).context("the server's graph is not what this skein expects")?;
+                if args.watch {
+                    // Clear the screen and go home, as `watch` does.
+                    print!("\x1b[2J\x1b[H");
+                }
+                print!("{}", render_nodes(&graph));
+                if graph.nodes.is_empty() {
+                    println!("(no node has joined yet)");
+                }
+            }
+        }
+        if !args.watch {
+            return Ok(ExitCode::from(EXIT_OK));
+        }
+        std::io::stdout().flush().ok();
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// A machine's GPU source and node name: a simulated fleet node, or NVML (a CPU-only
+/// node when there is no NVIDIA driver).
+fn gpu_source(
+    simulate: Option<&Path>,
+    node: Option<&str>,
+) -> anyhow::Result<(Box<dyn GpuSource>, String, HostInventory)> {
+    let host = HostInventory::discover();
+    if let Some(file) = simulate {
+        let fleet = load_fleet(file).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let Some(name) = node else {
+            bail!(
+                "--simulate needs --node NAME, one of: {}",
+                fleet.node_names().join(", ")
+            );
+        };
+        let source = fleet.node(name).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let host = source.host_inventory(host);
+        return Ok((Box::new(source), name.to_owned(), host));
+    }
+    let name = match node {
+        Some(name) => name.to_owned(),
+        None => host
+            .hostname
+            .clone()
+            .context("this machine reports no hostname; give the node a name with --node NAME")?,
+    };
+    let source: Box<dyn GpuSource> = match discover_nvml() {
+        Ok(Some(nvml)) => {
+            tracing::info!(gpus = nvml.inventory().len(), source = %nvml.describe(), "GPUs discovered");
+            Box::new(nvml)
+        }
+        Ok(None) => {
+            tracing::info!("no NVIDIA driver (libnvidia-ml.so.1 not found): this is a CPU-only node");
+            Box::new(NoGpus)
+        }
+        Err(error) => {
+            tracing::warn!(%error, "NVML failed to start: this node reports no GPUs");
+            Box::new(NoGpus)
+        }
+    };
+    Ok((source, name, host))
+}
+
+/// `skein agent`.
+pub fn run_agent(args: &AgentArgs) -> anyhow::Result<ExitCode> {
+    init_logging();
+    let token = match (&args.token, &args.token_file) {
+        (Some(token), _) => token.trim().to_owned(),
+        (None, Some(file)) => std::fs::read_to_string(file)
+            .with_context(|| format!("cannot read the join token from {}", file.display()))?
+            .trim()
+            .to_owned(),
+        (None, None) => bail!(
+            "no join token: pass --token TOKEN or --token-file FILE (the server keeps it in <data dir>/join-token)"
+        ),
+    };
+    let (source, node_name, host) = gpu_source(args.simulate.as_deref(), args.node.as_deref())?;
+    let config = AgentConfig {
+        join: args.join.clone(),
+        token,
+        node_name,
+        tls_ca: args.ca.clone(),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+    };
+    let runtime = runtime(Some(1))?;
+    runtime.block_on(async {
+        tokio::select! {
+            result = skein_agent::daemon::run(config, source, host) => {
+                result?;
+                Ok(ExitCode::from(EXIT_OK))
+            }
+            _ = tokio::signal::ctrl_c() => Ok(ExitCode::from(EXIT_OK)),
+        }
+    })
+}
+
+/// `skein up`: the server and this machine's agent (or every node of a simulated
+/// fleet) in one process.
+pub fn run_up(args: &UpArgs) -> anyhow::Result<ExitCode> {
+    init_logging();
+    let (config, dir) = server_config(&args.server)?;
+    let join_token = config.join_token.expose().to_owned();
+    let agents: Vec<(Box<dyn GpuSource>, String, HostInventory)> = match &args.fleet {
+        Some(file) => {
+            let fleet = load_fleet(file).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let host = HostInventory::discover();
+            let mut agents = Vec::new();
+            for name in fleet.node_names() {
+                let source = fleet.node(name).map_err(|e| anyhow::anyhow!("{e}"))?;
+                let host = source.host_inventory(host.clone());
+                agents.push((Box::new(source) as Box<dyn GpuSource>, name.to_owned(), host));
+            }
+            agents
+        }
+        None => vec![gpu_source(None, None)?],
+    };
+    let runtime = runtime(None)?;
+    runtime.block_on(async {
+        let server = skein_orchestrator::server::start(config).await?;
+        let join = format!("http://{}", loopback(server.grpc_addr));
+        let nodes = agents.len();
+        let gpus: usize = agents.iter().map(|(source, ..)| source.inventory().len()).sum();
+        let mut tasks = Vec::new();
+        for (source, node_name, host) in agents {
+            let config = AgentConfig {
+                join: join.clone(),
+                token: join_token.clone(),
+                node_name,
+                tls_ca: None,
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+            };
+            tasks.push(tokio::spawn(skein_agent::daemon::run(config, source, host)));
+        }
+        eprintln!(
+            "skein is up: {nodes} node{} with {gpus} GPU{}; REST API on http://{} (token in {}); \
+             more agents join at http://{}.\nTry: skein nodes",
+            if nodes == 1 { "" } else { "s" },
+            if gpus == 1 { "" } else { "s" },
+            server.api_addr,
+            dir.join("api-token").display(),
+            server.grpc_addr,
+        );
+        tokio::select! {
+            _ = server.wait() => bail!("the server stopped"),
+            _ = tokio::signal::ctrl_c() => {
+                eprintln!("skein: stopping");
+                for task in tasks {
+                    task.abort();
+                }
+                Ok(ExitCode::from(EXIT_OK))
+            }
+        }
+    })
+}
+
+/// An address to connect to: a wildcard listen address becomes loopback.
+fn loopback(addr: SocketAddr) -> SocketAddr {
+    if addr.ip().is_unspecified() {
+        SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port())
+    } else {
+        addr
+    }
+}

@@ -1,0 +1,268 @@
+//! The live hardware graph end to end, with real processes on loopback: `skein server`
+//! and one `skein agent --simulate` per node of the reference fleet.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+
+/// The telemetry interval of these tests.
+const INTERVAL_MS: u64 = 300;
+/// Longest wait for anything to happen.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+fn skein() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_skein"));
+    command.env("RUST_LOG", "info").env("NO_COLOR", "1");
+    command
+}
+
+fn workspace_file(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+struct Server {
+    child: Child,
+    api: String,
+    grpc: String,
+    data: tempfile::TempDir,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Spawns `skein server` on ephemeral ports and reads its addresses from its banner.
+fn server() -> Server {
+    let data = tempfile::tempdir().unwrap();
+    let mut child = skein()
+        .args(["server", "--listen", "127.0.0.1:0", "--agent-listen", "127.0.0.1:0"])
+        .args(["--sample-interval", &format!("{INTERVAL_MS}ms"), "--data-dir"])
+        .arg(data.path())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    // Keep draining stderr so the server never blocks on a full pipe.
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let banner = loop {
+        let line = rx.recv_timeout(PATIENCE).expect("the server prints its addresses");
+        if line.starts_with("skein server: REST API on ") {
+            break line;
+        }
+    };
+    let field = |after: &str| {
+        let start = banner.find(after).unwrap() + after.len();
+        banner[start..].split([',', ' ']).next().unwrap().to_owned()
+    };
+    Server {
+        api: field("REST API on "),
+        grpc: field("agents join at "),
+        child,
+        data,
+        runtime: tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap(),
+    }
+}
+
+impl Server {
+    fn token_file(&self) -> PathBuf {
+        self.data.path().join("join-token")
+    }
+
+    fn graph(&self) -> Value {
+        let token = std::fs::read_to_string(self.data.path().join("api-token")).unwrap();
+        let url = format!("{}/v1/graph", self.api);
+        self.runtime.block_on(async {
+            let response = reqwest::Client::new()
+                .get(&url)
+                .bearer_auth(token.trim())
+                .send()
+                .await
+                .unwrap();
+            assert!(response.status().is_success(), "{}", response.status());
+            response.json::<Value>().await.unwrap()
+        })
+    }
+
+    fn agent(&self, fleet: &Path, node: &str) -> Child {
+        skein()
+            .args(["agent", "--join", &self.grpc, "--node", node, "--simulate"])
+            .arg(fleet)
+            .arg("--token-file")
+            .arg(self.token_file())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    }
+
+    /// Polls the graph until `done` holds, returning the graph that satisfied it.
+    fn wait_for(&self, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let start = Instant::now();
+        loop {
+            let graph = self.graph();
+            if done(&graph) {
+                return graph;
+            }
+            assert!(start.elapsed() < PATIENCE, "timed out waiting for {what}: {graph:#}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn node<'a>(graph: &'a Value, name: &str) -> Option<&'a Value> {
+    graph["nodes"]
+        .as_array()?
+        .iter()
+        .find(|n| n["inventory"]["name"] == name)
+}
+
+fn all_reporting(graph: &Value, count: usize) -> bool {
+    let nodes = graph["nodes"].as_array().unwrap();
+    nodes.len() == count
+        && nodes.iter().all(|n| {
+            n["health"]["state"] == "ok" && n["gpus"].as_array().unwrap().iter().all(|g| !g["latest"].is_null())
+        })
+}
+
+#[test]
+fn the_reference_fleet_joins_and_a_killed_agent_goes_down_and_returns() {
+    let server = server();
+    let fleet = workspace_file("workflows/fleets/lab.yaml");
+    let names = ["a100-box", "rtx-1", "rtx-2", "old-1"];
+    let mut agents: Vec<Child> = names.iter().map(|n| server.agent(&fleet, n)).collect();
+
+    let graph = server.wait_for("four nodes reporting", |g| all_reporting(g, 4));
+    let gpus: Vec<(String, String, u64)> = graph["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|n| {
+            n["gpus"].as_array().unwrap().iter().map(move |g| {
+                (
+                    n["inventory"]["name"].as_str().unwrap().to_owned(),
+                    g["facts"]["name"].as_str().unwrap().to_owned(),
+                    g["facts"]["memory_total"].as_u64().unwrap() >> 20,
+                )
+            })
+        })
+        .collect();
+    assert_eq!(gpus.len(), 14);
+    let count = |model: &str, mib: u64| gpus.iter().filter(|(_, m, mem)| m == model && *mem == mib).count();
+    assert_eq!(count("NVIDIA A100-SXM4-80GB", 81_920), 4);
+    assert_eq!(count("NVIDIA GeForce RTX 4090", 24_564), 8);
+    assert_eq!(count("Tesla V100-PCIE-16GB", 16_160), 2);
+    let a100 = node(&graph, "a100-box").unwrap();
+    assert!(a100["links"].as_array().unwrap().iter().all(|l| l["kind"] == "nvlink"));
+    let rtx_id = node(&graph, "rtx-2").unwrap()["id"].as_str().unwrap().to_owned();
+
+    // SIGKILL: the node is down within three intervals of its last telemetry (plus the
+    // sweep's period and this test's polling).
+    agents[2].kill().unwrap();
+    agents[2].wait().unwrap();
+    let killed = Instant::now();
+    server.wait_for("rtx-2 down", |g| node(g, "rtx-2").unwrap()["health"]["state"] == "down");
+    let took = killed.elapsed();
+    assert!(
+        took <= Duration::from_millis(4 * INTERVAL_MS + 200),
+        "marked down after {took:?}, interval {INTERVAL_MS} ms"
+    );
+    let graph = server.graph();
+    let rtx2 = node(&graph, "rtx-2").unwrap();
+    assert!(
+        rtx2["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|g| g["health"]["state"] == "down")
+    );
+    assert_eq!(node(&graph, "rtx-1").unwrap()["health"]["state"], "ok");
+
+    // Restarted, it comes back with the same identity.
+    agents[2] = server.agent(&fleet, "rtx-2");
+    let graph = server.wait_for("rtx-2 back", |g| {
+        let n = node(g, "rtx-2").unwrap();
+        n["health"]["state"] == "ok" && n["connected"] == true
+    });
+    assert_eq!(node(&graph, "rtx-2").unwrap()["id"], rtx_id.as_str());
+    assert_eq!(graph["nodes"].as_array().unwrap().len(), 4);
+
+    for mut agent in agents {
+        let _ = agent.kill();
+        let _ = agent.wait();
+    }
+}
+
+#[test]
+fn a_wrong_or_missing_token_is_refused() {
+    let server = server();
+    let fleet = workspace_file("workflows/fleets/lab.yaml");
+    let out = skein()
+        .args([
+            "agent",
+            "--join",
+            &server.grpc,
+            "--node",
+            "old-1",
+            "--token",
+            "not-the-token",
+            "--simulate",
+        ])
+        .arg(&fleet)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("the orchestrator refused this agent: wrong join token"),
+        "{stderr}"
+    );
+    let out = skein()
+        .args(["agent", "--join", &server.grpc, "--node", "old-1", "--simulate"])
+        .arg(&fleet)
+        .env_remove("SKEIN_JOIN_TOKEN")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no join token"));
+    assert!(server.graph()["nodes"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn a_load_spike_shows_in_the_graph_within_two_intervals() {
+    let server = server();
+    let mut agent = server.agent(&workspace_file("tests/data/spike-fleet.yaml"), "spiky");
+    let start = Instant::now();
+    let (seen_ms, sample_ms) = loop {
+        assert!(start.elapsed() < PATIENCE, "the spike never showed");
+        let graph = server.graph();
+        let seen_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64;
+        let latest = node(&graph, "spiky").map(|n| &n["gpus"][1]["latest"]);
+        if let Some(latest) = latest
+            && latest["utilization_pct"].as_u64().is_some_and(|u| u >= 90)
+        {
+            break (seen_ms, latest["unix_ms"].as_i64().unwrap());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // The agent samples every interval, so the spike is in a sample at most one interval
+    // after it starts; that sample is visible at most one more interval later.
+    let lag = seen_ms - sample_ms;
+    assert!(lag <= INTERVAL_MS as i64, "visible {lag} ms after it was sampled");
+    let _ = agent.kill();
+    let _ = agent.wait();
+}
