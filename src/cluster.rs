@@ -15,7 +15,7 @@ use skein_orchestrator::graph::GraphConfig;
 use skein_orchestrator::server::{ServerConfig, TlsFiles};
 
 use skein_agent::daemon::{AgentConfig, NoGpus};
-use skein_agent::{GpuSource, HostInventory, discover_nvml, load_fleet};
+use skein_agent::{GpuSource, HostInventory, HostSampler, discover_nvml, load_fleet};
 
 use crate::cli::{AgentArgs, EXIT_OK, NodesArgs, OutputFormat, ServerArgs, UpArgs};
 
@@ -361,12 +361,13 @@ pub fn run_nodes(args: &NodesArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// What an agent reports: its GPUs, its name, its host, and where the host's live
+/// figures come from (`None` for a simulated node).
+type AgentParts = (Box<dyn GpuSource>, String, HostInventory, Option<HostSampler>);
+
 /// A machine's GPU source and node name: a simulated fleet node, or NVML (a CPU-only
 /// node when there is no NVIDIA driver).
-fn gpu_source(
-    simulate: Option<&Path>,
-    node: Option<&str>,
-) -> anyhow::Result<(Box<dyn GpuSource>, String, HostInventory)> {
+fn gpu_source(simulate: Option<&Path>, node: Option<&str>) -> anyhow::Result<AgentParts> {
     let host = HostInventory::discover();
     if let Some(file) = simulate {
         let fleet = load_fleet(file).map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -378,7 +379,7 @@ fn gpu_source(
         };
         let source = fleet.node(name).map_err(|e| anyhow::anyhow!("{e}"))?;
         let host = source.host_inventory(host);
-        return Ok((Box::new(source), name.to_owned(), host));
+        return Ok((Box::new(source), name.to_owned(), host, None));
     }
     let name = match node {
         Some(name) => name.to_owned(),
@@ -401,7 +402,7 @@ fn gpu_source(
             Box::new(NoGpus)
         }
     };
-    Ok((source, name, host))
+    Ok((source, name, host, Some(HostSampler::new())))
 }
 
 /// `skein agent`.
@@ -417,7 +418,7 @@ pub fn run_agent(args: &AgentArgs) -> anyhow::Result<ExitCode> {
             "no join token: pass --token TOKEN or --token-file FILE (the server keeps it in <data dir>/join-token)"
         ),
     };
-    let (source, node_name, host) = gpu_source(args.simulate.as_deref(), args.node.as_deref())?;
+    let (source, node_name, host, live) = gpu_source(args.simulate.as_deref(), args.node.as_deref())?;
     let config = AgentConfig {
         join: args.join.clone(),
         token,
@@ -428,7 +429,7 @@ pub fn run_agent(args: &AgentArgs) -> anyhow::Result<ExitCode> {
     let runtime = runtime(Some(1))?;
     runtime.block_on(async {
         tokio::select! {
-            result = skein_agent::daemon::run(config, source, host) => {
+            result = skein_agent::daemon::run(config, source, host, live) => {
                 result?;
                 Ok(ExitCode::from(EXIT_OK))
             }
@@ -443,7 +444,7 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<ExitCode> {
     init_logging();
     let (config, dir) = server_config(&args.server)?;
     let join_token = config.join_token.expose().to_owned();
-    let agents: Vec<(Box<dyn GpuSource>, String, HostInventory)> = match &args.fleet {
+    let agents: Vec<AgentParts> = match &args.fleet {
         Some(file) => {
             let fleet = load_fleet(file).map_err(|e| anyhow::anyhow!("{e}"))?;
             let host = HostInventory::discover();
@@ -451,7 +452,7 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<ExitCode> {
             for name in fleet.node_names() {
                 let source = fleet.node(name).map_err(|e| anyhow::anyhow!("{e}"))?;
                 let host = source.host_inventory(host.clone());
-                agents.push((Box::new(source) as Box<dyn GpuSource>, name.to_owned(), host));
+                agents.push((Box::new(source) as Box<dyn GpuSource>, name.to_owned(), host, None));
             }
             agents
         }
@@ -464,7 +465,7 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<ExitCode> {
         let nodes = agents.len();
         let gpus: usize = agents.iter().map(|(source, ..)| source.inventory().len()).sum();
         let mut tasks = Vec::new();
-        for (source, node_name, host) in agents {
+        for (source, node_name, host, live) in agents {
             let config = AgentConfig {
                 join: join.clone(),
                 token: join_token.clone(),
@@ -472,7 +473,7 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<ExitCode> {
                 tls_ca: None,
                 version: env!("CARGO_PKG_VERSION").to_owned(),
             };
-            tasks.push(tokio::spawn(skein_agent::daemon::run(config, source, host)));
+            tasks.push(tokio::spawn(skein_agent::daemon::run(config, source, host, live)));
         }
         eprintln!(
             "skein is up: {nodes} node{} with {gpus} GPU{}; REST API on http://{} (token in {}); \

@@ -15,7 +15,7 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::gpu::{GpuInfo, GpuSample, GpuSource};
-use crate::host::HostInventory;
+use crate::host::{HostInventory, HostLive, HostSampler};
 
 /// The GPU source of a machine without GPUs (or without the NVIDIA driver): a CPU-only
 /// node, which still reports its host and can run CPU engines.
@@ -113,15 +113,32 @@ fn endpoint(config: &AgentConfig) -> Result<Endpoint, AgentError> {
 /// `source` at the interval the orchestrator asks for, answers pings, and reconnects
 /// with exponential backoff (0.2 s doubling to 10 s) whenever the connection drops.
 ///
+/// The host's load and free memory come from `live` each tick; a simulated node passes
+/// `None` and reports the figures of its inventory.
+///
 /// Errors: [`AgentError::BadJoinUrl`], [`AgentError::TlsCa`], [`AgentError::Refused`]
 /// (a wrong or missing token); never for a server that is down or restarting.
-pub async fn run(config: AgentConfig, mut source: Box<dyn GpuSource>, host: HostInventory) -> Result<(), AgentError> {
+pub async fn run(
+    config: AgentConfig,
+    mut source: Box<dyn GpuSource>,
+    host: HostInventory,
+    mut live: Option<HostSampler>,
+) -> Result<(), AgentError> {
     let endpoint = endpoint(&config)?;
     let started = Instant::now();
     let mut backoff = FIRST_BACKOFF;
     let mut seq = 0u64;
     loop {
-        let outcome = session(&config, &endpoint, source.as_mut(), &host, started, &mut seq).await;
+        let outcome = session(
+            &config,
+            &endpoint,
+            source.as_mut(),
+            &host,
+            live.as_mut(),
+            started,
+            &mut seq,
+        )
+        .await;
         match outcome {
             Ok(()) => {
                 tracing::warn!("the orchestrator closed the stream; reconnecting");
@@ -173,6 +190,7 @@ async fn session(
     endpoint: &Endpoint,
     source: &mut dyn GpuSource,
     host: &HostInventory,
+    mut live: Option<&mut HostSampler>,
     started: Instant,
     seq: &mut u64,
 ) -> Result<(), SessionError> {
@@ -225,7 +243,14 @@ async fn session(
                     .filter_map(|sample| sample.map_err(|error| tracing::debug!(%error, "a GPU could not be sampled")).ok())
                     .collect();
                 *seq += 1;
-                let message = telemetry(*seq, &samples, host);
+                let now = match live.as_deref_mut() {
+                    Some(sampler) => sampler.sample(),
+                    None => HostLive {
+                        load1: host.load_average.as_ref().map(|l| l.one),
+                        memory_available: host.memory.available_bytes,
+                    },
+                };
+                let message = telemetry(*seq, &samples, now);
                 if outbound.send(message).await.is_err() {
                     return Err(SessionError::Connected("the stream to the orchestrator closed".to_owned()));
                 }
@@ -285,7 +310,7 @@ pub fn inventory(source: &dyn GpuSource, host: &HostInventory) -> pb::Inventory 
                 .map_or(0, |c| u32::try_from(c).unwrap_or(u32::MAX)),
             cpu_brand: host.cpu.brand.clone().unwrap_or_default(),
             memory_total: host.memory.total_bytes.unwrap_or(0),
-            numa_nodes: 0,
+            numa_nodes: host.numa_nodes.map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
         }),
         gpus: source.inventory().iter().map(gpu_to_wire).collect(),
         gpu_source: source.describe(),
@@ -315,7 +340,7 @@ fn gpu_to_wire(gpu: &GpuInfo) -> pb::Gpu {
 }
 
 /// One telemetry message.
-pub fn telemetry(seq: u64, samples: &[GpuSample], host: &HostInventory) -> AgentMessage {
+pub fn telemetry(seq: u64, samples: &[GpuSample], host: HostLive) -> AgentMessage {
     let unix_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
@@ -326,10 +351,9 @@ pub fn telemetry(seq: u64, samples: &[GpuSample], host: &HostInventory) -> Agent
             gpus: samples.iter().map(sample_to_wire).collect(),
             host: Some(pb::HostSample {
                 load1_centi: host
-                    .load_average
-                    .as_ref()
-                    .map_or(0, |l| (l.one * 100.0).clamp(0.0, f64::from(u32::MAX)) as u32),
-                memory_available: host.memory.available_bytes.unwrap_or(0),
+                    .load1
+                    .map_or(0, |l| (l * 100.0).clamp(0.0, f64::from(u32::MAX)) as u32),
+                memory_available: host.memory_available.unwrap_or(0),
             }),
         })),
     }

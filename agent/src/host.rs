@@ -21,6 +21,8 @@ pub struct HostInventory {
     pub memory: MemoryInfo,
     /// Run-queue load averages; `None` where the platform does not report them.
     pub load_average: Option<LoadAverage>,
+    /// NUMA nodes, where the kernel shows them (`/sys/devices/system/node/node*`).
+    pub numa_nodes: Option<usize>,
     /// Every field above that is missing, with the reason. Empty when discovery found
     /// everything.
     pub unavailable: Vec<Unavailable>,
@@ -190,8 +192,75 @@ impl HostInventory {
             cpu,
             memory,
             load_average,
+            numa_nodes: numa_nodes(),
             unavailable: probe.unavailable,
         }
+    }
+}
+
+/// NUMA nodes the kernel shows (`/sys/devices/system/node/node<N>`); `None` where it
+/// shows none (other platforms, some containers).
+fn numa_nodes() -> Option<usize> {
+    let entries = std::fs::read_dir("/sys/devices/system/node").ok()?;
+    let count = entries
+        .filter_map(Result::ok)
+        .filter(|entry| {
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            name.strip_prefix("node")
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .count();
+    (count > 0).then_some(count)
+}
+
+/// The host's changing figures, sampled every telemetry tick.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct HostLive {
+    /// One-minute load average.
+    pub load1: Option<f64>,
+    /// Available RAM, bytes.
+    pub memory_available: Option<u64>,
+}
+
+/// Samples [`HostLive`] cheaply: the load average (one file read) and RAM figures only,
+/// reusing one `sysinfo` handle.
+pub struct HostSampler {
+    system: Option<System>,
+}
+
+impl std::fmt::Debug for HostSampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostSampler").finish_non_exhaustive()
+    }
+}
+
+impl HostSampler {
+    /// A sampler of this machine. Never fails: figures it cannot read are `None`.
+    pub fn new() -> HostSampler {
+        let refresh = RefreshKind::nothing().with_memory(MemoryRefreshKind::nothing().with_ram());
+        HostSampler {
+            system: System::new_with_specifics(refresh).ok(),
+        }
+    }
+
+    /// The figures now.
+    pub fn sample(&mut self) -> HostLive {
+        let memory_available = self.system.as_mut().and_then(|system| {
+            system.refresh_memory_specifics(MemoryRefreshKind::nothing().with_ram());
+            let available = system.available_memory();
+            (available > 0).then_some(available)
+        });
+        HostLive {
+            load1: System::load_average().ok().map(|load| load.one),
+            memory_available,
+        }
+    }
+}
+
+impl Default for HostSampler {
+    fn default() -> Self {
+        HostSampler::new()
     }
 }
 
@@ -338,6 +407,7 @@ mod tests {
                 five: 0.75,
                 fifteen: 0.25,
             }),
+            numa_nodes: Some(2),
             unavailable: vec![Unavailable {
                 field: HostField::KernelVersion,
                 reason: "unsupported".into(),
@@ -364,6 +434,7 @@ mod tests {
                     "available_bytes": 250_000_000_000u64
                 },
                 "load_average": { "one": 1.5, "five": 0.75, "fifteen": 0.25 },
+                "numa_nodes": 2,
                 "unavailable": [{ "field": "kernel_version", "reason": "unsupported" }]
             })
         );

@@ -51,5 +51,5 @@ pub mod telemetry;
 
 pub use fleet::{Fleet, FleetError, load_fleet};
 pub use gpu::{GpuInfo, GpuSample, GpuSource, NvmlSource, PcieLink, SampleError, ThrottleReasons, discover_nvml};
-pub use host::HostInventory;
+pub use host::{HostInventory, HostLive, HostSampler};
 pub use sim::SimulatedSource;

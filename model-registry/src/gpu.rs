@@ -2,9 +2,10 @@
 //! `RTX4090-24GB:2` or `A100-80GB+RTX4090-24GB`.
 //!
 //! A plan made before the fleet reports in (`skein models fit`) needs each GPU's usable
-//! memory; the catalog gives the total that `nvidia-smi` reports for each model on
-//! current drivers, which is what a live agent would report for an idle card. A GPU not
-//! in the catalog can be given by its memory (`48GiB`). Pure: no IO.
+//! memory; the catalog (`skein-gpu-catalog`, shared with the agent's simulated fleets)
+//! gives the total that `nvidia-smi` reports for each model on current drivers, which
+//! is what a live agent would report for an idle card. A GPU not in the catalog can be
+//! given by its memory (`48GiB`). Pure: no IO.
 
 use std::fmt;
 use std::str::FromStr;
@@ -13,106 +14,7 @@ use serde::Serialize;
 
 use crate::{Bytes, Error};
 
-/// One GPU model of the catalog.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct GpuModel {
-    /// The name used on the command line and in docs (`A100-80GB`).
-    pub name: &'static str,
-    /// Other names accepted for it, compared without case and punctuation.
-    #[serde(skip)]
-    pub aliases: &'static [&'static str],
-    /// The name NVML reports for the usual board (`NVIDIA A100-SXM4-80GB`).
-    pub nvml_name: &'static str,
-    /// Total memory as NVML reports it.
-    pub memory: Bytes,
-    /// CUDA compute capability, major and minor: 8.0 and later have bf16 and the
-    /// kernels of AWQ/Marlin; 7.x runs bf16 checkpoints as fp16.
-    pub compute_capability: (u8, u8),
-}
-
-const MIB: u64 = 1 << 20;
-
-/// The catalog, largest memory first. Figures are the totals `nvidia-smi` reports
-/// (MiB) on recent drivers; a live agent's measurement replaces them.
-pub const GPU_MODELS: &[GpuModel] = &[
-    gpu("H200-141GB", &["h200"], "NVIDIA H200", 143_771, (9, 0)),
-    gpu(
-        "A100-80GB",
-        &["a10080g", "a100sxm480gb", "a100pcie80gb"],
-        "NVIDIA A100-SXM4-80GB",
-        81_920,
-        (8, 0),
-    ),
-    gpu(
-        "H100-80GB",
-        &["h100", "h10080g", "h100sxm580gb"],
-        "NVIDIA H100 80GB HBM3",
-        81_559,
-        (9, 0),
-    ),
-    gpu(
-        "RTXA6000-48GB",
-        &["a6000", "rtxa6000"],
-        "NVIDIA RTX A6000",
-        49_140,
-        (8, 6),
-    ),
-    gpu("L40S-48GB", &["l40s"], "NVIDIA L40S", 46_068, (8, 9)),
-    gpu(
-        "A100-40GB",
-        &["a10040g", "a100sxm440gb", "a100pcie40gb"],
-        "NVIDIA A100-SXM4-40GB",
-        40_960,
-        (8, 0),
-    ),
-    gpu(
-        "V100-32GB",
-        &["v10032g", "v100sxm232gb"],
-        "Tesla V100-SXM2-32GB",
-        32_768,
-        (7, 0),
-    ),
-    gpu(
-        "RTX3090-24GB",
-        &["rtx3090", "3090"],
-        "NVIDIA GeForce RTX 3090",
-        24_576,
-        (8, 6),
-    ),
-    gpu(
-        "RTX4090-24GB",
-        &["rtx4090", "4090", "geforcertx4090"],
-        "NVIDIA GeForce RTX 4090",
-        24_564,
-        (8, 9),
-    ),
-    gpu("L4-24GB", &["l4"], "NVIDIA L4", 23_034, (8, 9)),
-    gpu("A10-24GB", &["a10"], "NVIDIA A10", 23_028, (8, 6)),
-    gpu(
-        "V100-16GB",
-        &["v10016g", "v100pcie16gb", "teslav100pcie16gb"],
-        "Tesla V100-PCIE-16GB",
-        16_160,
-        (7, 0),
-    ),
-    gpu("T4-16GB", &["t4", "teslat4"], "Tesla T4", 15_360, (7, 5)),
-];
-
-const fn gpu(
-    name: &'static str,
-    aliases: &'static [&'static str],
-    nvml_name: &'static str,
-    memory_mib: u64,
-    compute_capability: (u8, u8),
-) -> GpuModel {
-    GpuModel {
-        name,
-        aliases,
-        nvml_name,
-        memory: Bytes::new(memory_mib * MIB),
-        compute_capability,
-    }
-}
+pub use skein_gpu_catalog::{CARDS, CardModel, lookup};
 
 /// Most GPUs one set may name: more than any node or pipeline Skein plans for.
 pub const MAX_GPUS_PER_SET: u32 = 64;
@@ -125,7 +27,7 @@ pub struct Gpu {
     /// Usable memory.
     pub memory: Bytes,
     /// Compute capability, when known.
-    pub compute_capability: Option<(u8, u8)>,
+    pub compute_capability: Option<(u32, u32)>,
 }
 
 impl Gpu {
@@ -145,44 +47,23 @@ impl Gpu {
         }
         Err(Error::UnknownGpu {
             found: name.to_owned(),
-            suggestions: suggestions(name),
-            known: GPU_MODELS.iter().map(|m| m.name).collect::<Vec<_>>().join(", "),
+            suggestions: skein_gpu_catalog::suggestions(name)
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+            known: skein_gpu_catalog::names(),
         })
     }
 }
 
-impl From<&GpuModel> for Gpu {
-    fn from(model: &GpuModel) -> Gpu {
+impl From<&CardModel> for Gpu {
+    fn from(model: &CardModel) -> Gpu {
         Gpu {
             name: model.name.to_owned(),
-            memory: model.memory,
+            memory: Bytes::new(model.memory_bytes()),
             compute_capability: Some(model.compute_capability),
         }
     }
-}
-
-/// The catalog entry `name` denotes: its catalog name or an alias, compared without
-/// case, spaces, dashes or an `NVIDIA`/`GeForce`/`Tesla` prefix; the NVML name too.
-pub fn lookup(name: &str) -> Option<&'static GpuModel> {
-    let key = normalize(name);
-    GPU_MODELS.iter().find(|model| {
-        normalize(model.name) == key
-            || normalize(model.nvml_name) == key
-            || model.aliases.iter().any(|alias| normalize(alias) == key)
-    })
-}
-
-fn normalize(name: &str) -> String {
-    let lower: String = name
-        .chars()
-        .filter(char::is_ascii_alphanumeric)
-        .map(|c| c.to_ascii_lowercase())
-        .collect();
-    let mut key = lower.as_str();
-    for prefix in ["nvidia", "geforce", "tesla"] {
-        key = key.strip_prefix(prefix).unwrap_or(key);
-    }
-    key.to_owned()
 }
 
 /// A memory size with a unit (`48GiB`, `24 GB`, `16160MiB`); `None` without a unit or
@@ -194,34 +75,6 @@ fn parse_memory(text: &str) -> Option<Bytes> {
     }
     let size = bytesize::ByteSize::from_str(text).ok()?;
     (size.as_u64() > 0).then(|| Bytes::new(size.as_u64()))
-}
-
-/// Catalog names within a small edit distance of `name`, or that contain it.
-fn suggestions(name: &str) -> Vec<String> {
-    let key = normalize(name);
-    if key.is_empty() {
-        return Vec::new();
-    }
-    let mut close: Vec<(usize, &str)> = GPU_MODELS
-        .iter()
-        .filter_map(|model| {
-            let candidates = std::iter::once(model.name).chain(model.aliases.iter().copied());
-            let distance = candidates
-                .map(|c| {
-                    let c = normalize(c);
-                    if c.contains(&key) {
-                        0
-                    } else {
-                        strsim::levenshtein(&c, &key)
-                    }
-                })
-                .min()?;
-            let limit = if key.len() <= 5 { 1 } else { 2 };
-            (distance <= limit).then_some((distance, model.name))
-        })
-        .collect();
-    close.sort();
-    close.into_iter().map(|(_, name)| name.to_owned()).collect()
 }
 
 /// GPUs considered together for one model: one card, several of one kind, or a mix.
@@ -317,7 +170,7 @@ mod tests {
     fn sets_parse_counts_mixes_and_sizes() {
         let set: GpuSet = "RTX4090-24GB:2".parse().unwrap();
         assert_eq!(set.gpus.len(), 2);
-        assert_eq!(set.memory(), vec![Bytes::new(24_564 * MIB); 2]);
+        assert_eq!(set.memory(), vec![Bytes::new(24_564 << 20); 2]);
         let set: GpuSet = "A100-80GB + RTX4090-24GB".parse().unwrap();
         assert_eq!(
             set.gpus.iter().map(|g| g.name.as_str()).collect::<Vec<_>>(),
