@@ -151,10 +151,11 @@ pub fn run_server(args: &ServerArgs) -> anyhow::Result<ExitCode> {
     init_logging();
     let (config, dir) = server_config(args)?;
     let runtime = runtime(None)?;
+    let scheme = if config.tls.is_some() { "https" } else { "http" };
     runtime.block_on(async {
         let server = skein_orchestrator::server::start(config).await?;
         eprintln!(
-            "skein server: REST API on http://{}, agents join at http://{} with the token in {}",
+            "skein server: REST API on http://{}, agents join at {scheme}://{} with the token in {}",
             server.api_addr,
             server.grpc_addr,
             dir.join("join-token").display()

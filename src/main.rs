@@ -13,6 +13,10 @@ mod models;
 mod validate;
 
 fn main() -> ExitCode {
+    // rustls is built with two crypto providers (ring for gRPC, aws-lc-rs through the hub
+    // client's reqwest) and will not choose one itself; ring serves every TLS use here.
+    // An error means one is installed already, which is as good.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let args = cli::Cli::parse();
     match try_main(args) {
         Ok(code) => code,

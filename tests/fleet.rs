@@ -41,11 +41,16 @@ impl Drop for Server {
 
 /// Spawns `skein server` on ephemeral ports and reads its addresses from its banner.
 fn server() -> Server {
+    server_with(&[])
+}
+
+fn server_with(extra: &[&str]) -> Server {
     let data = tempfile::tempdir().unwrap();
     let mut child = skein()
         .args(["server", "--listen", "127.0.0.1:0", "--agent-listen", "127.0.0.1:0"])
         .args(["--sample-interval", &format!("{INTERVAL_MS}ms"), "--data-dir"])
         .arg(data.path())
+        .args(extra)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -265,4 +270,47 @@ fn a_load_spike_shows_in_the_graph_within_two_intervals() {
     assert!(lag <= INTERVAL_MS as i64, "visible {lag} ms after it was sampled");
     let _ = agent.kill();
     let _ = agent.wait();
+}
+
+#[test]
+fn agents_join_over_tls_and_refuse_an_untrusted_server() {
+    let certs = tempfile::tempdir().unwrap();
+    let rcgen::CertifiedKey { cert, signing_key } =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (cert_file, key_file) = (certs.path().join("cert.pem"), certs.path().join("key.pem"));
+    std::fs::write(&cert_file, cert.pem()).unwrap();
+    std::fs::write(&key_file, signing_key.serialize_pem()).unwrap();
+    let server = server_with(&[
+        "--tls-cert",
+        cert_file.to_str().unwrap(),
+        "--tls-key",
+        key_file.to_str().unwrap(),
+    ]);
+    assert!(server.grpc.starts_with("https://127.0.0.1:"), "{}", server.grpc);
+    let join = server.grpc.replace("127.0.0.1", "localhost");
+    let fleet = workspace_file("workflows/fleets/lab.yaml");
+    let agent = |ca: Option<&Path>| {
+        let mut command = skein();
+        command
+            .args(["agent", "--join", &join, "--node", "old-1", "--simulate"])
+            .arg(&fleet)
+            .arg("--token-file")
+            .arg(server.token_file());
+        if let Some(ca) = ca {
+            command.arg("--ca").arg(ca);
+        }
+        command.stderr(Stdio::piped()).spawn().unwrap()
+    };
+
+    // Without the lab's CA the agent does not trust the server and sends nothing.
+    let mut untrusting = agent(None);
+    std::thread::sleep(Duration::from_millis(3 * INTERVAL_MS));
+    assert!(server.graph()["nodes"].as_array().unwrap().is_empty());
+    let _ = untrusting.kill();
+    let _ = untrusting.wait();
+
+    let mut trusting = agent(Some(&cert_file));
+    server.wait_for("old-1 over TLS", |g| all_reporting(g, 1));
+    let _ = trusting.kill();
+    let _ = trusting.wait();
 }
