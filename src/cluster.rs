@@ -222,15 +222,7 @@ fn gib(bytes: u64) -> String {
 
 /// The table `skein nodes` prints: one row per GPU, one per GPU-less node.
 fn render_nodes(graph: &Graph) -> String {
-    let mut rows = vec![[
-        "NODE".to_owned(),
-        "GPU".to_owned(),
-        "MODEL".to_owned(),
-        "MEMORY (GiB)".to_owned(),
-        "UTIL".to_owned(),
-        "TEMP".to_owned(),
-        "HEALTH".to_owned(),
-    ]];
+    let mut rows: Vec<Vec<String>> = Vec::new();
     for node in &graph.nodes {
         let node_health = if node.connected || node.health.state == "down" {
             node.health.state.clone()
@@ -238,7 +230,7 @@ fn render_nodes(graph: &Graph) -> String {
             format!("{} (disconnected)", node.health.state)
         };
         if node.gpus.is_empty() {
-            rows.push([
+            rows.push(vec![
                 node.inventory.name.clone(),
                 "-".to_owned(),
                 "(no GPU)".to_owned(),
@@ -261,7 +253,7 @@ fn render_nodes(graph: &Graph) -> String {
             if let Some(reason) = gpu.health.reasons.first() {
                 let _ = write!(health, ": {reason}");
             }
-            rows.push([
+            rows.push(vec![
                 node.inventory.name.clone(),
                 gpu.facts.index.to_string(),
                 gpu.facts.name.clone(),
@@ -272,27 +264,14 @@ fn render_nodes(graph: &Graph) -> String {
             ]);
         }
     }
-    let mut widths = [0usize; 7];
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for (r, row) in rows.iter().enumerate() {
-        let mut line = String::new();
-        for (i, (cell, w)) in row.iter().zip(widths).enumerate() {
-            // Figures right-aligned under their headers, text left-aligned.
-            let _ = if r > 0 && matches!(i, 3..=5) {
-                write!(line, "{cell:>w$}   ")
-            } else {
-                write!(line, "{cell:<w$}   ")
-            };
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
-    out
+    // Figures right-aligned under their headers, text left-aligned.
+    let style = crate::table::Style {
+        indent: "",
+        gap: 3,
+        right_aligned: &[3, 4, 5],
+    };
+    let header = ["NODE", "GPU", "MODEL", "MEMORY (GiB)", "UTIL", "TEMP", "HEALTH"];
+    crate::table::render(&style, &header, &rows)
 }
 
 /// `skein nodes`.

@@ -10,6 +10,7 @@ use clap::Parser;
 mod cli;
 mod cluster;
 mod models;
+mod table;
 mod validate;
 
 fn main() -> ExitCode {

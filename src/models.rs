@@ -205,33 +205,12 @@ fn short_sha(info: &ModelInfo) -> &str {
     info.sha.as_str().get(..12).unwrap_or(info.sha.as_str())
 }
 
-/// A plain table: columns padded to their widest cell, two spaces apart.
-fn table(header: &[&str], rows: &[Vec<String>]) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    let line = |cells: Vec<&str>, out: &mut String| {
-        let mut text = String::from("  ");
-        for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
-            if i + 1 == cells.len() {
-                text.push_str(cell);
-            } else {
-                let _ = write!(text, "{cell:<w$}  ");
-            }
-        }
-        out.push_str(text.trim_end());
-        out.push('\n');
-    };
-    line(header.to_vec(), &mut out);
-    for row in rows {
-        line(row.iter().map(String::as_str).collect(), &mut out);
-    }
-    out
-}
+/// The tables of `inspect` and `fit`: indented, two spaces apart.
+const TABLE: crate::table::Style = crate::table::Style {
+    indent: "  ",
+    gap: 2,
+    right_aligned: &[],
+};
 
 fn render_inspect(info: &ModelInfo) -> String {
     let mut out = String::new();
@@ -320,7 +299,8 @@ fn render_inspect(info: &ModelInfo) -> String {
             ]
         })
         .collect();
-    out.push_str(&table(
+    out.push_str(&crate::table::render(
+        &TABLE,
         &[
             "variant", "format", "method", "bits/w", "group", "on hub", "loaded", "TP", "source",
         ],
@@ -381,7 +361,7 @@ fn render_fit(info: &ModelInfo, sets: &[GpuSet], options: FitOptions, fits: &[Va
             row
         })
         .collect();
-    out.push_str(&table(&header, &rows));
+    out.push_str(&crate::table::render(&TABLE, &header, &rows));
     let hidden = fits.len() - shown.len();
     if hidden > 0 {
         let plural = if hidden == 1 { "variant fits" } else { "variants fit" };

@@ -67,6 +67,8 @@ pub enum GraphError {
 
 struct NodeState {
     inventory: Arc<NodeInventory>,
+    /// Links between its GPUs, from the inventory (computed once per registration).
+    links: Vec<Link>,
     windows: Vec<VecDeque<GpuSample>>,
     connected: bool,
     /// Generation of the current connection: a stream that ended after a newer one
@@ -160,6 +162,7 @@ impl HardwareGraph {
                 if state.inventory.gpus != inventory.gpus {
                     state.windows = vec![VecDeque::new(); gpus];
                     state.gpu_health = vec![Health::OK; gpus];
+                    state.links = links(&inventory.gpus);
                 }
                 state.inventory = inventory;
                 state.alive_since_ms = now;
@@ -169,6 +172,7 @@ impl HardwareGraph {
             None => {
                 let id = NodeId(format!("node-{}", self.next_id.fetch_add(1, Ordering::SeqCst)));
                 let state = NodeState {
+                    links: links(&inventory.gpus),
                     inventory,
                     windows: vec![VecDeque::new(); gpus],
                     connected: false,
@@ -480,7 +484,7 @@ fn build_view(id: &NodeId, state: &NodeState, version: u64) -> NodeView {
         last_seq: state.last_seq,
         rtt_ms: state.rtt_ms,
         host: state.host,
-        links: links(&state.inventory.gpus),
+        links: state.links.clone(),
         gpus,
         version,
     }
