@@ -32,6 +32,12 @@ pub enum Command {
     /// downloaded).
     #[command(subcommand)]
     Models(ModelsCommand),
+    /// Plan a workflow: for each agent, the model variant, engine, GPUs and split, with
+    /// the reasons; offline on a fleet file, or on a running orchestrator's live graph.
+    ///
+    /// Exits 0 when the workflow is admitted (every instance placed), 1 when it would
+    /// be queued.
+    Plan(PlanArgs),
     /// Run the orchestrator: the hardware graph, the service agents join (gRPC) and the
     /// REST API. Tokens are created in the data directory on first start.
     Server(ServerArgs),
@@ -43,6 +49,46 @@ pub enum Command {
     /// Run everything on this machine: the server and a local agent, or one agent per
     /// node of a simulated fleet (`--fleet workflows/fleets/lab.yaml`).
     Up(UpArgs),
+}
+
+/// `skein plan`.
+#[derive(Debug, Args)]
+pub struct PlanArgs {
+    /// The workflow: `.yaml`, `.yml` or `.rhai`.
+    #[arg(value_name = "FILE")]
+    pub workflow: PathBuf,
+    /// Plan offline on a fleet file (`workflows/fleets/lab.yaml`); the models are read
+    /// from the hub (HF_ENDPOINT, HF_TOKEN, HF_HOME as `skein models` reads them).
+    #[arg(long, value_name = "FLEET.yaml", conflicts_with = "server")]
+    pub fleet: Option<PathBuf>,
+    /// Plan on a running orchestrator's live graph (`POST /v1/plans`).
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
+    /// Bearer token for --server; default: `<data dir>/api-token` of a server on this
+    /// machine.
+    #[arg(long, env = "SKEIN_API_TOKEN", hide_env_values = true)]
+    pub api_token: Option<String>,
+    /// The data directory whose api-token to read.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Output format: a table, or the plan as JSON (the object the API returns).
+    #[arg(long, value_enum, default_value_t = OutputFormat::Human)]
+    pub output: OutputFormat,
+    /// Show why each choice was made, the best candidates not taken, and each device.
+    #[arg(long)]
+    pub explain: bool,
+    /// Let this workflow preempt instances of lower-priority workflows.
+    #[arg(long)]
+    pub preempt: bool,
+    /// Quantized derivatives to consider per model (the hub's most downloaded first).
+    #[arg(long, default_value_t = skein_model_registry::hub::DEFAULT_DERIVATIVES, value_name = "N")]
+    pub derivatives: usize,
+    /// Read the weight headers of derivatives too (exact sizes).
+    #[arg(long)]
+    pub derivative_headers: bool,
+    /// Use only the Hugging Face cache, as HF_HUB_OFFLINE=1 does.
+    #[arg(long)]
+    pub offline: bool,
 }
 
 /// `skein agent`.

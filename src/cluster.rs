@@ -121,6 +121,9 @@ pub fn server_config(args: &ServerArgs) -> anyhow::Result<(ServerConfig, PathBuf
                 ..GraphConfig::default()
             },
             tls,
+            hub: skein_model_registry::hub::HubClientBuilder::from_env()
+                .build()
+                .context("cannot set up the Hugging Face hub client (HF_ENDPOINT, HF_HOME, HF_TOKEN)")?,
         },
         dir,
     ))
@@ -275,20 +278,24 @@ fn render_nodes(graph: &Graph) -> String {
 }
 
 /// `skein nodes`.
+/// The REST API token: the flag (or SKEIN_API_TOKEN), else the api-token file of a
+/// server on this machine.
+pub fn api_token(flag: Option<&str>, data_dir_flag: Option<&Path>) -> anyhow::Result<Secret> {
+    if let Some(token) = flag.and_then(Secret::new) {
+        return Ok(token);
+    }
+    let file = data_dir(data_dir_flag)?.join("api-token");
+    let text = std::fs::read_to_string(&file).with_context(|| {
+        format!(
+            "no API token: pass --api-token, set SKEIN_API_TOKEN, or run on the server's machine (reads {})",
+            file.display()
+        )
+    })?;
+    Secret::new(text).with_context(|| format!("{} is empty", file.display()))
+}
+
 pub fn run_nodes(args: &NodesArgs) -> anyhow::Result<ExitCode> {
-    let token = match args.api_token.as_deref().and_then(Secret::new) {
-        Some(token) => token,
-        None => {
-            let file = data_dir(args.data_dir.as_deref())?.join("api-token");
-            let text = std::fs::read_to_string(&file).with_context(|| {
-                format!(
-                    "no API token: pass --api-token, set SKEIN_API_TOKEN, or run on the server's machine (reads {})",
-                    file.display()
-                )
-            })?;
-            Secret::new(text).with_context(|| format!("{} is empty", file.display()))?
-        }
-    };
+    let token = api_token(args.api_token.as_deref(), args.data_dir.as_deref())?;
     let url = format!("{}/v1/graph", args.server.trim_end_matches('/'));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

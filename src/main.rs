@@ -10,6 +10,7 @@ use clap::Parser;
 mod cli;
 mod cluster;
 mod models;
+mod plan;
 mod table;
 mod validate;
 
@@ -33,6 +34,7 @@ fn try_main(args: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Validate(v) => validate::run(&v),
         cli::Command::Models(cli::ModelsCommand::Inspect(a)) => models::run_inspect(&a),
         cli::Command::Models(cli::ModelsCommand::Fit(a)) => models::run_fit(&a),
+        cli::Command::Plan(a) => plan::run(&a),
         cli::Command::Server(a) => cluster::run_server(&a),
         cli::Command::Nodes(a) => cluster::run_nodes(&a),
         cli::Command::Agent(a) => cluster::run_agent(&a),

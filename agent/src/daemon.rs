@@ -311,6 +311,7 @@ pub fn inventory(source: &dyn GpuSource, host: &HostInventory) -> pb::Inventory 
             cpu_brand: host.cpu.brand.clone().unwrap_or_default(),
             memory_total: host.memory.total_bytes.unwrap_or(0),
             numa_nodes: host.numa_nodes.map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX)),
+            network_bits_per_second: host.network_bits_per_second.unwrap_or(0),
         }),
         gpus: source.inventory().iter().map(gpu_to_wire).collect(),
         gpu_source: source.describe(),
@@ -341,21 +342,26 @@ fn gpu_to_wire(gpu: &GpuInfo) -> pb::Gpu {
 
 /// One telemetry message.
 pub fn telemetry(seq: u64, samples: &[GpuSample], host: HostLive) -> AgentMessage {
+    AgentMessage {
+        kind: Some(agent_message::Kind::Telemetry(telemetry_batch(seq, samples, host))),
+    }
+}
+
+/// The telemetry a message carries, stamped now.
+pub fn telemetry_batch(seq: u64, samples: &[GpuSample], host: HostLive) -> pb::Telemetry {
     let unix_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-    AgentMessage {
-        kind: Some(agent_message::Kind::Telemetry(pb::Telemetry {
-            seq,
-            unix_ms,
-            gpus: samples.iter().map(sample_to_wire).collect(),
-            host: Some(pb::HostSample {
-                load1_centi: host
-                    .load1
-                    .map_or(0, |l| (l * 100.0).clamp(0.0, f64::from(u32::MAX)) as u32),
-                memory_available: host.memory_available.unwrap_or(0),
-            }),
-        })),
+    pb::Telemetry {
+        seq,
+        unix_ms,
+        gpus: samples.iter().map(sample_to_wire).collect(),
+        host: Some(pb::HostSample {
+            load1_centi: host
+                .load1
+                .map_or(0, |l| (l * 100.0).clamp(0.0, f64::from(u32::MAX)) as u32),
+            memory_available: host.memory_available.unwrap_or(0),
+        }),
     }
 }
 
@@ -374,4 +380,31 @@ fn sample_to_wire(s: &GpuSample) -> pb::GpuSample {
         ecc_uncorrected: s.ecc_uncorrected,
         foreign_memory: s.foreign_memory,
     }
+}
+
+/// What every node of a fleet file sends when it joins: its registration and its
+/// telemetry at time `t` (seconds into the file's signals), in file order. This is
+/// what `skein plan --fleet` builds its graph from, through the same messages a live
+/// agent sends. The host side is only what the file gives (cores, memory, network);
+/// nothing is read from the machine running the command, so a plan is the same
+/// everywhere.
+pub fn fleet_messages(fleet: &crate::fleet::Fleet, t: f64) -> Vec<(RegisterRequest, pb::Telemetry)> {
+    fleet
+        .nodes()
+        .iter()
+        .map(|node| {
+            let source = crate::sim::SimulatedSource::new(fleet.name(), node.clone());
+            let host = source.host_inventory(HostInventory::undiscovered());
+            let register = RegisterRequest {
+                node_name: node.name.clone(),
+                agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+                inventory: Some(inventory(&source, &host)),
+            };
+            let live = HostLive {
+                load1: None,
+                memory_available: host.memory.available_bytes,
+            };
+            (register, telemetry_batch(1, &source.sample_at(t), live))
+        })
+        .collect()
 }

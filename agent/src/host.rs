@@ -1,9 +1,12 @@
-//! Discovery of the host's CPU, memory, load and operating system.
+//! Discovery of the host's CPU, memory, load, operating system and network link.
 //!
 //! [`HostInventory::discover`] asks `sysinfo` for each fact separately, so one missing
 //! fact (a container without `/sys`, a kernel that hides the load average) costs only
 //! that field. Empty strings and zero counts, which `sysinfo` returns when it cannot read
-//! a value, are treated as missing rather than reported as facts.
+//! a value, are treated as missing rather than reported as facts. The network link speed
+//! comes from Linux sysfs (`/sys/class/net`), which `sysinfo` does not read.
+
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 use sysinfo::{CpuRefreshKind, MemoryRefreshKind, RefreshKind, System};
@@ -23,6 +26,11 @@ pub struct HostInventory {
     pub load_average: Option<LoadAverage>,
     /// NUMA nodes, where the kernel shows them (`/sys/devices/system/node/node*`).
     pub numa_nodes: Option<usize>,
+    /// The fastest link of the host's up, non-loopback, physical network interfaces, in
+    /// bits per second: what the placement planner costs a model split across nodes
+    /// with. `None` where no such interface reports its speed (see
+    /// [`fastest_network_link`]).
+    pub network_bits_per_second: Option<u64>,
     /// Every field above that is missing, with the reason. Empty when discovery found
     /// everything.
     pub unavailable: Vec<Unavailable>,
@@ -110,9 +118,39 @@ pub enum HostField {
     AvailableMemory,
     /// [`HostInventory::load_average`].
     LoadAverage,
+    /// [`HostInventory::network_bits_per_second`].
+    NetworkBandwidth,
 }
 
 impl HostInventory {
+    /// An inventory that knows nothing but the architecture this binary was built for:
+    /// the base a simulated node's file-given facts go on when the machine running the
+    /// command must not leak into the result (`skein plan --fleet`).
+    pub fn undiscovered() -> Self {
+        HostInventory {
+            hostname: None,
+            os: OsInfo {
+                name: None,
+                version: None,
+                kernel_version: None,
+                arch: std::env::consts::ARCH.to_owned(),
+            },
+            cpu: CpuInfo {
+                logical_cores: None,
+                physical_cores: None,
+                brand: None,
+            },
+            memory: MemoryInfo {
+                total_bytes: None,
+                available_bytes: None,
+            },
+            load_average: None,
+            numa_nodes: None,
+            network_bits_per_second: None,
+            unavailable: Vec::new(),
+        }
+    }
+
     /// Reads the host's inventory. Never fails and never panics: each fact the host does
     /// not report is `None` and listed in [`unavailable`](Self::unavailable).
     ///
@@ -186,6 +224,10 @@ impl HostInventory {
             }
         };
 
+        let network_bits_per_second = fastest_network_link(Path::new(SYS_CLASS_NET))
+            .map_err(|reason| probe.miss(HostField::NetworkBandwidth, reason))
+            .ok();
+
         HostInventory {
             hostname,
             os,
@@ -193,6 +235,7 @@ impl HostInventory {
             memory,
             load_average,
             numa_nodes: numa_nodes(),
+            network_bits_per_second,
             unavailable: probe.unavailable,
         }
     }
@@ -212,6 +255,66 @@ fn numa_nodes() -> Option<usize> {
         })
         .count();
     (count > 0).then_some(count)
+}
+
+/// Where Linux lists the network interfaces, one directory (or link) per interface.
+const SYS_CLASS_NET: &str = "/sys/class/net";
+
+/// Megabits, the unit of sysfs' `speed`, in bits.
+const BITS_PER_MEGABIT: u64 = 1_000_000;
+
+/// The fastest link, in bits per second, among the network interfaces under
+/// `sys_class_net` (a directory laid out like Linux's `/sys/class/net`) that are up
+/// (`operstate` is `up`), not the loopback (`lo`), and physical (they have a `device`
+/// link, which bridges, veths, tunnels and other virtual interfaces lack).
+///
+/// An interface's `speed` is in Mb/s; an interface whose `speed` is missing, cannot be
+/// read (wireless drivers refuse it) or is not positive (`-1` when the driver does not
+/// know) does not count. Errors, with the reason, when no interface counts.
+pub fn fastest_network_link(sys_class_net: &Path) -> Result<u64, String> {
+    let entries = std::fs::read_dir(sys_class_net)
+        .map_err(|error| format!("cannot list {}: {error}", sys_class_net.display()))?;
+    let mut names: Vec<String> = entries
+        .filter_map(Result::ok)
+        .map(|entry| entry.file_name().to_string_lossy().into_owned())
+        .filter(|name| name != "lo")
+        .collect();
+    // Sorted so that the reason below names the interfaces in a stable order.
+    names.sort();
+
+    let mut fastest: Option<u64> = None;
+    let mut unknown = Vec::new();
+    for name in names {
+        let interface = sys_class_net.join(&name);
+        let up = std::fs::read_to_string(interface.join("operstate")).is_ok_and(|state| state.trim() == "up");
+        // `device` is a symbolic link to the hardware; the link itself is what marks a
+        // physical interface.
+        let physical = std::fs::symlink_metadata(interface.join("device")).is_ok();
+        if !(up && physical) {
+            continue;
+        }
+        match std::fs::read_to_string(interface.join("speed")) {
+            Ok(text) => match text.trim().parse::<i64>() {
+                Ok(mbps) if mbps > 0 => {
+                    let bits = u64::try_from(mbps).unwrap_or(u64::MAX).saturating_mul(BITS_PER_MEGABIT);
+                    fastest = Some(fastest.map_or(bits, |f| f.max(bits)));
+                }
+                _ => unknown.push(format!("{name} reports speed {:?}", text.trim())),
+            },
+            Err(error) => unknown.push(format!("{name}: cannot read its speed: {error}")),
+        }
+    }
+    match fastest {
+        Some(bits) => Ok(bits),
+        None if unknown.is_empty() => Err(format!(
+            "no physical network interface is up under {}",
+            sys_class_net.display()
+        )),
+        None => Err(format!(
+            "no up, physical network interface reports its speed ({})",
+            unknown.join("; ")
+        )),
+    }
 }
 
 /// The host's changing figures, sampled every telemetry tick.
@@ -333,6 +436,97 @@ mod tests {
         assert_eq!(inventory.hostname.is_none(), explained(HostField::Hostname));
         assert_eq!(inventory.cpu.brand.is_none(), explained(HostField::CpuBrand));
         assert_eq!(inventory.load_average.is_none(), explained(HostField::LoadAverage));
+        assert_eq!(
+            inventory.network_bits_per_second.is_none(),
+            explained(HostField::NetworkBandwidth)
+        );
+    }
+
+    /// Whether a fake interface has the `device` link of a physical one.
+    #[cfg(unix)]
+    #[derive(Clone, Copy)]
+    enum Kind {
+        Physical,
+        Virtual,
+    }
+
+    /// A fake `/sys/class/net` in a temporary directory, one interface per row: its name,
+    /// `operstate`, `speed` (an empty one leaves the file out) and kind. As in sysfs,
+    /// `device` is a symbolic link to a directory elsewhere.
+    #[cfg(unix)]
+    fn fake_sys_class_net(interfaces: &[(&str, &str, &str, Kind)]) -> (tempfile::TempDir, std::path::PathBuf) {
+        let sys = tempfile::tempdir().unwrap();
+        let net = sys.path().join("class/net");
+        for &(name, operstate, speed, kind) in interfaces {
+            let dir = net.join(name);
+            std::fs::create_dir_all(&dir).unwrap();
+            for (file, text) in [("operstate", operstate), ("speed", speed)] {
+                if !text.is_empty() {
+                    std::fs::write(dir.join(file), format!("{text}\n")).unwrap();
+                }
+            }
+            if let Kind::Physical = kind {
+                let hardware = sys.path().join("devices").join(name);
+                std::fs::create_dir_all(&hardware).unwrap();
+                std::os::unix::fs::symlink(&hardware, dir.join("device")).unwrap();
+            }
+        }
+        (sys, net)
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn fastest_network_link_takes_the_fastest_up_physical_interface() {
+        use Kind::{Physical, Virtual};
+        // Loopback, down, virtual and unknown-speed interfaces do not count, however
+        // fast they claim to be.
+        let (_sys, net) = fake_sys_class_net(&[
+            ("lo", "unknown", "400000", Physical),
+            ("eno1", "up", "10000", Physical),
+            ("enp65s0f0", "up", "100000", Physical),
+            ("enp65s0f1", "down", "200000", Physical),
+            ("docker0", "up", "400000", Virtual),
+            ("eno2", "up", "-1", Physical),
+            ("wlp3s0", "up", "", Physical),
+        ]);
+        assert_eq!(fastest_network_link(&net), Ok(100_000_000_000));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn fastest_network_link_explains_an_unknown_speed() {
+        use Kind::{Physical, Virtual};
+        let (_sys, net) = fake_sys_class_net(&[
+            ("lo", "unknown", "10", Physical),
+            ("veth1", "up", "10000", Virtual),
+            ("eno1", "down", "1000", Physical),
+            ("eno3", "", "1000", Physical),
+        ]);
+        assert_eq!(
+            fastest_network_link(&net),
+            Err(format!("no physical network interface is up under {}", net.display()))
+        );
+
+        let (_sys, net) = fake_sys_class_net(&[
+            ("eno2", "up", "-1", Physical),
+            ("wlp3s0", "up", "", Physical),
+            ("eth9", "up", "fast", Physical),
+        ]);
+        let reason = fastest_network_link(&net).unwrap_err();
+        assert!(
+            reason.starts_with(
+                "no up, physical network interface reports its speed \
+                 (eno2 reports speed \"-1\"; eth9 reports speed \"fast\"; wlp3s0: cannot read its speed: "
+            ),
+            "{reason}"
+        );
+
+        let missing = net.join("no/such/dir");
+        let reason = fastest_network_link(&missing).unwrap_err();
+        assert!(
+            reason.starts_with(&format!("cannot list {}: ", missing.display())),
+            "{reason}"
+        );
     }
 
     #[cfg(target_os = "linux")]
@@ -408,6 +602,7 @@ mod tests {
                 fifteen: 0.25,
             }),
             numa_nodes: Some(2),
+            network_bits_per_second: Some(100_000_000_000),
             unavailable: vec![Unavailable {
                 field: HostField::KernelVersion,
                 reason: "unsupported".into(),
@@ -435,6 +630,7 @@ mod tests {
                 },
                 "load_average": { "one": 1.5, "five": 0.75, "fifteen": 0.25 },
                 "numa_nodes": 2,
+                "network_bits_per_second": 100_000_000_000u64,
                 "unavailable": [{ "field": "kernel_version", "reason": "unsupported" }]
             })
         );

@@ -9,10 +9,10 @@
 //!
 //! # Layout
 //!
-//! - [`host`]: CPU, memory, load and operating-system discovery through `sysinfo`,
-//!   returned as a serializable [`HostInventory`]. Nothing in it fails: what the host
-//!   does not report is `None`, with the reason listed in
-//!   [`HostInventory::unavailable`].
+//! - [`host`]: CPU, memory, load and operating-system discovery through `sysinfo`, and
+//!   the network link speed from Linux sysfs, returned as a serializable
+//!   [`HostInventory`]. Nothing in it fails: what the host does not report is `None`,
+//!   with the reason listed in [`HostInventory::unavailable`].
 //! - [`gpu`]: the GPU types ([`GpuInfo`] sent once, [`GpuSample`] per tick,
 //!   [`ThrottleReasons`]), the [`GpuSource`] trait, and the NVML source
 //!   ([`discover_nvml`] → [`NvmlSource`]), which loads `libnvidia-ml.so.1` at run

@@ -69,14 +69,18 @@ pub struct SimGpu {
     pub telemetry: GpuTelemetry,
 }
 
-/// What a fleet file says about a node's CPU side; what it leaves out comes from the
-/// real host.
+/// What a fleet file says about a node's CPU side; the cores and memory it leaves out
+/// come from the real host.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SimHost {
     /// Logical CPUs.
     pub cpu_cores: Option<usize>,
     /// Installed RAM in bytes.
     pub memory_bytes: Option<u64>,
+    /// The node's network link, bits per second. Unlike cores and memory, a missing
+    /// value stays unknown rather than coming from the real host: the machine running
+    /// a simulated fleet says nothing about the links between its simulated nodes.
+    pub network_bits_per_second: Option<u64>,
 }
 
 /// One node of a fleet file.
@@ -128,11 +132,13 @@ impl SimulatedSource {
 
     /// The host inventory this node reports: `discovered` (the real host's) with the
     /// host name set to the node's name and the CPU cores and memory the fleet file
-    /// gives. Physical cores are unknown when the file sets the core count.
+    /// gives. Physical cores are unknown when the file sets the core count. The network
+    /// link is the file's, or unknown when the file gives none.
     pub fn host_inventory(&self, mut discovered: HostInventory) -> HostInventory {
         let host = self.node.host;
         discovered.hostname = Some(self.node.name.clone());
-        let mut set = vec![HostField::Hostname];
+        discovered.network_bits_per_second = host.network_bits_per_second;
+        let mut set = vec![HostField::Hostname, HostField::NetworkBandwidth];
         if let Some(cores) = host.cpu_cores {
             discovered.cpu.logical_cores = Some(cores);
             discovered.cpu.physical_cores = None;
@@ -151,6 +157,12 @@ impl SimulatedSource {
             discovered.unavailable.push(Unavailable {
                 field: HostField::PhysicalCores,
                 reason: "simulated node: the fleet file gives only the logical core count".to_owned(),
+            });
+        }
+        if host.network_bits_per_second.is_none() {
+            discovered.unavailable.push(Unavailable {
+                field: HostField::NetworkBandwidth,
+                reason: "simulated node: the fleet file gives no `network` for its host".to_owned(),
             });
         }
         discovered

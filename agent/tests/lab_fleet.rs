@@ -113,9 +113,57 @@ fn describe_and_host_facts() {
     assert_eq!(host.cpu.logical_cores, Some(64));
     assert_eq!(host.cpu.physical_cores, None);
     assert_eq!(host.memory.total_bytes, Some(256 << 30));
+    assert_eq!(host.network_bits_per_second, Some(100_000_000_000));
     let explained = |field| host.unavailable.iter().filter(|u| u.field == field).count();
     assert_eq!(explained(skein_agent::host::HostField::PhysicalCores), 1);
     assert_eq!(explained(skein_agent::host::HostField::TotalMemory), 0);
+    assert_eq!(explained(skein_agent::host::HostField::NetworkBandwidth), 0);
+}
+
+#[test]
+fn network_links_reach_the_wire_inventory() {
+    let fleet = lab();
+    let wire_network = |name: &str| {
+        let source = fleet.node(name).unwrap();
+        let host = source.host_inventory(HostInventory::discover());
+        skein_agent::daemon::inventory(&source, &host)
+            .host
+            .unwrap()
+            .network_bits_per_second
+    };
+    let links: Vec<(&str, u64)> = fleet.node_names().into_iter().map(|n| (n, wire_network(n))).collect();
+    assert_eq!(
+        links,
+        [
+            ("a100-box", 100_000_000_000),
+            ("rtx-1", 100_000_000_000),
+            ("rtx-2", 100_000_000_000),
+            ("old-1", 10_000_000_000),
+        ]
+    );
+}
+
+#[test]
+fn a_node_without_network_reports_it_unknown_not_the_real_hosts() {
+    let text = "fleet: tiny\nnodes:\n  cpu-1:\n    host: { cpu_cores: 8 }\n";
+    let fleet = skein_agent::fleet::parse_fleet("tiny.yaml", text, Path::new(""), &mut |_| unreachable!()).unwrap();
+    let source = fleet.node("cpu-1").unwrap();
+    let mut real = HostInventory::discover();
+    real.network_bits_per_second = Some(25_000_000_000);
+    let host = source.host_inventory(real);
+    assert_eq!(host.network_bits_per_second, None);
+    let reasons: Vec<&str> = host
+        .unavailable
+        .iter()
+        .filter(|u| u.field == skein_agent::host::HostField::NetworkBandwidth)
+        .map(|u| u.reason.as_str())
+        .collect();
+    assert_eq!(
+        reasons,
+        ["simulated node: the fleet file gives no `network` for its host"]
+    );
+    let wire = skein_agent::daemon::inventory(&source, &host).host.unwrap();
+    assert_eq!(wire.network_bits_per_second, 0);
 }
 
 #[test]

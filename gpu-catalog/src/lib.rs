@@ -32,6 +32,10 @@ pub struct CardModel {
     pub mig: bool,
     /// How it draws power and heats up.
     pub thermal: Thermal,
+    /// Peak memory bandwidth, GB/s (decimal), from the card's datasheet. Decoding a
+    /// token reads every weight once, so this bounds a card's tokens per second; the
+    /// planner's throughput model uses it.
+    pub memory_bandwidth_gbs: f64,
 }
 
 impl CardModel {
@@ -84,6 +88,7 @@ const fn card(
     pcie: (u32, u32),
     (ecc, mig): (bool, bool),
     thermal: Thermal,
+    memory_bandwidth_gbs: f64,
 ) -> CardModel {
     CardModel {
         name,
@@ -96,6 +101,7 @@ const fn card(
         ecc,
         mig,
         thermal,
+        memory_bandwidth_gbs,
     }
 }
 
@@ -106,19 +112,19 @@ const NEITHER: (bool, bool) = (false, false);
 /// The catalog, largest memory first.
 #[rustfmt::skip]
 pub const CARDS: &[CardModel] = &[
-    card("H200-141GB", &["h200"], "NVIDIA H200", 143_771, (9, 0), 700.0, (5, 16), ECC_MIG, thermal(75.0, 33.0, 72.0, 1980.0)),
-    card("A100-80GB", &["a10080g", "a100sxm480gb", "a100pcie80gb"], "NVIDIA A100-SXM4-80GB", 81_920, (8, 0), 400.0, (4, 16), ECC_MIG, thermal(55.0, 32.0, 70.0, 1410.0)),
-    card("H100-80GB", &["h100", "h10080g", "h100sxm580gb"], "NVIDIA H100 80GB HBM3", 81_559, (9, 0), 700.0, (5, 16), ECC_MIG, thermal(70.0, 33.0, 72.0, 1980.0)),
-    card("RTXA6000-48GB", &["a6000", "rtxa6000"], "NVIDIA RTX A6000", 49_140, (8, 6), 300.0, (4, 16), ECC, thermal(25.0, 35.0, 80.0, 1800.0)),
-    card("L40S-48GB", &["l40s"], "NVIDIA L40S", 46_068, (8, 9), 350.0, (4, 16), ECC, thermal(35.0, 34.0, 78.0, 2520.0)),
-    card("A100-40GB", &["a10040g", "a100sxm440gb", "a100pcie40gb"], "NVIDIA A100-SXM4-40GB", 40_960, (8, 0), 400.0, (4, 16), ECC_MIG, thermal(52.0, 32.0, 70.0, 1410.0)),
-    card("V100-32GB", &["v10032g", "v100sxm232gb"], "Tesla V100-SXM2-32GB", 32_768, (7, 0), 300.0, (3, 16), ECC, thermal(40.0, 33.0, 72.0, 1530.0)),
-    card("RTX3090-24GB", &["rtx3090", "3090"], "NVIDIA GeForce RTX 3090", 24_576, (8, 6), 350.0, (4, 16), NEITHER, thermal(25.0, 38.0, 78.0, 1695.0)),
-    card("RTX4090-24GB", &["rtx4090", "4090"], "NVIDIA GeForce RTX 4090", 24_564, (8, 9), 450.0, (4, 16), NEITHER, thermal(20.0, 35.0, 75.0, 2520.0)),
-    card("L4-24GB", &["l4"], "NVIDIA L4", 23_034, (8, 9), 72.0, (4, 16), ECC, thermal(16.0, 32.0, 72.0, 2040.0)),
-    card("A10-24GB", &["a10"], "NVIDIA A10", 23_028, (8, 6), 150.0, (4, 16), ECC, thermal(20.0, 33.0, 80.0, 1695.0)),
-    card("V100-16GB", &["v10016g", "v100pcie16gb"], "Tesla V100-PCIE-16GB", 16_160, (7, 0), 250.0, (3, 16), ECC, thermal(25.0, 33.0, 72.0, 1380.0)),
-    card("T4-16GB", &["t4"], "Tesla T4", 15_360, (7, 5), 70.0, (3, 16), ECC, thermal(10.0, 30.0, 75.0, 1590.0)),
+    card("H200-141GB", &["h200"], "NVIDIA H200", 143_771, (9, 0), 700.0, (5, 16), ECC_MIG, thermal(75.0, 33.0, 72.0, 1980.0), 4800.0),
+    card("A100-80GB", &["a10080g", "a100sxm480gb", "a100pcie80gb"], "NVIDIA A100-SXM4-80GB", 81_920, (8, 0), 400.0, (4, 16), ECC_MIG, thermal(55.0, 32.0, 70.0, 1410.0), 2039.0),
+    card("H100-80GB", &["h100", "h10080g", "h100sxm580gb"], "NVIDIA H100 80GB HBM3", 81_559, (9, 0), 700.0, (5, 16), ECC_MIG, thermal(70.0, 33.0, 72.0, 1980.0), 3350.0),
+    card("RTXA6000-48GB", &["a6000", "rtxa6000"], "NVIDIA RTX A6000", 49_140, (8, 6), 300.0, (4, 16), ECC, thermal(25.0, 35.0, 80.0, 1800.0), 768.0),
+    card("L40S-48GB", &["l40s"], "NVIDIA L40S", 46_068, (8, 9), 350.0, (4, 16), ECC, thermal(35.0, 34.0, 78.0, 2520.0), 864.0),
+    card("A100-40GB", &["a10040g", "a100sxm440gb", "a100pcie40gb"], "NVIDIA A100-SXM4-40GB", 40_960, (8, 0), 400.0, (4, 16), ECC_MIG, thermal(52.0, 32.0, 70.0, 1410.0), 1555.0),
+    card("V100-32GB", &["v10032g", "v100sxm232gb"], "Tesla V100-SXM2-32GB", 32_768, (7, 0), 300.0, (3, 16), ECC, thermal(40.0, 33.0, 72.0, 1530.0), 900.0),
+    card("RTX3090-24GB", &["rtx3090", "3090"], "NVIDIA GeForce RTX 3090", 24_576, (8, 6), 350.0, (4, 16), NEITHER, thermal(25.0, 38.0, 78.0, 1695.0), 936.0),
+    card("RTX4090-24GB", &["rtx4090", "4090"], "NVIDIA GeForce RTX 4090", 24_564, (8, 9), 450.0, (4, 16), NEITHER, thermal(20.0, 35.0, 75.0, 2520.0), 1008.0),
+    card("L4-24GB", &["l4"], "NVIDIA L4", 23_034, (8, 9), 72.0, (4, 16), ECC, thermal(16.0, 32.0, 72.0, 2040.0), 300.0),
+    card("A10-24GB", &["a10"], "NVIDIA A10", 23_028, (8, 6), 150.0, (4, 16), ECC, thermal(20.0, 33.0, 80.0, 1695.0), 600.0),
+    card("V100-16GB", &["v10016g", "v100pcie16gb"], "Tesla V100-PCIE-16GB", 16_160, (7, 0), 250.0, (3, 16), ECC, thermal(25.0, 33.0, 72.0, 1380.0), 900.0),
+    card("T4-16GB", &["t4"], "Tesla T4", 15_360, (7, 5), 70.0, (3, 16), ECC, thermal(10.0, 30.0, 75.0, 1590.0), 320.0),
 ];
 
 /// The figures of a card given only by name and memory: a generic PCIe 4.0 data-centre
@@ -133,6 +139,7 @@ pub const GENERIC: CardModel = card(
     (4, 16),
     NEITHER,
     thermal(30.0, 35.0, 75.0, 1800.0),
+    900.0,
 );
 
 /// The catalog model `name` denotes: its catalog name, an alias or its NVML name,

@@ -262,6 +262,28 @@ impl AgentGateway {
     }
 }
 
+/// A graph built from agents' messages without a connection: each node's registration,
+/// its stream opening and one telemetry batch, at time `now`, through the same checks and
+/// conversions as the live service. `skein plan --fleet` builds its graph this way from
+/// a fleet file's nodes.
+pub fn graph_from_wire(
+    messages: Vec<(RegisterRequest, pb::Telemetry)>,
+    config: crate::graph::GraphConfig,
+    now: Millis,
+) -> Result<HardwareGraph, Status> {
+    let graph = HardwareGraph::new(config);
+    for (register, telemetry) in messages {
+        let (registration, _) = graph.register(inventory_from_wire(register)?, now);
+        graph
+            .connected(&registration.id, now)
+            .map_err(|e| Status::not_found(e.to_string()))?;
+        graph
+            .ingest(&registration.id, telemetry_from_wire(telemetry), now)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    }
+    Ok(graph)
+}
+
 /// A registration's inventory, checked.
 fn inventory_from_wire(request: RegisterRequest) -> Result<NodeInventory, Status> {
     let name = request.node_name.trim().to_owned();
@@ -301,6 +323,7 @@ fn inventory_from_wire(request: RegisterRequest) -> Result<NodeInventory, Status
             cpu_brand: host.cpu_brand,
             memory_total: host.memory_total,
             numa_nodes: host.numa_nodes,
+            network_bps: host.network_bits_per_second,
         },
         gpus,
     })
@@ -357,5 +380,41 @@ fn telemetry_from_wire(telemetry: pb::Telemetry) -> TelemetryBatch {
             load1: f64::from(h.load1_centi) / 100.0,
             memory_available: h.memory_available,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn registration(host: pb::Host) -> RegisterRequest {
+        RegisterRequest {
+            node_name: "rtx-1".to_owned(),
+            agent_version: "0.1.0".to_owned(),
+            inventory: Some(pb::Inventory {
+                host: Some(host),
+                gpus: Vec::new(),
+                gpu_source: "none".to_owned(),
+            }),
+        }
+    }
+
+    #[test]
+    fn host_facts_keep_the_network_link_and_zero_stays_unknown() {
+        let host = pb::Host {
+            hostname: "rtx-1".to_owned(),
+            memory_total: 256 << 30,
+            numa_nodes: 2,
+            network_bits_per_second: 100_000_000_000,
+            ..pb::Host::default()
+        };
+        let facts = inventory_from_wire(registration(host)).unwrap().host;
+        assert_eq!(facts.network_bps, 100_000_000_000);
+        assert_eq!(facts.memory_total, 256 << 30);
+        assert_eq!(facts.numa_nodes, 2);
+
+        // An agent that predates the field, or cannot read its links, sends 0.
+        let facts = inventory_from_wire(registration(pb::Host::default())).unwrap().host;
+        assert_eq!(facts.network_bps, 0);
     }
 }

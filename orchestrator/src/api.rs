@@ -1,5 +1,6 @@
 //! The REST API over the hardware graph: `GET /v1/nodes`, `GET /v1/graph`,
-//! `GET /v1/graph/events` (server-sent events) and `GET /metrics` (Prometheus text).
+//! `GET /v1/graph/events` (server-sent events), `POST /v1/plans` (a placement plan of a
+//! workflow on the live graph) and `GET /metrics` (Prometheus text).
 //!
 //! Every route but `/healthz` needs `Authorization: Bearer <API token>`.
 
@@ -14,6 +15,11 @@ use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use serde::Deserialize;
+use skein_dsl::SourceKind;
+use skein_model_registry::hub::InspectOptions;
+
+use crate::plan::{PlanInput, PlanSettings};
 use futures::Stream;
 use serde::Serialize;
 use tokio::sync::broadcast;
@@ -30,6 +36,8 @@ pub struct ApiState {
     pub events: broadcast::Sender<GraphEvent>,
     /// The bearer token clients present.
     pub token: Secret,
+    /// The hub client plans read model metadata with.
+    pub hub: skein_model_registry::hub::HubClient,
 }
 
 /// The router.
@@ -38,6 +46,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/nodes", get(nodes))
         .route("/v1/graph", get(graph))
         .route("/v1/graph/events", get(events))
+        .route("/v1/plans", axum::routing::post(plans))
         .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
     Router::new()
@@ -70,6 +79,103 @@ async fn authorize(State(state): State<ApiState>, request: Request, next: Next) 
             "missing `Authorization: Bearer <API token>`; the token is in the server's data directory (api-token)",
         ),
     }
+}
+
+/// The body of `POST /v1/plans`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanRequest {
+    /// The workflow's text, YAML or Rhai.
+    pub workflow: String,
+    /// Its file name, for diagnostics and to tell the language (`.yaml`, `.yml`,
+    /// `.rhai`); default `workflow.yaml`.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Whether lower-priority instances may be preempted.
+    #[serde(default)]
+    pub allow_preemption: bool,
+    /// Quantized derivatives to consider per model (the hub's most downloaded first).
+    #[serde(default)]
+    pub derivatives: Option<usize>,
+}
+
+#[derive(Serialize)]
+struct InvalidWorkflow<'a> {
+    error: &'a str,
+    diagnostics: Vec<skein_dsl::diag::JsonDiagnostic>,
+}
+
+async fn plans(State(state): State<ApiState>, body: axum::body::Bytes) -> Response {
+    let request: PlanRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("the body is not a plan request ({e}); send {{\"workflow\": \"<YAML or Rhai text>\"}}"),
+            );
+        }
+    };
+    let name = request.name.clone().unwrap_or_else(|| "workflow.yaml".to_owned());
+    let Some(kind) = SourceKind::from_name(&name) else {
+        return error(StatusCode::BAD_REQUEST, "`name` must end in .yaml, .yml or .rhai");
+    };
+    let parsed = skein_dsl::parse_as(&name, &request.workflow, kind);
+    let workflow = match parsed.workflow {
+        Some(w) if !parsed.diagnostics.has_errors() => w,
+        _ => {
+            let body = InvalidWorkflow {
+                error: "the workflow is invalid",
+                diagnostics: skein_dsl::diag::to_json(&parsed.diagnostics, &parsed.file),
+            };
+            return (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(body)).into_response();
+        }
+    };
+    let options = InspectOptions {
+        derivatives: request
+            .derivatives
+            .unwrap_or(skein_model_registry::hub::DEFAULT_DERIVATIVES),
+        ..InspectOptions::default()
+    };
+    let settings = PlanSettings {
+        allow_preemption: request.allow_preemption,
+        ..PlanSettings::default()
+    };
+    let hub = state.hub.clone();
+    let graph = Arc::clone(&state.graph);
+    // The hub client's futures are not `Send` (their closures borrow), so the reads run
+    // on a blocking thread driven by this runtime, then the planning (pure CPU work).
+    let planned = tokio::task::spawn_blocking(move || {
+        let runtime = tokio::runtime::Handle::current();
+        let models = runtime
+            .block_on(crate::catalogs::inspect_workflow(&hub, &workflow, &options))
+            .map_err(|e| Box::new(error(StatusCode::BAD_GATEWAY, &error_chain(&e))))?;
+        let snapshot = graph.snapshot();
+        crate::plan::plan(&PlanInput {
+            workflow: &workflow,
+            models: &models,
+            graph: &snapshot,
+            running: &[],
+            settings,
+        })
+        .map_err(|e| Box::new(error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())))
+    })
+    .await;
+    match planned {
+        Ok(Ok(plan)) => axum::Json(plan).into_response(),
+        Ok(Err(response)) => *response,
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &format!("the planner failed: {e}")),
+    }
+}
+
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// One row of `GET /v1/nodes`.

@@ -7,6 +7,9 @@
 //!   edge in front of the pure `skein-dsl` core).
 //! - [`graph`]: the live hardware graph (nodes, GPUs, links, telemetry windows, health)
 //!   and its immutable snapshots. No IO, no clock: callers pass the time.
+//! - [`plan`]: the placement planner (pure): variant, engine, GPUs and split for every
+//!   agent, with the reasons.
+//! - [`catalogs`]: the hub edge in front of the planner: every model a workflow names.
 //! - [`agents`]: the gRPC service agents join (registration, the telemetry stream),
 //!   feeding the graph.
 //! - [`api`]: the REST API over the graph and the Prometheus metrics.
@@ -16,6 +19,8 @@
 
 pub mod agents;
 pub mod api;
+pub mod catalogs;
 pub mod graph;
+pub mod plan;
 pub mod server;
 pub mod workflows;

@@ -30,6 +30,8 @@ pub struct ServerConfig {
     pub graph: GraphConfig,
     /// A certificate and key (PEM) to serve gRPC over TLS.
     pub tls: Option<TlsFiles>,
+    /// The Hugging Face hub client plans read model metadata with (`POST /v1/plans`).
+    pub hub: skein_model_registry::hub::HubClient,
 }
 
 /// A PEM certificate chain and its private key.
@@ -146,6 +148,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         graph: Arc::clone(&graph),
         events: events.clone(),
         token: config.api_token.clone(),
+        hub: config.hub.clone(),
     });
     let api_task = tokio::spawn(async move {
         if let Err(error) = axum::serve(api_listener, app).await {

@@ -1,8 +1,23 @@
 //! Test doubles for Skein's true edges, shared by the workspace's tests: a mock
 //! Hugging Face Hub on loopback ([`mock_hub`]), and writers for the safetensors and GGUF
 //! headers it serves, so tests generate tiny or virtual models instead of committing any.
+//!
+//! # Layout
+//!
+//! - [`mock_hub`]: the hub (`MockHub`, `MockRepo`) with virtual file bodies.
+//! - The crate root: header writers ([`safetensors_prefix`], [`shard`],
+//!   [`shard_evenly`], [`gguf_prefix`], [`gguf_split_evenly`]) and the Llama-shaped
+//!   fixtures older tests use.
+//! - [`tensors`]: the tensor tables of a model from its parsed `config.json`, as
+//!   `transformers`, AutoAWQ, AutoGPTQ and llama.cpp would write them.
+//! - [`models`]: five real models (Qwen2.5 0.5B and 7B, LLaVA-NeXT Mistral 7B,
+//!   DeepSeek-Coder 33B, Llama-3 70B) with their variants, as the registry's
+//!   `ModelInfo` ([`models::reference_models`]) and as mock-hub repositories
+//!   ([`models::reference_hub_repos`]) that `inspect` lists identically.
 
 pub mod mock_hub;
+pub mod models;
+pub mod tensors;
 
 use serde_json::{Map, Value, json};
 use skein_model_registry::{GgmlType, SafetensorsDtype};
@@ -46,26 +61,7 @@ pub fn safetensors_prefix(tensors: &[Tensor]) -> (Vec<u8>, u64) {
 /// heads, a 128,256-token vocabulary, untied head), all BF16: 70,553,706,496 parameters,
 /// about 141 GB.
 pub fn llama_70b_tensors() -> Vec<Tensor> {
-    let bf16 = SafetensorsDtype::BF16;
-    let (hidden, kv, ffn, vocab) = (8192u64, 1024u64, 28672u64, 128_256u64);
-    let mut tensors = vec![("model.embed_tokens.weight".to_owned(), bf16, vec![vocab, hidden])];
-    for layer in 0..80 {
-        let p = format!("model.layers.{layer}");
-        tensors.extend([
-            (format!("{p}.input_layernorm.weight"), bf16, vec![hidden]),
-            (format!("{p}.self_attn.q_proj.weight"), bf16, vec![hidden, hidden]),
-            (format!("{p}.self_attn.k_proj.weight"), bf16, vec![kv, hidden]),
-            (format!("{p}.self_attn.v_proj.weight"), bf16, vec![kv, hidden]),
-            (format!("{p}.self_attn.o_proj.weight"), bf16, vec![hidden, hidden]),
-            (format!("{p}.post_attention_layernorm.weight"), bf16, vec![hidden]),
-            (format!("{p}.mlp.gate_proj.weight"), bf16, vec![ffn, hidden]),
-            (format!("{p}.mlp.up_proj.weight"), bf16, vec![ffn, hidden]),
-            (format!("{p}.mlp.down_proj.weight"), bf16, vec![hidden, ffn]),
-        ]);
-    }
-    tensors.push(("model.norm.weight".to_owned(), bf16, vec![hidden]));
-    tensors.push(("lm_head.weight".to_owned(), bf16, vec![vocab, hidden]));
-    tensors
+    tensors::checkpoint_tensors(&llama_70b_config(), tensors::Storage::Dense(SafetensorsDtype::BF16))
 }
 
 /// The tensors of [`llama_70b_tensors`]'s model as AutoAWQ stores it (4-bit, groups of
@@ -73,31 +69,11 @@ pub fn llama_70b_tensors() -> Vec<Tensor> {
 /// `[in/128, out/8]` and F16 `scales` `[in/128, out]`; embeddings, norms and the output
 /// in F16.
 pub fn llama_70b_awq_tensors() -> Vec<Tensor> {
-    let (f16, i32) = (SafetensorsDtype::F16, SafetensorsDtype::I32);
-    let (hidden, kv, ffn, vocab) = (8192u64, 1024u64, 28672u64, 128_256u64);
-    let linear = |name: String, inp: u64, out: u64| {
-        [
-            (format!("{name}.qweight"), i32, vec![inp, out / 8]),
-            (format!("{name}.qzeros"), i32, vec![inp / 128, out / 8]),
-            (format!("{name}.scales"), f16, vec![inp / 128, out]),
-        ]
-    };
-    let mut tensors = vec![("model.embed_tokens.weight".to_owned(), f16, vec![vocab, hidden])];
-    for layer in 0..80 {
-        let p = format!("model.layers.{layer}");
-        tensors.push((format!("{p}.input_layernorm.weight"), f16, vec![hidden]));
-        tensors.extend(linear(format!("{p}.self_attn.q_proj"), hidden, hidden));
-        tensors.extend(linear(format!("{p}.self_attn.k_proj"), hidden, kv));
-        tensors.extend(linear(format!("{p}.self_attn.v_proj"), hidden, kv));
-        tensors.extend(linear(format!("{p}.self_attn.o_proj"), hidden, hidden));
-        tensors.push((format!("{p}.post_attention_layernorm.weight"), f16, vec![hidden]));
-        tensors.extend(linear(format!("{p}.mlp.gate_proj"), hidden, ffn));
-        tensors.extend(linear(format!("{p}.mlp.up_proj"), hidden, ffn));
-        tensors.extend(linear(format!("{p}.mlp.down_proj"), ffn, hidden));
-    }
-    tensors.push(("model.norm.weight".to_owned(), f16, vec![hidden]));
-    tensors.push(("lm_head.weight".to_owned(), f16, vec![vocab, hidden]));
-    tensors
+    tensors::checkpoint_tensors(&llama_70b_config(), tensors::Storage::Awq { bits: 4, group: 128 })
+}
+
+fn llama_70b_config() -> skein_model_registry::ModelConfig {
+    skein_model_registry::ModelConfig::from_json(LLAMA_70B_CONFIG).expect("LLAMA_70B_CONFIG is valid")
 }
 
 /// A sharded checkpoint as `transformers` writes one: shards of at most `max_shard_bytes`
@@ -105,10 +81,8 @@ pub fn llama_70b_awq_tensors() -> Vec<Tensor> {
 pub fn shard(tensors: Vec<Tensor>, max_shard_bytes: u64) -> (Vec<Shard>, Vec<u8>) {
     let mut groups: Vec<Vec<Tensor>> = vec![Vec::new()];
     let mut in_group = 0u64;
-    let mut total_size = 0u64;
     for tensor in tensors {
-        let len = tensor.1.tensor_bytes(&tensor.2).unwrap().get();
-        total_size += len;
+        let len = tensor_bytes(&tensor);
         if in_group + len > max_shard_bytes && !groups.last().unwrap().is_empty() {
             groups.push(Vec::new());
             in_group = 0;
@@ -116,13 +90,52 @@ pub fn shard(tensors: Vec<Tensor>, max_shard_bytes: u64) -> (Vec<Shard>, Vec<u8>
         in_group += len;
         groups.last_mut().unwrap().push(tensor);
     }
+    indexed_shards(groups)
+}
+
+/// `tensors` cut into `parts` shards of about equal size (in order, each tensor whole),
+/// named and indexed as [`shard`] names them.
+pub fn shard_evenly(tensors: Vec<Tensor>, parts: usize) -> (Vec<Shard>, Vec<u8>) {
+    indexed_shards(split_evenly(tensors, tensor_bytes, parts))
+}
+
+/// `items` cut into `parts` runs of about equal weight, in order: item `i` goes to run
+/// `⌊parts × (weight before i) / total⌋`. Panics if a run would be empty (an item
+/// heavier than a run's share).
+pub fn split_evenly<T>(items: Vec<T>, weight: impl Fn(&T) -> u64, parts: usize) -> Vec<Vec<T>> {
+    assert!(parts > 0, "split into no parts");
+    let total: u128 = items.iter().map(|item| u128::from(weight(item))).sum();
+    let mut runs: Vec<Vec<T>> = (0..parts).map(|_| Vec::new()).collect();
+    let mut before = 0u128;
+    for item in items {
+        let run = (before * parts as u128)
+            .checked_div(total)
+            .map_or(0, |run| usize::try_from(run).unwrap().min(parts - 1));
+        before += u128::from(weight(&item));
+        runs[run].push(item);
+    }
+    assert!(
+        runs.iter().all(|run| !run.is_empty()),
+        "an item outweighs a run of {parts}"
+    );
+    runs
+}
+
+fn tensor_bytes((_, dtype, shape): &Tensor) -> u64 {
+    dtype.tensor_bytes(shape).unwrap().get()
+}
+
+/// Shards `model-0000i-of-0000n.safetensors` holding `groups`, and their index JSON.
+fn indexed_shards(groups: Vec<Vec<Tensor>>) -> (Vec<Shard>, Vec<u8>) {
     let n = groups.len();
     let mut weight_map = Map::new();
     let mut shards = Vec::new();
+    let mut total_size = 0u64;
     for (i, group) in groups.iter().enumerate() {
         let name = format!("model-{:05}-of-{n:05}.safetensors", i + 1);
-        for (tensor, ..) in group {
-            weight_map.insert(tensor.clone(), json!(name));
+        for tensor in group {
+            weight_map.insert(tensor.0.clone(), json!(name));
+            total_size += tensor_bytes(tensor);
         }
         let (prefix, len) = safetensors_prefix(group);
         shards.push(Shard { name, prefix, len });
@@ -176,7 +189,7 @@ fn put_str(out: &mut Vec<u8>, s: &str) {
 
 /// A GGUF v3 header (up to the end of the tensor infos) and the full file length, with
 /// tensors laid out in order, each padded to the default alignment of 32.
-pub fn gguf_prefix(kvs: &[(&str, Kv)], tensors: &[(String, Vec<u64>, GgmlType)]) -> (Vec<u8>, u64) {
+pub fn gguf_prefix<K: AsRef<str>>(kvs: &[(K, Kv)], tensors: &[(String, Vec<u64>, GgmlType)]) -> (Vec<u8>, u64) {
     const ALIGN: u64 = 32;
     let pad = |n: u64| n.div_ceil(ALIGN) * ALIGN;
     let mut out = b"GGUF".to_vec();
@@ -184,7 +197,7 @@ pub fn gguf_prefix(kvs: &[(&str, Kv)], tensors: &[(String, Vec<u64>, GgmlType)])
     out.extend((tensors.len() as u64).to_le_bytes());
     out.extend((kvs.len() as u64).to_le_bytes());
     for (key, value) in kvs {
-        put_str(&mut out, key);
+        put_str(&mut out, key.as_ref());
         match value {
             Kv::U16(v) => {
                 out.extend(2u32.to_le_bytes());
@@ -235,6 +248,35 @@ pub fn gguf_prefix(kvs: &[(&str, Kv)], tensors: &[(String, Vec<u64>, GgmlType)])
     }
     let total = pad(out.len() as u64) + offset;
     (out, total)
+}
+
+/// A GGUF model cut into `parts` files of about equal size as `gguf-split` writes them:
+/// the first with all of `kvs`, every file with `split.no`, `split.count` and
+/// `split.tensors.count`. One part is a plain file without the split keys. Each entry
+/// is a file's header and its full length.
+pub fn gguf_split_evenly(
+    kvs: Vec<(String, Kv)>,
+    tensors: Vec<(String, Vec<u64>, GgmlType)>,
+    parts: usize,
+) -> Vec<(Vec<u8>, u64)> {
+    if parts == 1 {
+        return vec![gguf_prefix(&kvs, &tensors)];
+    }
+    let total = tensors.len();
+    let runs = split_evenly(tensors, |(_, ne, t)| t.tensor_bytes(ne).unwrap().get(), parts);
+    let mut kvs = Some(kvs);
+    runs.iter()
+        .enumerate()
+        .map(|(no, run)| {
+            let mut meta = kvs.take().unwrap_or_default();
+            meta.extend([
+                ("split.no".to_owned(), Kv::U16(u16::try_from(no).unwrap())),
+                ("split.count".to_owned(), Kv::U16(u16::try_from(parts).unwrap())),
+                ("split.tensors.count".to_owned(), Kv::I32(i32::try_from(total).unwrap())),
+            ]);
+            gguf_prefix(&meta, run)
+        })
+        .collect()
 }
 
 /// The dimensions of a Llama-shaped model, for [`llama_gguf`].

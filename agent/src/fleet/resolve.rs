@@ -620,10 +620,51 @@ impl<'a, 'r> Resolver<'a, 'r> {
             }
             value
         });
+        let network_bits_per_second = raw.network.as_ref().and_then(|network| self.bandwidth(network));
         SimHost {
             cpu_cores,
             memory_bytes,
+            network_bits_per_second,
         }
+    }
+
+    /// The host's `network`: a link speed in bits per second, more than zero.
+    fn bandwidth(&mut self, raw: &Spanned<RawScalar>) -> Option<u64> {
+        let help = "write a number and a unit of bits per second: `400Mbps`, `10Gb/s`, `25 Gbit/s`, \
+                    `100Gbps` (decimal prefixes k, M, G, T)";
+        let (message, help) = match &raw.value {
+            RawScalar::Text(text) => match parse_bandwidth(text) {
+                Some(bits) if bits > 0 => return Some(bits),
+                Some(_) => (
+                    format!("host `network` must be faster than zero, found {}", raw.value.shown()),
+                    "leave `network` out when the link speed is unknown".to_owned(),
+                ),
+                None => (
+                    format!(
+                        "host `network` must be a bandwidth like `100Gbps`, found {}",
+                        raw.value.shown()
+                    ),
+                    // A size is the likeliest slip: the link's speed written like memory.
+                    match parse_size(text) {
+                        Some(_) => format!("`{}` is an amount of data, not a rate; {help}", text.trim()),
+                        None => help.to_owned(),
+                    },
+                ),
+            },
+            RawScalar::Number(n) => (
+                "host `network`: a bandwidth needs a unit".to_owned(),
+                format!("write `{n}Gbps` for {n} gigabits per second"),
+            ),
+            other => (
+                format!(
+                    "host `network` must be a bandwidth like `100Gbps`, found {}",
+                    other.shown()
+                ),
+                help.to_owned(),
+            ),
+        };
+        self.error(at(raw), message, Some(help));
+        None
     }
 
     /// The `per_gpu` overrides by GPU index, checked against the node's GPU count.
@@ -1015,6 +1056,31 @@ fn parse_size(text: &str) -> Option<f64> {
     (number.is_finite() && number >= 0.0).then_some(number * factor)
 }
 
+/// `"100Gbps"`, `"10Gb/s"`, `"25 Gbit/s"`, `"400mbps"` → bits per second. Prefixes are
+/// decimal (1 Gbps is 10^9 bits per second) and, like the rest of the unit, of any case,
+/// so `B` is a bit here too.
+fn parse_bandwidth(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let split = text.find(|c: char| c.is_ascii_alphabetic())?;
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.trim().parse().ok()?;
+    let unit = unit.trim().to_ascii_lowercase();
+    let prefix = ["bps", "b/s", "bit/s", "bits/s"]
+        .iter()
+        .find_map(|per_second| unit.strip_suffix(per_second))?;
+    let factor = match prefix {
+        "" => 1.0,
+        "k" => 1e3,
+        "m" => 1e6,
+        "g" => 1e9,
+        "t" => 1e12,
+        _ => return None,
+    };
+    let bits = number * factor;
+    // `u64::MAX as f64` rounds up to 2^64, which no u64 holds.
+    (bits.is_finite() && bits >= 0.0 && bits < u64::MAX as f64).then(|| bits.round() as u64)
+}
+
 fn celsius(raw: &RawScalar) -> Option<f64> {
     match raw {
         RawScalar::Number(n) if (-40.0..=150.0).contains(n) => Some(*n),
@@ -1094,6 +1160,26 @@ mod tests {
         assert_eq!(percent("190%"), None);
         assert_eq!(parse_cc("8.9"), Some((8, 9)));
         assert_eq!(parse_cc("9"), Some((9, 0)));
+    }
+
+    #[test]
+    fn bandwidths_are_decimal_bits_per_second_in_any_case() {
+        assert_eq!(parse_bandwidth("100Gbps"), Some(100_000_000_000));
+        assert_eq!(parse_bandwidth("10Gb/s"), Some(10_000_000_000));
+        assert_eq!(parse_bandwidth("25 Gbit/s"), Some(25_000_000_000));
+        assert_eq!(parse_bandwidth("400Mbps"), Some(400_000_000));
+        assert_eq!(parse_bandwidth(" 400 MBPS "), Some(400_000_000));
+        assert_eq!(parse_bandwidth("2.5gbits/s"), Some(2_500_000_000));
+        assert_eq!(parse_bandwidth("1.6Tbps"), Some(1_600_000_000_000));
+        assert_eq!(parse_bandwidth("56kbps"), Some(56_000));
+        assert_eq!(parse_bandwidth("9600bps"), Some(9_600));
+        assert_eq!(parse_bandwidth("0Gbps"), Some(0));
+        assert_eq!(parse_bandwidth("100"), None);
+        assert_eq!(parse_bandwidth("10GB"), None);
+        assert_eq!(parse_bandwidth("10GiB/s"), None);
+        assert_eq!(parse_bandwidth("Gbps"), None);
+        assert_eq!(parse_bandwidth("-10Gbps"), None);
+        assert_eq!(parse_bandwidth("100000000000Tbps"), None);
     }
 
     #[test]

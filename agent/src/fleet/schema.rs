@@ -71,6 +71,7 @@ pub(super) struct RawPcie {
 pub(super) struct RawHost {
     pub cpu_cores: Option<S<RawScalar>>,
     pub memory: Option<S<RawScalar>>,
+    pub network: Option<S<RawScalar>>,
 }
 
 /// `telemetry:` — a model per metric, and overrides per GPU.

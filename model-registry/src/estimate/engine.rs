@@ -405,7 +405,7 @@ fn candle_runs(file_type: GgufFileType) -> bool {
 
 /// The element type of the KV cache.
 #[allow(non_camel_case_types)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum KvDtype {
     /// The engine's default (see [`EstimateRequest`](super::EstimateRequest)).

@@ -57,6 +57,10 @@ pub struct HostFacts {
     pub memory_total: u64,
     /// NUMA nodes (0 when unknown).
     pub numa_nodes: u32,
+    /// The fastest link of the machine's up, physical network interfaces (loopback
+    /// excluded), in bits per second; 0 when unknown. What a model split across nodes
+    /// can move between them at best.
+    pub network_bps: u64,
 }
 
 /// A GPU's static facts.

@@ -1,0 +1,309 @@
+//! The planner's view of the fleet: what each GPU and host can take now.
+//!
+//! Built once per plan from a [`GraphSnapshot`]: usable memory is the live free memory
+//! the GPU reports, minus a headroom, plus what preemptible instances hold on it, rounded
+//! down to [`USABLE_QUANTUM`] so that GPUs in the same state compare equal (and plans do
+//! not change with a few megabytes of noise). Down nodes and GPUs are left out; GPUs
+//! without a sample yet are left out with a reason.
+
+use serde::{Deserialize, Serialize};
+
+use crate::graph::{GraphSnapshot, HealthState, NodeView};
+
+/// Usable memory is rounded down to a multiple of this (64 MiB).
+pub const USABLE_QUANTUM: u64 = 64 << 20;
+
+/// Memory bandwidth assumed for a GPU the catalog does not know, GB/s.
+pub const UNKNOWN_GPU_BANDWIDTH_GBS: f64 = 900.0;
+
+/// Host RAM bandwidth assumed for CPU inference and offloaded layers, GB/s (two or more
+/// channels of DDR4/DDR5 as a server or workstation has).
+pub const HOST_BANDWIDTH_GBS: f64 = 60.0;
+
+/// Utilization from which a GPU that also runs processes Skein did not start counts as
+/// shared: an engine there is modelled at the share of compute the others leave.
+pub const BUSY_UTILIZATION_PCT: u32 = 10;
+/// The least share of a busy GPU's speed an engine is modelled at.
+pub const MIN_COMPUTE_SHARE: f64 = 0.1;
+/// Network bandwidth assumed between nodes that did not report theirs, bits/s (10 Gb/s).
+pub const UNKNOWN_NETWORK_BPS: u64 = 10_000_000_000;
+
+/// Room kept free on every GPU beyond the planner's estimates: other processes' memory
+/// moves, and the estimate's own margin covers only the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Headroom {
+    /// Thousandths of the GPU's total memory.
+    pub permille: u64,
+    /// At least this many bytes.
+    pub minimum: u64,
+}
+
+/// 2 % of the card, at least 512 MiB.
+pub const DEFAULT_HEADROOM: Headroom = Headroom {
+    permille: 20,
+    minimum: 512 << 20,
+};
+
+/// RAM kept free on a host for the system and the agent, bytes (4 GiB).
+pub const DEFAULT_HOST_HEADROOM: u64 = 4 << 30;
+
+impl Headroom {
+    /// The headroom of a GPU with `total` bytes.
+    pub fn for_total(&self, total: u64) -> u64 {
+        (total / 1000).saturating_mul(self.permille).max(self.minimum)
+    }
+}
+
+/// One GPU as the planner sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanGpu {
+    /// Index on its node.
+    pub index: u32,
+    /// Model name as NVML reports it.
+    pub name: String,
+    /// Total memory, bytes.
+    pub total: u64,
+    /// Usable memory before this plan reserves anything, bytes (a multiple of
+    /// [`USABLE_QUANTUM`]).
+    pub usable: u64,
+    /// Of which held by instances this plan may preempt, bytes.
+    pub preemptible: u64,
+    /// Throttling or ECC errors: avoided unless nothing else fits.
+    pub degraded: bool,
+    /// Compute capability, when known.
+    pub compute_capability: Option<(u32, u32)>,
+    /// Modelled memory bandwidth, bytes/s: the card's, lowered by a reduced power limit.
+    pub bandwidth: f64,
+    /// Bit `j` set: an NVLink to the node's GPU at position `j` (positions, not indices).
+    pub nvlink: u64,
+    /// Why the GPU's speed is modelled below the card's, if it is.
+    pub speed_note: Option<String>,
+}
+
+/// One node as the planner sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanNode {
+    /// Node name.
+    pub name: String,
+    /// Its usable GPUs, in index order (at most 64).
+    pub gpus: Vec<PlanGpu>,
+    /// Host RAM the planner may use, bytes (available minus the host headroom).
+    pub host_free: u64,
+    /// Network bandwidth, bits/s ([`UNKNOWN_NETWORK_BPS`] when not reported).
+    pub network_bps: u64,
+    /// Whether `network_bps` was reported.
+    pub network_known: bool,
+    /// Round trip to the orchestrator, ms, when measured.
+    pub rtt_ms: Option<f64>,
+}
+
+/// A GPU left out of planning, with the reason.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Excluded {
+    /// Node name.
+    pub node: String,
+    /// GPU index, or `None` for the whole node.
+    pub gpu: Option<u32>,
+    /// Why.
+    pub reason: String,
+}
+
+/// The fleet at planning time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanFleet {
+    /// Nodes with at least a host to plan on, sorted by name.
+    pub nodes: Vec<PlanNode>,
+    /// What was left out and why.
+    pub excluded: Vec<Excluded>,
+}
+
+/// Memory that instances the plan may preempt hold on a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held<'a> {
+    /// Node name.
+    pub node: &'a str,
+    /// GPU index.
+    pub gpu: u32,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+impl PlanFleet {
+    /// The fleet of `snapshot`, with `headroom` kept on every GPU and `host_headroom` on
+    /// every host; `reclaim` lists memory that preempted instances would free.
+    pub fn from_snapshot(
+        snapshot: &GraphSnapshot,
+        headroom: Headroom,
+        host_headroom: u64,
+        reclaim: &[Held<'_>],
+    ) -> PlanFleet {
+        let mut nodes = Vec::new();
+        let mut excluded = Vec::new();
+        for node in &snapshot.nodes {
+            if node.health.state == HealthState::Down || !node.connected {
+                excluded.push(Excluded {
+                    node: node.inventory.name.clone(),
+                    gpu: None,
+                    reason: if node.connected {
+                        "node is down (missed its telemetry)".to_owned()
+                    } else {
+                        "node is disconnected".to_owned()
+                    },
+                });
+                continue;
+            }
+            nodes.push(plan_node(node, headroom, host_headroom, reclaim, &mut excluded));
+        }
+        nodes.sort_by(|a, b| a.name.cmp(&b.name));
+        PlanFleet { nodes, excluded }
+    }
+
+    /// Every GPU, with its node's position.
+    pub fn gpus(&self) -> impl Iterator<Item = (usize, &PlanGpu)> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .flat_map(|(n, node)| node.gpus.iter().map(move |g| (n, g)))
+    }
+}
+
+fn plan_node(
+    node: &NodeView,
+    headroom: Headroom,
+    host_headroom: u64,
+    reclaim: &[Held<'_>],
+    excluded: &mut Vec<Excluded>,
+) -> PlanNode {
+    let name = node.inventory.name.clone();
+    let mut gpus = Vec::new();
+    let mut uuids = Vec::new();
+    for view in &node.gpus {
+        let facts = &view.facts;
+        let exclude = |reason: String| Excluded {
+            node: name.clone(),
+            gpu: Some(facts.index),
+            reason,
+        };
+        if view.health.state == HealthState::Down {
+            excluded.push(exclude("GPU is down".to_owned()));
+            continue;
+        }
+        let Some(free) = view.memory_free() else {
+            excluded.push(exclude("no telemetry from it yet".to_owned()));
+            continue;
+        };
+        if gpus.len() == 64 {
+            excluded.push(exclude("more than 64 GPUs on one node".to_owned()));
+            continue;
+        }
+        let held: u64 = reclaim
+            .iter()
+            .filter(|h| h.node == name && h.gpu == facts.index)
+            .map(|h| h.bytes)
+            .sum();
+        let free = free.saturating_add(held).min(facts.memory_total);
+        let usable = free.saturating_sub(headroom.for_total(facts.memory_total)) / USABLE_QUANTUM * USABLE_QUANTUM;
+        let card = skein_gpu_catalog::lookup(&facts.name);
+        let mut bandwidth = card.map_or(UNKNOWN_GPU_BANDWIDTH_GBS, |c| c.memory_bandwidth_gbs) * 1e9;
+        let mut speed_note = card.is_none().then(|| {
+            format!(
+                "{} is not in the GPU catalog: {UNKNOWN_GPU_BANDWIDTH_GBS} GB/s assumed",
+                facts.name
+            )
+        });
+        if let (Some(card), Some(limit)) = (card, facts.power_limit_mw) {
+            let fraction = f64::from(limit) / 1000.0 / card.power_limit_w;
+            if fraction < 0.99 {
+                // Memory-bound decoding slows less than the cap: clocks fall roughly with
+                // the square root of the power.
+                let factor = fraction.clamp(0.25, 1.0).sqrt();
+                bandwidth *= factor;
+                speed_note = Some(format!(
+                    "power limit {} W of {} W: modelled at {:.0} % speed",
+                    limit / 1000,
+                    card.power_limit_w,
+                    factor * 100.0
+                ));
+            }
+        }
+        // Compute shared with someone else's work: an engine gets what they leave.
+        if let Some(sample) = &view.latest
+            && sample.foreign_memory.is_some_and(|bytes| bytes > 0)
+            && let Some(busy) = sample.utilization_pct.filter(|&u| u >= BUSY_UTILIZATION_PCT)
+        {
+            let share = (1.0 - f64::from(busy.min(100)) / 100.0).max(MIN_COMPUTE_SHARE);
+            bandwidth *= share;
+            let note = format!(
+                "{busy} % busy with processes Skein did not start: modelled at {:.0} % speed",
+                share * 100.0
+            );
+            speed_note = Some(match speed_note {
+                Some(earlier) => format!("{earlier}; {note}"),
+                None => note,
+            });
+        }
+        uuids.push(facts.uuid.clone());
+        gpus.push((
+            PlanGpu {
+                index: facts.index,
+                name: facts.name.clone(),
+                total: facts.memory_total,
+                usable,
+                preemptible: held,
+                degraded: view.health.state == HealthState::Degraded,
+                compute_capability: facts.compute_capability,
+                bandwidth,
+                nvlink: 0,
+                speed_note,
+            },
+            facts.nvlink_peers.clone(),
+        ));
+    }
+    let gpus = gpus
+        .into_iter()
+        .map(|(mut gpu, peers)| {
+            for (j, uuid) in uuids.iter().enumerate() {
+                if peers.contains(uuid) {
+                    gpu.nvlink |= 1 << j;
+                }
+            }
+            gpu
+        })
+        .collect::<Vec<_>>();
+    // Links are symmetric even when only one side reported them.
+    let mut gpus = gpus;
+    for a in 0..gpus.len() {
+        for b in 0..gpus.len() {
+            if gpus[a].nvlink & (1 << b) != 0 {
+                gpus[b].nvlink |= 1 << a;
+            }
+        }
+    }
+    let available = node
+        .host
+        .map_or(node.inventory.host.memory_total, |h| h.memory_available);
+    let network_bps = node.inventory.host.network_bps;
+    PlanNode {
+        name,
+        gpus,
+        host_free: available.saturating_sub(host_headroom),
+        network_bps: if network_bps == 0 {
+            UNKNOWN_NETWORK_BPS
+        } else {
+            network_bps
+        },
+        network_known: network_bps != 0,
+        rtt_ms: node.rtt_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headroom_is_a_share_with_a_floor() {
+        assert_eq!(DEFAULT_HEADROOM.for_total(80 << 30), (80u64 << 30) / 1000 * 20);
+        assert_eq!(DEFAULT_HEADROOM.for_total(8 << 30), 512 << 20);
+    }
+}

@@ -1,0 +1,517 @@
+//! The placement planner: for every agent of a workflow, which variant, engine, GPUs and
+//! split, and why. Pure and deterministic: a function of the workflow, the models'
+//! catalogs, a graph snapshot and the instances already running; no IO, no clock.
+//!
+//! - [`fleet`]: what each GPU and host can take (live free memory minus headroom).
+//! - [`demand`]: agents grouped into model instances, and the variants each may use.
+//! - [`options`]: candidate placements of one replica.
+//! - [`score`]: the objective and the throughput model (`docs/placement.md`).
+//! - [`search`]: the branch-and-bound search over replicas.
+//! - [`explain`]: the reasons shown with a plan.
+
+pub mod demand;
+pub mod explain;
+pub mod fleet;
+pub mod options;
+pub mod score;
+pub mod search;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use skein_dsl::ir::{Backend, Precision, Workflow};
+use skein_model_registry::Bytes;
+use skein_model_registry::catalog::ModelInfo;
+use skein_model_registry::estimate::{Estimate, KvDtype, Stages};
+
+use crate::graph::GraphSnapshot;
+pub use demand::{Instance, model_key};
+pub use fleet::{DEFAULT_HEADROOM, DEFAULT_HOST_HEADROOM, Excluded, Headroom, Held, PlanFleet};
+use options::{Cand, Family, State, Unit};
+
+/// How the planner works; the defaults suit a shared lab fleet.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct PlanSettings {
+    /// Kept free on every GPU.
+    pub headroom: Headroom,
+    /// Kept free on every host, bytes.
+    pub host_headroom: u64,
+    /// Whether instances of lower-priority workflows may be stopped to admit this one.
+    pub allow_preemption: bool,
+    /// KV-cache type for every engine.
+    pub kv_dtype: KvDtype,
+    /// Candidates the search may try after its first plan.
+    pub search_budget: u64,
+}
+
+impl Default for PlanSettings {
+    fn default() -> Self {
+        PlanSettings {
+            headroom: DEFAULT_HEADROOM,
+            host_headroom: DEFAULT_HOST_HEADROOM,
+            allow_preemption: false,
+            kv_dtype: KvDtype::Auto,
+            search_budget: 20_000,
+        }
+    }
+}
+
+/// A model instance already running (of another workflow), which a higher-priority
+/// plan may preempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunningInstance {
+    /// Its id.
+    pub id: String,
+    /// The workflow (run) it belongs to.
+    pub workflow: String,
+    /// That workflow's priority.
+    pub priority: i32,
+    /// Memory it holds, per GPU.
+    pub gpus: Vec<HeldGpu>,
+}
+
+/// Memory an instance holds on one GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldGpu {
+    /// Node name.
+    pub node: String,
+    /// GPU index.
+    pub gpu: u32,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// Everything a plan is a function of.
+#[derive(Debug, Clone, Copy)]
+pub struct PlanInput<'a> {
+    /// The workflow.
+    pub workflow: &'a Workflow,
+    /// Each model's catalog, by [`model_key`].
+    pub models: &'a BTreeMap<String, ModelInfo>,
+    /// The fleet now.
+    pub graph: &'a GraphSnapshot,
+    /// Instances of other workflows.
+    pub running: &'a [RunningInstance],
+    /// Settings.
+    pub settings: PlanSettings,
+}
+
+/// Why no plan could be made at all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// A model's catalog was not given.
+    #[error("no catalog for {}: inspect these models first", .0.join(", "))]
+    MissingModels(Vec<String>),
+}
+
+/// A plan: where every instance goes, or why the workflow waits.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Plan {
+    /// The workflow.
+    pub workflow: String,
+    /// Its priority.
+    pub priority: i32,
+    /// The graph version planned against.
+    pub graph_version: u64,
+    /// Whether every instance is placed (the workflow starts whole, or not at all).
+    pub admitted: bool,
+    /// Why it waits, when not admitted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queued_reason: Option<String>,
+    /// Placed replicas.
+    pub instances: Vec<PlannedInstance>,
+    /// Agents served by remote endpoints (nothing to place).
+    pub remote: Vec<RemoteAgent>,
+    /// Replicas that could not be placed, with the reason.
+    pub unplaced: Vec<Unplaced>,
+    /// Instances of lower-priority workflows this plan stops.
+    pub preempted: Vec<Preempted>,
+    /// GPUs and nodes left out of planning.
+    pub excluded: Vec<Excluded>,
+    /// The objective reached.
+    pub objective: Objective,
+    /// How the search went.
+    pub search: SearchStats,
+    /// The settings used.
+    pub settings: PlanSettings,
+}
+
+/// The objective's value: replicas placed, then the sum of their scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Objective {
+    /// Replicas placed.
+    pub placed: usize,
+    /// Sum of scores.
+    #[serde(serialize_with = "as_string", deserialize_with = "from_string")]
+    pub score: i128,
+}
+
+fn as_string<S: Serializer>(value: &i128, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&value.to_string())
+}
+
+fn from_string<'de, D: Deserializer<'de>>(d: D) -> Result<i128, D::Error> {
+    let text = String::deserialize(d)?;
+    text.parse().map_err(serde::de::Error::custom)
+}
+
+/// How the search went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SearchStats {
+    /// Candidates tried.
+    pub steps: u64,
+    /// Whether it ran to the end, so the plan is the best there is; otherwise the best
+    /// found within the budget.
+    pub complete: bool,
+}
+
+/// An agent served by a remote endpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemoteAgent {
+    /// Agent name.
+    pub agent: String,
+    /// Endpoint URL.
+    pub url: String,
+    /// Model name sent.
+    pub model: String,
+}
+
+/// A replica that could not be placed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unplaced {
+    /// Instance name.
+    pub instance: String,
+    /// Its agents.
+    pub agents: Vec<String>,
+    /// Replica number (1-based).
+    pub replica: u32,
+    /// Why, with figures.
+    pub reason: String,
+}
+
+/// An instance this plan stops.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Preempted {
+    /// Its id.
+    pub id: String,
+    /// Its workflow.
+    pub workflow: String,
+    /// Its priority.
+    pub priority: i32,
+    /// Memory it frees, bytes.
+    pub frees: u64,
+}
+
+/// One placed replica.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PlannedInstance {
+    /// Instance name (its agents joined by `+`).
+    pub instance: String,
+    /// Its agents.
+    pub agents: Vec<String>,
+    /// The model repository.
+    pub model: String,
+    /// Replica number (1-based) and how many there are.
+    pub replica: u32,
+    /// Replicas of the instance.
+    pub replicas: u32,
+    /// Context tokens per sequence.
+    pub context: u64,
+    /// Sequences this replica serves.
+    pub concurrency: u64,
+    /// The variant (`owner/name` or `owner/name:file.gguf`).
+    pub variant: String,
+    /// Its precision tier.
+    pub precision: Precision,
+    /// Its quantization.
+    pub quantization: String,
+    /// `vllm`, `llama.cpp` or `candle`.
+    pub engine: String,
+    /// How the model is placed.
+    pub family: String,
+    /// The split.
+    pub layout: PlannedLayout,
+    /// Each device, in layout order.
+    pub devices: Vec<PlannedDevice>,
+    /// Modelled decode speed of one sequence.
+    pub tokens_per_s: f64,
+    /// Offloaded to host RAM or on the CPU: slow.
+    pub slow: bool,
+    /// Its score.
+    pub score: i64,
+    /// Why this choice.
+    pub why: Vec<String>,
+    /// The best two candidates not taken, and why.
+    pub rejected: Vec<Rejected>,
+    /// The memory estimate it was planned with (not read back from JSON).
+    #[serde(skip_deserializing, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<Arc<Estimate>>,
+}
+
+/// The split of a replica, as engines take it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlannedLayout {
+    /// GPUs per pipeline stage (vLLM `--tensor-parallel-size`).
+    pub tensor_parallel: u64,
+    /// Pipeline stages (vLLM `--pipeline-parallel-size`).
+    pub pipeline_stages: usize,
+    /// Decoder layers per stage (vLLM's explicit layer partition).
+    pub layer_partition: Vec<u64>,
+    /// llama.cpp `--tensor-split` proportions, one per GPU, when it splits layers.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tensor_split: Vec<u64>,
+    /// llama.cpp `-ngl`: layers on GPUs when some stay in host RAM.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_layers: Option<u64>,
+}
+
+/// One device of a replica.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedDevice {
+    /// Node name.
+    pub node: String,
+    /// GPU index; `None` for the host CPU and RAM.
+    pub gpu: Option<u32>,
+    /// Device name.
+    pub name: String,
+    /// Pipeline stage.
+    pub stage: usize,
+    /// Rank in the stage.
+    pub rank: u64,
+    /// Decoder layers (`start..end`).
+    pub layers: String,
+    /// Estimated need, bytes.
+    pub need: u64,
+    /// Reserved (need and margin), bytes.
+    pub reserved: u64,
+    /// Usable before this plan, bytes.
+    pub usable: u64,
+}
+
+/// A candidate not taken.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rejected {
+    /// What it was.
+    pub option: String,
+    /// Why not.
+    pub why: String,
+}
+
+/// Plans `input.workflow`.
+///
+/// Errors: [`PlanError::MissingModels`] when a model's catalog is missing.
+pub fn plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
+    let instances = demand::instances(input.workflow);
+    let infos = demand::catalogs(&instances, input.models).map_err(PlanError::MissingModels)?;
+    let attempt = |reclaim: &[Held<'_>]| {
+        let fleet = PlanFleet::from_snapshot(
+            input.graph,
+            input.settings.headroom,
+            input.settings.host_headroom,
+            reclaim,
+        );
+        let planned = plan_on(input, &instances, &infos, &fleet);
+        (fleet, planned)
+    };
+    let (mut fleet, mut planned) = attempt(&[]);
+    let mut preempted: Vec<&RunningInstance> = Vec::new();
+    let priority = input.workflow.placement.priority;
+    if !planned.admitted && input.settings.allow_preemption {
+        // Lowest priority first; among equals the largest first (fewer instances
+        // stopped), then by id.
+        let mut victims: Vec<&RunningInstance> = input.running.iter().filter(|r| r.priority < priority).collect();
+        victims.sort_by(|a, b| {
+            a.priority
+                .cmp(&b.priority)
+                .then(held(b).cmp(&held(a)))
+                .then(a.id.cmp(&b.id))
+        });
+        let mut chosen: Vec<&RunningInstance> = Vec::new();
+        for victim in victims {
+            chosen.push(victim);
+            let (f, p) = attempt(&reclaim_of(&chosen));
+            if p.admitted {
+                // Keep only the victims the admission needs.
+                let mut needed = chosen.clone();
+                let mut best = (f, p);
+                let mut i = 0;
+                while i < needed.len() {
+                    let mut without = needed.clone();
+                    without.remove(i);
+                    let (f, p) = attempt(&reclaim_of(&without));
+                    if p.admitted {
+                        needed = without;
+                        best = (f, p);
+                    } else {
+                        i += 1;
+                    }
+                }
+                (fleet, planned) = best;
+                preempted = needed;
+                break;
+            }
+        }
+    }
+    let mut plan = explain::render(input, &instances, &infos, &fleet, planned);
+    plan.preempted = preempted
+        .iter()
+        .map(|r| Preempted {
+            id: r.id.clone(),
+            workflow: r.workflow.clone(),
+            priority: r.priority,
+            frees: held(r),
+        })
+        .collect();
+    if !input.settings.allow_preemption
+        && input.running.iter().any(|r| r.priority < priority)
+        && let Some(reason) = &mut plan.queued_reason
+    {
+        reason.push_str("; lower-priority instances are running: allow preemption to reclaim their GPUs");
+    }
+    Ok(plan)
+}
+
+fn held(r: &RunningInstance) -> u64 {
+    r.gpus.iter().map(|g| g.bytes).sum()
+}
+
+fn reclaim_of<'a>(instances: &[&'a RunningInstance]) -> Vec<Held<'a>> {
+    instances
+        .iter()
+        .flat_map(|r| {
+            r.gpus.iter().map(|g| Held {
+                node: &g.node,
+                gpu: g.gpu,
+                bytes: g.bytes,
+            })
+        })
+        .collect()
+}
+
+/// The search's result before rendering.
+pub(crate) struct Planned<'a> {
+    units: Vec<PlannedUnit<'a>>,
+    outcome: search::Outcome,
+    admitted: bool,
+}
+
+fn plan_on<'a>(
+    input: &PlanInput<'_>,
+    instances: &'a [Instance],
+    infos: &[&'a ModelInfo],
+    fleet: &PlanFleet,
+) -> Planned<'a> {
+    let units = make_units(instances, infos, fleet, input.settings.kv_dtype);
+    let unit_refs: Vec<&Unit<'_>> = units.iter().map(|u| &u.unit).collect();
+    let outcome = search::search(&unit_refs, fleet, input.settings.search_budget);
+    let admitted = outcome.placed == units.len();
+    Planned {
+        units,
+        outcome,
+        admitted,
+    }
+}
+
+/// One replica to place.
+pub struct PlannedUnit<'a> {
+    /// Position of its instance.
+    pub instance: usize,
+    /// Replica number, from 1.
+    pub replica: u32,
+    /// Replicas of the instance.
+    pub replicas: u32,
+    /// What it needs.
+    pub unit: Unit<'a>,
+}
+
+/// The replicas of every instance: as few as serve each instance's concurrency (more
+/// only when one replica fits nowhere on the fleet), each serving an equal share.
+pub fn make_units<'a>(
+    instances: &'a [Instance],
+    infos: &[&'a ModelInfo],
+    fleet: &PlanFleet,
+    kv: KvDtype,
+) -> Vec<PlannedUnit<'a>> {
+    let state = State::new(fleet);
+    let mut units = Vec::new();
+    for (i, instance) in instances.iter().enumerate() {
+        let total = u64::from(instance.requirement.concurrency.max(1));
+        let make = |replicas: u64| {
+            Unit::new(
+                infos[i],
+                &instance.requirement,
+                total.div_ceil(replicas),
+                instance.max_gpus,
+                kv,
+                fleet,
+            )
+        };
+        let mut replicas = 1;
+        while replicas < total.min(MAX_REPLICAS) && make(replicas).bound_candidates(fleet, &state).is_empty() {
+            replicas += 1;
+        }
+        if replicas > 1 && make(replicas).bound_candidates(fleet, &state).is_empty() {
+            replicas = 1;
+        }
+        for r in 0..replicas {
+            units.push(PlannedUnit {
+                instance: i,
+                replica: r as u32 + 1,
+                replicas: replicas as u32,
+                unit: make(replicas),
+            });
+        }
+    }
+    units
+}
+
+/// Most replicas the planner splits one instance's concurrency into.
+pub const MAX_REPLICAS: u64 = 16;
+
+/// The layout of a candidate as engines take it.
+fn planned_layout(cand: &Cand) -> PlannedLayout {
+    let e = &cand.estimate;
+    let stages = e.layout.stages.count();
+    let mut partition = vec![0u64; stages];
+    for d in &e.devices {
+        if d.rank == 0 {
+            partition[d.stage] = d.layers.len();
+        }
+    }
+    let offload = cand.family == Family::Offload;
+    let llama = e.engine.name() == "llama.cpp";
+    let gpu_stages = if offload { stages.saturating_sub(1) } else { stages };
+    PlannedLayout {
+        tensor_parallel: e.layout.tensor_parallel,
+        pipeline_stages: stages,
+        tensor_split: if llama && gpu_stages > 1 && !matches!(e.layout.stages, Stages::One) {
+            partition[..gpu_stages].to_vec()
+        } else {
+            Vec::new()
+        },
+        gpu_layers: offload.then(|| partition[..gpu_stages].iter().sum()),
+        layer_partition: partition,
+    }
+}
+
+/// Bytes as shown in reasons.
+fn show(bytes: u64) -> String {
+    Bytes::new(bytes).to_string()
+}
+
+/// The agents of a workflow served by endpoints.
+fn remote_agents(workflow: &Workflow) -> Vec<RemoteAgent> {
+    workflow
+        .agents
+        .iter()
+        .filter_map(|(name, a)| match &a.backend {
+            Backend::Endpoint(e) => Some(RemoteAgent {
+                agent: name.clone(),
+                url: e.url.clone(),
+                model: e.model.clone(),
+            }),
+            Backend::Model(_) => None,
+        })
+        .collect()
+}

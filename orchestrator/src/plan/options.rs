@@ -1,0 +1,1097 @@
+//! Where one replica of an instance could go, given what is free: its candidate
+//! placements, each with its estimate and score.
+//!
+//! The families, in the order they are tried (see `docs/placement.md`):
+//! 1. on one node: one GPU; tensor parallelism over GPUs of one model (vLLM); and, for a
+//!    variant neither fits, a layer split over the node's GPUs in proportion to each one's
+//!    usable memory (llama.cpp `--tensor-split`, vLLM pipeline stages);
+//! 2. across nodes, for a variant no single node can hold: layer splits over GPUs of
+//!    several nodes, and (vLLM) tensor-parallel groups as pipeline stages;
+//! 3. when no GPU placement exists for any variant: GGUF layers split between a node's
+//!    GPUs and its host RAM (llama.cpp `-ngl`), marked slow;
+//! 4. when nothing else exists: the whole model on a node's CPU (candle), marked slow.
+//!
+//! Candidates on a node depend only on the node's state, so they are computed once per
+//! distinct state (a signature of its GPUs and free memory) and shared by every node in
+//! that state: a thousand identical nodes cost one.
+
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use skein_dsl::ir::{ModelRequirement, Precision, Preference};
+use skein_model_registry::catalog::ModelInfo;
+use skein_model_registry::catalog::fit::engine_for;
+use skein_model_registry::estimate::{
+    DEFAULT_FIT_MARGIN, Engine, Estimate, EstimateRequest, KvDtype, Layout, Stages, estimate, fits,
+};
+use skein_model_registry::{Bytes, WeightFormat};
+
+use super::demand::{VariantUse, min_compute_capability, variant_use};
+use super::fleet::{HOST_BANDWIDTH_GBS, PlanFleet, PlanGpu};
+use super::score::{DeviceSpeed, Hop, ScoreParts, tokens_per_second};
+
+/// Nodes with at most this many usable GPUs have every subset of them considered for
+/// tensor parallelism; larger nodes, the best-fitting ones by rule.
+pub const EXHAUSTIVE_NODE_GPUS: usize = 8;
+/// Nodes with at most this many usable GPUs have a layer split over every subset of them
+/// considered (each split costs an estimate); larger nodes, the prefixes by memory, and
+/// only with fewer GPUs than any one-GPU or tensor-parallel candidate.
+pub const EXHAUSTIVE_SPLIT_GPUS: usize = 4;
+/// Fleets with at most this many usable GPUs have every cross-node subset considered;
+/// larger fleets, nodes by capacity, and only with fewer GPUs than any one-node
+/// candidate.
+pub const EXHAUSTIVE_FLEET_GPUS: usize = 8;
+
+/// A device of a placement: a GPU (its position on the node) or the node's host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Dev {
+    /// Node position in the fleet.
+    pub node: usize,
+    /// GPU position on the node; `None` for the host CPU and RAM.
+    pub gpu: Option<usize>,
+}
+
+/// How a candidate places the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Family {
+    /// One GPU.
+    Single,
+    /// Tensor parallelism within a node.
+    TensorParallel,
+    /// A layer split over GPUs of one node.
+    NodeSplit,
+    /// A split over GPUs of several nodes.
+    CrossNode,
+    /// Layers split between GPUs and host RAM.
+    Offload,
+    /// The host CPU alone.
+    Cpu,
+}
+
+/// One candidate placement.
+#[derive(Debug, Clone)]
+pub struct Cand {
+    /// Position of the variant in the model's catalog.
+    pub variant: usize,
+    /// Its tier.
+    pub tier: Precision,
+    /// The family.
+    pub family: Family,
+    /// The estimate (engine, layout, per-device lines).
+    pub estimate: Arc<Estimate>,
+    /// Devices in layout order.
+    pub devices: Vec<Dev>,
+    /// Bytes reserved on each device: its estimate plus the fit margin.
+    pub reserve: Vec<u64>,
+    /// Host RAM the engine needs beside its devices (llama.cpp keeps the token embedding
+    /// there), on the first device's node.
+    pub host_extra: u64,
+    /// Qualities.
+    pub parts: ScoreParts,
+    /// Score under the instance's preference.
+    pub score: i64,
+}
+
+impl Cand {
+    /// The deterministic tie-break: variant, then devices.
+    pub fn key(&self) -> (usize, &[Dev]) {
+        (self.variant, &self.devices)
+    }
+
+    fn on_node(&self, node: usize) -> Cand {
+        let mut c = self.clone();
+        for d in &mut c.devices {
+            d.node = node;
+        }
+        c
+    }
+}
+
+/// Sorts best first: score, then [`Cand::key`].
+pub fn sort_cands(cands: &mut [Cand]) {
+    cands.sort_by(|a, b| b.score.cmp(&a.score).then_with(|| a.key().cmp(&b.key())));
+}
+
+/// What makes two GPUs interchangeable: model, memory, health, compute capability,
+/// bandwidth, links and position on the node.
+type GpuClass = (String, u64, bool, Option<(u32, u32)>, u64, u64, usize);
+
+/// An estimate and the bytes each device must have for it.
+type Need = (Arc<Estimate>, u64);
+
+/// Free memory as the plan reserves it.
+#[derive(Debug, Clone)]
+pub struct State {
+    /// Usable bytes per node per GPU position.
+    pub usable: Vec<Vec<u64>>,
+    /// Usable host RAM per node.
+    pub host: Vec<u64>,
+    /// Signature id per node.
+    sig: Vec<u32>,
+    /// Nodes per signature.
+    sig_nodes: HashMap<u32, BTreeSet<usize>>,
+    /// Signature interner.
+    interner: HashMap<Vec<u64>, u32>,
+    /// Static class id per node per GPU position.
+    class: Vec<Vec<u64>>,
+}
+
+impl State {
+    /// Everything free, as the fleet reports it.
+    pub fn new(fleet: &PlanFleet) -> State {
+        let mut classes: HashMap<GpuClass, u64> = HashMap::new();
+        let class = fleet
+            .nodes
+            .iter()
+            .map(|n| {
+                n.gpus
+                    .iter()
+                    .enumerate()
+                    .map(|(p, g)| {
+                        let key = (
+                            g.name.clone(),
+                            g.total,
+                            g.degraded,
+                            g.compute_capability,
+                            g.bandwidth.to_bits(),
+                            g.nvlink,
+                            p,
+                        );
+                        let next = classes.len() as u64;
+                        *classes.entry(key).or_insert(next)
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut state = State {
+            usable: fleet
+                .nodes
+                .iter()
+                .map(|n| n.gpus.iter().map(|g| g.usable).collect())
+                .collect(),
+            host: fleet.nodes.iter().map(|n| n.host_free).collect(),
+            sig: vec![u32::MAX; fleet.nodes.len()],
+            sig_nodes: HashMap::new(),
+            interner: HashMap::new(),
+            class,
+        };
+        for n in 0..fleet.nodes.len() {
+            state.resign(n);
+        }
+        state
+    }
+
+    fn resign(&mut self, node: usize) {
+        let mut key = Vec::with_capacity(1 + 2 * self.usable[node].len());
+        key.push(self.host[node]);
+        for (c, u) in self.class[node].iter().zip(&self.usable[node]) {
+            key.push(*c);
+            key.push(*u);
+        }
+        let next = self.interner.len() as u32;
+        let id = *self.interner.entry(key).or_insert(next);
+        let old = self.sig[node];
+        if old == id {
+            return;
+        }
+        if let Some(set) = self.sig_nodes.get_mut(&old) {
+            set.remove(&node);
+        }
+        self.sig_nodes.entry(id).or_default().insert(node);
+        self.sig[node] = id;
+    }
+
+    /// Reserve a candidate's memory.
+    pub fn apply(&mut self, cand: &Cand) {
+        self.change(cand, false);
+    }
+
+    /// Give a candidate's memory back.
+    pub fn undo(&mut self, cand: &Cand) {
+        self.change(cand, true);
+    }
+
+    fn change(&mut self, cand: &Cand, give_back: bool) {
+        let adjust = |slot: &mut u64, bytes: u64| {
+            *slot = if give_back {
+                slot.saturating_add(bytes)
+            } else {
+                slot.saturating_sub(bytes)
+            };
+        };
+        let mut touched = BTreeSet::new();
+        for (d, bytes) in cand.devices.iter().zip(&cand.reserve) {
+            match d.gpu {
+                Some(p) => adjust(&mut self.usable[d.node][p], *bytes),
+                None => adjust(&mut self.host[d.node], *bytes),
+            }
+            touched.insert(d.node);
+        }
+        if let Some(first) = cand.devices.first() {
+            adjust(&mut self.host[first.node], cand.host_extra);
+        }
+        for n in touched {
+            self.resign(n);
+        }
+    }
+
+    /// One node per distinct state: the first by position.
+    fn representatives(&self) -> Vec<(u32, usize)> {
+        let mut reps: Vec<(u32, usize)> = self
+            .sig_nodes
+            .iter()
+            .filter_map(|(sig, nodes)| nodes.first().map(|n| (*sig, *n)))
+            .collect();
+        reps.sort_by_key(|(_, n)| *n);
+        reps
+    }
+}
+
+/// One replica of an instance, with everything its candidates need.
+pub struct Unit<'a> {
+    /// The model.
+    pub info: &'a ModelInfo,
+    /// The (combined) requirement.
+    pub requirement: &'a ModelRequirement,
+    /// Sequences this replica serves.
+    pub concurrency: u64,
+    /// Most GPUs it may span.
+    pub max_gpus: usize,
+    /// KV-cache type.
+    pub kv_dtype: KvDtype,
+    /// Variants it may use, with their tiers.
+    pub allowed: Vec<(usize, Precision)>,
+    /// Per node, per GPU position: whether the GPU meets the requirement's constraints.
+    gpu_ok: Vec<Vec<bool>>,
+    /// Whether the CPU may serve it (the requirement constrains no GPU property).
+    cpu_allowed: bool,
+    needs: RefCell<HashMap<(usize, u64, bool), Option<Need>>>,
+    local: RefCell<HashMap<u32, Rc<Vec<Cand>>>>,
+    fallback: RefCell<HashMap<u32, Rc<Vec<Cand>>>>,
+}
+
+impl<'a> Unit<'a> {
+    /// A replica serving `concurrency` sequences.
+    pub fn new(
+        info: &'a ModelInfo,
+        requirement: &'a ModelRequirement,
+        concurrency: u64,
+        max_gpus: Option<u32>,
+        kv_dtype: KvDtype,
+        fleet: &PlanFleet,
+    ) -> Unit<'a> {
+        let allowed = info
+            .variants
+            .iter()
+            .enumerate()
+            .filter_map(|(i, v)| match variant_use(requirement, v) {
+                VariantUse::Allowed(tier) => Some((i, tier)),
+                VariantUse::Excluded(_) => None,
+            })
+            .collect();
+        let c = &requirement.gpu;
+        let gpu_ok = fleet
+            .nodes
+            .iter()
+            .map(|n| {
+                let node_ok = c.nodes.is_empty() || c.nodes.iter().any(|x| x == &n.name);
+                n.gpus
+                    .iter()
+                    .map(|g| {
+                        let name = g.name.to_ascii_lowercase();
+                        node_ok
+                            && (c.models.is_empty() || c.models.iter().any(|m| name.contains(&m.to_ascii_lowercase())))
+                            && c.min_memory_bytes.is_none_or(|m| g.total >= m)
+                            && c.min_compute_capability.is_none_or(|m| {
+                                g.compute_capability
+                                    .is_none_or(|(a, b)| (a, b) >= (u32::from(m.major), u32::from(m.minor)))
+                            })
+                    })
+                    .collect()
+            })
+            .collect();
+        let cpu_allowed = c.models.is_empty() && c.min_compute_capability.is_none() && c.min_memory_bytes.is_none();
+        Unit {
+            info,
+            requirement,
+            concurrency,
+            max_gpus: max_gpus.map_or(usize::MAX, |m| m.max(1) as usize),
+            kv_dtype,
+            allowed,
+            gpu_ok,
+            cpu_allowed,
+            needs: RefCell::default(),
+            local: RefCell::default(),
+            fallback: RefCell::default(),
+        }
+    }
+
+    fn request(&self, engine: Engine, layout: Layout) -> EstimateRequest {
+        EstimateRequest::new(engine, u64::from(self.requirement.context))
+            .with_concurrency(self.concurrency)
+            .with_kv_dtype(self.kv_dtype)
+            .with_layout(layout)
+    }
+
+    /// The estimate of variant `v` on `layout`, or `None` if the engine cannot run it.
+    fn estimate(&self, v: usize, engine: Engine, layout: Layout) -> Option<Arc<Estimate>> {
+        let variant = &self.info.variants[v];
+        estimate(&self.info.shape, &variant.weights, &self.request(engine, layout))
+            .ok()
+            .map(Arc::new)
+    }
+
+    /// The estimate of `v` on one GPU (`k == 1`) or tensor parallel over `k`, with the
+    /// bytes each device must have (the largest need plus margin); cached.
+    fn need(&self, v: usize, k: u64, cpu: bool) -> Option<Need> {
+        if let Some(hit) = self.needs.borrow().get(&(v, k, cpu)) {
+            return hit.clone();
+        }
+        let engine = if cpu {
+            Engine::CANDLE_CPU
+        } else {
+            engine_for(self.info.variants[v].format())
+        };
+        let layout = if k == 1 {
+            Layout::single()
+        } else {
+            Layout::tensor_parallel(k)
+        };
+        let result = self.estimate(v, engine, layout).map(|e| {
+            let need = e.max_device_total();
+            (e, with_margin(need))
+        });
+        self.needs.borrow_mut().insert((v, k, cpu), result.clone());
+        result
+    }
+
+    fn usable_gpu(&self, fleet: &PlanFleet, state: &State, v: usize, node: usize, p: usize) -> bool {
+        let g = &fleet.nodes[node].gpus[p];
+        let (major, minor) = min_compute_capability(&self.info.variants[v]);
+        self.gpu_ok[node][p] && state.usable[node][p] > 0 && g.compute_capability.is_none_or(|cc| cc >= (major, minor))
+    }
+
+    /// Every candidate for this unit in `state`, best first.
+    pub fn candidates(&self, fleet: &PlanFleet, state: &State) -> Vec<Cand> {
+        let reps = state.representatives();
+        let mut out = Vec::new();
+        // Per variant, the fewest GPUs of a candidate on one node.
+        let mut smallest = vec![usize::MAX; self.info.variants.len()];
+        for &(sig, node) in &reps {
+            let local = self.cached(&self.local, sig, || self.local(fleet, state, node));
+            for c in local.iter() {
+                smallest[c.variant] = smallest[c.variant].min(c.devices.len());
+                out.push(c.on_node(node));
+            }
+        }
+        if fleet.nodes.len() > 1 {
+            // Across nodes: on a small fleet every split; otherwise only with fewer GPUs
+            // than any one-node candidate.
+            let small = fleet.nodes.iter().map(|n| n.gpus.len()).sum::<usize>() <= EXHAUSTIVE_FLEET_GPUS;
+            for &(v, tier) in &self.allowed {
+                let cap = if small {
+                    usize::MAX
+                } else {
+                    smallest[v].saturating_sub(1)
+                };
+                if cap >= 2 {
+                    out.extend(self.cross_node(fleet, state, v, tier, cap));
+                }
+            }
+        }
+        // The last resorts are candidates in every state: the objective's penalties keep
+        // them for when the GPUs cannot hold every instance, and which instance goes to
+        // host RAM is then the search's choice, not the order it visits them in.
+        for &(sig, node) in &reps {
+            let fallback = self.cached(&self.fallback, sig, || self.fallback(fleet, state, node));
+            out.extend(fallback.iter().map(|c| c.on_node(node)));
+        }
+        sort_cands(&mut out);
+        out
+    }
+
+    /// [`candidates`](Self::candidates), plus splits across nodes for every variant:
+    /// the set whose best score bounds what the unit can reach in any later state.
+    pub fn bound_candidates(&self, fleet: &PlanFleet, state: &State) -> Vec<Cand> {
+        let mut out = self.candidates(fleet, state);
+        if fleet.nodes.len() > 1 {
+            for &(v, tier) in &self.allowed {
+                out.extend(self.cross_node(fleet, state, v, tier, usize::MAX));
+            }
+        }
+        sort_cands(&mut out);
+        out
+    }
+
+    fn cached(
+        &self,
+        cache: &RefCell<HashMap<u32, Rc<Vec<Cand>>>>,
+        sig: u32,
+        make: impl FnOnce() -> Vec<Cand>,
+    ) -> Rc<Vec<Cand>> {
+        if let Some(hit) = cache.borrow().get(&sig) {
+            return hit.clone();
+        }
+        let made = Rc::new(make());
+        cache.borrow_mut().insert(sig, made.clone());
+        made
+    }
+
+    /// Candidates on one node: one GPU, tensor parallel, a split over its GPUs.
+    fn local(&self, fleet: &PlanFleet, state: &State, node: usize) -> Vec<Cand> {
+        let gpus = &fleet.nodes[node].gpus;
+        let cur = &state.usable[node];
+        let mut out = Vec::new();
+        for &(v, tier) in &self.allowed {
+            let eligible: Vec<usize> = (0..gpus.len())
+                .filter(|&p| self.usable_gpu(fleet, state, v, node, p))
+                .collect();
+            if eligible.is_empty() {
+                continue;
+            }
+            let before = out.len();
+            let vllm = self.info.variants[v].format() == WeightFormat::Safetensors;
+            if let Some((e, need)) = self.need(v, 1, false)
+                && e.host <= Bytes::new(state.host[node])
+            {
+                for &p in &eligible {
+                    if cur[p] >= need {
+                        out.push(self.cand(
+                            fleet,
+                            v,
+                            tier,
+                            Family::Single,
+                            e.clone(),
+                            vec![Dev { node, gpu: Some(p) }],
+                        ));
+                    }
+                }
+            }
+            if vllm {
+                for k in 2..=eligible.len().min(self.max_gpus) {
+                    let Some((e, need)) = self.need(v, k as u64, false) else {
+                        continue;
+                    };
+                    for subset in tp_groups(gpus, cur, &eligible, k, need) {
+                        let devices = subset.iter().map(|&p| Dev { node, gpu: Some(p) }).collect();
+                        out.push(self.cand(fleet, v, tier, Family::TensorParallel, e.clone(), devices));
+                    }
+                }
+            }
+            // A split is never faster than a one-GPU or tensor-parallel candidate on
+            // the same GPUs, but one with more GPUs needs less memory on each, which can
+            // leave room for another instance: on a small node every split is a
+            // candidate, on a large one only those with fewer GPUs.
+            let smallest = if eligible.len() <= EXHAUSTIVE_SPLIT_GPUS {
+                usize::MAX
+            } else {
+                out[before..]
+                    .iter()
+                    .map(|c| c.devices.len())
+                    .min()
+                    .unwrap_or(usize::MAX)
+            };
+            if eligible.len() >= 2 && smallest > 2 {
+                let found = self.splits(
+                    fleet,
+                    state,
+                    v,
+                    tier,
+                    Family::NodeSplit,
+                    &[node],
+                    &[eligible],
+                    smallest - 1,
+                );
+                out.extend(found);
+            }
+        }
+        dedupe(fleet, state, &mut out);
+        out
+    }
+
+    /// Layer splits over subsets of `groups`' GPUs (each group: GPU positions on one
+    /// node, `nodes[i]`), one GPU per stage with layers in proportion to usable memory:
+    /// every subset when there are few GPUs, otherwise the prefixes of the GPUs ordered
+    /// by node capacity and usable memory. Only the smallest size that fits is kept.
+    #[allow(clippy::too_many_arguments)]
+    fn splits(
+        &self,
+        fleet: &PlanFleet,
+        state: &State,
+        v: usize,
+        tier: Precision,
+        family: Family,
+        nodes: &[usize],
+        groups: &[Vec<usize>],
+        max_size: usize,
+    ) -> Vec<Cand> {
+        let engine = engine_for(self.info.variants[v].format());
+        let Some((single, _)) = self.need(v, 1, false) else {
+            return Vec::new();
+        };
+        let floor: u64 = single.devices.iter().map(|d| d.weights.get() + d.kv_cache.get()).sum();
+        // Every GPU with its node, in preference order: nodes by capacity, GPUs by memory.
+        let mut order: Vec<(usize, usize)> = Vec::new();
+        let mut ranked: Vec<(u64, usize)> = nodes
+            .iter()
+            .zip(groups)
+            .map(|(&n, g)| (g.iter().map(|&p| state.usable[n][p]).sum::<u64>(), n))
+            .collect();
+        ranked.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        for &(_, n) in &ranked {
+            let i = nodes.iter().position(|x| *x == n).unwrap_or(0);
+            let mut list = groups[i].clone();
+            list.sort_by(|&a, &b| state.usable[n][b].cmp(&state.usable[n][a]).then(a.cmp(&b)));
+            order.extend(list.into_iter().map(|p| (n, p)));
+        }
+        let spans = |devs: &[(usize, usize)]| devs.iter().any(|d| d.0 != devs[0].0);
+        let must_span = family == Family::CrossNode;
+        let mut out = Vec::new();
+        let try_set = |devs: &[(usize, usize)], out: &mut Vec<Cand>| {
+            if must_span && !spans(devs) {
+                return;
+            }
+            // Stages go node by node, the nodes with the most of the split's memory
+            // first, and on each node the GPUs with the most memory first.
+            let on_node = |n: usize| {
+                devs.iter()
+                    .filter(|d| d.0 == n)
+                    .map(|&(n, p)| state.usable[n][p])
+                    .sum::<u64>()
+            };
+            let mut devs = devs.to_vec();
+            devs.sort_by(|a, b| {
+                on_node(b.0)
+                    .cmp(&on_node(a.0))
+                    .then(a.0.cmp(&b.0))
+                    .then(state.usable[b.0][b.1].cmp(&state.usable[a.0][a.1]))
+                    .then(a.1.cmp(&b.1))
+            });
+            let devs = &devs[..];
+            let memory: Vec<u64> = devs.iter().map(|&(n, p)| state.usable[n][p]).collect();
+            if memory.iter().sum::<u64>() < floor {
+                return;
+            }
+            let layout = Layout::pipeline_by_memory(memory.iter().map(|&m| Bytes::new(m)).collect());
+            let Some(e) = self.estimate(v, engine, layout) else {
+                return;
+            };
+            let usable: Vec<Bytes> = memory.iter().map(|&m| Bytes::new(m)).collect();
+            let fit = fits_with_reserve(&e, &usable);
+            if fit && e.host <= Bytes::new(state.host[devs[0].0]) {
+                let devices = devs.iter().map(|&(node, p)| Dev { node, gpu: Some(p) }).collect();
+                out.push(self.cand(fleet, v, tier, family, e, devices));
+            }
+        };
+        let most = order.len().min(self.max_gpus).min(max_size);
+        let limit = if must_span {
+            EXHAUSTIVE_FLEET_GPUS
+        } else {
+            EXHAUSTIVE_SPLIT_GPUS
+        };
+        let exhaustive = order.len() <= limit;
+        for size in 2..=most {
+            if exhaustive {
+                for_each_subset(&order, size, &mut |devs| try_set(devs, &mut out));
+            } else {
+                // The smallest size that fits.
+                try_set(&order[..size], &mut out);
+                if !out.is_empty() {
+                    break;
+                }
+            }
+        }
+        if engine == Engine::VLLM {
+            out.extend(self.tp_stages(fleet, state, v, tier, &ranked, most));
+        }
+        out
+    }
+
+    /// vLLM: tensor-parallel groups of `k` identical GPUs, one group per pipeline stage,
+    /// stages taken node by node (best nodes first) until the model fits.
+    fn tp_stages(
+        &self,
+        fleet: &PlanFleet,
+        state: &State,
+        v: usize,
+        tier: Precision,
+        ranked: &[(u64, usize)],
+        max_size: usize,
+    ) -> Vec<Cand> {
+        let mut out = Vec::new();
+        for k in [2usize, 4, 8] {
+            if self.need(v, k as u64, false).is_none() {
+                continue; // not a valid degree
+            }
+            let mut stages: Vec<(usize, Vec<usize>, u64)> = Vec::new();
+            for &(_, n) in ranked {
+                let gpus = &fleet.nodes[n].gpus;
+                let mut by_name: Vec<(&str, Vec<usize>)> = Vec::new();
+                for p in (0..gpus.len()).filter(|&p| self.usable_gpu(fleet, state, v, n, p)) {
+                    match by_name.iter_mut().find(|(name, _)| *name == gpus[p].name) {
+                        Some((_, list)) => list.push(p),
+                        None => by_name.push((&gpus[p].name, vec![p])),
+                    }
+                }
+                let mut node_stages = Vec::new();
+                for (_, mut list) in by_name {
+                    list.sort_by(|&a, &b| state.usable[n][b].cmp(&state.usable[n][a]).then(a.cmp(&b)));
+                    for chunk in list.chunks_exact(k) {
+                        let least = chunk.iter().map(|&p| state.usable[n][p]).min().unwrap_or(0);
+                        node_stages.push((n, chunk.to_vec(), least));
+                    }
+                }
+                node_stages.sort_by(|a, b| b.2.cmp(&a.2).then(a.1.cmp(&b.1)));
+                stages.extend(node_stages);
+            }
+            for count in 2..=stages.len() {
+                if count * k > max_size {
+                    break;
+                }
+                let chosen = &stages[..count];
+                let layout = Layout {
+                    tensor_parallel: k as u64,
+                    stages: Stages::Memory(chosen.iter().map(|s| Bytes::new(s.2)).collect()),
+                };
+                let Some(e) = self.estimate(v, Engine::VLLM, layout) else {
+                    break;
+                };
+                let usable: Vec<Bytes> = chosen
+                    .iter()
+                    .flat_map(|s| s.1.iter().map(|&p| Bytes::new(state.usable[s.0][p])))
+                    .collect();
+                if fits_with_reserve(&e, &usable) {
+                    let devices: Vec<Dev> = chosen
+                        .iter()
+                        .flat_map(|s| {
+                            s.1.iter().map(|&p| Dev {
+                                node: s.0,
+                                gpu: Some(p),
+                            })
+                        })
+                        .collect();
+                    let family = if chosen.iter().all(|s| s.0 == chosen[0].0) {
+                        Family::NodeSplit
+                    } else {
+                        Family::CrossNode
+                    };
+                    out.push(self.cand(fleet, v, tier, family, e, devices));
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    /// Splits over several nodes for variant `v`, on at most `max_size` GPUs.
+    fn cross_node(&self, fleet: &PlanFleet, state: &State, v: usize, tier: Precision, max_size: usize) -> Vec<Cand> {
+        let mut nodes = Vec::new();
+        let mut groups = Vec::new();
+        for n in 0..fleet.nodes.len() {
+            let group: Vec<usize> = (0..fleet.nodes[n].gpus.len())
+                .filter(|&p| self.usable_gpu(fleet, state, v, n, p))
+                .collect();
+            if !group.is_empty() {
+                nodes.push(n);
+                groups.push(group);
+            }
+        }
+        if nodes.len() < 2 {
+            return Vec::new();
+        }
+        let mut out = self.splits(fleet, state, v, tier, Family::CrossNode, &nodes, &groups, max_size);
+        out.retain(|c| c.family == Family::CrossNode);
+        out
+    }
+
+    /// The last resorts on one node: GGUF layers split between its GPUs and host RAM
+    /// (llama.cpp), and the whole model on its CPU (candle).
+    pub fn fallback(&self, fleet: &PlanFleet, state: &State, node: usize) -> Vec<Cand> {
+        let mut out = Vec::new();
+        let host = state.host[node];
+        for &(v, tier) in &self.allowed {
+            let variant = &self.info.variants[v];
+            if variant.format() == WeightFormat::Gguf {
+                let mut gpus: Vec<usize> = (0..fleet.nodes[node].gpus.len())
+                    .filter(|&p| self.usable_gpu(fleet, state, v, node, p))
+                    .collect();
+                gpus.sort_by(|&a, &b| state.usable[node][b].cmp(&state.usable[node][a]).then(a.cmp(&b)));
+                gpus.truncate(self.max_gpus);
+                if !gpus.is_empty()
+                    && host > 0
+                    && let Some((e, devices)) = self.offload(state, v, node, &gpus)
+                {
+                    out.push(self.cand(fleet, v, tier, Family::Offload, e, devices));
+                }
+            }
+            if self.cpu_allowed
+                && let Some((e, need)) = self.need(v, 1, true)
+                && need <= host
+            {
+                out.push(self.cand(fleet, v, tier, Family::Cpu, e, vec![Dev { node, gpu: None }]));
+            }
+        }
+        out
+    }
+
+    /// llama.cpp with the GPUs of `gpus` (best first) filled with as many layers as
+    /// they hold and the rest in host RAM (`-ngl`): the estimate and its devices, or
+    /// `None` when the host cannot take the rest.
+    fn offload(&self, state: &State, v: usize, node: usize, gpus: &[usize]) -> Option<(Arc<Estimate>, Vec<Dev>)> {
+        let host = state.host[node];
+        let mut memory: Vec<Bytes> = gpus.iter().map(|&p| Bytes::new(state.usable[node][p])).collect();
+        memory.push(Bytes::new(host));
+        // A first, proportional estimate gives each GPU's fixed costs and a layer's size.
+        let probe = self.estimate(v, Engine::LLAMA_CPP, Layout::pipeline_by_memory(memory.clone()))?;
+        let layers = probe.devices.last()?.layers.end;
+        let per_layer = probe
+            .devices
+            .iter()
+            .filter(|d| d.layers.len() > 0)
+            .map(|d| (d.weights.get() + d.kv_cache.get()).div_ceil(d.layers.len()))
+            .max()?
+            .max(1);
+        let mut counts: Vec<u64> = probe.devices[..gpus.len()]
+            .iter()
+            .zip(&memory)
+            .map(|(d, usable)| {
+                let fixed = d.total.get().saturating_sub(d.layers.len() * per_layer);
+                let room = usable.get() / 100 * 95;
+                room.saturating_sub(fixed) / per_layer
+            })
+            .collect();
+        // Whatever the rounding, the host keeps at least one layer; then GPUs give
+        // layers back until every device fits.
+        for _ in 0..=8 {
+            let on_gpus: u64 = counts.iter().sum();
+            if on_gpus >= layers {
+                let excess = on_gpus - layers + 1;
+                let last = counts.iter().rposition(|&c| c >= excess)?;
+                counts[last] -= excess;
+            }
+            let kept: Vec<usize> = (0..gpus.len()).filter(|&i| counts[i] > 0).collect();
+            if kept.is_empty() {
+                return None;
+            }
+            let mut ratios: Vec<u32> = kept
+                .iter()
+                .map(|&i| u32::try_from(counts[i]).unwrap_or(u32::MAX))
+                .collect();
+            ratios.push(u32::try_from(layers - counts.iter().sum::<u64>()).unwrap_or(u32::MAX));
+            let e = self.estimate(v, Engine::LLAMA_CPP, Layout::pipeline(ratios))?;
+            let usable: Vec<Bytes> = kept.iter().map(|&i| memory[i]).chain([Bytes::new(host)]).collect();
+            let report = fits(&e, &usable).ok()?;
+            if report.fits {
+                // The host stage's line includes what llama.cpp keeps in RAM anyway.
+                let host_need = with_margin(e.devices.last().map_or(Bytes::ZERO, |d| d.total)) + e.host.get();
+                if host_need > host {
+                    return None;
+                }
+                let mut devices: Vec<Dev> = kept
+                    .iter()
+                    .map(|&i| Dev {
+                        node,
+                        gpu: Some(gpus[i]),
+                    })
+                    .collect();
+                devices.push(Dev { node, gpu: None });
+                return Some((e, devices));
+            }
+            // Take a layer from each GPU that does not fit.
+            let before = counts.clone();
+            for (device, &i) in report.devices.iter().zip(&kept) {
+                if !device.fits {
+                    counts[i] = counts[i].saturating_sub(1);
+                }
+            }
+            if counts == before {
+                return None;
+            }
+        }
+        None
+    }
+
+    fn cand(
+        &self,
+        fleet: &PlanFleet,
+        v: usize,
+        tier: Precision,
+        family: Family,
+        e: Arc<Estimate>,
+        devices: Vec<Dev>,
+    ) -> Cand {
+        let reserve = e.devices.iter().map(|d| with_margin(d.total)).collect::<Vec<_>>();
+        let mut speeds = Vec::with_capacity(devices.len());
+        let mut degraded = 0;
+        let mut gpus = 0;
+        let mut card_bytes = 0u64;
+        let mut nodes = BTreeSet::new();
+        for (i, d) in devices.iter().enumerate() {
+            nodes.insert(d.node);
+            let stage = e.devices.get(i).map_or(0, |x| x.stage);
+            match d.gpu {
+                Some(p) => {
+                    let g: &PlanGpu = &fleet.nodes[d.node].gpus[p];
+                    gpus += 1;
+                    degraded += u32::from(g.degraded);
+                    card_bytes += g.total;
+                    let peers = devices.iter().enumerate().filter(|(j, o)| {
+                        *j != i && o.node == d.node && e.devices.get(*j).is_some_and(|x| x.stage == stage)
+                    });
+                    let nvlink = peers
+                        .clone()
+                        .all(|(_, o)| o.gpu.is_some_and(|q| g.nvlink & (1 << q) != 0));
+                    speeds.push(DeviceSpeed {
+                        node: d.node,
+                        bandwidth: g.bandwidth,
+                        nvlink_stage: nvlink,
+                    });
+                }
+                None => speeds.push(DeviceSpeed {
+                    node: d.node,
+                    bandwidth: HOST_BANDWIDTH_GBS * 1e9,
+                    nvlink_stage: false,
+                }),
+            }
+        }
+        let hops = hops(fleet, &e, &devices);
+        let tokens_per_s = tokens_per_second(&e, self.info.shape.hidden, &speeds, &hops);
+        let parts = ScoreParts {
+            tier,
+            cpu: family == Family::Cpu,
+            offload: family == Family::Offload,
+            degraded,
+            gpus,
+            nodes: nodes.len() as u32,
+            tokens_per_s,
+            card_gib: card_bytes >> 30,
+        };
+        let host_extra = if family == Family::Cpu { 0 } else { e.host.get() };
+        Cand {
+            variant: v,
+            tier,
+            family,
+            score: parts.score(self.requirement.prefer),
+            parts,
+            estimate: e,
+            devices,
+            reserve,
+            host_extra,
+        }
+    }
+
+    /// Whether `cand` fits `state` (every device, and the host's extra).
+    pub fn fits_in(&self, state: &State, cand: &Cand) -> bool {
+        let mut used: HashMap<Dev, u64> = HashMap::new();
+        for (d, r) in cand.devices.iter().zip(&cand.reserve) {
+            *used.entry(*d).or_default() += r;
+        }
+        if let Some(first) = cand.devices.first() {
+            *used
+                .entry(Dev {
+                    node: first.node,
+                    gpu: None,
+                })
+                .or_default() += cand.host_extra;
+        }
+        used.iter().all(|(d, bytes)| {
+            let free = match d.gpu {
+                Some(p) => state.usable[d.node][p],
+                None => state.host[d.node],
+            };
+            *bytes <= free
+        })
+    }
+
+    /// The candidate for variant `v` on `devices` (in layout order) with `layout`, if
+    /// it fits `state`: the estimate of the engine for the family (candle on the CPU,
+    /// llama.cpp for GGUF, vLLM for safetensors), checked device by device. A
+    /// placement of one's own choosing, scored like every candidate.
+    pub fn evaluate(
+        &self,
+        fleet: &PlanFleet,
+        state: &State,
+        v: usize,
+        family: Family,
+        layout: Layout,
+        devices: Vec<Dev>,
+    ) -> Option<Cand> {
+        let tier = self.allowed.iter().find(|(a, _)| *a == v)?.1;
+        let engine = if family == Family::Cpu {
+            Engine::CANDLE_CPU
+        } else {
+            engine_for(self.info.variants[v].format())
+        };
+        let gpu_ok = devices
+            .iter()
+            .all(|d| d.gpu.is_none_or(|p| self.usable_gpu(fleet, state, v, d.node, p)));
+        // Only llama.cpp offloads layers to host RAM; only the CPU family uses the host
+        // alone.
+        let host_ok = match family {
+            Family::Cpu => self.cpu_allowed && devices.iter().all(|d| d.gpu.is_none()),
+            Family::Offload => {
+                self.info.variants[v].format() == WeightFormat::Gguf
+                    && devices.last().is_some_and(|d| d.gpu.is_none())
+                    && devices[..devices.len() - 1].iter().all(|d| d.gpu.is_some())
+            }
+            _ => devices.iter().all(|d| d.gpu.is_some()),
+        };
+        if !gpu_ok || !host_ok {
+            return None;
+        }
+        let e = self.estimate(v, engine, layout)?;
+        if e.devices.len() != devices.len() {
+            return None;
+        }
+        let cand = self.cand(fleet, v, tier, family, e, devices);
+        self.fits_in(state, &cand).then_some(cand)
+    }
+
+    /// Bytes variant `v` (allowed or not) needs on one GPU with its fit margin, and
+    /// its estimate; `None` when the engine cannot run it.
+    pub fn single_need(&self, v: usize) -> Option<Need> {
+        self.need(v, 1, false)
+    }
+
+    /// Whether GPU `p` of `node` meets the requirement's constraints.
+    pub fn gpu_allowed(&self, node: usize, p: usize) -> bool {
+        self.gpu_ok[node][p]
+    }
+
+    /// The preference in effect.
+    pub fn prefer(&self) -> Preference {
+        self.requirement.prefer
+    }
+}
+
+fn with_margin(need: Bytes) -> u64 {
+    need.get().saturating_add(DEFAULT_FIT_MARGIN.for_need(need).get())
+}
+
+/// Whether every device's estimate plus margin fits its usable memory.
+fn fits_with_reserve(e: &Estimate, usable: &[Bytes]) -> bool {
+    fits(e, usable).is_ok_and(|r| r.fits)
+}
+
+/// Network hops between consecutive stages.
+fn hops(fleet: &PlanFleet, e: &Estimate, devices: &[Dev]) -> Vec<Option<Hop>> {
+    let mut stage_nodes: Vec<usize> = Vec::new();
+    for (d, dev) in e.devices.iter().zip(devices) {
+        if stage_nodes.len() == d.stage {
+            stage_nodes.push(dev.node);
+        }
+    }
+    stage_nodes
+        .windows(2)
+        .map(|w| {
+            (w[0] != w[1]).then(|| {
+                let (a, b) = (&fleet.nodes[w[0]], &fleet.nodes[w[1]]);
+                let latency_ms = match (a.rtt_ms, b.rtt_ms) {
+                    // The path through the orchestrator bounds the direct one; half of it
+                    // is one way.
+                    (Some(x), Some(y)) => (x + y) / 2.0,
+                    _ => 0.1,
+                };
+                Hop {
+                    bits_per_s: a.network_bps.min(b.network_bps),
+                    latency_s: latency_ms / 1000.0,
+                }
+            })
+        })
+        .collect()
+}
+
+/// Subsets of `k` GPUs of one model among `eligible` with at least `need` usable each:
+/// every distinct one on a small node, else the best fit (healthy first, smallest cards,
+/// least free) and the best NVLink-connected one.
+fn tp_groups(gpus: &[PlanGpu], cur: &[u64], eligible: &[usize], k: usize, need: u64) -> Vec<Vec<usize>> {
+    let mut by_name: Vec<(&str, Vec<usize>)> = Vec::new();
+    for &p in eligible.iter().filter(|&&p| cur[p] >= need) {
+        match by_name.iter_mut().find(|(n, _)| *n == gpus[p].name) {
+            Some((_, list)) => list.push(p),
+            None => by_name.push((&gpus[p].name, vec![p])),
+        }
+    }
+    let mut out = Vec::new();
+    for (_, list) in by_name {
+        if list.len() < k {
+            continue;
+        }
+        if list.len() <= EXHAUSTIVE_NODE_GPUS {
+            for_each_subset(&list, k, &mut |s| out.push(s.to_vec()));
+        } else {
+            let mut sorted = list.clone();
+            sorted.sort_by_key(|&p| (gpus[p].degraded, gpus[p].total, cur[p], p));
+            out.push(sorted[..k].to_vec());
+            if let Some(clique) = nvlink_clique(gpus, &sorted, k) {
+                out.push(clique);
+            }
+        }
+    }
+    out
+}
+
+/// A set of `k` GPUs all linked to each other, built greedily in `order`.
+fn nvlink_clique(gpus: &[PlanGpu], order: &[usize], k: usize) -> Option<Vec<usize>> {
+    for &start in order {
+        let mut clique = vec![start];
+        for &p in order {
+            if p != start && clique.iter().all(|&q| gpus[q].nvlink & (1 << p) != 0) {
+                clique.push(p);
+                if clique.len() == k {
+                    clique.sort_unstable();
+                    return Some(clique);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Calls `f` with every `k`-subset of `items`, in lexicographic order.
+pub fn for_each_subset<T: Copy>(items: &[T], k: usize, f: &mut impl FnMut(&[T])) {
+    fn go<T: Copy>(items: &[T], k: usize, start: usize, acc: &mut Vec<T>, f: &mut impl FnMut(&[T])) {
+        if acc.len() == k {
+            f(acc);
+            return;
+        }
+        for i in start..items.len() {
+            if items.len() - i < k - acc.len() {
+                break;
+            }
+            acc.push(items[i]);
+            go(items, k, i + 1, acc, f);
+            acc.pop();
+        }
+    }
+    if k <= items.len() {
+        go(items, k, 0, &mut Vec::with_capacity(k), f);
+    }
+}
+
+/// Drops candidates equal to an earlier one up to interchangeable GPUs (same model, same
+/// state, same links): keeps the first of each.
+fn dedupe(fleet: &PlanFleet, state: &State, cands: &mut Vec<Cand>) {
+    let mut seen = BTreeSet::new();
+    cands.retain(|c| {
+        let mut shape: Vec<(u64, u64, Option<usize>)> = c
+            .devices
+            .iter()
+            .map(|d| match d.gpu {
+                Some(p) => {
+                    let g = &fleet.nodes[d.node].gpus[p];
+                    // Links matter through the score (NVLink speed); the class without the
+                    // position keeps identical GPUs interchangeable.
+                    (g.total ^ g.bandwidth.to_bits(), state.usable[d.node][p], Some(d.node))
+                }
+                None => (0, state.host[d.node], Some(d.node)),
+            })
+            .collect();
+        if c.family == Family::Single || c.family == Family::TensorParallel {
+            shape.sort_unstable();
+        }
+        seen.insert((c.variant, c.family, c.score, shape, c.estimate.layout.tensor_parallel))
+    });
+}

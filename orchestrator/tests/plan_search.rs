@@ -1,0 +1,467 @@
+//! The planner on generated fleets and workflows: every plan is valid (no GPU over its
+//! usable memory, valid tensor-parallel degrees, precision at least the minimum, whole
+//! gangs, deterministic), and on small cases no exhaustive search over every GPU subset
+//! finds a better objective.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::OnceLock;
+
+use proptest::prelude::*;
+use skein_dsl::Workflow;
+use skein_model_registry::catalog::ModelInfo;
+use skein_model_registry::estimate::{Layout, check_tp};
+use skein_orchestrator::graph::{
+    GpuFacts, GpuSample, GraphConfig, GraphSnapshot, HardwareGraph, HostFacts, HostSample, IndexedSample,
+    NodeInventory, TelemetryBatch,
+};
+use skein_orchestrator::plan::options::{Cand, Dev, Family, State, Unit, for_each_subset};
+use skein_orchestrator::plan::{self, PlanFleet, PlanInput, PlanSettings, demand, make_units, search};
+
+fn models() -> &'static BTreeMap<String, ModelInfo> {
+    static MODELS: OnceLock<BTreeMap<String, ModelInfo>> = OnceLock::new();
+    MODELS.get_or_init(|| {
+        skein_testkit::models::reference_models()
+            .into_iter()
+            .map(|m| (m.repo.to_string(), m))
+            .collect()
+    })
+}
+
+/// The repositories generated workflows use.
+const REPOS: [&str; 5] = [
+    "Qwen/Qwen2.5-0.5B-Instruct",
+    "Qwen/Qwen2.5-7B-Instruct",
+    "llava-hf/llava-v1.6-mistral-7b-hf",
+    "deepseek-ai/deepseek-coder-33b-instruct",
+    "meta-llama/Meta-Llama-3-70B-Instruct",
+];
+
+/// Cards generated fleets use.
+const CARDS: [&str; 6] = [
+    "A100-80GB",
+    "A100-40GB",
+    "RTX4090-24GB",
+    "V100-16GB",
+    "L4-24GB",
+    "T4-16GB",
+];
+
+#[derive(Debug, Clone)]
+struct GpuSpec {
+    card: usize,
+    used_permille: u64,
+    degraded: bool,
+}
+
+#[derive(Debug, Clone)]
+struct NodeSpec {
+    gpus: Vec<GpuSpec>,
+    nvlink: bool,
+    host_gib: u64,
+    network_gbps: u64,
+}
+
+#[derive(Debug, Clone)]
+struct AgentSpec {
+    repo: usize,
+    context: u32,
+    concurrency: u32,
+    min_precision: &'static str,
+    prefer: &'static str,
+}
+
+/// A graph of these nodes, each registered and with one telemetry sample.
+fn snapshot(nodes: &[NodeSpec]) -> GraphSnapshot {
+    let graph = HardwareGraph::new(GraphConfig::default());
+    for (n, spec) in nodes.iter().enumerate() {
+        let name = format!("node-{n}");
+        let uuids: Vec<String> = (0..spec.gpus.len()).map(|i| format!("GPU-{n}-{i}")).collect();
+        let gpus = spec
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let card = skein_gpu_catalog::lookup(CARDS[g.card]).expect("a catalog card");
+                GpuFacts {
+                    index: i as u32,
+                    uuid: uuids[i].clone(),
+                    name: card.nvml_name.to_owned(),
+                    memory_total: card.memory_bytes(),
+                    compute_capability: Some(card.compute_capability),
+                    power_limit_mw: Some((card.power_limit_w * 1000.0) as u32),
+                    pcie: Some(card.pcie),
+                    nvlink_peers: if spec.nvlink {
+                        uuids.iter().filter(|u| **u != uuids[i]).cloned().collect()
+                    } else {
+                        Vec::new()
+                    },
+                    mig_enabled: Some(false),
+                    simulated: true,
+                }
+            })
+            .collect::<Vec<_>>();
+        let samples = gpus
+            .iter()
+            .zip(&spec.gpus)
+            .map(|(f, g)| {
+                let used = f.memory_total / 1000 * g.used_permille;
+                IndexedSample {
+                    index: f.index,
+                    sample: GpuSample {
+                        received_ms: 0,
+                        unix_ms: 0,
+                        memory_used: used,
+                        memory_free: f.memory_total - used,
+                        utilization_pct: Some(0),
+                        memory_utilization_pct: Some(0),
+                        temperature_c: Some(40),
+                        power_mw: Some(50_000),
+                        sm_clock_mhz: Some(1000),
+                        throttle_reasons: if g.degraded { skein_proto::throttle::THERMAL } else { 0 },
+                        ecc_corrected: Some(0),
+                        ecc_uncorrected: Some(0),
+                        foreign_memory: Some(used),
+                    },
+                }
+            })
+            .collect();
+        let inventory = NodeInventory {
+            name: name.clone(),
+            agent_version: "test".to_owned(),
+            gpu_source: "test".to_owned(),
+            host: HostFacts {
+                hostname: name,
+                memory_total: spec.host_gib << 30,
+                network_bps: spec.network_gbps * 1_000_000_000,
+                ..HostFacts::default()
+            },
+            gpus,
+        };
+        let (registration, _) = graph.register(inventory, 0);
+        graph.connected(&registration.id, 0).expect("connects");
+        graph
+            .ingest(
+                &registration.id,
+                TelemetryBatch {
+                    seq: 1,
+                    gpus: samples,
+                    host: Some(HostSample {
+                        load1: 0.0,
+                        memory_available: spec.host_gib << 30,
+                    }),
+                },
+                1,
+            )
+            .expect("ingests");
+    }
+    graph.snapshot()
+}
+
+fn workflow(agents: &[AgentSpec]) -> Workflow {
+    let mut text = String::from("name: generated\nagents:\n");
+    for (i, a) in agents.iter().enumerate() {
+        text.push_str(&format!(
+            "  a{i}:\n    model: {{ repo: {}, context: {}, concurrency: {}, min_precision: {}, prefer: {} }}\n",
+            REPOS[a.repo], a.context, a.concurrency, a.min_precision, a.prefer
+        ));
+    }
+    let parsed = skein_dsl::parse_as("generated.yaml", &text, skein_dsl::SourceKind::Yaml);
+    parsed
+        .workflow
+        .unwrap_or_else(|| panic!("generated workflow is valid:\n{text}"))
+}
+
+fn gpu_spec() -> impl Strategy<Value = GpuSpec> {
+    (
+        0..CARDS.len(),
+        prop_oneof![Just(0u64), 0..700u64],
+        prop::bool::weighted(0.15),
+    )
+        .prop_map(|(card, used_permille, degraded)| GpuSpec {
+            card,
+            used_permille,
+            degraded,
+        })
+}
+
+fn node_spec(max_gpus: usize) -> impl Strategy<Value = NodeSpec> {
+    (
+        // Nodes are mostly homogeneous, as real ones are; sometimes mixed.
+        (
+            gpu_spec(),
+            1..=max_gpus,
+            prop::bool::weighted(0.3),
+            prop::collection::vec(gpu_spec(), 1..=max_gpus),
+        ),
+        any::<bool>(),
+        prop_oneof![Just(32u64), Just(128), Just(512)],
+        prop_oneof![Just(10u64), Just(100)],
+    )
+        .prop_map(
+            |((first, count, mixed, list), nvlink, host_gib, network_gbps)| NodeSpec {
+                gpus: if mixed {
+                    list
+                } else {
+                    (0..count)
+                        .map(|_| GpuSpec {
+                            card: first.card,
+                            used_permille: first.used_permille,
+                            degraded: first.degraded,
+                        })
+                        .collect()
+                },
+                nvlink,
+                host_gib,
+                network_gbps,
+            },
+        )
+}
+
+/// Fleets of 1 to 3 nodes with at most `max_total` GPUs.
+fn fleet_spec(max_total: usize) -> impl Strategy<Value = Vec<NodeSpec>> {
+    prop::collection::vec(node_spec(4), 1..=3).prop_map(move |mut nodes| {
+        let mut total = 0;
+        for node in &mut nodes {
+            node.gpus.truncate(max_total - total);
+            total += node.gpus.len();
+        }
+        nodes.retain(|node| !node.gpus.is_empty());
+        nodes
+    })
+}
+
+fn agent_spec() -> impl Strategy<Value = AgentSpec> {
+    (
+        prop_oneof![3 => 0..2usize, 2 => 2..4usize, 1 => Just(4usize)],
+        prop_oneof![Just(2048u32), Just(8192), Just(32768)],
+        1..=3u32,
+        prop_oneof![Just("int4"), Just("int8"), Just("bf16")],
+        prop_oneof![Just("quality"), Just("speed"), Just("fewest_gpus")],
+    )
+        .prop_map(|(repo, context, concurrency, min_precision, prefer)| AgentSpec {
+            repo,
+            context,
+            concurrency,
+            min_precision,
+            prefer,
+        })
+}
+
+fn settings(budget: u64) -> PlanSettings {
+    PlanSettings {
+        search_budget: budget,
+        ..PlanSettings::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// Every plan respects memory, degrees, precision and gangs, and is reproducible.
+    #[test]
+    fn plans_are_valid_and_deterministic(
+        fleet in fleet_spec(12),
+        agents in prop::collection::vec(agent_spec(), 1..=5),
+    ) {
+        let snapshot = snapshot(&fleet);
+        let workflow = workflow(&agents);
+        let input = PlanInput { workflow: &workflow, models: models(), graph: &snapshot, running: &[], settings: settings(5_000) };
+        let plan = plan::plan(&input).expect("plans");
+        let again = plan::plan(&input).expect("plans");
+        prop_assert_eq!(serde_json::to_string(&plan).unwrap(), serde_json::to_string(&again).unwrap());
+
+        let plan_fleet = PlanFleet::from_snapshot(&snapshot, input.settings.headroom, input.settings.host_headroom, &[]);
+        let mut reserved: HashMap<(String, Option<u32>), u64> = HashMap::new();
+        for i in &plan.instances {
+            let agent = &workflow.agents[&i.agents[0]];
+            let skein_dsl::ir::Backend::Model(req) = &agent.backend else { unreachable!() };
+            prop_assert!(i.precision >= req.min_precision, "{} below {}", i.precision, req.min_precision);
+            let e = i.estimate.as_ref().expect("an estimate");
+            // The gang: one device per estimate device, every one reserved.
+            prop_assert_eq!(i.devices.len(), e.devices.len());
+            prop_assert_eq!(e.layout.devices() as usize, i.devices.len());
+            if e.layout.tensor_parallel > 1 {
+                let info = &models()[&i.model];
+                let variant = info.variants.iter().find(|v| v.id == i.variant).expect("the variant");
+                prop_assert!(check_tp(&info.shape, Some(&variant.quantization), e.layout.tensor_parallel).is_ok());
+                // TP groups are GPUs of one model on one node.
+                for stage in i.devices.chunks(e.layout.tensor_parallel as usize) {
+                    prop_assert!(stage.iter().all(|d| d.node == stage[0].node && d.name == stage[0].name));
+                }
+            }
+            for d in &i.devices {
+                prop_assert!(d.reserved >= d.need);
+                *reserved.entry((d.node.clone(), d.gpu)).or_default() += d.reserved;
+            }
+        }
+        for ((node, gpu), bytes) in reserved {
+            let n = plan_fleet.nodes.iter().find(|n| n.name == node).expect("the node");
+            let usable = match gpu {
+                Some(index) => n.gpus.iter().find(|g| g.index == index).expect("the GPU").usable,
+                None => n.host_free,
+            };
+            prop_assert!(bytes <= usable, "{node} {gpu:?}: {bytes} reserved of {usable} usable");
+        }
+        prop_assert_eq!(plan.admitted, plan.unplaced.is_empty());
+    }
+
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// On small cases (up to 8 GPUs, up to 4 agents), an exhaustive search over every
+    /// subset of GPUs finds no better objective than the planner.
+    #[test]
+    fn no_exhaustive_search_beats_the_planner(
+        fleet in fleet_spec(8),
+        agents in prop::collection::vec(agent_spec(), 1..=4),
+    ) {
+        let snapshot = snapshot(&fleet);
+        let workflow = workflow(&agents);
+        let s = settings(10_000_000);
+        let plan_fleet = PlanFleet::from_snapshot(&snapshot, s.headroom, s.host_headroom, &[]);
+        let instances = demand::instances(&workflow);
+        let infos = demand::catalogs(&instances, models()).expect("catalogs");
+        let units = make_units(&instances, &infos, &plan_fleet, s.kv_dtype);
+        let refs: Vec<&Unit<'_>> = units.iter().map(|u| &u.unit).collect();
+        let found = search::search(&refs, &plan_fleet, s.search_budget);
+        prop_assert!(found.complete);
+        // The same visiting order: a split's layers follow the memory free when its
+        // instance is placed, so the order is part of the candidate space.
+        let order = search::visiting_order(&refs, &plan_fleet, &State::new(&plan_fleet));
+        let ordered: Vec<&Unit<'_>> = order.iter().map(|&u| refs[u]).collect();
+        let (best, mut choice) = exhaustive(&ordered, &plan_fleet);
+        let mut by_unit = vec![None; refs.len()];
+        for (depth, &u) in order.iter().enumerate() {
+            by_unit[u] = choice[depth].take();
+        }
+        let choice = by_unit;
+        let describe = |c: &Option<Cand>| c.as_ref().map(|c| format!("v{} {:?} {:?} {} {:?}", c.variant, c.family, c.devices, c.score, c.parts));
+        prop_assert!(
+            (found.placed, found.score) >= best,
+            "planner {:?} < exhaustive {:?}\nplanner: {:#?}\nexhaustive: {:#?}", (found.placed, found.score), best,
+            found.chosen.iter().map(describe).collect::<Vec<_>>(),
+            choice.iter().map(describe).collect::<Vec<_>>()
+        );
+    }
+}
+
+/// Every candidate of `unit` in `state` by brute force: every variant on every subset
+/// of the fleet's GPUs as one GPU, tensor parallel (one node, one model) or a layer split
+/// (GPUs ordered node by node, as the planner orders them), and the host fallbacks on
+/// every node.
+fn brute_candidates(unit: &Unit<'_>, fleet: &PlanFleet, state: &State) -> Vec<Cand> {
+    let all: Vec<Dev> = fleet
+        .nodes
+        .iter()
+        .enumerate()
+        .flat_map(|(n, node)| (0..node.gpus.len()).map(move |p| Dev { node: n, gpu: Some(p) }))
+        .collect();
+    let mut out = Vec::new();
+    for &(v, _) in &unit.allowed {
+        for size in 1..=all.len() {
+            for_each_subset(&all, size, &mut |subset: &[Dev]| {
+                if size == 1 {
+                    out.extend(unit.evaluate(fleet, state, v, Family::Single, Layout::single(), subset.to_vec()));
+                    return;
+                }
+                let one_node = subset.iter().all(|d| d.node == subset[0].node);
+                let gpu = |d: &Dev| &fleet.nodes[d.node].gpus[d.gpu.unwrap_or(0)];
+                if one_node && subset.iter().all(|d| gpu(d).name == gpu(&subset[0]).name) {
+                    out.extend(unit.evaluate(
+                        fleet,
+                        state,
+                        v,
+                        Family::TensorParallel,
+                        Layout::tensor_parallel(size as u64),
+                        subset.to_vec(),
+                    ));
+                }
+                let usable = |d: &Dev| state.usable[d.node][d.gpu.unwrap_or(0)];
+                let mut nodes: Vec<usize> = subset.iter().map(|d| d.node).collect();
+                nodes.dedup();
+                let capacity = |n: usize| subset.iter().filter(|d| d.node == n).map(usable).sum::<u64>();
+                nodes.sort_by(|&a, &b| capacity(b).cmp(&capacity(a)).then(a.cmp(&b)));
+                let mut order = Vec::new();
+                for n in nodes {
+                    let mut mine: Vec<Dev> = subset.iter().copied().filter(|d| d.node == n).collect();
+                    mine.sort_by(|a, b| usable(b).cmp(&usable(a)).then(a.gpu.cmp(&b.gpu)));
+                    order.extend(mine);
+                }
+                let memory = order
+                    .iter()
+                    .map(|d| skein_model_registry::Bytes::new(usable(d)))
+                    .collect();
+                let family = if one_node { Family::NodeSplit } else { Family::CrossNode };
+                out.extend(unit.evaluate(fleet, state, v, family, Layout::pipeline_by_memory(memory), order));
+            });
+        }
+    }
+    // The host fallbacks have no subset to choose: the planner's own.
+    for n in 0..fleet.nodes.len() {
+        out.extend(unit.fallback(fleet, state, n));
+    }
+    out
+}
+
+/// The best (placed, score) over every combination of brute-force candidates. Branches
+/// are cut only when even each remaining unit's best candidate on the untouched fleet
+/// could not beat the best found (reserving memory only removes candidates).
+fn exhaustive(units: &[&Unit<'_>], fleet: &PlanFleet) -> ((usize, i128), Vec<Option<Cand>>) {
+    struct Ctx<'a, 'b> {
+        units: &'a [&'a Unit<'b>],
+        fleet: &'a PlanFleet,
+        rest: Vec<(usize, i128)>,
+        best: (usize, i128),
+        current: Vec<Option<Cand>>,
+        choice: Vec<Option<Cand>>,
+    }
+    fn go(ctx: &mut Ctx<'_, '_>, state: &mut State, depth: usize, acc: (usize, i128)) {
+        if depth == ctx.units.len() {
+            if acc > ctx.best {
+                ctx.best = acc;
+                ctx.choice = ctx.current.clone();
+            }
+            return;
+        }
+        let (more, bound) = ctx.rest[depth];
+        if (acc.0 + more, acc.1 + bound) <= ctx.best {
+            return;
+        }
+        let mut cands = brute_candidates(ctx.units[depth], ctx.fleet, state);
+        cands.sort_by_key(|c| std::cmp::Reverse(c.score));
+        for cand in cands {
+            state.apply(&cand);
+            let score = i128::from(cand.score);
+            ctx.current[depth] = Some(cand);
+            go(ctx, state, depth + 1, (acc.0 + 1, acc.1 + score));
+            if let Some(cand) = ctx.current[depth].take() {
+                state.undo(&cand);
+            }
+        }
+        go(ctx, state, depth + 1, acc);
+    }
+    let initial = State::new(fleet);
+    let alone: Vec<Option<i64>> = units
+        .iter()
+        .map(|u| brute_candidates(u, fleet, &initial).iter().map(|c| c.score).max())
+        .collect();
+    let mut rest = vec![(0usize, 0i128); units.len() + 1];
+    for d in (0..units.len()).rev() {
+        rest[d] = match alone[d] {
+            Some(s) => (rest[d + 1].0 + 1, rest[d + 1].1 + i128::from(s)),
+            None => rest[d + 1],
+        };
+    }
+    let mut ctx = Ctx {
+        units,
+        fleet,
+        rest,
+        best: (0, i128::MIN),
+        current: vec![None; units.len()],
+        choice: vec![None; units.len()],
+    };
+    go(&mut ctx, &mut State::new(fleet), 0, (0, 0));
+    (ctx.best, ctx.choice)
+}

@@ -1,0 +1,302 @@
+//! `skein plan WORKFLOW`: where each agent of a workflow would run, and why — offline
+//! against a fleet file, or on a live orchestrator's graph (`POST /v1/plans`).
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use skein_model_registry::Bytes;
+use skein_model_registry::hub::{HubClientBuilder, InspectOptions};
+use skein_orchestrator::graph::{GraphConfig, GraphSnapshot};
+use skein_orchestrator::plan::{Plan, PlanInput, PlanSettings, PlannedInstance};
+use skein_orchestrator::workflows;
+
+use crate::cli::{EXIT_FAILURE, EXIT_OK, OutputFormat, PlanArgs};
+use crate::table::{self, Style};
+
+/// `skein plan`.
+pub fn run(args: &PlanArgs) -> anyhow::Result<ExitCode> {
+    let plan = match (&args.fleet, &args.server) {
+        (Some(fleet), None) => offline(args, fleet)?,
+        (None, Some(server)) => remote(args, server)?,
+        _ => bail!(
+            "say where to plan: --fleet FLEET.yaml for a dry run on a fleet file \
+             (e.g. workflows/fleets/lab.yaml), or --server URL for a running orchestrator"
+        ),
+    };
+    match args.output {
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&plan)?),
+        OutputFormat::Human => print!("{}", render(&plan, args.explain)),
+    }
+    Ok(ExitCode::from(if plan.admitted { EXIT_OK } else { EXIT_FAILURE }))
+}
+
+fn load_workflow(path: &Path) -> anyhow::Result<skein_dsl::Workflow> {
+    let parsed = workflows::load(path)?;
+    if !parsed.is_valid() {
+        eprint!("{}", parsed.render(skein_dsl::RenderOptions::default()));
+        bail!(
+            "{} is not a valid workflow ({} errors); `skein validate {}` lists them",
+            path.display(),
+            parsed.diagnostics.error_count(),
+            path.display()
+        );
+    }
+    parsed.workflow.context("the workflow was not produced")
+}
+
+fn offline(args: &PlanArgs, fleet_file: &Path) -> anyhow::Result<Plan> {
+    let workflow = load_workflow(&args.workflow)?;
+    let snapshot = fleet_snapshot(fleet_file)?;
+    let mut builder = HubClientBuilder::from_env();
+    if args.offline {
+        builder = builder.offline(true);
+    }
+    let client = builder.build()?;
+    let options = InspectOptions {
+        derivatives: args.derivatives,
+        derivative_headers: args.derivative_headers,
+        pins: Vec::new(),
+    };
+    let runtime = crate::cluster::runtime(Some(2))?;
+    let models = runtime
+        .block_on(skein_orchestrator::catalogs::inspect_workflow(
+            &client, &workflow, &options,
+        ))
+        .map_err(anyhow::Error::new)?;
+    let settings = PlanSettings {
+        allow_preemption: args.preempt,
+        ..PlanSettings::default()
+    };
+    Ok(skein_orchestrator::plan::plan(&PlanInput {
+        workflow: &workflow,
+        models: &models,
+        graph: &snapshot,
+        running: &[],
+        settings,
+    })?)
+}
+
+/// The graph a fleet file's agents would build: each node's registration and first
+/// telemetry go through the same protocol messages and conversions as a live agent's.
+pub fn fleet_snapshot(file: &Path) -> anyhow::Result<GraphSnapshot> {
+    let fleet = skein_agent::fleet::load_fleet(file).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let messages = skein_agent::daemon::fleet_messages(&fleet, 0.0);
+    let graph = skein_orchestrator::agents::graph_from_wire(messages, GraphConfig::default(), 0)
+        .map_err(|e| anyhow::anyhow!("the fleet file's inventory was refused: {e}"))?;
+    Ok(graph.snapshot())
+}
+
+fn remote(args: &PlanArgs, server: &str) -> anyhow::Result<Plan> {
+    let text = std::fs::read_to_string(&args.workflow)
+        .with_context(|| format!("cannot read workflow file {}", args.workflow.display()))?;
+    // Check it here first: the errors come with file positions.
+    load_workflow(&args.workflow)?;
+    let token = crate::cluster::api_token(args.api_token.as_deref(), args.data_dir.as_deref())?;
+    let url = format!("{}/v1/plans", server.trim_end_matches('/'));
+    let body = serde_json::json!({
+        "workflow": text,
+        "name": args.workflow.file_name().map(|n| n.to_string_lossy().into_owned()),
+        "allow_preemption": args.preempt,
+        "derivatives": args.derivatives,
+    });
+    let runtime = crate::cluster::runtime(Some(1))?;
+    let answer = runtime.block_on(async {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(300))
+            .build()
+            .context("cannot build an HTTP client")?;
+        let response = client
+            .post(&url)
+            .bearer_auth(token.expose())
+            .json(&body)
+            .send()
+            .await
+            .with_context(|| {
+                format!("cannot reach the Skein server at {server}; is `skein server` or `skein up` running?")
+            })?;
+        let status = response.status();
+        let text = response.text().await.context("the server's answer was cut off")?;
+        if !status.is_success() {
+            bail!("the server answered {status}: {}", text.trim());
+        }
+        Ok(text)
+    })?;
+    serde_json::from_str(&answer).context("the server's plan is not what this skein expects")
+}
+
+fn gib(bytes: u64) -> String {
+    Bytes::new(bytes).to_string()
+}
+
+fn gpus(i: &PlannedInstance) -> String {
+    let mut parts: Vec<(String, Vec<String>)> = Vec::new();
+    for d in &i.devices {
+        let what = d.gpu.map_or_else(|| "host".to_owned(), |g| g.to_string());
+        match parts.iter_mut().find(|(n, _)| *n == d.node) {
+            Some((_, list)) => list.push(what),
+            None => parts.push((d.node.clone(), vec![what])),
+        }
+    }
+    parts
+        .into_iter()
+        .map(|(node, list)| {
+            if list == ["host"] {
+                format!("{node} cpu")
+            } else {
+                format!("{node}:{}", list.join(","))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" + ")
+}
+
+fn layout(i: &PlannedInstance) -> String {
+    let l = &i.layout;
+    let mut text = match (l.tensor_parallel, l.pipeline_stages) {
+        (1, 1) => i.family.clone(),
+        (tp, 1) => format!("TP {tp}"),
+        (1, _) => format!("layers {}", join(&l.layer_partition)),
+        (tp, pp) => format!("TP {tp} × PP {pp} ({})", join(&l.layer_partition)),
+    };
+    if let Some(ngl) = l.gpu_layers {
+        let _ = write!(text, ", -ngl {ngl}");
+    }
+    text
+}
+
+fn join(values: &[u64]) -> String {
+    values.iter().map(ToString::to_string).collect::<Vec<_>>().join("/")
+}
+
+/// The plan as a table, and with `explain`, the reasons under it.
+pub fn render(plan: &Plan, explain: bool) -> String {
+    let mut out = String::new();
+    let nodes: BTreeSet<&str> = plan
+        .instances
+        .iter()
+        .flat_map(|i| i.devices.iter().map(|d| d.node.as_str()))
+        .collect();
+    let _ = writeln!(
+        out,
+        "plan for `{}` (priority {}) on graph version {}: {}",
+        plan.workflow,
+        plan.priority,
+        plan.graph_version,
+        if plan.admitted {
+            format!(
+                "admitted, {} replica{} on {} node{}",
+                plan.instances.len(),
+                if plan.instances.len() == 1 { "" } else { "s" },
+                nodes.len(),
+                if nodes.len() == 1 { "" } else { "s" }
+            )
+        } else {
+            "queued".to_owned()
+        }
+    );
+    if let Some(reason) = &plan.queued_reason {
+        let _ = writeln!(out, "queued: {reason}");
+    }
+    if !plan.instances.is_empty() {
+        let rows: Vec<Vec<String>> = plan
+            .instances
+            .iter()
+            .map(|i| {
+                vec![
+                    i.instance.clone(),
+                    format!("{}/{}", i.replica, i.replicas),
+                    i.variant.clone(),
+                    i.precision.to_string(),
+                    i.engine.clone(),
+                    layout(i),
+                    gpus(i),
+                    format!("{:.0}{}", i.tokens_per_s, if i.slow { " (slow)" } else { "" }),
+                ]
+            })
+            .collect();
+        out.push('\n');
+        out.push_str(&table::render(
+            &Style {
+                indent: "",
+                gap: 2,
+                right_aligned: &[7],
+            },
+            &[
+                "INSTANCE",
+                "REPLICA",
+                "VARIANT",
+                "PRECISION",
+                "ENGINE",
+                "SPLIT",
+                "GPUS",
+                "TOK/S",
+            ],
+            &rows,
+        ));
+    }
+    for r in &plan.remote {
+        let _ = writeln!(out, "remote: {} → {} (model {})", r.agent, r.url, r.model);
+    }
+    for u in &plan.unplaced {
+        let _ = writeln!(out, "unplaced: {} (replica {}): {}", u.instance, u.replica, u.reason);
+    }
+    for p in &plan.preempted {
+        let _ = writeln!(
+            out,
+            "preempts: {} of workflow {} (priority {}), freeing {}",
+            p.id,
+            p.workflow,
+            p.priority,
+            gib(p.frees)
+        );
+    }
+    if explain {
+        for i in &plan.instances {
+            let _ = writeln!(
+                out,
+                "\n{} (replica {} of {}, {} × {} tokens) — {} · {}",
+                i.instance, i.replica, i.replicas, i.concurrency, i.context, i.variant, i.quantization
+            );
+            for line in &i.why {
+                let _ = writeln!(out, "  why: {line}");
+            }
+            for d in &i.devices {
+                let gpu = d.gpu.map_or_else(|| "host".to_owned(), |g| format!("gpu {g}"));
+                let _ = writeln!(
+                    out,
+                    "  {} {gpu} ({}): stage {} rank {}, layers {}, needs {} (reserves {}) of {} usable",
+                    d.node,
+                    d.name,
+                    d.stage,
+                    d.rank,
+                    d.layers,
+                    gib(d.need),
+                    gib(d.reserved),
+                    gib(d.usable)
+                );
+            }
+            for r in &i.rejected {
+                let _ = writeln!(out, "  not chosen: {} — {}", r.option, r.why);
+            }
+        }
+        for e in &plan.excluded {
+            let gpu = e.gpu.map_or_else(String::new, |g| format!(" gpu {g}"));
+            let _ = writeln!(out, "left out: {}{gpu}: {}", e.node, e.reason);
+        }
+        let _ = writeln!(
+            out,
+            "\nsearch: {} candidates tried, {}",
+            plan.search.steps,
+            if plan.search.complete {
+                "complete (no better plan exists for the objective)"
+            } else {
+                "stopped at its budget (the best plan found)"
+            }
+        );
+    }
+    out
+}
