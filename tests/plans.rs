@@ -2,12 +2,13 @@
 //! agents would build (through the protocol's messages), the reference models' catalogs
 //! (what `skein models inspect` reads from the hub), and the planner users run.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+use skein_dsl::ir::Precision;
 use skein_model_registry::catalog::ModelInfo;
 use skein_orchestrator::graph::{GraphConfig, GraphSnapshot};
-use skein_orchestrator::plan::{self, Plan, PlanInput, PlanSettings};
+use skein_orchestrator::plan::{self, Plan, PlanInput, PlanSettings, PlannedInstance};
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -47,40 +48,84 @@ fn plan_of(workflow_file: &str, fleet: &str) -> Plan {
     .expect("plans")
 }
 
+fn instance<'p>(plan: &'p Plan, name: &str) -> &'p PlannedInstance {
+    plan.instances
+        .iter()
+        .find(|i| i.instance == name)
+        .unwrap_or_else(|| panic!("{name} is placed: {plan:#?}"))
+}
+
+fn cards(i: &PlannedInstance) -> BTreeSet<&str> {
+    i.devices
+        .iter()
+        .filter(|d| d.gpu.is_some())
+        .map(|d| d.name.as_str())
+        .collect()
+}
+
+/// The lab story (README, docs/placement.md): on the reference fleet the 33B coder runs
+/// at full precision on an A100 and the 70B writer on an NVLink pair of A100s.
 #[test]
-fn scratch() {
-    use skein_orchestrator::plan::options::State;
-    use skein_orchestrator::plan::{PlanFleet, demand, make_units};
-    let workflow = workflow("workflows/lab-research.yaml");
-    let models = models();
-    let graph = graph("workflows/fleets/lab-busy.yaml");
-    let s = PlanSettings::default();
-    let fleet = PlanFleet::from_snapshot(&graph, s.headroom, s.host_headroom, &[]);
-    let instances = demand::instances(&workflow);
-    let infos = demand::catalogs(&instances, &models).unwrap();
-    let units = make_units(&instances, &infos, &fleet, s.kv_dtype);
-    let mut state = State::new(&fleet);
-    for u in &units {
-        eprintln!("unit {}", instances[u.instance].agents[0]);
+fn on_the_lab_fleet_the_coder_gets_full_precision_on_an_a100() {
+    let plan = plan_of("workflows/lab-research.yaml", "workflows/fleets/lab.yaml");
+    assert!(plan.admitted, "{plan:#?}");
+    let coder = instance(&plan, "coder");
+    assert_eq!(coder.precision, Precision::Bf16);
+    assert_eq!(cards(coder), BTreeSet::from(["NVIDIA A100-SXM4-80GB"]));
+    let writer = instance(&plan, "writer");
+    assert_eq!(writer.precision, Precision::Bf16);
+    assert_eq!(writer.layout.tensor_parallel, 2);
+    assert!(writer.why.iter().any(|w| w.contains("NVLink")), "{:?}", writer.why);
+    assert_eq!(plan.remote.len(), 1);
+}
+
+/// With the A100s taken, the coder goes to 4-bit on RTX 4090s, and the 70B writer is
+/// split unevenly over GPUs of different models, none on host RAM.
+#[test]
+fn on_a_busy_lab_fleet_the_coder_goes_to_4_bit_and_the_70b_splits_unevenly() {
+    let plan = plan_of("workflows/lab-research.yaml", "workflows/fleets/lab-busy.yaml");
+    assert!(plan.admitted, "{plan:#?}");
+    let coder = instance(&plan, "coder");
+    assert_eq!(coder.precision, Precision::Int4);
+    assert_eq!(cards(coder), BTreeSet::from(["NVIDIA GeForce RTX 4090"]));
+    let writer = instance(&plan, "writer");
+    assert!(writer.precision >= Precision::Int8);
+    assert!(!writer.slow, "no layer in host RAM: {writer:#?}");
+    assert!(
+        cards(writer).len() >= 2,
+        "GPUs of different models: {:?}",
+        cards(writer)
+    );
+    let partition = &writer.layout.layer_partition;
+    assert!(partition.len() >= 2, "a layer split: {partition:?}");
+    assert!(partition.iter().any(|&l| l != partition[0]), "uneven: {partition:?}");
+    assert_eq!(partition.iter().sum::<u64>(), 80);
+    // Nothing lands where another tenant's job holds the memory.
+    for i in &plan.instances {
+        for d in &i.devices {
+            assert!(
+                d.reserved <= d.usable,
+                "{} {:?}: {} of {}",
+                d.node,
+                d.gpu,
+                d.reserved,
+                d.usable
+            );
+        }
     }
-    let coder = &units[0].unit;
-    let c = coder.candidates(&fleet, &state);
-    for c in &c {
-        eprintln!(
-            "coder {} {:?} {:?} {}",
-            coder_variant(c.variant),
-            c.family,
-            c.devices,
-            c.score
-        );
-    }
-    let awq = c.iter().find(|c| c.variant == 5).unwrap().clone();
-    state.apply(&awq);
-    for c in units[2].unit.candidates(&fleet, &state) {
-        eprintln!("writer v{} {:?} {:?} {}", c.variant, c.family, c.devices, c.score);
-    }
-    fn coder_variant(v: usize) -> usize {
-        v
-    }
-    let _ = plan_of;
+}
+
+/// A model too large for the GPUs it may use is refused with the figures.
+#[test]
+fn an_unplaceable_agent_says_why_with_figures() {
+    let plan = plan_of("workflows/lab-research.yaml", "workflows/fleets/laptop.yaml");
+    assert!(!plan.admitted);
+    let reason = plan.queued_reason.as_deref().expect("a reason");
+    assert!(reason.contains("writer"), "{reason}");
+    let writer = plan
+        .unplaced
+        .iter()
+        .find(|u| u.instance == "writer")
+        .expect("writer unplaced");
+    assert!(writer.reason.contains("GiB"), "{}", writer.reason);
 }
