@@ -292,7 +292,7 @@ pub fn render(plan: &Plan, explain: bool) -> String {
             "\nsearch: {} candidates tried, {}",
             plan.search.steps,
             if plan.search.complete {
-                "complete (no better plan exists for the objective)"
+                "complete (no better plan among the candidates considered)"
             } else {
                 "stopped at its budget (the best plan found)"
             }

@@ -45,8 +45,14 @@ fn server() -> Server {
 }
 
 fn server_with(extra: &[&str]) -> Server {
+    server_env(extra, &[])
+}
+
+/// [`server_with`], with environment variables for the server.
+fn server_env(extra: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Server {
     let data = tempfile::tempdir().unwrap();
     let mut child = skein()
+        .envs(env.iter().copied())
         .args(["server", "--listen", "127.0.0.1:0", "--agent-listen", "127.0.0.1:0"])
         .args(["--sample-interval", &format!("{INTERVAL_MS}ms"), "--data-dir"])
         .arg(data.path())
@@ -110,6 +116,7 @@ impl Server {
             .arg(fleet)
             .arg("--token-file")
             .arg(self.token_file())
+            .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap()
@@ -313,4 +320,109 @@ fn agents_join_over_tls_and_refuse_an_untrusted_server() {
     server.wait_for("old-1 over TLS", |g| all_reporting(g, 1));
     let _ = trusting.kill();
     let _ = trusting.wait();
+}
+
+/// `skein plan --server` plans on the live graph (`POST /v1/plans`), with the models read
+/// from the server's hub; bad requests are refused with what is wrong.
+#[test]
+fn a_plan_on_the_live_graph() {
+    let hub = skein_testkit::mock_hub::MockHub::start_in_background(skein_testkit::models::reference_hub_repos());
+    let cache = tempfile::tempdir().unwrap();
+    let hub_cache = cache.path().join("hub");
+    let server = server_env(
+        &[],
+        &[
+            ("HF_ENDPOINT", hub.url.as_ref()),
+            ("HF_HOME", cache.path().as_os_str()),
+            ("HF_HUB_CACHE", hub_cache.as_os_str()),
+        ],
+    );
+    let fleet = workspace_file("workflows/fleets/lab.yaml");
+    let _agents = Agents(
+        ["a100-box", "rtx-1", "rtx-2", "old-1"]
+            .iter()
+            .map(|n| server.agent(&fleet, n))
+            .collect(),
+    );
+    server.wait_for("four nodes reporting", |g| all_reporting(g, 4));
+
+    let out = skein()
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args([
+            "plan",
+            "workflows/lab-research.yaml",
+            "--server",
+            &server.api,
+            "--output",
+            "json",
+        ])
+        .arg("--data-dir")
+        .arg(server.data.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let plan: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(plan["admitted"], true, "{plan:#}");
+    let coder = plan["instances"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["instance"] == "coder")
+        .unwrap();
+    assert_eq!(coder["precision"], "bf16");
+    assert!(
+        coder["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|d| d["node"] == "a100-box")
+    );
+
+    // The table, from the same request.
+    let out = skein()
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["plan", "workflows/hello.yaml", "--server", &server.api])
+        .arg("--data-dir")
+        .arg(server.data.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("plan for `hello` (priority 0) on graph version "));
+
+    let token = std::fs::read_to_string(server.data.path().join("api-token")).unwrap();
+    let post = |body: Value, token: Option<&str>| {
+        server.runtime.block_on(async {
+            let mut request = reqwest::Client::new()
+                .post(format!("{}/v1/plans", server.api))
+                .json(&body);
+            if let Some(token) = token {
+                request = request.bearer_auth(token.trim());
+            }
+            let response = request.send().await.unwrap();
+            (
+                response.status().as_u16(),
+                response.json::<Value>().await.unwrap_or(Value::Null),
+            )
+        })
+    };
+    let (status, body) = post(serde_json::json!({"workflow": "name: x\nagents: {}\n"}), Some(&token));
+    assert_eq!(status, 422, "{body:#}");
+    assert!(!body["diagnostics"].as_array().unwrap().is_empty(), "{body:#}");
+    let (status, body) = post(serde_json::json!({"workflow": 1}), Some(&token));
+    assert_eq!(status, 400, "{body:#}");
+    let (status, _) = post(serde_json::json!({"workflow": "name: x"}), None);
+    assert_eq!(status, 401);
+}
+
+/// Agent processes, killed when dropped (also when a test fails).
+struct Agents(Vec<Child>);
+
+impl Drop for Agents {
+    fn drop(&mut self) {
+        for agent in &mut self.0 {
+            let _ = agent.kill();
+            let _ = agent.wait();
+        }
+    }
 }

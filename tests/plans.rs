@@ -129,3 +129,22 @@ fn an_unplaceable_agent_says_why_with_figures() {
         .expect("writer unplaced");
     assert!(writer.reason.contains("GiB"), "{}", writer.reason);
 }
+
+/// What `skein plan --server` reads back is what the server sent (all but the estimates,
+/// which stay on the server).
+#[test]
+fn a_plan_reads_back_from_its_json() {
+    for fleet in [
+        "workflows/fleets/lab.yaml",
+        "workflows/fleets/lab-busy.yaml",
+        "workflows/fleets/laptop.yaml",
+    ] {
+        let plan = plan_of("workflows/lab-research.yaml", fleet);
+        let mut sent = serde_json::to_value(&plan).expect("serializes");
+        for i in sent["instances"].as_array_mut().expect("instances") {
+            i.as_object_mut().expect("an object").remove("estimate");
+        }
+        let read: Plan = serde_json::from_value(sent.clone()).expect("reads back");
+        assert_eq!(serde_json::to_value(&read).expect("serializes"), sent, "{fleet}");
+    }
+}

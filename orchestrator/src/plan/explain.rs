@@ -353,13 +353,22 @@ fn why(
     } else if let Some(top) = best_tier {
         match alone.iter().find(|x| x.tier > c.tier) {
             Some(better) => {
-                let reason = why_not(unit.prefer(), fleet, better, c, owners, me);
-                lines.push(format!(
-                    "{} ({}) fits on its own, but {}",
-                    info.variants[better.variant].id,
-                    better.tier,
-                    reason.strip_prefix("better alone, but ").unwrap_or(&reason)
-                ));
+                let id = &info.variants[better.variant].id;
+                lines.push(if better.parts.cpu && !c.parts.cpu {
+                    format!("{id} ({}) fits only on the CPU: a last resort, slow", better.tier)
+                } else if better.parts.offload && !c.parts.offload {
+                    format!(
+                        "{id} ({}) fits only with layers in host RAM: a last resort, slow",
+                        better.tier
+                    )
+                } else {
+                    let reason = why_not(unit.prefer(), fleet, better, c, owners, me);
+                    format!(
+                        "{id} ({}) fits on its own, but {}",
+                        better.tier,
+                        reason.strip_prefix("better alone, but ").unwrap_or(&reason)
+                    )
+                });
             }
             None => {
                 let above: Vec<String> = unit

@@ -117,7 +117,7 @@ pub struct Plan {
     /// Whether every instance is placed (the workflow starts whole, or not at all).
     pub admitted: bool,
     /// Why it waits, when not admitted.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queued_reason: Option<String>,
     /// Placed replicas.
     pub instances: Vec<PlannedInstance>,
@@ -259,10 +259,10 @@ pub struct PlannedLayout {
     /// Decoder layers per stage (vLLM's explicit layer partition).
     pub layer_partition: Vec<u64>,
     /// llama.cpp `--tensor-split` proportions, one per GPU, when it splits layers.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tensor_split: Vec<u64>,
     /// llama.cpp `-ngl`: layers on GPUs when some stay in host RAM.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_layers: Option<u64>,
 }
 
