@@ -64,13 +64,9 @@ pub struct PlanArgs {
     /// Plan on a running orchestrator's live graph (`POST /v1/plans`).
     #[arg(long, value_name = "URL")]
     pub server: Option<String>,
-    /// Bearer token for --server; default: `<data dir>/api-token` of a server on this
-    /// machine.
-    #[arg(long, env = "SKEIN_API_TOKEN", hide_env_values = true)]
-    pub api_token: Option<String>,
-    /// The data directory whose api-token to read.
-    #[arg(long, value_name = "DIR")]
-    pub data_dir: Option<PathBuf>,
+    /// How to reach --server.
+    #[command(flatten)]
+    pub client: ApiClientArgs,
     /// Output format: a table, or the plan as JSON (the object the API returns).
     #[arg(long, value_enum, default_value_t = OutputFormat::Human)]
     pub output: OutputFormat,
@@ -89,6 +85,17 @@ pub struct PlanArgs {
     /// Use only the Hugging Face cache, as HF_HUB_OFFLINE=1 does.
     #[arg(long)]
     pub offline: bool,
+}
+
+/// The REST API token of a client command.
+#[derive(Debug, Args)]
+pub struct ApiClientArgs {
+    /// Bearer token; default: `<data dir>/api-token` of a server on this machine.
+    #[arg(long, env = "SKEIN_API_TOKEN", hide_env_values = true)]
+    pub api_token: Option<String>,
+    /// The data directory whose api-token to read.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
 }
 
 /// `skein agent`.
@@ -162,12 +169,9 @@ pub struct NodesArgs {
     /// The server's REST address.
     #[arg(long, default_value = "http://127.0.0.1:7878", value_name = "URL")]
     pub server: String,
-    /// Bearer token; default: `<data dir>/api-token` of a server on this machine.
-    #[arg(long, env = "SKEIN_API_TOKEN", hide_env_values = true)]
-    pub api_token: Option<String>,
-    /// The data directory whose api-token to read.
-    #[arg(long, value_name = "DIR")]
-    pub data_dir: Option<PathBuf>,
+    /// How to reach the server.
+    #[command(flatten)]
+    pub client: ApiClientArgs,
     /// Output format: a table, or the whole graph as JSON.
     #[arg(long, value_enum, default_value_t = OutputFormat::Human)]
     pub output: OutputFormat,

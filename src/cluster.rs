@@ -17,7 +17,7 @@ use skein_orchestrator::server::{ServerConfig, TlsFiles};
 use skein_agent::daemon::{AgentConfig, NoGpus};
 use skein_agent::{GpuSource, HostInventory, HostSampler, discover_nvml, load_fleet};
 
-use crate::cli::{AgentArgs, EXIT_OK, NodesArgs, OutputFormat, ServerArgs, UpArgs};
+use crate::cli::{AgentArgs, ApiClientArgs, EXIT_OK, NodesArgs, OutputFormat, ServerArgs, UpArgs};
 
 /// Default REST address.
 pub const DEFAULT_API_ADDR: &str = "127.0.0.1:7878";
@@ -280,11 +280,11 @@ fn render_nodes(graph: &Graph) -> String {
 /// `skein nodes`.
 /// The REST API token: the flag (or SKEIN_API_TOKEN), else the api-token file of a
 /// server on this machine.
-pub fn api_token(flag: Option<&str>, data_dir_flag: Option<&Path>) -> anyhow::Result<Secret> {
-    if let Some(token) = flag.and_then(Secret::new) {
+pub fn api_token(args: &ApiClientArgs) -> anyhow::Result<Secret> {
+    if let Some(token) = args.api_token.as_deref().and_then(Secret::new) {
         return Ok(token);
     }
-    let file = data_dir(data_dir_flag)?.join("api-token");
+    let file = data_dir(args.data_dir.as_deref())?.join("api-token");
     let text = std::fs::read_to_string(&file).with_context(|| {
         format!(
             "no API token: pass --api-token, set SKEIN_API_TOKEN, or run on the server's machine (reads {})",
@@ -295,7 +295,7 @@ pub fn api_token(flag: Option<&str>, data_dir_flag: Option<&Path>) -> anyhow::Re
 }
 
 pub fn run_nodes(args: &NodesArgs) -> anyhow::Result<ExitCode> {
-    let token = api_token(args.api_token.as_deref(), args.data_dir.as_deref())?;
+    let token = api_token(&args.client)?;
     let url = format!("{}/v1/graph", args.server.trim_end_matches('/'));
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -95,7 +95,7 @@ fn remote(args: &PlanArgs, server: &str) -> anyhow::Result<Plan> {
         .with_context(|| format!("cannot read workflow file {}", args.workflow.display()))?;
     // Check it here first: the errors come with file positions.
     load_workflow(&args.workflow)?;
-    let token = crate::cluster::api_token(args.api_token.as_deref(), args.data_dir.as_deref())?;
+    let token = crate::cluster::api_token(&args.client)?;
     let url = format!("{}/v1/plans", server.trim_end_matches('/'));
     let body = serde_json::json!({
         "workflow": text,

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use serde::Serialize;
 use skein_dsl::diag::{self, JsonDiagnostic};
 use skein_dsl::{RenderOptions, Workflow};
+use skein_model_registry::error_chain;
 use skein_orchestrator::workflows;
 
 use crate::cli::{ColorChoice, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, OutputFormat, ValidateArgs};
@@ -131,16 +132,4 @@ fn is_zero(n: &usize) -> bool {
 
 fn plural(n: usize, suffix: &'static str) -> &'static str {
     if n == 1 { "" } else { suffix }
-}
-
-/// The error and its causes on one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }

@@ -72,19 +72,9 @@ fn hub() -> MockHub {
 /// else from the environment that could change the answer.
 fn skein(hub: &MockHub, cache: &Path, args: &[&str], offline: bool) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_skein"));
-    command
-        .args(args)
-        .env("HF_ENDPOINT", &hub.url)
-        .env("HF_HOME", cache)
-        .env("HF_HUB_CACHE", cache.join("hub"))
-        .env_remove("HF_TOKEN")
-        .env_remove("HF_TOKEN_PATH")
-        .env_remove("RUST_LOG")
-        .env("NO_COLOR", "1");
+    hub.environment(&mut command, cache).args(args);
     if offline {
         command.env("HF_HUB_OFFLINE", "1");
-    } else {
-        command.env_remove("HF_HUB_OFFLINE");
     }
     command.output().expect("run skein")
 }

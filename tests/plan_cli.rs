@@ -13,17 +13,9 @@ fn hub() -> MockHub {
 /// Runs `skein ARGS` in the repository root against `hub`, with `cache` as the Hugging
 /// Face cache.
 fn skein(hub: &MockHub, cache: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_skein"))
+    hub.environment(&mut Command::new(env!("CARGO_BIN_EXE_skein")), cache)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .args(args)
-        .env("HF_ENDPOINT", &hub.url)
-        .env("HF_HOME", cache)
-        .env("HF_HUB_CACHE", cache.join("hub"))
-        .env_remove("HF_TOKEN")
-        .env_remove("HF_TOKEN_PATH")
-        .env_remove("HF_HUB_OFFLINE")
-        .env_remove("RUST_LOG")
-        .env("NO_COLOR", "1")
         .output()
         .expect("run skein")
 }

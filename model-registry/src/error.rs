@@ -699,3 +699,15 @@ fn gguf_version_help(version: u32) -> &'static str {
         " (only versions 2 and 3)"
     }
 }
+
+/// An error and its causes, `: `-joined: the one line a log or an HTTP answer shows.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

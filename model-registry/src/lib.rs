@@ -68,7 +68,7 @@ pub mod safetensors;
 pub use bytes::Bytes;
 pub use config::{Architecture, ModelConfig};
 pub use dtype::{GgmlType, SafetensorsDtype};
-pub use error::Error;
+pub use error::{Error, error_chain};
 pub use estimate::{
     Engine, Estimate, EstimateRequest, KvDtype, Layout, ModelShape, WeightGroups, WeightsSource, estimate, fits,
     tp_degrees,

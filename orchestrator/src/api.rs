@@ -148,7 +148,7 @@ async fn plans(State(state): State<ApiState>, body: axum::body::Bytes) -> Respon
         let runtime = tokio::runtime::Handle::current();
         let models = runtime
             .block_on(crate::catalogs::inspect_workflow(&hub, &workflow, &options))
-            .map_err(|e| Box::new(error(StatusCode::BAD_GATEWAY, &error_chain(&e))))?;
+            .map_err(|e| Box::new(error(StatusCode::BAD_GATEWAY, &skein_model_registry::error_chain(&e))))?;
         let snapshot = graph.snapshot();
         crate::plan::plan(&PlanInput {
             workflow: &workflow,
@@ -165,17 +165,6 @@ async fn plans(State(state): State<ApiState>, body: axum::body::Bytes) -> Respon
         Ok(Err(response)) => *response,
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &format!("the planner failed: {e}")),
     }
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// One row of `GET /v1/nodes`.

@@ -246,6 +246,25 @@ impl MockHub {
     pub fn authorizations(&self) -> Vec<String> {
         self.state.authorizations.lock().unwrap().clone()
     }
+
+    /// Points `command` (a `skein` process) at this hub with `cache` as its Hugging
+    /// Face cache, and removes what else in the environment could change its answers
+    /// (a token, offline mode, log filters, colours).
+    pub fn environment<'c>(
+        &self,
+        command: &'c mut std::process::Command,
+        cache: &std::path::Path,
+    ) -> &'c mut std::process::Command {
+        command
+            .env("HF_ENDPOINT", &self.url)
+            .env("HF_HOME", cache)
+            .env("HF_HUB_CACHE", cache.join("hub"))
+            .env_remove("HF_TOKEN")
+            .env_remove("HF_TOKEN_PATH")
+            .env_remove("HF_HUB_OFFLINE")
+            .env_remove("RUST_LOG")
+            .env("NO_COLOR", "1")
+    }
 }
 
 async fn fallback(State(state): State<Arc<HubState>>, method: Method, uri: Uri, headers: HeaderMap) -> Response {

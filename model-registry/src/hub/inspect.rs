@@ -10,6 +10,7 @@ use crate::catalog::{
     GgufVariantFiles, MAX_LISTED_TP_DEGREE, ModelInfo, ShapeSource, SkippedVariant, Variant, gguf_variants,
     sort_variants,
 };
+use crate::error::error_chain;
 use crate::estimate::{ModelShape, WeightGroups, WeightsSource, tp_degrees};
 use crate::{Bytes, Error, ModelConfig, Quantization, WeightFormat};
 
@@ -475,16 +476,4 @@ fn skip(id: String, error: &Error) -> SkippedVariant {
         id,
         reason: error_chain(error),
     }
-}
-
-/// An error and its causes, `: `-joined.
-pub(crate) fn error_chain(error: &Error) -> String {
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
