@@ -178,6 +178,10 @@ fn the_reference_fleet_joins_and_a_killed_agent_goes_down_and_returns() {
     assert_eq!(count("NVIDIA A100-SXM4-80GB", 81_920), 4);
     assert_eq!(count("NVIDIA GeForce RTX 4090", 24_564), 8);
     assert_eq!(count("Tesla V100-PCIE-16GB", 16_160), 2);
+    // The network links the fleet file gives, as the planner reads them.
+    let network = |name: &str| node(&graph, name).unwrap()["inventory"]["host"]["network_bps"].as_u64();
+    assert_eq!(network("a100-box"), Some(100_000_000_000));
+    assert_eq!(network("old-1"), Some(10_000_000_000));
     let a100 = node(&graph, "a100-box").unwrap();
     assert!(a100["links"].as_array().unwrap().iter().all(|l| l["kind"] == "nvlink"));
     let rtx_id = node(&graph, "rtx-2").unwrap()["id"].as_str().unwrap().to_owned();

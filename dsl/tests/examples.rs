@@ -42,5 +42,5 @@ fn yaml_and_rhai_forms_yield_equal_ir() {
 #[test]
 fn topological_order_follows_after() {
     let w = parse_example("lab-research.yaml").workflow.expect("valid");
-    assert_eq!(w.topological_order(), ["look", "code", "review"]);
+    assert_eq!(w.topological_order(), ["look", "code", "review", "report"]);
 }
