@@ -6,7 +6,10 @@
 //! not change with a few megabytes of noise). Down nodes and GPUs are left out; GPUs
 //! without a sample yet are left out with a reason.
 
+use std::collections::HashMap;
+
 use serde::{Deserialize, Serialize};
+use skein_gpu_catalog::CardModel;
 
 use crate::graph::{GraphSnapshot, HealthState, NodeView};
 
@@ -139,6 +142,8 @@ impl PlanFleet {
     ) -> PlanFleet {
         let mut nodes = Vec::new();
         let mut excluded = Vec::new();
+        // Catalog lookups are by loose name; a fleet has few distinct names.
+        let mut cards: HashMap<String, Option<&'static CardModel>> = HashMap::new();
         for node in &snapshot.nodes {
             if node.health.state == HealthState::Down || !node.connected {
                 excluded.push(Excluded {
@@ -152,7 +157,14 @@ impl PlanFleet {
                 });
                 continue;
             }
-            nodes.push(plan_node(node, headroom, host_headroom, reclaim, &mut excluded));
+            nodes.push(plan_node(
+                node,
+                headroom,
+                host_headroom,
+                reclaim,
+                &mut cards,
+                &mut excluded,
+            ));
         }
         nodes.sort_by(|a, b| a.name.cmp(&b.name));
         PlanFleet { nodes, excluded }
@@ -172,6 +184,7 @@ fn plan_node(
     headroom: Headroom,
     host_headroom: u64,
     reclaim: &[Held<'_>],
+    cards: &mut HashMap<String, Option<&'static CardModel>>,
     excluded: &mut Vec<Excluded>,
 ) -> PlanNode {
     let name = node.inventory.name.clone();
@@ -203,7 +216,12 @@ fn plan_node(
             .sum();
         let free = free.saturating_add(held).min(facts.memory_total);
         let usable = free.saturating_sub(headroom.for_total(facts.memory_total)) / USABLE_QUANTUM * USABLE_QUANTUM;
-        let card = skein_gpu_catalog::lookup(&facts.name);
+        let card = match cards.get(&facts.name) {
+            Some(card) => *card,
+            None => *cards
+                .entry(facts.name.clone())
+                .or_insert_with(|| skein_gpu_catalog::lookup(&facts.name)),
+        };
         let mut bandwidth = card.map_or(UNKNOWN_GPU_BANDWIDTH_GBS, |c| c.memory_bandwidth_gbs) * 1e9;
         let mut speed_note = card.is_none().then(|| {
             format!(

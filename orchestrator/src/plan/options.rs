@@ -238,6 +238,18 @@ impl State {
     }
 
     /// One node per distinct state: the first by position.
+    /// The first `per` nodes (by position) of each distinct node state, in position
+    /// order.
+    pub fn first_of_each_state(&self, per: usize) -> Vec<usize> {
+        let mut nodes: Vec<usize> = self
+            .sig_nodes
+            .values()
+            .flat_map(|members| members.iter().take(per).copied())
+            .collect();
+        nodes.sort_unstable();
+        nodes
+    }
+
     fn representatives(&self) -> Vec<(u32, usize)> {
         let mut reps: Vec<(u32, usize)> = self
             .sig_nodes
@@ -689,7 +701,9 @@ impl<'a> Unit<'a> {
     fn cross_node(&self, fleet: &PlanFleet, state: &State, v: usize, tier: Precision, max_size: usize) -> Vec<Cand> {
         let mut nodes = Vec::new();
         let mut groups = Vec::new();
-        for n in 0..fleet.nodes.len() {
+        // Nodes in one state are interchangeable and a split spans at most `max_gpus`
+        // of them: the first few of each state are every node a split can use first.
+        for n in state.first_of_each_state(self.max_gpus) {
             let group: Vec<usize> = (0..fleet.nodes[n].gpus.len())
                 .filter(|&p| self.usable_gpu(fleet, state, v, n, p))
                 .collect();
@@ -1020,7 +1034,23 @@ fn tp_groups(gpus: &[PlanGpu], cur: &[u64], eligible: &[usize], k: usize, need: 
             continue;
         }
         if list.len() <= EXHAUSTIVE_NODE_GPUS {
-            for_each_subset(&list, k, &mut |s| out.push(s.to_vec()));
+            // Subsets alike in everything the score and the fit read (memory, health,
+            // speed, whether all are NVLinked) give equal candidates: the first stands
+            // for all, as `dedupe` would keep it.
+            let mut seen = BTreeSet::new();
+            for_each_subset(&list, k, &mut |s| {
+                let mut shape: Vec<(u64, bool, u64)> = s
+                    .iter()
+                    .map(|&p| (cur[p], gpus[p].degraded, gpus[p].bandwidth.to_bits()))
+                    .collect();
+                shape.sort_unstable();
+                let linked = s
+                    .iter()
+                    .all(|&a| s.iter().all(|&b| a == b || gpus[a].nvlink & (1 << b) != 0));
+                if seen.insert((shape, linked)) {
+                    out.push(s.to_vec());
+                }
+            });
         } else {
             let mut sorted = list.clone();
             sorted.sort_by_key(|&p| (gpus[p].degraded, gpus[p].total, cur[p], p));

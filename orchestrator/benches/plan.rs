@@ -1,0 +1,411 @@
+//! The placement planner on large mixed fleets, against a first-fit baseline in the same
+//! run.
+//!
+//! - `workflow_20_agents/planner`: planning a 20-agent workflow (the five reference
+//!   models, several precisions, contexts and concurrencies) on 1,000 nodes × 8 GPUs of
+//!   six node types with varied live free memory, some GPUs degraded.
+//! - `single_instance/planner`: planning a one-agent workflow on 5,000 nodes × 8 GPUs
+//!   (placements per second = 1 / time); the five models in turn.
+//! - `…/first_fit`: the baseline today's tools use: per agent the highest precision the
+//!   agent allows, sized as file size × 1.2, on the first GPU (node order) with that much
+//!   free, else split evenly over the first identical GPUs of one node that hold it.
+//!
+//! Before measuring, the bench prints the packing of both on the 1,000-node fleet:
+//! agents placed, GPUs used, precision tiers, and how many of first-fit's placements the
+//! memory estimator says would not fit (out of memory at start or under load).
+//!
+//! Run: `cargo bench -p skein-orchestrator --bench plan -- --warm-up-time 1 --measurement-time 5`
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::hint::black_box;
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use skein_dsl::Workflow;
+use skein_dsl::ir::{Backend, Precision};
+use skein_model_registry::catalog::ModelInfo;
+use skein_model_registry::estimate::{EstimateRequest, Layout, estimate};
+use skein_orchestrator::graph::{
+    GpuFacts, GpuSample, GraphConfig, GraphSnapshot, HardwareGraph, HostFacts, IndexedSample, NodeInventory,
+    TelemetryBatch,
+};
+use skein_orchestrator::plan::score::tier_of;
+use skein_orchestrator::plan::{self, PlanInput, PlanSettings};
+
+/// Node types: (catalog card, GPUs, NVLink).
+const NODE_TYPES: [(&str, bool); 6] = [
+    ("A100-80GB", true),
+    ("A100-40GB", true),
+    ("RTX4090-24GB", false),
+    ("L4-24GB", false),
+    ("V100-32GB", true),
+    ("RTXA6000-48GB", false),
+];
+
+/// Per mille of each card in use by others, in turn (few distinct states, as real
+/// fleets have: idle cards, and a few common jobs).
+const USED_PERMILLE: [u64; 5] = [0, 0, 250, 500, 900];
+
+/// A pseudo-random but fixed sequence.
+fn mix(seed: u64) -> u64 {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x ^= x >> 31;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^ (x >> 29)
+}
+
+fn fleet(nodes: usize) -> GraphSnapshot {
+    let graph = HardwareGraph::new(GraphConfig::default());
+    for n in 0..nodes {
+        let (card_name, nvlink) = NODE_TYPES[(mix(n as u64) % NODE_TYPES.len() as u64) as usize];
+        let card = skein_gpu_catalog::lookup(card_name).expect("a catalog card");
+        let uuids: Vec<String> = (0..8).map(|i| format!("GPU-{n:05}-{i}")).collect();
+        let gpus: Vec<GpuFacts> = (0..8u32)
+            .map(|i| GpuFacts {
+                index: i,
+                uuid: uuids[i as usize].clone(),
+                name: card.nvml_name.to_owned(),
+                memory_total: card.memory_bytes(),
+                compute_capability: Some(card.compute_capability),
+                power_limit_mw: Some((card.power_limit_w * 1000.0) as u32),
+                pcie: Some(card.pcie),
+                nvlink_peers: if nvlink {
+                    uuids.iter().filter(|u| **u != uuids[i as usize]).cloned().collect()
+                } else {
+                    Vec::new()
+                },
+                mig_enabled: Some(false),
+                simulated: true,
+            })
+            .collect();
+        let samples = gpus
+            .iter()
+            .map(|g| {
+                let r = mix((n as u64) << 8 | u64::from(g.index));
+                // Most nodes idle or with one common job on all their GPUs.
+                let used = g.memory_total / 1000 * USED_PERMILLE[(mix(n as u64 + 7) % 5) as usize];
+                let hot = r % 50 == 0;
+                IndexedSample {
+                    index: g.index,
+                    sample: GpuSample {
+                        received_ms: 0,
+                        unix_ms: 0,
+                        memory_used: used,
+                        memory_free: g.memory_total - used,
+                        utilization_pct: Some(0),
+                        memory_utilization_pct: Some(0),
+                        temperature_c: Some(if hot { 90 } else { 40 }),
+                        power_mw: Some(60_000),
+                        sm_clock_mhz: Some(1400),
+                        throttle_reasons: if hot { skein_proto::throttle::THERMAL } else { 0 },
+                        ecc_corrected: Some(0),
+                        ecc_uncorrected: Some(0),
+                        foreign_memory: Some(used),
+                    },
+                }
+            })
+            .collect();
+        let name = format!("node-{n:05}");
+        let inventory = NodeInventory {
+            name: name.clone(),
+            agent_version: "bench".to_owned(),
+            gpu_source: "simulated".to_owned(),
+            host: HostFacts {
+                hostname: name,
+                memory_total: 512 << 30,
+                network_bps: 100_000_000_000,
+                ..HostFacts::default()
+            },
+            gpus,
+        };
+        let (registration, _) = graph.register(inventory, 0);
+        graph.connected(&registration.id, 0).expect("registered");
+        graph
+            .ingest(
+                &registration.id,
+                TelemetryBatch {
+                    seq: 1,
+                    gpus: samples,
+                    host: Some(skein_orchestrator::graph::HostSample {
+                        load1: 1.0,
+                        memory_available: 500 << 30,
+                    }),
+                },
+                0,
+            )
+            .expect("ingested");
+    }
+    graph.snapshot()
+}
+
+const REPOS: [&str; 5] = [
+    "Qwen/Qwen2.5-0.5B-Instruct",
+    "Qwen/Qwen2.5-7B-Instruct",
+    "llava-hf/llava-v1.6-mistral-7b-hf",
+    "deepseek-ai/deepseek-coder-33b-instruct",
+    "meta-llama/Meta-Llama-3-70B-Instruct",
+];
+
+fn workflow(agents: &[(usize, u32, u32, &str)]) -> Workflow {
+    let mut text = String::from("name: bench\nagents:\n");
+    for (i, (repo, context, concurrency, min)) in agents.iter().enumerate() {
+        text.push_str(&format!(
+            "  a{i}: {{ model: {{ repo: {}, context: {context}, concurrency: {concurrency}, min_precision: {min}, prefer: {} }} }}\n",
+            REPOS[*repo],
+            ["quality", "speed", "fewest_gpus"][i % 3]
+        ));
+    }
+    text.push_str("steps:\n  - { id: s, agent: a0, prompt: hi }\n");
+    let parsed = skein_dsl::parse("bench.yaml", &text);
+    parsed.workflow.expect("a valid workflow")
+}
+
+/// Twenty agents: small helpers, 7B chat and vision agents, 33B coders, two 70B agents,
+/// each with its own preference in turn; agents 1 and 19 (and any other pair alike in
+/// model and preference) share an instance.
+fn twenty_agents() -> Workflow {
+    let mut agents = Vec::new();
+    for i in 0..20usize {
+        let repo = [0, 1, 1, 2, 3, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 1, 0, 2, 3, 1][i];
+        let context = [2048, 8192, 32768][i % 3];
+        let concurrency = [1, 2, 4][(i / 3) % 3];
+        let min = ["int4", "int8", "bf16"][(i / 2) % 3];
+        agents.push((repo, context, concurrency, min));
+    }
+    // Two agents that share an instance.
+    agents[19] = agents[1];
+    workflow(&agents)
+}
+
+fn models() -> BTreeMap<String, ModelInfo> {
+    skein_testkit::models::reference_models()
+        .into_iter()
+        .map(|m| (m.repo.to_string(), m))
+        .collect()
+}
+
+/// What first-fit placed for one agent.
+struct FirstFit {
+    agent: String,
+    variant: usize,
+    gpus: Vec<(usize, usize)>,
+}
+
+/// The baseline: per agent, the highest-precision allowed variant sized as file size ×
+/// 1.2, on the first GPU (node order) with that much free; else split evenly over the
+/// first 2, 4 or 8 GPUs of one node that each hold their share. Reserves what it sized.
+fn first_fit(workflow: &Workflow, models: &BTreeMap<String, ModelInfo>, graph: &GraphSnapshot) -> Vec<FirstFit> {
+    let mut free: Vec<Vec<u64>> = graph
+        .nodes
+        .iter()
+        .map(|n| n.gpus.iter().map(|g| g.memory_free().unwrap_or(0)).collect())
+        .collect();
+    let mut out = Vec::new();
+    for (name, agent) in &workflow.agents {
+        let Backend::Model(req) = &agent.backend else { continue };
+        let info = &models[&req.repo];
+        let mut variants: Vec<(usize, Precision)> = info
+            .variants
+            .iter()
+            .enumerate()
+            .filter_map(|(v, var)| tier_of(&var.quantization).map(|t| (v, t)))
+            .filter(|(_, t)| *t >= req.min_precision)
+            .collect();
+        variants.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        let Some(&(v, _)) = variants.first() else { continue };
+        let size = info.variants[v].size.get() / 5 * 6;
+        let mut placed = None;
+        'k: for k in [1usize, 2, 4, 8] {
+            for (n, gpus) in free.iter().enumerate() {
+                let fit: Vec<usize> = (0..gpus.len())
+                    .filter(|&p| gpus[p] >= size / k as u64)
+                    .take(k)
+                    .collect();
+                if fit.len() == k {
+                    placed = Some((n, fit, size / k as u64));
+                    break 'k;
+                }
+            }
+        }
+        if let Some((n, gpus, share)) = placed {
+            for &p in &gpus {
+                free[n][p] -= share;
+            }
+            out.push(FirstFit {
+                agent: name.clone(),
+                variant: v,
+                gpus: gpus.into_iter().map(|p| (n, p)).collect(),
+            });
+        }
+    }
+    out
+}
+
+/// Packing of both on one fleet, printed once.
+fn report(workflow: &Workflow, models: &BTreeMap<String, ModelInfo>, graph: &GraphSnapshot) {
+    let plan = plan::plan(&PlanInput {
+        workflow,
+        models,
+        graph,
+        running: &[],
+        settings: PlanSettings::default(),
+    })
+    .expect("plans");
+    let planned_agents: usize = plan.instances.iter().map(|i| i.agents.len()).sum();
+    let planned_gpus: BTreeSet<(String, Option<u32>)> = plan
+        .instances
+        .iter()
+        .flat_map(|i| i.devices.iter().map(|d| (d.node.clone(), d.gpu)))
+        .filter(|d| d.1.is_some())
+        .collect();
+    let planned_bf16 = plan.instances.iter().filter(|i| i.precision >= Precision::Bf16).count();
+    let ff = first_fit(workflow, models, graph);
+    let ff_gpus: BTreeSet<(usize, usize)> = ff.iter().flat_map(|f| f.gpus.iter().copied()).collect();
+    // Would each first-fit placement start? The estimator's need (at the agent's context
+    // and concurrency, with the engine's runtime memory) against the memory free.
+    let mut free: Vec<Vec<u64>> = graph
+        .nodes
+        .iter()
+        .map(|n| n.gpus.iter().map(|g| g.memory_free().unwrap_or(0)).collect())
+        .collect();
+    let mut oom = 0;
+    let mut ff_bf16 = 0;
+    for f in &ff {
+        let agent = &workflow.agents[&f.agent];
+        let Backend::Model(req) = &agent.backend else { continue };
+        let info = &models[&req.repo];
+        let variant = &info.variants[f.variant];
+        if tier_of(&variant.quantization).is_some_and(|t| t >= Precision::Bf16) {
+            ff_bf16 += 1;
+        }
+        let engine = match variant.format() {
+            skein_model_registry::WeightFormat::Gguf => skein_model_registry::estimate::Engine::LLAMA_CPP,
+            _ => skein_model_registry::estimate::Engine::VLLM,
+        };
+        let layout = if f.gpus.len() == 1 {
+            Layout::single()
+        } else {
+            Layout::tensor_parallel(f.gpus.len() as u64)
+        };
+        let request = EstimateRequest::new(engine, u64::from(req.context))
+            .with_concurrency(u64::from(req.concurrency))
+            .with_layout(layout);
+        let fits = match estimate(&info.shape, &variant.weights, &request) {
+            Ok(e) => e
+                .devices
+                .iter()
+                .zip(&f.gpus)
+                .all(|(d, &(n, p))| d.total.get() <= free[n][p]),
+            Err(_) => false,
+        };
+        if fits {
+            for (d, &(n, p)) in estimate(&info.shape, &variant.weights, &request)
+                .expect("estimated above")
+                .devices
+                .iter()
+                .zip(&f.gpus)
+            {
+                free[n][p] -= d.total.get();
+            }
+        } else {
+            oom += 1;
+        }
+    }
+    eprintln!(
+        "packing on {} nodes, {} agents: planner places {planned_agents} agents ({} replicas, {planned_bf16} at 16-bit) on {} GPUs, admitted {}, search {} steps complete {}; \
+         first-fit places {} agents ({ff_bf16} at 16-bit) on {} GPUs, of which {oom} would not start (the estimator's need exceeds the memory free)",
+        graph.nodes.len(),
+        workflow.agents.len(),
+        plan.instances.len(),
+        planned_gpus.len(),
+        plan.admitted,
+        plan.search.steps,
+        plan.search.complete,
+        ff.len(),
+        ff_gpus.len(),
+    );
+}
+
+/// Where one plan's time goes, printed once.
+fn phases(workflow: &Workflow, models: &BTreeMap<String, ModelInfo>, graph: &GraphSnapshot) {
+    use skein_orchestrator::plan::options::{State, Unit};
+    use skein_orchestrator::plan::{PlanFleet, demand, make_units, search};
+    use std::time::Instant;
+    let s = PlanSettings::default();
+    let t = Instant::now();
+    let fleet = PlanFleet::from_snapshot(graph, s.headroom, s.host_headroom, &[]);
+    let t1 = t.elapsed();
+    let state = State::new(&fleet);
+    let t2 = t.elapsed();
+    let instances = demand::instances(workflow);
+    let infos = demand::catalogs(&instances, models).expect("catalogs");
+    let units = make_units(&instances, &infos, &fleet, s.kv_dtype);
+    let t3 = t.elapsed();
+    let refs: Vec<&Unit<'_>> = units.iter().map(|u| &u.unit).collect();
+    let found = search::search(&refs, &fleet, s.search_budget);
+    let t4 = t.elapsed();
+    drop(state);
+    eprintln!(
+        "phases on {} nodes: fleet {t1:?}, state {:?}, units {:?}, search {:?} ({} steps)",
+        graph.nodes.len(),
+        t2 - t1,
+        t3 - t2,
+        t4 - t3,
+        found.steps
+    );
+}
+
+fn bench(c: &mut Criterion) {
+    let models = models();
+    let settings = PlanSettings::default();
+
+    let big = fleet(1000);
+    let twenty = twenty_agents();
+    report(&twenty, &models, &big);
+    let mut g = c.benchmark_group("workflow_20_agents");
+    g.sample_size(20);
+    g.bench_function("planner", |b| {
+        b.iter(|| {
+            plan::plan(black_box(&PlanInput {
+                workflow: &twenty,
+                models: &models,
+                graph: &big,
+                running: &[],
+                settings,
+            }))
+            .expect("plans")
+        })
+    });
+    g.bench_function("first_fit", |b| b.iter(|| first_fit(black_box(&twenty), &models, &big)));
+    g.finish();
+    drop(big);
+
+    let huge = fleet(5000);
+    phases(&workflow(&[(3, 8192, 1, "int4")]), &models, &huge);
+    let singles: Vec<Workflow> = (0..REPOS.len()).map(|r| workflow(&[(r, 8192, 1, "int4")])).collect();
+    let mut g = c.benchmark_group("single_instance");
+    g.sample_size(30);
+    let mut turn = 0;
+    g.bench_function("planner", |b| {
+        b.iter(|| {
+            turn = (turn + 1) % singles.len();
+            plan::plan(black_box(&PlanInput {
+                workflow: &singles[turn],
+                models: &models,
+                graph: &huge,
+                running: &[],
+                settings,
+            }))
+            .expect("plans")
+        })
+    });
+    g.bench_function("first_fit", |b| {
+        b.iter(|| {
+            turn = (turn + 1) % singles.len();
+            first_fit(black_box(&singles[turn]), &models, &huge)
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
