@@ -255,13 +255,13 @@ fn settings(budget: u64) -> PlanSettings {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
 
     /// Every plan respects memory, degrees, precision and gangs, and is reproducible.
     #[test]
     fn plans_are_valid_and_deterministic(
-        fleet in fleet_spec(12),
-        agents in prop::collection::vec(agent_spec(), 1..=5),
+        fleet in fleet_spec(10),
+        agents in prop::collection::vec(agent_spec(), 1..=4),
     ) {
         let snapshot = snapshot(&fleet);
         let workflow = workflow(&agents);
@@ -308,14 +308,14 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
-    /// On small cases (up to 8 GPUs, up to 4 agents), an exhaustive search over every
+    /// On small cases (up to 6 GPUs, up to 3 agents), an exhaustive search over every
     /// subset of GPUs finds no better objective than the planner.
     #[test]
     fn no_exhaustive_search_beats_the_planner(
-        fleet in fleet_spec(8),
-        agents in prop::collection::vec(agent_spec(), 1..=4),
+        fleet in fleet_spec(6),
+        agents in prop::collection::vec(agent_spec(), 1..=3),
     ) {
         let snapshot = snapshot(&fleet);
         let workflow = workflow(&agents);
