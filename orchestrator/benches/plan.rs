@@ -83,7 +83,7 @@ fn fleet(nodes: usize) -> GraphSnapshot {
                 let r = mix((n as u64) << 8 | u64::from(g.index));
                 // Most nodes idle or with one common job on all their GPUs.
                 let used = g.memory_total / 1000 * USED_PERMILLE[(mix(n as u64 + 7) % 5) as usize];
-                let hot = r % 50 == 0;
+                let hot = r.is_multiple_of(50);
                 IndexedSample {
                     index: g.index,
                     sample: GpuSample {

@@ -763,7 +763,7 @@ impl<'a> Unit<'a> {
         let per_layer = probe
             .devices
             .iter()
-            .filter(|d| d.layers.len() > 0)
+            .filter(|d| !d.layers.is_empty())
             .map(|d| (d.weights.get() + d.kv_cache.get()).div_ceil(d.layers.len()))
             .max()?
             .max(1);
