@@ -19,7 +19,7 @@ use serde::Deserialize;
 use skein_dsl::SourceKind;
 use skein_model_registry::hub::InspectOptions;
 
-use crate::plan::{PlanInput, PlanSettings};
+use crate::plan::{PlanInput, PlanSettings, Planner};
 use futures::Stream;
 use serde::Serialize;
 use tokio::sync::broadcast;
@@ -38,6 +38,8 @@ pub struct ApiState {
     pub token: Secret,
     /// The hub client plans read model metadata with.
     pub hub: skein_model_registry::hub::HubClient,
+    /// The planner, with what it keeps between plans.
+    pub planner: Arc<std::sync::Mutex<Planner>>,
 }
 
 /// The router.
@@ -142,6 +144,7 @@ async fn plans(State(state): State<ApiState>, body: axum::body::Bytes) -> Respon
     };
     let hub = state.hub.clone();
     let graph = Arc::clone(&state.graph);
+    let planner = Arc::clone(&state.planner);
     // The hub client's futures are not `Send` (their closures borrow), so the reads run
     // on a blocking thread driven by this runtime, then the planning (pure CPU work).
     let planned = tokio::task::spawn_blocking(move || {
@@ -150,14 +153,22 @@ async fn plans(State(state): State<ApiState>, body: axum::body::Bytes) -> Respon
             .block_on(crate::catalogs::inspect_workflow(&hub, &workflow, &options))
             .map_err(|e| Box::new(error(StatusCode::BAD_GATEWAY, &skein_model_registry::error_chain(&e))))?;
         let snapshot = graph.snapshot();
-        crate::plan::plan(&PlanInput {
-            workflow: &workflow,
-            models: &models,
-            graph: &snapshot,
-            running: &[],
-            settings,
-        })
-        .map_err(|e| Box::new(error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())))
+        // A planner that panicked mid-plan may hold half-made caches: start afresh.
+        let mut planner = planner.lock().unwrap_or_else(|poisoned| {
+            planner.clear_poison();
+            let mut guard = poisoned.into_inner();
+            *guard = Planner::default();
+            guard
+        });
+        planner
+            .plan(&PlanInput {
+                workflow: &workflow,
+                models: &models,
+                graph: &snapshot,
+                running: &[],
+                settings,
+            })
+            .map_err(|e| Box::new(error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())))
     })
     .await;
     match planned {

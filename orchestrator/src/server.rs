@@ -149,6 +149,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         events: events.clone(),
         token: config.api_token.clone(),
         hub: config.hub.clone(),
+        planner: Arc::default(),
     });
     let api_task = tokio::spawn(async move {
         if let Err(error) = axum::serve(api_listener, app).await {

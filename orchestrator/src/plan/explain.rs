@@ -1,7 +1,9 @@
 //! The reasons shown with a plan: why each choice, the best two candidates not taken,
 //! and, for a replica that could not be placed, what it needs against what is free.
 
+use std::cell::OnceCell;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use skein_dsl::ir::Preference;
 use skein_model_registry::catalog::ModelInfo;
@@ -20,9 +22,9 @@ pub(crate) fn render(
     instances: &[Instance],
     infos: &[&ModelInfo],
     fleet: &PlanFleet,
-    planned: Planned<'_>,
+    initial: &State,
+    planned: &Planned<'_>,
 ) -> Plan {
-    let initial = State::new(fleet);
     // Which instance holds each device in the plan.
     let mut owners: BTreeMap<Dev, String> = BTreeMap::new();
     for (pu, chosen) in planned.units.iter().zip(&planned.outcome.chosen) {
@@ -38,7 +40,7 @@ pub(crate) fn render(
         let instance = &instances[pu.instance];
         let info = infos[pu.instance];
         let unit = &pu.unit;
-        let alone = unit.candidates(fleet, &initial);
+        let alone = Alone::new(unit, fleet, initial);
         match chosen {
             Some(c) => {
                 let me = label(&instance.name, pu.replica, pu.replicas);
@@ -56,7 +58,7 @@ pub(crate) fn render(
                     engine: c.estimate.engine.name().to_owned(),
                     family: family_name(c.family).to_owned(),
                     layout: planned_layout(c),
-                    devices: devices(fleet, &initial, c),
+                    devices: devices(fleet, initial, c),
                     tokens_per_s: (c.parts.tokens_per_s * 10.0).round() / 10.0,
                     slow: matches!(c.family, Family::Offload | Family::Cpu),
                     score: c.score,
@@ -69,7 +71,7 @@ pub(crate) fn render(
                 instance: instance.name.clone(),
                 agents: instance.agents.clone(),
                 replica: pu.replica,
-                reason: unplaced_reason(unit, info, fleet, &initial, &alone),
+                reason: unplaced_reason(unit, info, fleet, initial, &alone),
             }),
         }
     }
@@ -215,6 +217,38 @@ pub fn summary(info: &ModelInfo, fleet: &PlanFleet, c: &Cand) -> String {
     )
 }
 
+/// A unit's candidates on the untouched fleet, best first, as
+/// [`Unit::candidates`] lists them; the last resorts are computed only when a reason
+/// reads past every candidate on GPUs.
+struct Alone<'x, 'a> {
+    unit: &'x Unit<'a>,
+    fleet: &'x PlanFleet,
+    state: &'x State,
+    gpu: Arc<Vec<Cand>>,
+    last_resorts: OnceCell<Arc<Vec<Cand>>>,
+}
+
+impl<'x, 'a> Alone<'x, 'a> {
+    fn new(unit: &'x Unit<'a>, fleet: &'x PlanFleet, state: &'x State) -> Self {
+        Alone {
+            unit,
+            fleet,
+            state,
+            gpu: unit.gpu_candidates(fleet, state),
+            last_resorts: OnceCell::new(),
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Cand> {
+        let rest = std::iter::once(()).flat_map(move |()| {
+            self.last_resorts
+                .get_or_init(|| self.unit.last_resorts(self.fleet, self.state))
+                .iter()
+        });
+        self.gpu.iter().chain(rest)
+    }
+}
+
 fn distinct_key(c: &Cand) -> (usize, Family, u32, BTreeSet<usize>) {
     (
         c.variant,
@@ -230,13 +264,13 @@ fn rejected(
     info: &ModelInfo,
     fleet: &PlanFleet,
     chosen: &Cand,
-    alone: &[Cand],
+    alone: &Alone<'_, '_>,
     owners: &BTreeMap<Dev, String>,
     me: &str,
 ) -> Vec<Rejected> {
     let mut seen = BTreeSet::from([distinct_key(chosen)]);
     let mut out = Vec::new();
-    for c in alone {
+    for c in alone.iter() {
         if out.len() == 2 {
             break;
         }
@@ -334,7 +368,7 @@ fn why(
     info: &ModelInfo,
     fleet: &PlanFleet,
     c: &Cand,
-    alone: &[Cand],
+    alone: &Alone<'_, '_>,
     owners: &BTreeMap<Dev, String>,
     me: &str,
 ) -> Vec<String> {
@@ -475,7 +509,13 @@ fn why(
     lines
 }
 
-fn unplaced_reason(unit: &Unit<'_>, info: &ModelInfo, fleet: &PlanFleet, initial: &State, alone: &[Cand]) -> String {
+fn unplaced_reason(
+    unit: &Unit<'_>,
+    info: &ModelInfo,
+    fleet: &PlanFleet,
+    initial: &State,
+    alone: &Alone<'_, '_>,
+) -> String {
     if unit.allowed.is_empty() {
         let reasons: BTreeSet<String> = info
             .variants
@@ -494,7 +534,7 @@ fn unplaced_reason(unit: &Unit<'_>, info: &ModelInfo, fleet: &PlanFleet, initial
             )
         };
     }
-    if let Some(best) = alone.first() {
+    if let Some(best) = alone.iter().next() {
         return format!(
             "fits alone ({}) but not beside the workflow's other instances",
             summary(info, fleet, best)
@@ -505,7 +545,7 @@ fn unplaced_reason(unit: &Unit<'_>, info: &ModelInfo, fleet: &PlanFleet, initial
         .iter()
         .enumerate()
         .flat_map(|(n, node)| (0..node.gpus.len()).map(move |p| (n, p)))
-        .filter(|&(n, p)| unit.gpu_allowed(n, p))
+        .filter(|&(n, p)| unit.gpu_allowed(fleet, n, p))
         .collect();
     let mut parts = Vec::new();
     let (v0, tier0) = unit.allowed[0];
@@ -526,7 +566,9 @@ fn unplaced_reason(unit: &Unit<'_>, info: &ModelInfo, fleet: &PlanFleet, initial
         let mut group = 0u64;
         let mut node_total = 0u64;
         for (n, node) in fleet.nodes.iter().enumerate() {
-            let mine: Vec<usize> = (0..node.gpus.len()).filter(|&p| unit.gpu_allowed(n, p)).collect();
+            let mine: Vec<usize> = (0..node.gpus.len())
+                .filter(|&p| unit.gpu_allowed(fleet, n, p))
+                .collect();
             node_total = node_total.max(mine.iter().map(|&p| initial.usable[n][p]).sum());
             for &p in &mine {
                 let linked: u64 = mine

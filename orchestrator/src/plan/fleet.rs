@@ -6,11 +6,12 @@
 //! not change with a few megabytes of noise). Down nodes and GPUs are left out; GPUs
 //! without a sample yet are left out with a reason.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use skein_gpu_catalog::CardModel;
 
+use super::options::FastMap;
 use crate::graph::{GraphSnapshot, HealthState, NodeView};
 
 /// Usable memory is rounded down to a multiple of this (64 MiB).
@@ -114,8 +115,9 @@ pub struct Excluded {
 /// The fleet at planning time.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlanFleet {
-    /// Nodes with at least a host to plan on, sorted by name.
-    pub nodes: Vec<PlanNode>,
+    /// Nodes with at least a host to plan on, sorted by name (shared: a planner keeps
+    /// the nodes whose view did not change between plans).
+    pub nodes: Vec<Arc<PlanNode>>,
     /// What was left out and why.
     pub excluded: Vec<Excluded>,
 }
@@ -142,31 +144,19 @@ impl PlanFleet {
     ) -> PlanFleet {
         let mut nodes = Vec::new();
         let mut excluded = Vec::new();
-        // Catalog lookups are by loose name; a fleet has few distinct names.
-        let mut cards: HashMap<String, Option<&'static CardModel>> = HashMap::new();
+        let mut cards = FastMap::default();
         for node in &snapshot.nodes {
-            if node.health.state == HealthState::Down || !node.connected {
-                excluded.push(Excluded {
-                    node: node.inventory.name.clone(),
-                    gpu: None,
-                    reason: if node.connected {
-                        "node is down (missed its telemetry)".to_owned()
-                    } else {
-                        "node is disconnected".to_owned()
-                    },
-                });
-                continue;
+            if let Some(n) = node_view(node, headroom, host_headroom, reclaim, &mut cards, &mut excluded) {
+                nodes.push(Arc::new(n));
             }
-            nodes.push(plan_node(
-                node,
-                headroom,
-                host_headroom,
-                reclaim,
-                &mut cards,
-                &mut excluded,
-            ));
         }
-        nodes.sort_by(|a, b| a.name.cmp(&b.name));
+        PlanFleet::new(nodes, excluded)
+    }
+
+    fn new(mut nodes: Vec<Arc<PlanNode>>, excluded: Vec<Excluded>) -> PlanFleet {
+        if !nodes.is_sorted_by(|a, b| a.name <= b.name) {
+            nodes.sort_by(|a, b| a.name.cmp(&b.name));
+        }
         PlanFleet { nodes, excluded }
     }
 
@@ -179,17 +169,108 @@ impl PlanFleet {
     }
 }
 
-fn plan_node(
+/// The fleet view kept between plans: a node whose graph view is the one seen last
+/// time (the graph shares the views of nodes that did not change) is not looked at
+/// again, and a node rebuilt equal to its last view keeps that view, so that a
+/// [`State`](super::options::State) synced to the fleet finds it unchanged.
+#[derive(Debug, Default)]
+pub struct FleetCache {
+    /// The headrooms the views were made with.
+    settings: Option<(Headroom, u64)>,
+    /// Per node of the last snapshot, in its order.
+    nodes: Vec<CachedNode>,
+}
+
+#[derive(Debug)]
+struct CachedNode {
+    view: Arc<NodeView>,
+    node: Option<Arc<PlanNode>>,
+    excluded: Vec<Excluded>,
+}
+
+impl FleetCache {
+    /// The fleet of `snapshot`, as [`PlanFleet::from_snapshot`] makes it with nothing
+    /// to reclaim.
+    pub fn fleet(&mut self, snapshot: &GraphSnapshot, headroom: Headroom, host_headroom: u64) -> PlanFleet {
+        if self.settings != Some((headroom, host_headroom)) {
+            self.nodes.clear();
+            self.settings = Some((headroom, host_headroom));
+        }
+        let old = std::mem::take(&mut self.nodes);
+        // Old entries by name, made only if the node list moved.
+        let mut by_name: Option<FastMap<&str, usize>> = None;
+        let mut cards = FastMap::default();
+        let mut nodes = Vec::with_capacity(snapshot.nodes.len());
+        let mut excluded = Vec::new();
+        for (i, view) in snapshot.nodes.iter().enumerate() {
+            let name = view.inventory.name.as_str();
+            let before = match old.get(i) {
+                Some(c) if Arc::ptr_eq(&c.view, view) || c.view.inventory.name == name => Some(c),
+                _ => by_name
+                    .get_or_insert_with(|| {
+                        old.iter()
+                            .enumerate()
+                            .map(|(j, c)| (c.view.inventory.name.as_str(), j))
+                            .collect()
+                    })
+                    .get(name)
+                    .map(|&j| &old[j]),
+            };
+            let entry = match before {
+                Some(c) if Arc::ptr_eq(&c.view, view) => CachedNode {
+                    view: view.clone(),
+                    node: c.node.clone(),
+                    excluded: c.excluded.clone(),
+                },
+                _ => {
+                    let mut left_out = Vec::new();
+                    let made = node_view(view, headroom, host_headroom, &[], &mut cards, &mut left_out);
+                    let node = match (made, before.and_then(|c| c.node.as_ref())) {
+                        (Some(made), Some(last)) if **last == made => Some(last.clone()),
+                        (made, _) => made.map(Arc::new),
+                    };
+                    CachedNode {
+                        view: view.clone(),
+                        node,
+                        excluded: left_out,
+                    }
+                }
+            };
+            nodes.extend(entry.node.clone());
+            excluded.extend(entry.excluded.iter().cloned());
+            self.nodes.push(entry);
+        }
+        PlanFleet::new(nodes, excluded)
+    }
+}
+
+/// The planner's view of one node, `None` when it is down or disconnected; what is left
+/// out goes to `excluded`, and `cards` keeps catalog lookups (by loose name: a fleet has
+/// few distinct names).
+fn node_view(
     node: &NodeView,
     headroom: Headroom,
     host_headroom: u64,
     reclaim: &[Held<'_>],
-    cards: &mut HashMap<String, Option<&'static CardModel>>,
+    cards: &mut FastMap<String, Option<&'static CardModel>>,
     excluded: &mut Vec<Excluded>,
-) -> PlanNode {
+) -> Option<PlanNode> {
+    if node.health.state == HealthState::Down || !node.connected {
+        excluded.push(Excluded {
+            node: node.inventory.name.clone(),
+            gpu: None,
+            reason: if node.connected {
+                "node is down (missed its telemetry)".to_owned()
+            } else {
+                "node is disconnected".to_owned()
+            },
+        });
+        return None;
+    }
     let name = node.inventory.name.clone();
-    let mut gpus = Vec::new();
-    let mut uuids = Vec::new();
+    let mut gpus = Vec::with_capacity(node.gpus.len());
+    let mut uuids = Vec::with_capacity(node.gpus.len());
+    let mut peers = Vec::with_capacity(node.gpus.len());
     for view in &node.gpus {
         let facts = &view.facts;
         let exclude = |reason: String| Excluded {
@@ -260,36 +341,32 @@ fn plan_node(
                 None => note,
             });
         }
-        uuids.push(facts.uuid.clone());
-        gpus.push((
-            PlanGpu {
-                index: facts.index,
-                name: facts.name.clone(),
-                total: facts.memory_total,
-                usable,
-                preemptible: held,
-                degraded: view.health.state == HealthState::Degraded,
-                compute_capability: facts.compute_capability,
-                bandwidth,
-                nvlink: 0,
-                speed_note,
-            },
-            facts.nvlink_peers.clone(),
-        ));
+        uuids.push(facts.uuid.as_str());
+        peers.push(&facts.nvlink_peers);
+        gpus.push(PlanGpu {
+            index: facts.index,
+            name: facts.name.clone(),
+            total: facts.memory_total,
+            usable,
+            preemptible: held,
+            degraded: view.health.state == HealthState::Degraded,
+            compute_capability: facts.compute_capability,
+            bandwidth,
+            nvlink: 0,
+            speed_note,
+        });
     }
-    let gpus = gpus
-        .into_iter()
-        .map(|(mut gpu, peers)| {
-            for (j, uuid) in uuids.iter().enumerate() {
-                if peers.contains(uuid) {
-                    gpu.nvlink |= 1 << j;
-                }
+    // UUIDs of one node share their prefix ("GPU-"), not their last byte: comparing
+    // that first spares most full comparisons.
+    let same = |a: &str, b: &str| a.len() == b.len() && a.as_bytes().last() == b.as_bytes().last() && a == b;
+    for (gpu, peers) in gpus.iter_mut().zip(&peers) {
+        for (j, uuid) in uuids.iter().enumerate() {
+            if peers.iter().any(|peer| same(peer, uuid)) {
+                gpu.nvlink |= 1 << j;
             }
-            gpu
-        })
-        .collect::<Vec<_>>();
+        }
+    }
     // Links are symmetric even when only one side reported them.
-    let mut gpus = gpus;
     for a in 0..gpus.len() {
         for b in 0..gpus.len() {
             if gpus[a].nvlink & (1 << b) != 0 {
@@ -301,7 +378,7 @@ fn plan_node(
         .host
         .map_or(node.inventory.host.memory_total, |h| h.memory_available);
     let network_bps = node.inventory.host.network_bps;
-    PlanNode {
+    Some(PlanNode {
         name,
         gpus,
         host_free: available.saturating_sub(host_headroom),
@@ -312,7 +389,7 @@ fn plan_node(
         },
         network_known: network_bps != 0,
         rtt_ms: node.rtt_ms,
-    }
+    })
 }
 
 #[cfg(test)]

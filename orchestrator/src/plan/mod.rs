@@ -17,18 +17,19 @@ pub mod score;
 pub mod search;
 
 use std::collections::BTreeMap;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
-use skein_dsl::ir::{Backend, Precision, Workflow};
+use skein_dsl::ir::{Backend, ModelRequirement, Precision, Workflow};
 use skein_model_registry::Bytes;
 use skein_model_registry::catalog::ModelInfo;
 use skein_model_registry::estimate::{Estimate, KvDtype, Stages};
 
 use crate::graph::GraphSnapshot;
 pub use demand::{Instance, model_key};
-pub use fleet::{DEFAULT_HEADROOM, DEFAULT_HOST_HEADROOM, Excluded, Headroom, Held, PlanFleet};
-use options::{Cand, Family, State, Unit};
+pub use fleet::{DEFAULT_HEADROOM, DEFAULT_HOST_HEADROOM, Excluded, FleetCache, Headroom, Held, PlanFleet};
+use options::{Cand, Family, State, Unit, UnitCache};
 
 /// How the planner works; the defaults suit a shared lab fleet.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -298,78 +299,202 @@ pub struct Rejected {
     pub why: String,
 }
 
-/// Plans `input.workflow`.
+/// Plans `input.workflow`: [`Planner::plan`] on a new planner.
 ///
 /// Errors: [`PlanError::MissingModels`] when a model's catalog is missing.
 pub fn plan(input: &PlanInput<'_>) -> Result<Plan, PlanError> {
-    let instances = demand::instances(input.workflow);
-    let infos = demand::catalogs(&instances, input.models).map_err(PlanError::MissingModels)?;
-    let attempt = |reclaim: &[Held<'_>]| {
-        let fleet = PlanFleet::from_snapshot(
-            input.graph,
-            input.settings.headroom,
-            input.settings.host_headroom,
-            reclaim,
-        );
-        let planned = plan_on(input, &instances, &infos, &fleet);
-        (fleet, planned)
-    };
-    let (mut fleet, mut planned) = attempt(&[]);
-    let mut preempted: Vec<&RunningInstance> = Vec::new();
-    let priority = input.workflow.placement.priority;
-    if !planned.admitted && input.settings.allow_preemption {
-        // Lowest priority first; among equals the largest first (fewer instances
-        // stopped), then by id.
-        let mut victims: Vec<&RunningInstance> = input.running.iter().filter(|r| r.priority < priority).collect();
-        victims.sort_by(|a, b| {
-            a.priority
-                .cmp(&b.priority)
-                .then(held(b).cmp(&held(a)))
-                .then(a.id.cmp(&b.id))
-        });
-        let mut chosen: Vec<&RunningInstance> = Vec::new();
-        for victim in victims {
-            chosen.push(victim);
-            let (f, p) = attempt(&reclaim_of(&chosen));
-            if p.admitted {
-                // Keep only the victims the admission needs.
-                let mut needed = chosen.clone();
-                let mut best = (f, p);
-                let mut i = 0;
-                while i < needed.len() {
-                    let mut without = needed.clone();
-                    without.remove(i);
-                    let (f, p) = attempt(&reclaim_of(&without));
-                    if p.admitted {
-                        needed = without;
-                        best = (f, p);
-                    } else {
-                        i += 1;
-                    }
+    Planner::default().plan(input)
+}
+
+/// A planner that keeps what it computed for the next plan: the fleet view of every
+/// node whose graph view did not change, the node states, and each replica's estimates
+/// and candidates (by model, requirement and concurrency). Its plans are exactly those
+/// of [`plan`]; a stream of plans against a live graph, where few nodes change between
+/// two plans, costs a fraction of planning each afresh.
+#[derive(Debug, Default)]
+pub struct Planner {
+    fleet: FleetCache,
+    state: Option<State>,
+    units: Vec<(UnitKey, UnitCache)>,
+}
+
+// A server shares one planner between its request threads.
+const _: () = {
+    const fn send<T: Send>() {}
+    send::<Planner>();
+};
+
+/// Replica caches a planner keeps at most.
+const KEPT_UNITS: usize = 64;
+
+impl Planner {
+    /// Plans `input.workflow`.
+    ///
+    /// Errors: [`PlanError::MissingModels`] when a model's catalog is missing.
+    pub fn plan(&mut self, input: &PlanInput<'_>) -> Result<Plan, PlanError> {
+        let instances = demand::instances(input.workflow);
+        let infos = demand::catalogs(&instances, input.models).map_err(PlanError::MissingModels)?;
+        let s = &input.settings;
+        let fleet = self.fleet.fleet(input.graph, s.headroom, s.host_headroom);
+        let mut state = match self.state.take() {
+            Some(mut state) => {
+                if state.sync(&fleet) {
+                    state
+                } else {
+                    State::new(&fleet)
                 }
-                (fleet, planned) = best;
-                preempted = needed;
-                break;
             }
+            None => State::new(&fleet),
+        };
+        let mut caches = UnitCaches {
+            entries: std::mem::take(&mut self.units)
+                .into_iter()
+                .map(|(k, c)| (k, Rc::new(c)))
+                .collect(),
+        };
+        let first = plan_on(input, &instances, &infos, &fleet, &mut state, &mut caches);
+        let mut plan = if !first.admitted && s.allow_preemption {
+            match preempting(input, &instances, &infos) {
+                Some((fleet, state, planned, preempted)) => {
+                    let mut plan = explain::render(input, &instances, &infos, &fleet, &state, &planned);
+                    plan.preempted = preempted;
+                    plan
+                }
+                None => explain::render(input, &instances, &infos, &fleet, &state, &first),
+            }
+        } else {
+            explain::render(input, &instances, &infos, &fleet, &state, &first)
+        };
+        let priority = input.workflow.placement.priority;
+        if !s.allow_preemption
+            && input.running.iter().any(|r| r.priority < priority)
+            && let Some(reason) = &mut plan.queued_reason
+        {
+            reason.push_str("; lower-priority instances are running: allow preemption to reclaim their GPUs");
+        }
+        drop(first);
+        // Most recently used last; the oldest go past the limit.
+        let mut kept: Vec<(UnitKey, UnitCache)> = caches
+            .entries
+            .into_iter()
+            .filter_map(|(k, c)| Rc::into_inner(c).map(|c| (k, c)))
+            .collect();
+        kept.drain(..kept.len().saturating_sub(KEPT_UNITS));
+        self.units = kept;
+        self.state = Some(state);
+        Ok(plan)
+    }
+}
+
+/// What a replica's computations are a function of, beside the fleet.
+#[derive(Debug, Clone, PartialEq)]
+struct UnitKey {
+    info: ModelInfo,
+    requirement: ModelRequirement,
+    concurrency: u64,
+    max_gpus: Option<u32>,
+    kv: KvDtype,
+}
+
+/// The caches of one plan's replicas: replicas alike share one, and a [`Planner`] hands
+/// over those it kept. Most recently used last.
+#[derive(Default)]
+pub struct UnitCaches {
+    entries: Vec<(UnitKey, Rc<UnitCache>)>,
+}
+
+impl UnitCaches {
+    fn get(
+        &mut self,
+        info: &ModelInfo,
+        requirement: &ModelRequirement,
+        concurrency: u64,
+        max_gpus: Option<u32>,
+        kv: KvDtype,
+    ) -> Rc<UnitCache> {
+        let found = self.entries.iter().rposition(|(k, _)| {
+            k.concurrency == concurrency
+                && k.max_gpus == max_gpus
+                && k.kv == kv
+                && k.requirement == *requirement
+                && k.info == *info
+        });
+        let entry = match found {
+            Some(i) => self.entries.remove(i),
+            None => (
+                UnitKey {
+                    info: info.clone(),
+                    requirement: requirement.clone(),
+                    concurrency,
+                    max_gpus,
+                    kv,
+                },
+                Rc::default(),
+            ),
+        };
+        let cache = entry.1.clone();
+        self.entries.push(entry);
+        cache
+    }
+}
+
+/// Plans again with the instances of lower-priority workflows stopped, as few as
+/// admitting the workflow needs: the lowest priority first, among equals the largest
+/// (fewer instances stopped), then by id. `None` when even stopping all of them does
+/// not admit it.
+fn preempting<'a>(
+    input: &PlanInput<'_>,
+    instances: &'a [Instance],
+    infos: &[&'a ModelInfo],
+) -> Option<(PlanFleet, State, Planned<'a>, Vec<Preempted>)> {
+    let attempt = |reclaim: &[Held<'_>]| {
+        let s = &input.settings;
+        let fleet = PlanFleet::from_snapshot(input.graph, s.headroom, s.host_headroom, reclaim);
+        let mut state = State::new(&fleet);
+        let planned = plan_on(input, instances, infos, &fleet, &mut state, &mut UnitCaches::default());
+        (fleet, state, planned)
+    };
+    let priority = input.workflow.placement.priority;
+    let mut victims: Vec<&RunningInstance> = input.running.iter().filter(|r| r.priority < priority).collect();
+    victims.sort_by(|a, b| {
+        a.priority
+            .cmp(&b.priority)
+            .then(held(b).cmp(&held(a)))
+            .then(a.id.cmp(&b.id))
+    });
+    let mut chosen: Vec<&RunningInstance> = Vec::new();
+    for victim in victims {
+        chosen.push(victim);
+        let found = attempt(&reclaim_of(&chosen));
+        if found.2.admitted {
+            // Keep only the victims the admission needs.
+            let mut needed = chosen.clone();
+            let mut best = found;
+            let mut i = 0;
+            while i < needed.len() {
+                let mut without = needed.clone();
+                without.remove(i);
+                let found = attempt(&reclaim_of(&without));
+                if found.2.admitted {
+                    needed = without;
+                    best = found;
+                } else {
+                    i += 1;
+                }
+            }
+            let preempted = needed
+                .iter()
+                .map(|r| Preempted {
+                    id: r.id.clone(),
+                    workflow: r.workflow.clone(),
+                    priority: r.priority,
+                    frees: held(r),
+                })
+                .collect();
+            return Some((best.0, best.1, best.2, preempted));
         }
     }
-    let mut plan = explain::render(input, &instances, &infos, &fleet, planned);
-    plan.preempted = preempted
-        .iter()
-        .map(|r| Preempted {
-            id: r.id.clone(),
-            workflow: r.workflow.clone(),
-            priority: r.priority,
-            frees: held(r),
-        })
-        .collect();
-    if !input.settings.allow_preemption
-        && input.running.iter().any(|r| r.priority < priority)
-        && let Some(reason) = &mut plan.queued_reason
-    {
-        reason.push_str("; lower-priority instances are running: allow preemption to reclaim their GPUs");
-    }
-    Ok(plan)
+    None
 }
 
 fn held(r: &RunningInstance) -> u64 {
@@ -401,10 +526,12 @@ fn plan_on<'a>(
     instances: &'a [Instance],
     infos: &[&'a ModelInfo],
     fleet: &PlanFleet,
+    state: &mut State,
+    caches: &mut UnitCaches,
 ) -> Planned<'a> {
-    let units = make_units(instances, infos, fleet, input.settings.kv_dtype);
+    let units = make_units(instances, infos, fleet, state, input.settings.kv_dtype, caches);
     let unit_refs: Vec<&Unit<'_>> = units.iter().map(|u| &u.unit).collect();
-    let outcome = search::search(&unit_refs, fleet, input.settings.search_budget);
+    let outcome = search::search(&unit_refs, fleet, state, input.settings.search_budget);
     let admitted = outcome.placed == units.len();
     Planned {
         units,
@@ -426,40 +553,51 @@ pub struct PlannedUnit<'a> {
 }
 
 /// The replicas of every instance: as few as serve each instance's concurrency (more
-/// only when one replica fits nowhere on the fleet), each serving an equal share.
+/// only when one replica fits nowhere on `state`, the fleet with nothing reserved), each
+/// serving an equal share. Replicas alike share their cache from `caches`.
 pub fn make_units<'a>(
     instances: &'a [Instance],
     infos: &[&'a ModelInfo],
     fleet: &PlanFleet,
+    state: &State,
     kv: KvDtype,
+    caches: &mut UnitCaches,
 ) -> Vec<PlannedUnit<'a>> {
-    let state = State::new(fleet);
     let mut units = Vec::new();
     for (i, instance) in instances.iter().enumerate() {
         let total = u64::from(instance.requirement.concurrency.max(1));
-        let make = |replicas: u64| {
+        let mut make = |replicas: u64| {
+            let concurrency = total.div_ceil(replicas);
+            let cache = caches.get(infos[i], &instance.requirement, concurrency, instance.max_gpus, kv);
             Unit::new(
                 infos[i],
                 &instance.requirement,
-                total.div_ceil(replicas),
+                concurrency,
                 instance.max_gpus,
                 kv,
                 fleet,
+                cache,
             )
         };
+        // The unit probed last serves as the first replica: what it computed (on the
+        // untouched fleet, which the search starts from) is cached in it.
         let mut replicas = 1;
-        while replicas < total.min(MAX_REPLICAS) && make(replicas).bound_candidates(fleet, &state).is_empty() {
+        let mut probe = make(replicas);
+        while replicas < total.min(MAX_REPLICAS) && probe.best_bound(fleet, state).is_none() {
             replicas += 1;
+            probe = make(replicas);
         }
-        if replicas > 1 && make(replicas).bound_candidates(fleet, &state).is_empty() {
+        if replicas > 1 && probe.best_bound(fleet, state).is_none() {
             replicas = 1;
+            probe = make(replicas);
         }
+        let mut probe = Some(probe);
         for r in 0..replicas {
             units.push(PlannedUnit {
                 instance: i,
                 replica: r as u32 + 1,
                 replicas: replicas as u32,
-                unit: make(replicas),
+                unit: probe.take().unwrap_or_else(|| make(replicas)),
             });
         }
     }

@@ -17,6 +17,7 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -29,7 +30,7 @@ use skein_model_registry::estimate::{
 use skein_model_registry::{Bytes, WeightFormat};
 
 use super::demand::{VariantUse, min_compute_capability, variant_use};
-use super::fleet::{HOST_BANDWIDTH_GBS, PlanFleet, PlanGpu};
+use super::fleet::{HOST_BANDWIDTH_GBS, PlanFleet, PlanGpu, PlanNode};
 use super::score::{DeviceSpeed, Hop, ScoreParts, tokens_per_second};
 
 /// Nodes with at most this many usable GPUs have every subset of them considered for
@@ -114,14 +115,68 @@ pub fn sort_cands(cands: &mut [Cand]) {
     cands.sort_by(|a, b| b.score.cmp(&a.score).then_with(|| a.key().cmp(&b.key())));
 }
 
-/// What makes two GPUs interchangeable: model, memory, health, compute capability,
-/// bandwidth, links and position on the node.
-type GpuClass = (String, u64, bool, Option<(u32, u32)>, u64, u64, usize);
+/// What makes two GPUs interchangeable: model (interned), memory, health, compute
+/// capability, bandwidth, links and position on the node.
+type GpuClass = (u32, u64, bool, Option<(u32, u32)>, u64, u64, usize);
+
+/// A hash map with [`FastHasher`]: the planner's maps are keyed by its own small
+/// integers and byte counts, hashed millions of times a plan; none is iterated in an
+/// order that matters.
+pub(crate) type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<FastHasher>>;
+
+/// FxHash's multiply-rotate per word, with a SplitMix64 finish so that keys differing
+/// only in high bits (byte counts in whole MiB) still spread over the low bits.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct FastHasher(u64);
+
+impl FastHasher {
+    fn add(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+}
+
+impl Hasher for FastHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.add(u64::from_le_bytes(word));
+        }
+    }
+
+    fn write_u8(&mut self, i: u8) {
+        self.add(u64::from(i));
+    }
+
+    fn write_u32(&mut self, i: u32) {
+        self.add(u64::from(i));
+    }
+
+    fn write_u64(&mut self, i: u64) {
+        self.add(i);
+    }
+
+    fn write_usize(&mut self, i: usize) {
+        self.add(i as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
 
 /// An estimate and the bytes each device must have for it.
 type Need = (Arc<Estimate>, u64);
 
 /// Free memory as the plan reserves it.
+///
+/// A state follows its fleet ([`State::sync`]): a planner keeps one between plans and
+/// brings it up to date with each new fleet view, recomputing only the nodes whose view
+/// changed. Signature ids name node states for as long as the state lives, so what is
+/// cached by them (each unit's candidates on a node) stays valid across plans.
 #[derive(Debug, Clone)]
 pub struct State {
     /// Usable bytes per node per GPU position.
@@ -130,28 +185,91 @@ pub struct State {
     pub host: Vec<u64>,
     /// Signature id per node.
     sig: Vec<u32>,
-    /// Nodes per signature.
-    sig_nodes: HashMap<u32, BTreeSet<usize>>,
+    /// Nodes per signature (no empty sets).
+    sig_nodes: FastMap<u32, BTreeSet<usize>>,
     /// Signature interner.
-    interner: HashMap<Vec<u64>, u32>,
+    interner: FastMap<Vec<u64>, u32>,
     /// Static class id per node per GPU position.
     class: Vec<Vec<u64>>,
+    /// Class interner.
+    classes: FastMap<GpuClass, u64>,
+    /// GPU model name interner.
+    names: FastMap<String, u32>,
+    /// The fleet node each position was last synced from.
+    synced: Vec<Option<Arc<PlanNode>>>,
+    /// Incremented whenever a sync changes the fleet (a node's view, the node list):
+    /// candidates across nodes read more of a node than its signature.
+    epoch: u64,
+    /// Distinguishes states: caches keyed by signature ids belong to one state.
+    id: u64,
 }
+
+/// Signatures after which a state is rebuilt rather than grown.
+const MAX_SIGNATURES: usize = 1 << 20;
 
 impl State {
     /// Everything free, as the fleet reports it.
     pub fn new(fleet: &PlanFleet) -> State {
-        let mut classes: HashMap<GpuClass, u64> = HashMap::new();
-        let class = fleet
-            .nodes
-            .iter()
-            .map(|n| {
-                n.gpus
+        static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let mut state = State {
+            usable: Vec::new(),
+            host: Vec::new(),
+            sig: Vec::new(),
+            sig_nodes: FastMap::default(),
+            interner: FastMap::default(),
+            class: Vec::new(),
+            classes: FastMap::default(),
+            names: FastMap::default(),
+            synced: Vec::new(),
+            epoch: 0,
+            id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        };
+        state.sync(fleet);
+        state
+    }
+
+    /// Brings the state to `fleet` with nothing reserved: nodes whose view is not the
+    /// one last synced are recomputed, the others only reset if a reservation was left
+    /// on them. Returns `false` (doing nothing) when the state has grown past its limit
+    /// and should be replaced.
+    pub fn sync(&mut self, fleet: &PlanFleet) -> bool {
+        if self.interner.len() > MAX_SIGNATURES {
+            return false;
+        }
+        let len = fleet.nodes.len();
+        let mut changed = false;
+        for node in len..self.sig.len() {
+            self.leave(node);
+            changed = true;
+        }
+        self.usable.truncate(len);
+        self.host.truncate(len);
+        self.sig.truncate(len);
+        self.class.truncate(len);
+        self.synced.truncate(len);
+        for (n, view) in fleet.nodes.iter().enumerate() {
+            if n == self.sig.len() {
+                self.usable.push(Vec::new());
+                self.host.push(0);
+                self.sig.push(u32::MAX);
+                self.class.push(Vec::new());
+                self.synced.push(None);
+            }
+            let same = self.synced[n].as_ref().is_some_and(|s| Arc::ptr_eq(s, view));
+            if !same {
+                changed = true;
+                self.class[n] = view
+                    .gpus
                     .iter()
                     .enumerate()
                     .map(|(p, g)| {
+                        let next = self.names.len() as u32;
+                        let name = match self.names.get(g.name.as_str()) {
+                            Some(id) => *id,
+                            None => *self.names.entry(g.name.clone()).or_insert(next),
+                        };
                         let key = (
-                            g.name.clone(),
+                            name,
                             g.total,
                             g.degraded,
                             g.compute_capability,
@@ -159,48 +277,66 @@ impl State {
                             g.nvlink,
                             p,
                         );
-                        let next = classes.len() as u64;
-                        *classes.entry(key).or_insert(next)
+                        let next = self.classes.len() as u64;
+                        *self.classes.entry(key).or_insert(next)
                     })
-                    .collect()
-            })
-            .collect();
-        let mut state = State {
-            usable: fleet
-                .nodes
-                .iter()
-                .map(|n| n.gpus.iter().map(|g| g.usable).collect())
-                .collect(),
-            host: fleet.nodes.iter().map(|n| n.host_free).collect(),
-            sig: vec![u32::MAX; fleet.nodes.len()],
-            sig_nodes: HashMap::new(),
-            interner: HashMap::new(),
-            class,
-        };
-        for n in 0..fleet.nodes.len() {
-            state.resign(n);
+                    .collect();
+                self.synced[n] = Some(view.clone());
+            }
+            let clean = same
+                && self.host[n] == view.host_free
+                && self.usable[n].len() == view.gpus.len()
+                && self.usable[n].iter().zip(&view.gpus).all(|(u, g)| *u == g.usable);
+            if !clean {
+                self.usable[n].clear();
+                self.usable[n].extend(view.gpus.iter().map(|g| g.usable));
+                self.host[n] = view.host_free;
+                self.resign(n);
+            }
         }
-        state
+        if changed {
+            self.epoch += 1;
+        }
+        true
     }
 
     fn resign(&mut self, node: usize) {
-        let mut key = Vec::with_capacity(1 + 2 * self.usable[node].len());
-        key.push(self.host[node]);
+        // At most 64 GPUs a node (see `PlanNode::gpus`): the key fits on the stack, and
+        // is copied to the heap only when new.
+        let mut key = [0u64; 1 + 2 * 64];
+        key[0] = self.host[node];
+        let mut len = 1;
         for (c, u) in self.class[node].iter().zip(&self.usable[node]) {
-            key.push(*c);
-            key.push(*u);
+            key[len] = *c;
+            key[len + 1] = *u;
+            len += 2;
         }
-        let next = self.interner.len() as u32;
-        let id = *self.interner.entry(key).or_insert(next);
-        let old = self.sig[node];
-        if old == id {
+        let key = &key[..len];
+        let id = match self.interner.get(key) {
+            Some(id) => *id,
+            None => {
+                let next = self.interner.len() as u32;
+                self.interner.insert(key.to_vec(), next);
+                next
+            }
+        };
+        if self.sig[node] == id {
             return;
         }
-        if let Some(set) = self.sig_nodes.get_mut(&old) {
-            set.remove(&node);
-        }
+        self.leave(node);
         self.sig_nodes.entry(id).or_default().insert(node);
         self.sig[node] = id;
+    }
+
+    /// Takes `node` out of its signature's set.
+    fn leave(&mut self, node: usize) {
+        let old = self.sig[node];
+        if let Some(set) = self.sig_nodes.get_mut(&old) {
+            set.remove(&node);
+            if set.is_empty() {
+                self.sig_nodes.remove(&old);
+            }
+        }
     }
 
     /// Reserve a candidate's memory.
@@ -237,24 +373,36 @@ impl State {
         }
     }
 
-    /// One node per distinct state: the first by position.
-    /// The first `per` nodes (by position) of each distinct node state, in position
-    /// order.
-    pub fn first_of_each_state(&self, per: usize) -> Vec<usize> {
+    /// The first `per` nodes (by position) of each distinct node state among those
+    /// `allowed` (every node when `None`), in position order.
+    pub fn first_of_each_state(&self, per: usize, allowed: Option<&[bool]>) -> Vec<usize> {
         let mut nodes: Vec<usize> = self
             .sig_nodes
             .values()
-            .flat_map(|members| members.iter().take(per).copied())
+            .flat_map(|members| {
+                members
+                    .iter()
+                    .copied()
+                    .filter(|&n| allowed.is_none_or(|a| a[n]))
+                    .take(per)
+            })
             .collect();
         nodes.sort_unstable();
         nodes
     }
 
-    fn representatives(&self) -> Vec<(u32, usize)> {
+    /// One node of each distinct node state among those `allowed`: the first by
+    /// position, with the state's signature; in position order.
+    fn representatives(&self, allowed: Option<&[bool]>) -> Vec<(u32, usize)> {
         let mut reps: Vec<(u32, usize)> = self
             .sig_nodes
             .iter()
-            .filter_map(|(sig, nodes)| nodes.first().map(|n| (*sig, *n)))
+            .filter_map(|(sig, nodes)| {
+                nodes
+                    .iter()
+                    .find(|&&n| allowed.is_none_or(|a| a[n]))
+                    .map(|n| (*sig, *n))
+            })
             .collect();
         reps.sort_by_key(|(_, n)| *n);
         reps
@@ -275,17 +423,126 @@ pub struct Unit<'a> {
     pub kv_dtype: KvDtype,
     /// Variants it may use, with their tiers.
     pub allowed: Vec<(usize, Precision)>,
-    /// Per node, per GPU position: whether the GPU meets the requirement's constraints.
-    gpu_ok: Vec<Vec<bool>>,
+    /// Per node: whether the requirement's node list allows it; `None` when it names
+    /// no nodes.
+    node_ok: Option<Vec<bool>>,
+    /// The requirement's GPU models, lowercase.
+    models: Vec<String>,
     /// Whether the CPU may serve it (the requirement constrains no GPU property).
     cpu_allowed: bool,
-    needs: RefCell<HashMap<(usize, u64, bool), Option<Need>>>,
-    local: RefCell<HashMap<u32, Rc<Vec<Cand>>>>,
-    fallback: RefCell<HashMap<u32, Rc<Vec<Cand>>>>,
+    /// What it has computed; shared by the replicas of an instance, and kept by a
+    /// [`Planner`](super::Planner) for the next plan of the same unit.
+    cache: Rc<UnitCache>,
+}
+
+/// The estimate of one layout for each engine asked about (`None`: the estimator refused it).
+type EngineEstimates = Vec<(Engine, Option<Arc<Estimate>>)>;
+
+/// What a unit computes, kept as long as it stays valid: estimates for as long as the
+/// unit is the same; candidates on a node state for as long as the [`State`] that named
+/// it lives; candidate lists of the whole fleet for as long as the fleet is the same.
+#[derive(Default)]
+pub struct UnitCache {
+    /// The state the signature-keyed caches belong to.
+    state: std::cell::Cell<Option<u64>>,
+    needs: RefCell<FastMap<(usize, u64, bool), Option<Need>>>,
+    local: RefCell<FastMap<u32, Arc<Vec<Cand>>>>,
+    fallback: RefCell<FastMap<u32, Arc<Vec<Cand>>>>,
+    /// Every estimate made, by variant and layout: node states that differ only in GPUs
+    /// a split does not use (a degraded card elsewhere on the node) ask for the same one.
+    estimates: RefCell<FastMap<LayoutKey, EngineEstimates>>,
+    /// The candidate lists of the last few states asked about (see [`Memo`]).
+    memo: RefCell<Memo>,
+}
+
+impl std::fmt::Debug for UnitCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UnitCache")
+            .field("estimates", &self.estimates.borrow().len())
+            .field("local", &self.local.borrow().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl UnitCache {
+    /// Forgets what is keyed by another state's signatures.
+    fn follow(&self, state: &State) {
+        if self.state.get() != Some(state.id) {
+            self.local.borrow_mut().clear();
+            self.fallback.borrow_mut().clear();
+            self.memo.borrow_mut().entries.clear();
+            self.state.set(Some(state.id));
+        }
+    }
+}
+
+/// A layout as a hashable key, with the variant: tensor-parallel degree, the kind of
+/// stages (one, ratios, memory) and their entries.
+type LayoutKey = (usize, u64, u8, Vec<u64>);
+
+/// Candidate lists of recent states, keyed by the state's fleet epoch and the
+/// signature of every node: a plan asks about the untouched fleet several times
+/// (replica count, bound, visiting order, the search's first step, the reasons), and
+/// the next plan on an unchanged fleet again. The first state asked about in an epoch
+/// is kept, the others rotate.
+#[derive(Default)]
+struct Memo {
+    entries: Vec<MemoEntry>,
+}
+
+/// The lists of one state, each made when first asked for.
+struct MemoEntry {
+    epoch: u64,
+    /// Signature id of every node.
+    sig: Vec<u32>,
+    lists: [Option<Arc<Vec<Cand>>>; 3],
+}
+
+/// Which list of a state.
+#[derive(Debug, Clone, Copy)]
+enum List {
+    /// [`Unit::gpu_candidates`].
+    Gpu = 0,
+    /// [`Unit::cross_node_bound`].
+    CrossNodeBound = 1,
+    /// [`Unit::last_resorts`].
+    LastResorts = 2,
+}
+
+/// States a [`Memo`] keeps, the first included.
+const MEMO_STATES: usize = 4;
+
+impl Memo {
+    fn get(&self, list: List, state: &State) -> Option<Arc<Vec<Cand>>> {
+        self.entries
+            .iter()
+            .find(|e| e.epoch == state.epoch && e.sig == state.sig)
+            .and_then(|e| e.lists[list as usize].clone())
+    }
+
+    fn put(&mut self, list: List, state: &State, cands: Arc<Vec<Cand>>) {
+        self.entries.retain(|e| e.epoch == state.epoch);
+        let i = match self.entries.iter().position(|e| e.sig == state.sig) {
+            Some(i) => i,
+            None => {
+                if self.entries.len() == MEMO_STATES {
+                    self.entries.remove(1);
+                }
+                self.entries.push(MemoEntry {
+                    epoch: state.epoch,
+                    sig: state.sig.clone(),
+                    lists: [None, None, None],
+                });
+                self.entries.len() - 1
+            }
+        };
+        self.entries[i].lists[list as usize] = Some(cands);
+    }
 }
 
 impl<'a> Unit<'a> {
-    /// A replica serving `concurrency` sequences.
+    /// A replica serving `concurrency` sequences, with `cache`: a new one, or what an
+    /// earlier unit alike in every argument but the fleet computed.
     pub fn new(
         info: &'a ModelInfo,
         requirement: &'a ModelRequirement,
@@ -293,6 +550,7 @@ impl<'a> Unit<'a> {
         max_gpus: Option<u32>,
         kv_dtype: KvDtype,
         fleet: &PlanFleet,
+        cache: Rc<UnitCache>,
     ) -> Unit<'a> {
         let allowed = info
             .variants
@@ -304,26 +562,7 @@ impl<'a> Unit<'a> {
             })
             .collect();
         let c = &requirement.gpu;
-        let gpu_ok = fleet
-            .nodes
-            .iter()
-            .map(|n| {
-                let node_ok = c.nodes.is_empty() || c.nodes.iter().any(|x| x == &n.name);
-                n.gpus
-                    .iter()
-                    .map(|g| {
-                        let name = g.name.to_ascii_lowercase();
-                        node_ok
-                            && (c.models.is_empty() || c.models.iter().any(|m| name.contains(&m.to_ascii_lowercase())))
-                            && c.min_memory_bytes.is_none_or(|m| g.total >= m)
-                            && c.min_compute_capability.is_none_or(|m| {
-                                g.compute_capability
-                                    .is_none_or(|(a, b)| (a, b) >= (u32::from(m.major), u32::from(m.minor)))
-                            })
-                    })
-                    .collect()
-            })
-            .collect();
+        let node_ok = (!c.nodes.is_empty()).then(|| fleet.nodes.iter().map(|n| c.nodes.contains(&n.name)).collect());
         let cpu_allowed = c.models.is_empty() && c.min_compute_capability.is_none() && c.min_memory_bytes.is_none();
         Unit {
             info,
@@ -332,11 +571,10 @@ impl<'a> Unit<'a> {
             max_gpus: max_gpus.map_or(usize::MAX, |m| m.max(1) as usize),
             kv_dtype,
             allowed,
-            gpu_ok,
+            node_ok,
+            models: c.models.iter().map(|m| m.to_ascii_lowercase()).collect(),
             cpu_allowed,
-            needs: RefCell::default(),
-            local: RefCell::default(),
-            fallback: RefCell::default(),
+            cache,
         }
     }
 
@@ -349,16 +587,34 @@ impl<'a> Unit<'a> {
 
     /// The estimate of variant `v` on `layout`, or `None` if the engine cannot run it.
     fn estimate(&self, v: usize, engine: Engine, layout: Layout) -> Option<Arc<Estimate>> {
+        let (kind, entries) = match &layout.stages {
+            Stages::One => (0, Vec::new()),
+            Stages::Ratios(r) => (1, r.iter().map(|&x| u64::from(x)).collect()),
+            Stages::Memory(m) => (2, m.iter().map(|b| b.get()).collect()),
+        };
+        let key = (v, layout.tensor_parallel, kind, entries);
+        if let Some(known) = self.cache.estimates.borrow().get(&key)
+            && let Some((_, hit)) = known.iter().find(|(e, _)| *e == engine)
+        {
+            return hit.clone();
+        }
         let variant = &self.info.variants[v];
-        estimate(&self.info.shape, &variant.weights, &self.request(engine, layout))
+        let made = estimate(&self.info.shape, &variant.weights, &self.request(engine, layout))
             .ok()
-            .map(Arc::new)
+            .map(Arc::new);
+        self.cache
+            .estimates
+            .borrow_mut()
+            .entry(key)
+            .or_default()
+            .push((engine, made.clone()));
+        made
     }
 
     /// The estimate of `v` on one GPU (`k == 1`) or tensor parallel over `k`, with the
     /// bytes each device must have (the largest need plus margin); cached.
     fn need(&self, v: usize, k: u64, cpu: bool) -> Option<Need> {
-        if let Some(hit) = self.needs.borrow().get(&(v, k, cpu)) {
+        if let Some(hit) = self.cache.needs.borrow().get(&(v, k, cpu)) {
             return hit.clone();
         }
         let engine = if cpu {
@@ -375,24 +631,131 @@ impl<'a> Unit<'a> {
             let need = e.max_device_total();
             (e, with_margin(need))
         });
-        self.needs.borrow_mut().insert((v, k, cpu), result.clone());
+        self.cache.needs.borrow_mut().insert((v, k, cpu), result.clone());
         result
     }
 
     fn usable_gpu(&self, fleet: &PlanFleet, state: &State, v: usize, node: usize, p: usize) -> bool {
         let g = &fleet.nodes[node].gpus[p];
         let (major, minor) = min_compute_capability(&self.info.variants[v]);
-        self.gpu_ok[node][p] && state.usable[node][p] > 0 && g.compute_capability.is_none_or(|cc| cc >= (major, minor))
+        state.usable[node][p] > 0
+            && g.compute_capability.is_none_or(|cc| cc >= (major, minor))
+            && self.gpu_allowed(fleet, node, p)
     }
 
-    /// Every candidate for this unit in `state`, best first.
+    /// The nodes the requirement allows, `None` for all.
+    fn allowed_nodes(&self) -> Option<&[bool]> {
+        self.node_ok.as_deref()
+    }
+
+    /// Every candidate for this unit in `state`, best first: [`gpu_candidates`]
+    /// followed by [`last_resorts`], which score below every placement on GPUs.
+    ///
+    /// [`gpu_candidates`]: Self::gpu_candidates
+    /// [`last_resorts`]: Self::last_resorts
     pub fn candidates(&self, fleet: &PlanFleet, state: &State) -> Vec<Cand> {
-        let reps = state.representatives();
+        let mut out = self.gpu_candidates(fleet, state).as_ref().clone();
+        out.extend(self.last_resorts(fleet, state).iter().cloned());
+        out
+    }
+
+    /// [`candidates`](Self::candidates), plus splits across nodes for every variant:
+    /// the set whose best score bounds what the unit can reach in any later state.
+    pub fn bound_candidates(&self, fleet: &PlanFleet, state: &State) -> Vec<Cand> {
+        let mut out = self.gpu_candidates(fleet, state).as_ref().clone();
+        out.extend(self.cross_node_bound(fleet, state).iter().cloned());
+        sort_cands(&mut out);
+        out.extend(self.last_resorts(fleet, state).iter().cloned());
+        out
+    }
+
+    /// The best of [`candidates`](Self::candidates), computing the last resorts only
+    /// when nothing fits on GPUs.
+    pub fn best(&self, fleet: &PlanFleet, state: &State) -> Option<Cand> {
+        match self.gpu_candidates(fleet, state).first() {
+            Some(c) => Some(c.clone()),
+            None => self.last_resorts(fleet, state).first().cloned(),
+        }
+    }
+
+    /// The best of [`bound_candidates`](Self::bound_candidates), computing the last
+    /// resorts only when nothing fits on GPUs.
+    pub fn best_bound(&self, fleet: &PlanFleet, state: &State) -> Option<Cand> {
+        let gpu = self.gpu_candidates(fleet, state);
+        let cross = self.cross_node_bound(fleet, state);
+        // The first of both sorted together (stably, the one-node list first).
+        let best = match (gpu.first(), cross.first()) {
+            (Some(a), Some(b)) => Some(if b.score > a.score || (b.score == a.score && b.key() < a.key()) {
+                b
+            } else {
+                a
+            }),
+            (a, b) => a.or(b),
+        };
+        match best {
+            Some(c) => Some(c.clone()),
+            None => self.last_resorts(fleet, state).first().cloned(),
+        }
+    }
+
+    /// The candidates on GPUs (one node or several), best first.
+    pub fn gpu_candidates(&self, fleet: &PlanFleet, state: &State) -> Arc<Vec<Cand>> {
+        self.memoized(List::Gpu, state, || self.compute_gpu_candidates(fleet, state))
+    }
+
+    /// Splits across nodes for every variant, best first: what
+    /// [`bound_candidates`](Self::bound_candidates) adds to the candidates.
+    fn cross_node_bound(&self, fleet: &PlanFleet, state: &State) -> Arc<Vec<Cand>> {
+        self.memoized(List::CrossNodeBound, state, || {
+            let mut out = Vec::new();
+            if fleet.nodes.len() > 1 {
+                for &(v, tier) in &self.allowed {
+                    out.extend(self.cross_node(fleet, state, v, tier, usize::MAX));
+                }
+            }
+            sort_cands(&mut out);
+            out
+        })
+    }
+
+    /// The last resorts (layers in host RAM, the CPU), best first. Their penalties put
+    /// them below every candidate on GPUs, so a search computes them only once it has
+    /// tried every one of those.
+    pub fn last_resorts(&self, fleet: &PlanFleet, state: &State) -> Arc<Vec<Cand>> {
+        self.memoized(List::LastResorts, state, || {
+            // The last resorts are candidates in every state: the objective's penalties
+            // keep them for when the GPUs cannot hold every instance, and which instance
+            // goes to host RAM is then the search's choice, not the order it visits them
+            // in.
+            let mut out = Vec::new();
+            for (sig, node) in state.representatives(self.allowed_nodes()) {
+                let fallback = self.cached(&self.cache.fallback, sig, || self.fallback(fleet, state, node));
+                out.extend(fallback.iter().map(|c| c.on_node(node)));
+            }
+            sort_cands(&mut out);
+            out
+        })
+    }
+
+    /// The list `make` computes for `state`, or the one it computed before for the
+    /// same state of the same fleet.
+    fn memoized(&self, list: List, state: &State, make: impl FnOnce() -> Vec<Cand>) -> Arc<Vec<Cand>> {
+        self.cache.follow(state);
+        if let Some(hit) = self.cache.memo.borrow().get(list, state) {
+            return hit;
+        }
+        let made = Arc::new(make());
+        self.cache.memo.borrow_mut().put(list, state, made.clone());
+        made
+    }
+
+    fn compute_gpu_candidates(&self, fleet: &PlanFleet, state: &State) -> Vec<Cand> {
+        let reps = state.representatives(self.allowed_nodes());
         let mut out = Vec::new();
         // Per variant, the fewest GPUs of a candidate on one node.
         let mut smallest = vec![usize::MAX; self.info.variants.len()];
         for &(sig, node) in &reps {
-            let local = self.cached(&self.local, sig, || self.local(fleet, state, node));
+            let local = self.cached(&self.cache.local, sig, || self.local(fleet, state, node));
             for c in local.iter() {
                 smallest[c.variant] = smallest[c.variant].min(c.devices.len());
                 out.push(c.on_node(node));
@@ -413,40 +776,20 @@ impl<'a> Unit<'a> {
                 }
             }
         }
-        // The last resorts are candidates in every state: the objective's penalties keep
-        // them for when the GPUs cannot hold every instance, and which instance goes to
-        // host RAM is then the search's choice, not the order it visits them in.
-        for &(sig, node) in &reps {
-            let fallback = self.cached(&self.fallback, sig, || self.fallback(fleet, state, node));
-            out.extend(fallback.iter().map(|c| c.on_node(node)));
-        }
-        sort_cands(&mut out);
-        out
-    }
-
-    /// [`candidates`](Self::candidates), plus splits across nodes for every variant:
-    /// the set whose best score bounds what the unit can reach in any later state.
-    pub fn bound_candidates(&self, fleet: &PlanFleet, state: &State) -> Vec<Cand> {
-        let mut out = self.candidates(fleet, state);
-        if fleet.nodes.len() > 1 {
-            for &(v, tier) in &self.allowed {
-                out.extend(self.cross_node(fleet, state, v, tier, usize::MAX));
-            }
-        }
         sort_cands(&mut out);
         out
     }
 
     fn cached(
         &self,
-        cache: &RefCell<HashMap<u32, Rc<Vec<Cand>>>>,
+        cache: &RefCell<FastMap<u32, Arc<Vec<Cand>>>>,
         sig: u32,
         make: impl FnOnce() -> Vec<Cand>,
-    ) -> Rc<Vec<Cand>> {
+    ) -> Arc<Vec<Cand>> {
         if let Some(hit) = cache.borrow().get(&sig) {
             return hit.clone();
         }
-        let made = Rc::new(make());
+        let made = Arc::new(make());
         cache.borrow_mut().insert(sig, made.clone());
         made
     }
@@ -546,18 +889,28 @@ impl<'a> Unit<'a> {
         let floor: u64 = single.devices.iter().map(|d| d.weights.get() + d.kv_cache.get()).sum();
         // Every GPU with its node, in preference order: nodes by capacity, GPUs by memory.
         let mut order: Vec<(usize, usize)> = Vec::new();
-        let mut ranked: Vec<(u64, usize)> = nodes
+        // (capacity, node, its group's position in `groups`)
+        let mut ranked: Vec<(u64, usize, usize)> = nodes
             .iter()
             .zip(groups)
-            .map(|(&n, g)| (g.iter().map(|&p| state.usable[n][p]).sum::<u64>(), n))
+            .enumerate()
+            .map(|(i, (&n, g))| (g.iter().map(|&p| state.usable[n][p]).sum::<u64>(), n, i))
             .collect();
         ranked.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-        for &(_, n) in &ranked {
-            let i = nodes.iter().position(|x| *x == n).unwrap_or(0);
-            let mut list = groups[i].clone();
-            list.sort_by(|&a, &b| state.usable[n][b].cmp(&state.usable[n][a]).then(a.cmp(&b)));
-            order.extend(list.into_iter().map(|p| (n, p)));
-        }
+        // `order` is filled node by node only as far as the prefixes below read it: on a
+        // large fleet the first fit is among the first nodes.
+        let total: usize = groups.iter().map(Vec::len).sum();
+        let mut filled = 0;
+        let mut fill = |order: &mut Vec<(usize, usize)>, len: usize| {
+            while order.len() < len
+                && let Some(&(_, n, i)) = ranked.get(filled)
+            {
+                let mut list = groups[i].clone();
+                list.sort_by(|&a, &b| state.usable[n][b].cmp(&state.usable[n][a]).then(a.cmp(&b)));
+                order.extend(list.into_iter().map(|p| (n, p)));
+                filled += 1;
+            }
+        };
         let spans = |devs: &[(usize, usize)]| devs.iter().any(|d| d.0 != devs[0].0);
         let must_span = family == Family::CrossNode;
         let mut out = Vec::new();
@@ -597,18 +950,22 @@ impl<'a> Unit<'a> {
                 out.push(self.cand(fleet, v, tier, family, e, devices));
             }
         };
-        let most = order.len().min(self.max_gpus).min(max_size);
+        let most = total.min(self.max_gpus).min(max_size);
         let limit = if must_span {
             EXHAUSTIVE_FLEET_GPUS
         } else {
             EXHAUSTIVE_SPLIT_GPUS
         };
-        let exhaustive = order.len() <= limit;
+        let exhaustive = total <= limit;
+        if exhaustive {
+            fill(&mut order, total);
+        }
         for size in 2..=most {
             if exhaustive {
                 for_each_subset(&order, size, &mut |devs| try_set(devs, &mut out));
             } else {
                 // The smallest size that fits.
+                fill(&mut order, size);
                 try_set(&order[..size], &mut out);
                 if !out.is_empty() {
                     break;
@@ -629,7 +986,7 @@ impl<'a> Unit<'a> {
         state: &State,
         v: usize,
         tier: Precision,
-        ranked: &[(u64, usize)],
+        ranked: &[(u64, usize, usize)],
         max_size: usize,
     ) -> Vec<Cand> {
         let mut out = Vec::new();
@@ -637,8 +994,13 @@ impl<'a> Unit<'a> {
             if self.need(v, k as u64, false).is_none() {
                 continue; // not a valid degree
             }
+            // Stages node by node, only as many nodes as the counts below read.
             let mut stages: Vec<(usize, Vec<usize>, u64)> = Vec::new();
-            for &(_, n) in ranked {
+            let mut nodes = ranked.iter();
+            let mut add_node = |stages: &mut Vec<(usize, Vec<usize>, u64)>| -> bool {
+                let Some(&(_, n, _)) = nodes.next() else {
+                    return false;
+                };
                 let gpus = &fleet.nodes[n].gpus;
                 let mut by_name: Vec<(&str, Vec<usize>)> = Vec::new();
                 for p in (0..gpus.len()).filter(|&p| self.usable_gpu(fleet, state, v, n, p)) {
@@ -657,9 +1019,15 @@ impl<'a> Unit<'a> {
                 }
                 node_stages.sort_by(|a, b| b.2.cmp(&a.2).then(a.1.cmp(&b.1)));
                 stages.extend(node_stages);
-            }
-            for count in 2..=stages.len() {
-                if count * k > max_size {
+                true
+            };
+            for count in 2.. {
+                while stages.len() < count {
+                    if !add_node(&mut stages) {
+                        break;
+                    }
+                }
+                if stages.len() < count || count * k > max_size {
                     break;
                 }
                 let chosen = &stages[..count];
@@ -703,7 +1071,7 @@ impl<'a> Unit<'a> {
         let mut groups = Vec::new();
         // Nodes in one state are interchangeable and a split spans at most `max_gpus`
         // of them: the first few of each state are every node a split can use first.
-        for n in state.first_of_each_state(self.max_gpus) {
+        for n in state.first_of_each_state(self.max_gpus, self.allowed_nodes()) {
             let group: Vec<usize> = (0..fleet.nodes[n].gpus.len())
                 .filter(|&p| self.usable_gpu(fleet, state, v, n, p))
                 .collect();
@@ -970,8 +1338,19 @@ impl<'a> Unit<'a> {
     }
 
     /// Whether GPU `p` of `node` meets the requirement's constraints.
-    pub fn gpu_allowed(&self, node: usize, p: usize) -> bool {
-        self.gpu_ok[node][p]
+    pub fn gpu_allowed(&self, fleet: &PlanFleet, node: usize, p: usize) -> bool {
+        let c = &self.requirement.gpu;
+        let g = &fleet.nodes[node].gpus[p];
+        self.node_ok.as_ref().is_none_or(|ok| ok[node])
+            && (self.models.is_empty() || {
+                let name = g.name.to_ascii_lowercase();
+                self.models.iter().any(|m| name.contains(m.as_str()))
+            })
+            && c.min_memory_bytes.is_none_or(|m| g.total >= m)
+            && c.min_compute_capability.is_none_or(|m| {
+                g.compute_capability
+                    .is_none_or(|(a, b)| (a, b) >= (u32::from(m.major), u32::from(m.minor)))
+            })
     }
 
     /// The preference in effect.
@@ -1036,18 +1415,33 @@ fn tp_groups(gpus: &[PlanGpu], cur: &[u64], eligible: &[usize], k: usize, need: 
         if list.len() <= EXHAUSTIVE_NODE_GPUS {
             // Subsets alike in everything the score and the fit read (memory, health,
             // speed, whether all are NVLinked) give equal candidates: the first stands
-            // for all, as `dedupe` would keep it.
-            let mut seen = BTreeSet::new();
+            // for all, as `dedupe` would keep it. A subset's shape is how many of its GPUs
+            // are of each kind (memory, health, speed): four bits per kind, at most eight
+            // kinds of at most eight GPUs, and a bit for the links.
+            let mut kinds: Vec<(u64, bool, u64)> = Vec::new();
+            let mut kind_of = [0u32; 64];
+            for &p in &list {
+                let kind = (cur[p], gpus[p].degraded, gpus[p].bandwidth.to_bits());
+                kind_of[p] = match kinds.iter().position(|x| *x == kind) {
+                    Some(i) => i as u32,
+                    None => {
+                        kinds.push(kind);
+                        kinds.len() as u32 - 1
+                    }
+                };
+            }
+            let mut seen: Vec<u64> = Vec::new();
             for_each_subset(&list, k, &mut |s| {
-                let mut shape: Vec<(u64, bool, u64)> = s
-                    .iter()
-                    .map(|&p| (cur[p], gpus[p].degraded, gpus[p].bandwidth.to_bits()))
-                    .collect();
-                shape.sort_unstable();
-                let linked = s
-                    .iter()
-                    .all(|&a| s.iter().all(|&b| a == b || gpus[a].nvlink & (1 << b) != 0));
-                if seen.insert((shape, linked)) {
+                let mut counts = 0u64;
+                let mut mask = 0u64;
+                for &p in s {
+                    counts += 1 << (4 * kind_of[p]);
+                    mask |= 1 << p;
+                }
+                let linked = s.iter().all(|&a| (gpus[a].nvlink | 1 << a) & mask == mask);
+                let shape = counts << 1 | u64::from(linked);
+                if !seen.contains(&shape) {
+                    seen.push(shape);
                     out.push(s.to_vec());
                 }
             });

@@ -22,22 +22,22 @@ pub struct Outcome {
     pub complete: bool,
 }
 
-/// The best choice of candidates for `units` on `fleet`, trying at most `budget`
-/// candidates after the first (greedy) plan.
+/// The best choice of candidates for `units` on `fleet`, from `state` (nothing reserved
+/// yet; it is as it was when the search returns), trying at most `budget` candidates
+/// after the first (greedy) plan.
 ///
 /// The search visits units in [`visiting_order`]. When its best plan leaves a unit
 /// unplaced or on a last resort (host RAM, CPU), it searches again with each such unit
 /// moved last in turn, keeping the best plan of all: what the first order placed early
 /// can then be placed around it (a smaller variant that leaves a GPU free for it).
-pub fn search(units: &[&Unit<'_>], fleet: &PlanFleet, budget: u64) -> Outcome {
-    let mut state = State::new(fleet);
+pub fn search(units: &[&Unit<'_>], fleet: &PlanFleet, state: &mut State, budget: u64) -> Outcome {
     // Each unit's best score on the untouched fleet bounds what it can reach later:
     // reserving memory only removes candidates.
     let best_alone: Vec<Option<i64>> = units
         .iter()
-        .map(|u| u.bound_candidates(fleet, &state).first().map(|c| c.score))
+        .map(|u| u.best_bound(fleet, state).map(|c| c.score))
         .collect();
-    let first = visiting_order(units, fleet, &state);
+    let first = visiting_order(units, fleet, state);
     let mut search = Search {
         units,
         fleet,
@@ -49,7 +49,7 @@ pub fn search(units: &[&Unit<'_>], fleet: &PlanFleet, budget: u64) -> Outcome {
         budget: budget.max(units.len() as u64),
         truncated: false,
     };
-    search.run(first.clone(), &best_alone, &mut state);
+    search.run(first.clone(), &best_alone, state);
     let lagging: Vec<usize> = first
         .iter()
         .copied()
@@ -67,7 +67,7 @@ pub fn search(units: &[&Unit<'_>], fleet: &PlanFleet, budget: u64) -> Outcome {
         }
         let mut order: Vec<usize> = first.iter().copied().filter(|&x| x != u).collect();
         order.push(u);
-        search.run(order, &best_alone, &mut state);
+        search.run(order, &best_alone, state);
     }
     let (placed, score, chosen) = search.best.unwrap_or((0, 0, vec![None; units.len()]));
     Outcome {
@@ -87,11 +87,7 @@ pub fn visiting_order(units: &[&Unit<'_>], fleet: &PlanFleet, state: &State) -> 
     let mut order: Vec<usize> = (0..units.len()).collect();
     let weight: Vec<u64> = units
         .iter()
-        .map(|u| {
-            u.candidates(fleet, state)
-                .first()
-                .map_or(0, |c| c.reserve.iter().sum::<u64>())
-        })
+        .map(|u| u.best(fleet, state).map_or(0, |c| c.reserve.iter().sum::<u64>()))
         .collect();
     order.sort_by(|&a, &b| weight[b].cmp(&weight[a]).then(a.cmp(&b)));
     order
@@ -142,28 +138,37 @@ impl Search<'_, '_> {
         }
         let u = self.order[depth];
         let (rest_placed, rest_bound) = self.suffix[depth + 1];
-        let cands = self.units[u].candidates(self.fleet, state);
-        for cand in cands {
-            if self.best.is_some() {
-                if self.steps >= self.budget {
-                    self.truncated = true;
+        // The candidates best first: those on GPUs, then the last resorts (which score
+        // below all of them), computed only if the search gets that far.
+        let unit = self.units[u];
+        'sections: for last_resorts in [false, true] {
+            let cands = if last_resorts {
+                unit.last_resorts(self.fleet, state)
+            } else {
+                unit.gpu_candidates(self.fleet, state)
+            };
+            for cand in cands.iter() {
+                if self.best.is_some() {
+                    if self.steps >= self.budget {
+                        self.truncated = true;
+                        return;
+                    }
+                    // Candidates come best first: once one cannot beat the best, none can.
+                    if !self.beats_best(placed + 1 + rest_placed, score + i128::from(cand.score) + rest_bound) {
+                        break 'sections;
+                    }
+                }
+                self.steps += 1;
+                state.apply(cand);
+                let gained = i128::from(cand.score);
+                self.current[u] = Some(cand.clone());
+                self.dfs(depth + 1, state, placed + 1, score + gained);
+                if let Some(cand) = self.current[u].take() {
+                    state.undo(&cand);
+                }
+                if self.truncated {
                     return;
                 }
-                // Candidates come best first: once one cannot beat the best, none can.
-                if !self.beats_best(placed + 1 + rest_placed, score + i128::from(cand.score) + rest_bound) {
-                    break;
-                }
-            }
-            self.steps += 1;
-            state.apply(&cand);
-            let gained = i128::from(cand.score);
-            self.current[u] = Some(cand);
-            self.dfs(depth + 1, state, placed + 1, score + gained);
-            if let Some(cand) = self.current[u].take() {
-                state.undo(&cand);
-            }
-            if self.truncated {
-                return;
             }
         }
         // Leaving this unit unplaced.
