@@ -15,7 +15,9 @@ use skein_orchestrator::graph::{
     NodeInventory, TelemetryBatch,
 };
 use skein_orchestrator::plan::options::{Cand, Dev, Family, State, Unit, for_each_subset};
-use skein_orchestrator::plan::{self, PlanFleet, PlanInput, PlanSettings, demand, make_units, search};
+use skein_orchestrator::plan::{
+    self, PlanFleet, PlanInput, PlanSettings, Planner, UnitCaches, demand, make_units, search,
+};
 
 fn models() -> &'static BTreeMap<String, ModelInfo> {
     static MODELS: OnceLock<BTreeMap<String, ModelInfo>> = OnceLock::new();
@@ -247,6 +249,15 @@ fn agent_spec() -> impl Strategy<Value = AgentSpec> {
         })
 }
 
+/// Cases of the exhaustive comparison: `PLAN_EXHAUSTIVE_CASES`, else 128 (about three
+/// minutes in the debug build CI runs; 256 take eleven).
+fn exhaustive_cases() -> u32 {
+    std::env::var("PLAN_EXHAUSTIVE_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(128)
+}
+
 fn settings(budget: u64) -> PlanSettings {
     PlanSettings {
         search_budget: budget,
@@ -257,7 +268,9 @@ fn settings(budget: u64) -> PlanSettings {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
 
-    /// Every plan respects memory, degrees, precision and gangs, and is reproducible.
+    /// Every plan respects memory, degrees, precision and gangs, and is reproducible:
+    /// by a new planner, and by one planner that planned every case before (its caches
+    /// carried from fleet to fleet).
     #[test]
     fn plans_are_valid_and_deterministic(
         fleet in fleet_spec(10),
@@ -268,7 +281,11 @@ proptest! {
         let input = PlanInput { workflow: &workflow, models: models(), graph: &snapshot, running: &[], settings: settings(5_000) };
         let plan = plan::plan(&input).expect("plans");
         let again = plan::plan(&input).expect("plans");
-        prop_assert_eq!(serde_json::to_string(&plan).unwrap(), serde_json::to_string(&again).unwrap());
+        let json = serde_json::to_string(&plan).unwrap();
+        prop_assert_eq!(&json, &serde_json::to_string(&again).unwrap());
+        thread_local!(static PLANNER: std::cell::RefCell<Planner> = std::cell::RefCell::default());
+        let kept = PLANNER.with(|p| p.borrow_mut().plan(&input)).expect("plans");
+        prop_assert_eq!(&json, &serde_json::to_string(&kept).unwrap());
 
         let plan_fleet = PlanFleet::from_snapshot(&snapshot, input.settings.headroom, input.settings.host_headroom, &[]);
         let mut reserved: HashMap<(String, Option<u32>), u64> = HashMap::new();
@@ -308,14 +325,14 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: exhaustive_cases(), ..ProptestConfig::default() })]
 
-    /// On small cases (up to 6 GPUs, up to 3 agents), an exhaustive search over every
+    /// On small cases (up to 8 GPUs, up to 4 agents), an exhaustive search over every
     /// subset of GPUs finds no better objective than the planner.
     #[test]
     fn no_exhaustive_search_beats_the_planner(
-        fleet in fleet_spec(6),
-        agents in prop::collection::vec(agent_spec(), 1..=3),
+        fleet in fleet_spec(8),
+        agents in prop::collection::vec(agent_spec(), 1..=4),
     ) {
         let snapshot = snapshot(&fleet);
         let workflow = workflow(&agents);
@@ -323,13 +340,14 @@ proptest! {
         let plan_fleet = PlanFleet::from_snapshot(&snapshot, s.headroom, s.host_headroom, &[]);
         let instances = demand::instances(&workflow);
         let infos = demand::catalogs(&instances, models()).expect("catalogs");
-        let units = make_units(&instances, &infos, &plan_fleet, s.kv_dtype);
+        let mut state = State::new(&plan_fleet);
+        let units = make_units(&instances, &infos, &plan_fleet, &state, s.kv_dtype, &mut UnitCaches::default());
         let refs: Vec<&Unit<'_>> = units.iter().map(|u| &u.unit).collect();
-        let found = search::search(&refs, &plan_fleet, s.search_budget);
+        let found = search::search(&refs, &plan_fleet, &mut state, s.search_budget);
         prop_assert!(found.complete);
         // The same visiting order: a split's layers follow the memory free when its
         // instance is placed, so the order is part of the candidate space.
-        let order = search::visiting_order(&refs, &plan_fleet, &State::new(&plan_fleet));
+        let order = search::visiting_order(&refs, &plan_fleet, &state);
         let ordered: Vec<&Unit<'_>> = order.iter().map(|&u| refs[u]).collect();
         let (best, mut choice) = exhaustive(&ordered, &plan_fleet);
         let mut by_unit = vec![None; refs.len()];
@@ -416,6 +434,9 @@ fn exhaustive(units: &[&Unit<'_>], fleet: &PlanFleet) -> ((usize, i128), Vec<Opt
         best: (usize, i128),
         current: Vec<Option<Cand>>,
         choice: Vec<Option<Cand>>,
+        /// Each depth's brute-force candidates by the free memory they were made in:
+        /// different choices on interchangeable GPUs leave the same state.
+        seen: HashMap<(usize, Vec<u64>), std::rc::Rc<Vec<Cand>>>,
     }
     fn go(ctx: &mut Ctx<'_, '_>, state: &mut State, depth: usize, acc: (usize, i128)) {
         if depth == ctx.units.len() {
@@ -429,9 +450,24 @@ fn exhaustive(units: &[&Unit<'_>], fleet: &PlanFleet) -> ((usize, i128), Vec<Opt
         if (acc.0 + more, acc.1 + bound) <= ctx.best {
             return;
         }
-        let mut cands = brute_candidates(ctx.units[depth], ctx.fleet, state);
-        cands.sort_by_key(|c| std::cmp::Reverse(c.score));
-        for cand in cands {
+        let free: Vec<u64> = state.usable.iter().flatten().chain(&state.host).copied().collect();
+        let cands = match ctx.seen.get(&(depth, free.clone())) {
+            Some(cands) => cands.clone(),
+            None => {
+                let mut cands = brute_candidates(ctx.units[depth], ctx.fleet, state);
+                cands.sort_by_key(|c| std::cmp::Reverse(c.score));
+                let cands = std::rc::Rc::new(cands);
+                ctx.seen.insert((depth, free), cands.clone());
+                cands
+            }
+        };
+        let (rest_placed, rest_score) = ctx.rest[depth + 1];
+        for cand in cands.iter().cloned() {
+            // Best first: once one cannot beat the best even with every later unit at
+            // its best, none can.
+            if (acc.0 + 1 + rest_placed, acc.1 + i128::from(cand.score) + rest_score) <= ctx.best {
+                break;
+            }
             state.apply(&cand);
             let score = i128::from(cand.score);
             ctx.current[depth] = Some(cand);
@@ -461,6 +497,7 @@ fn exhaustive(units: &[&Unit<'_>], fleet: &PlanFleet) -> ((usize, i128), Vec<Opt
         best: (0, i128::MIN),
         current: vec![None; units.len()],
         choice: vec![None; units.len()],
+        seen: HashMap::new(),
     };
     go(&mut ctx, &mut State::new(fleet), 0, (0, 0));
     (ctx.best, ctx.choice)
