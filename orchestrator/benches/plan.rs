@@ -3,7 +3,10 @@
 //!
 //! - `workflow_20_agents/planner`: planning a 20-agent workflow (the five reference
 //!   models, several precisions, contexts and concurrencies) on 1,000 nodes × 8 GPUs of
-//!   six node types with varied live free memory, some GPUs degraded.
+//!   six node types with varied live free memory, some GPUs degraded, each plan by a new
+//!   [`Planner`] (as `skein plan` makes one); `workflow_20_agents/planner_kept`: one
+//!   planner kept from plan to plan while telemetry changes a node between two plans,
+//!   as the server plans.
 //! - `single_instance/planner`: planning a one-agent workflow on 5,000 nodes × 8 GPUs
 //!   (placements per second = 1 / time), the five models in turn, as the server plans:
 //!   one [`Planner`] kept from plan to plan while telemetry changes a node between two
@@ -71,6 +74,20 @@ struct LiveFleet {
 }
 
 impl LiveFleet {
+    /// The `changes`-th change, counted on: a node's first GPU takes 2 GiB more, or frees
+    /// them, nodes in turn; the graph's snapshot after it.
+    fn change(&mut self, changes: &mut usize) -> GraphSnapshot {
+        let node = *changes % self.nodes.len();
+        let extra = if (*changes / self.nodes.len()).is_multiple_of(2) {
+            2 << 30
+        } else {
+            0
+        };
+        *changes += 1;
+        self.sample(node, extra);
+        self.graph.snapshot()
+    }
+
     /// A new sample from node `n`, with `extra` more bytes in use on its first GPU.
     fn sample(&mut self, n: usize, extra: u64) {
         self.seq += 1;
@@ -548,6 +565,24 @@ fn dump(models: &BTreeMap<String, ModelInfo>, path: &str) {
     }
 }
 
+/// `workflow`'s plan by `planner`, with the default settings.
+fn plan_with(
+    planner: &mut Planner,
+    workflow: &Workflow,
+    models: &BTreeMap<String, ModelInfo>,
+    graph: &GraphSnapshot,
+) -> plan::Plan {
+    planner
+        .plan(black_box(&PlanInput {
+            workflow,
+            models,
+            graph,
+            running: &[],
+            settings: PlanSettings::default(),
+        }))
+        .expect("plans")
+}
+
 fn bench(c: &mut Criterion) {
     let models = models();
     if let Ok(path) = std::env::var("PLAN_DUMP") {
@@ -556,7 +591,8 @@ fn bench(c: &mut Criterion) {
     }
     let settings = PlanSettings::default();
 
-    let big = fleet(1000);
+    let mut live_big = live_fleet(1000);
+    let big = live_big.graph.snapshot();
     let twenty = twenty_agents();
     report(&twenty, &models, &big);
     phases(&twenty, &models, &big);
@@ -574,9 +610,20 @@ fn bench(c: &mut Criterion) {
             .expect("plans")
         })
     });
+    // As the server plans: one planner kept while telemetry changes a node between two
+    // plans.
+    let mut planner = Planner::default();
+    let mut changes = 0usize;
+    g.bench_function("planner_kept", |b| {
+        b.iter_batched(
+            || live_big.change(&mut changes),
+            |graph| plan_with(&mut planner, &twenty, &models, &graph),
+            criterion::BatchSize::SmallInput,
+        )
+    });
     g.bench_function("first_fit", |b| b.iter(|| first_fit(black_box(&twenty), &models, &big)));
     g.finish();
-    drop(big);
+    drop((big, live_big, planner));
 
     let mut live = live_fleet(5000);
     let huge = live.graph.snapshot();
@@ -594,28 +641,10 @@ fn bench(c: &mut Criterion) {
     let mut changes = 0usize;
     g.bench_function("planner", |b| {
         b.iter_batched(
-            || {
-                let node = changes % live.nodes.len();
-                let extra = if (changes / live.nodes.len()).is_multiple_of(2) {
-                    2 << 30
-                } else {
-                    0
-                };
-                changes += 1;
-                live.sample(node, extra);
-                live.graph.snapshot()
-            },
+            || live.change(&mut changes),
             |graph| {
                 turn = (turn + 1) % singles.len();
-                planner
-                    .plan(black_box(&PlanInput {
-                        workflow: &singles[turn],
-                        models: &models,
-                        graph: &graph,
-                        running: &[],
-                        settings,
-                    }))
-                    .expect("plans")
+                plan_with(&mut planner, &singles[turn], &models, &graph)
             },
             criterion::BatchSize::SmallInput,
         )

@@ -249,13 +249,13 @@ fn agent_spec() -> impl Strategy<Value = AgentSpec> {
         })
 }
 
-/// Cases of the exhaustive comparison: `PLAN_EXHAUSTIVE_CASES`, else 128 (about three
-/// minutes in the debug build CI runs; 256 take eleven).
+/// Cases of the exhaustive comparison: `PLAN_EXHAUSTIVE_CASES`, else 256 (about a minute
+/// and a half in the debug build CI runs).
 fn exhaustive_cases() -> u32 {
     std::env::var("PLAN_EXHAUSTIVE_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(128)
+        .unwrap_or(256)
 }
 
 fn settings(budget: u64) -> PlanSettings {

@@ -10,7 +10,7 @@ use skein_model_registry::catalog::ModelInfo;
 
 use super::demand::{Instance, VariantUse, variant_use};
 use super::fleet::PlanFleet;
-use super::options::{Cand, Dev, Family, State, Unit};
+use super::options::{Cand, CandList, Dev, Family, State, Unit};
 use super::{
     Objective, Plan, PlanInput, Planned, PlannedDevice, PlannedInstance, Rejected, SearchStats, Unplaced,
     planned_layout, remote_agents, show,
@@ -217,15 +217,14 @@ pub fn summary(info: &ModelInfo, fleet: &PlanFleet, c: &Cand) -> String {
     )
 }
 
-/// A unit's candidates on the untouched fleet, best first, as
-/// [`Unit::candidates`] lists them; the last resorts are computed only when a reason
-/// reads past every candidate on GPUs.
+/// A unit's candidates on the untouched fleet, best first: those on GPUs, then the last
+/// resorts, computed only when a reason reads past every candidate on GPUs.
 struct Alone<'x, 'a> {
     unit: &'x Unit<'a>,
     fleet: &'x PlanFleet,
     state: &'x State,
-    gpu: Arc<Vec<Cand>>,
-    last_resorts: OnceCell<Arc<Vec<Cand>>>,
+    gpu: Arc<CandList>,
+    last_resorts: OnceCell<Arc<CandList>>,
 }
 
 impl<'x, 'a> Alone<'x, 'a> {
@@ -239,7 +238,7 @@ impl<'x, 'a> Alone<'x, 'a> {
         }
     }
 
-    fn iter(&self) -> impl Iterator<Item = &Cand> {
+    fn iter(&self) -> impl Iterator<Item = Cand> + '_ {
         let rest = std::iter::once(()).flat_map(move |()| {
             self.last_resorts
                 .get_or_init(|| self.unit.last_resorts(self.fleet, self.state))
@@ -275,12 +274,12 @@ fn rejected(
             break;
         }
         // One per variant and family and nodes: the next best of a kind, not its twins.
-        if !seen.insert(distinct_key(c)) {
+        if !seen.insert(distinct_key(&c)) {
             continue;
         }
         out.push(Rejected {
-            option: summary(info, fleet, c),
-            why: why_not(unit.prefer(), fleet, c, chosen, owners, me),
+            option: summary(info, fleet, &c),
+            why: why_not(unit.prefer(), fleet, &c, chosen, owners, me),
         });
     }
     out
@@ -396,7 +395,7 @@ fn why(
                         better.tier
                     )
                 } else {
-                    let reason = why_not(unit.prefer(), fleet, better, c, owners, me);
+                    let reason = why_not(unit.prefer(), fleet, &better, c, owners, me);
                     format!(
                         "{id} ({}) fits on its own, but {}",
                         better.tier,
@@ -537,7 +536,7 @@ fn unplaced_reason(
     if let Some(best) = alone.iter().next() {
         return format!(
             "fits alone ({}) but not beside the workflow's other instances",
-            summary(info, fleet, best)
+            summary(info, fleet, &best)
         );
     }
     let eligible: Vec<(usize, usize)> = fleet

@@ -116,8 +116,8 @@ pub struct Excluded {
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlanFleet {
     /// Nodes with at least a host to plan on, sorted by name (shared: a planner keeps
-    /// the nodes whose view did not change between plans).
-    pub nodes: Vec<Arc<PlanNode>>,
+    /// the nodes whose view did not change between plans, and the list itself).
+    pub nodes: Arc<Vec<Arc<PlanNode>>>,
     /// What was left out and why.
     pub excluded: Vec<Excluded>,
 }
@@ -157,7 +157,10 @@ impl PlanFleet {
         if !nodes.is_sorted_by(|a, b| a.name <= b.name) {
             nodes.sort_by(|a, b| a.name.cmp(&b.name));
         }
-        PlanFleet { nodes, excluded }
+        PlanFleet {
+            nodes: Arc::new(nodes),
+            excluded,
+        }
     }
 
     /// Every GPU, with its node's position.
@@ -172,13 +175,17 @@ impl PlanFleet {
 /// The fleet view kept between plans: a node whose graph view is the one seen last
 /// time (the graph shares the views of nodes that did not change) is not looked at
 /// again, and a node rebuilt equal to its last view keeps that view, so that a
-/// [`State`](super::options::State) synced to the fleet finds it unchanged.
+/// [`State`](super::options::State) synced to the fleet finds it unchanged. When the
+/// snapshot lists the same nodes as last time, only the changed ones are touched: the
+/// node list of the last fleet is updated in place once that fleet is dropped.
 #[derive(Debug, Default)]
 pub struct FleetCache {
     /// The headrooms the views were made with.
     settings: Option<(Headroom, u64)>,
     /// Per node of the last snapshot, in its order.
     nodes: Vec<CachedNode>,
+    /// The last fleet made.
+    last: Option<PlanFleet>,
 }
 
 #[derive(Debug)]
@@ -186,6 +193,8 @@ struct CachedNode {
     view: Arc<NodeView>,
     node: Option<Arc<PlanNode>>,
     excluded: Vec<Excluded>,
+    /// Its position in the last fleet's nodes.
+    position: Option<usize>,
 }
 
 impl FleetCache {
@@ -194,7 +203,11 @@ impl FleetCache {
     pub fn fleet(&mut self, snapshot: &GraphSnapshot, headroom: Headroom, host_headroom: u64) -> PlanFleet {
         if self.settings != Some((headroom, host_headroom)) {
             self.nodes.clear();
+            self.last = None;
             self.settings = Some((headroom, host_headroom));
+        }
+        if let Some(fleet) = self.update(snapshot, headroom, host_headroom) {
+            return fleet;
         }
         let old = std::mem::take(&mut self.nodes);
         // Old entries by name, made only if the node list moved.
@@ -216,31 +229,85 @@ impl FleetCache {
                     .get(name)
                     .map(|&j| &old[j]),
             };
-            let entry = match before {
-                Some(c) if Arc::ptr_eq(&c.view, view) => CachedNode {
-                    view: view.clone(),
-                    node: c.node.clone(),
-                    excluded: c.excluded.clone(),
-                },
-                _ => {
-                    let mut left_out = Vec::new();
-                    let made = node_view(view, headroom, host_headroom, &[], &mut cards, &mut left_out);
-                    let node = match (made, before.and_then(|c| c.node.as_ref())) {
-                        (Some(made), Some(last)) if **last == made => Some(last.clone()),
-                        (made, _) => made.map(Arc::new),
-                    };
-                    CachedNode {
-                        view: view.clone(),
-                        node,
-                        excluded: left_out,
-                    }
-                }
+            let (node, left_out) = match before {
+                Some(c) if Arc::ptr_eq(&c.view, view) => (c.node.clone(), c.excluded.clone()),
+                _ => Self::remake(view, before, headroom, host_headroom, &mut cards),
             };
-            nodes.extend(entry.node.clone());
-            excluded.extend(entry.excluded.iter().cloned());
-            self.nodes.push(entry);
+            let position = node.as_ref().map(|n| {
+                nodes.push(n.clone());
+                nodes.len() - 1
+            });
+            excluded.extend(left_out.iter().cloned());
+            self.nodes.push(CachedNode {
+                view: view.clone(),
+                node,
+                excluded: left_out,
+                position,
+            });
         }
-        PlanFleet::new(nodes, excluded)
+        let sorted = nodes.is_sorted_by(|a, b| a.name <= b.name);
+        let fleet = PlanFleet::new(nodes, excluded);
+        // Positions hold only when the fleet kept the snapshot's order.
+        self.last = sorted.then(|| fleet.clone());
+        fleet
+    }
+
+    /// The fleet of `snapshot` made from the last one by remaking only the nodes whose
+    /// view changed; `None` when the snapshot lists other nodes, or a node came or went.
+    fn update(&mut self, snapshot: &GraphSnapshot, headroom: Headroom, host_headroom: u64) -> Option<PlanFleet> {
+        let last = self.last.as_mut()?;
+        if snapshot.nodes.len() != self.nodes.len() {
+            return None;
+        }
+        let changed: Vec<usize> = (0..snapshot.nodes.len())
+            .filter(|&i| !Arc::ptr_eq(&self.nodes[i].view, &snapshot.nodes[i]))
+            .collect();
+        let mut cards = FastMap::default();
+        let mut remade = Vec::with_capacity(changed.len());
+        for &i in &changed {
+            let (c, view) = (&self.nodes[i], &snapshot.nodes[i]);
+            if c.view.inventory.name != view.inventory.name {
+                return None;
+            }
+            let (node, excluded) = Self::remake(view, Some(c), headroom, host_headroom, &mut cards);
+            if node.is_some() != c.position.is_some() {
+                return None;
+            }
+            remade.push((i, node, excluded));
+        }
+        let mut excluded_moved = false;
+        let nodes = Arc::make_mut(&mut last.nodes);
+        for (i, node, excluded) in remade {
+            let c = &mut self.nodes[i];
+            if let (Some(p), Some(n)) = (c.position, &node) {
+                nodes[p] = n.clone();
+            }
+            excluded_moved |= !(c.excluded.is_empty() && excluded.is_empty());
+            c.view = snapshot.nodes[i].clone();
+            c.node = node;
+            c.excluded = excluded;
+        }
+        if excluded_moved {
+            last.excluded = self.nodes.iter().flat_map(|c| c.excluded.iter().cloned()).collect();
+        }
+        Some(last.clone())
+    }
+
+    /// A node's view made again, keeping the last one when equal.
+    fn remake(
+        view: &NodeView,
+        before: Option<&CachedNode>,
+        headroom: Headroom,
+        host_headroom: u64,
+        cards: &mut FastMap<String, Option<&'static CardModel>>,
+    ) -> (Option<Arc<PlanNode>>, Vec<Excluded>) {
+        let mut left_out = Vec::new();
+        let made = node_view(view, headroom, host_headroom, &[], cards, &mut left_out);
+        let node = match (made, before.and_then(|c| c.node.as_ref())) {
+            (Some(made), Some(last)) if **last == made => Some(last.clone()),
+            (made, _) => made.map(Arc::new),
+        };
+        (node, left_out)
     }
 }
 

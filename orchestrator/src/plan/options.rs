@@ -16,10 +16,10 @@
 //! that state: a thousand identical nodes cost one.
 
 use std::cell::RefCell;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use skein_dsl::ir::{ModelRequirement, Precision, Preference};
 use skein_model_registry::catalog::ModelInfo;
@@ -115,6 +115,136 @@ pub fn sort_cands(cands: &mut [Cand]) {
     cands.sort_by(|a, b| b.score.cmp(&a.score).then_with(|| a.key().cmp(&b.key())));
 }
 
+/// Candidates best first (as [`sort_cands`] orders them), merged lazily from sorted
+/// lists: each node state's list stands for its representative node, and a search or a
+/// reason reads the first few of the thousands a large fleet has, so only those are
+/// made.
+pub struct CandList {
+    merge: Mutex<Merge>,
+}
+
+struct Merge {
+    /// The candidates merged so far.
+    done: Vec<Cand>,
+    /// The next candidate of each list not yet exhausted.
+    heads: BinaryHeap<Head>,
+}
+
+/// A list being merged: its next candidate, moved to `node` if given.
+struct Head {
+    list: Arc<Vec<Cand>>,
+    pos: usize,
+    node: Option<usize>,
+    /// The list's position among those merged: equal candidates keep that order.
+    source: usize,
+}
+
+impl Head {
+    fn cand(&self) -> &Cand {
+        &self.list[self.pos]
+    }
+
+    fn devices(&self) -> impl Iterator<Item = Dev> + '_ {
+        let node = self.node;
+        self.cand().devices.iter().map(move |d| Dev {
+            node: node.unwrap_or(d.node),
+            gpu: d.gpu,
+        })
+    }
+}
+
+impl Ord for Head {
+    /// Greater is merged first: higher score, then the smaller [`Cand::key`] (with the
+    /// devices moved), then the earlier list.
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        let (a, b) = (self.cand(), other.cand());
+        a.score
+            .cmp(&b.score)
+            .then_with(|| b.variant.cmp(&a.variant))
+            .then_with(|| other.devices().cmp(self.devices()))
+            .then_with(|| other.source.cmp(&self.source))
+    }
+}
+
+impl PartialOrd for Head {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl PartialEq for Head {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == std::cmp::Ordering::Equal
+    }
+}
+
+impl Eq for Head {}
+
+impl CandList {
+    /// A list already in order.
+    pub fn sorted(mut cands: Vec<Cand>) -> CandList {
+        sort_cands(&mut cands);
+        CandList {
+            merge: Mutex::new(Merge {
+                done: cands,
+                heads: BinaryHeap::new(),
+            }),
+        }
+    }
+
+    /// The merge of `lists`, each sorted, its candidates moved to the node given with it.
+    pub fn merge(lists: Vec<(Arc<Vec<Cand>>, Option<usize>)>) -> CandList {
+        let heads = lists
+            .into_iter()
+            .enumerate()
+            .filter(|(_, (list, _))| !list.is_empty())
+            .map(|(source, (list, node))| Head {
+                list,
+                pos: 0,
+                node,
+                source,
+            })
+            .collect();
+        CandList {
+            merge: Mutex::new(Merge {
+                done: Vec::new(),
+                heads,
+            }),
+        }
+    }
+
+    /// The `i`-th best candidate.
+    pub fn get(&self, i: usize) -> Option<Cand> {
+        // Merging only appends: a panic in another reader leaves a usable list.
+        let mut m = self.merge.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        while m.done.len() <= i {
+            let Some(mut head) = m.heads.pop() else {
+                break;
+            };
+            let next = match head.node {
+                Some(node) => head.cand().on_node(node),
+                None => head.cand().clone(),
+            };
+            m.done.push(next);
+            head.pos += 1;
+            if head.pos < head.list.len() {
+                m.heads.push(head);
+            }
+        }
+        m.done.get(i).cloned()
+    }
+
+    /// The best candidate.
+    pub fn first(&self) -> Option<Cand> {
+        self.get(0)
+    }
+
+    /// The candidates, best first.
+    pub fn iter(&self) -> impl Iterator<Item = Cand> + '_ {
+        (0..).map_while(|i| self.get(i))
+    }
+}
+
 /// What makes two GPUs interchangeable: model (interned), memory, health, compute
 /// capability, bandwidth, links and position on the node.
 type GpuClass = (u32, u64, bool, Option<(u32, u32)>, u64, u64, usize);
@@ -202,6 +332,10 @@ pub struct State {
     epoch: u64,
     /// Distinguishes states: caches keyed by signature ids belong to one state.
     id: u64,
+    /// Nodes whose memory a reservation changed since the last sync, and a flag per
+    /// node for them: a sync looks at the others' memory only if their view changed.
+    reserved: Vec<usize>,
+    is_reserved: Vec<bool>,
 }
 
 /// Signatures after which a state is rebuilt rather than grown.
@@ -223,6 +357,8 @@ impl State {
             synced: Vec::new(),
             epoch: 0,
             id: IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            reserved: Vec::new(),
+            is_reserved: Vec::new(),
         };
         state.sync(fleet);
         state
@@ -256,6 +392,9 @@ impl State {
                 self.synced.push(None);
             }
             let same = self.synced[n].as_ref().is_some_and(|s| Arc::ptr_eq(s, view));
+            if same && !self.is_reserved.get(n).copied().unwrap_or(false) {
+                continue;
+            }
             if !same {
                 changed = true;
                 self.class[n] = view
@@ -293,6 +432,9 @@ impl State {
                 self.host[n] = view.host_free;
                 self.resign(n);
             }
+        }
+        for n in self.reserved.drain(..) {
+            self.is_reserved[n] = false;
         }
         if changed {
             self.epoch += 1;
@@ -369,26 +511,29 @@ impl State {
             adjust(&mut self.host[first.node], cand.host_extra);
         }
         for n in touched {
+            if self.is_reserved.len() <= n {
+                self.is_reserved.resize(n + 1, false);
+            }
+            if !self.is_reserved[n] {
+                self.is_reserved[n] = true;
+                self.reserved.push(n);
+            }
             self.resign(n);
         }
     }
 
-    /// The first `per` nodes (by position) of each distinct node state among those
-    /// `allowed` (every node when `None`), in position order.
-    pub fn first_of_each_state(&self, per: usize, allowed: Option<&[bool]>) -> Vec<usize> {
-        let mut nodes: Vec<usize> = self
-            .sig_nodes
-            .values()
-            .flat_map(|members| {
-                members
-                    .iter()
-                    .copied()
-                    .filter(|&n| allowed.is_none_or(|a| a[n]))
-                    .take(per)
-            })
-            .collect();
-        nodes.sort_unstable();
-        nodes
+    /// Each distinct node state among the nodes `allowed` (every node when `None`):
+    /// its signature, its first allowed node and how many allowed nodes it has, at most
+    /// `per`.
+    fn states<'s>(&'s self, per: usize, allowed: Option<&'s [bool]>) -> impl Iterator<Item = (u32, usize, usize)> + 's {
+        self.sig_nodes.iter().filter_map(move |(sig, members)| match allowed {
+            None => members.first().map(|&n| (*sig, n, members.len().min(per))),
+            Some(a) => {
+                let mut it = members.iter().copied().filter(|&n| a[n]);
+                let first = it.next()?;
+                Some((*sig, first, 1 + it.take(per.saturating_sub(1)).count()))
+            }
+        })
     }
 
     /// One node of each distinct node state among those `allowed`: the first by
@@ -406,6 +551,92 @@ impl State {
             .collect();
         reps.sort_by_key(|(_, n)| *n);
         reps
+    }
+}
+
+/// A distinct node state a split may use nodes of.
+struct RankedState {
+    /// The GPUs a variant can use on its nodes.
+    eligible: Arc<[usize]>,
+    /// Its signature.
+    sig: u32,
+    /// Its first node (by position) a split may use.
+    first: usize,
+    /// How many of its nodes, from `first` on in position order, a split may use.
+    count: usize,
+}
+
+/// The nodes a split may use, best first — by capacity (the usable memory of the GPUs it
+/// may use), then by position — each with those GPUs. Kept per node state and expanded
+/// into nodes only as far as a split reads: on a large fleet that is a few nodes of the
+/// best states.
+struct NodeRanking<'s> {
+    state: &'s State,
+    allowed: Option<&'s [bool]>,
+    states: Arc<RankedStates>,
+    /// States already expanded into `ranked`.
+    expanded: usize,
+    /// (capacity, node, its eligible GPUs), best first, as far as expanded.
+    ranked: Vec<(u64, usize, Arc<[usize]>)>,
+    /// Nodes in all.
+    nodes: usize,
+    /// Eligible GPUs in all.
+    gpus: usize,
+}
+
+/// Node states with their capacity, largest first.
+struct RankedStates(Vec<(u64, RankedState)>);
+
+impl RankedStates {
+    fn new(state: &State, states: impl IntoIterator<Item = RankedState>) -> RankedStates {
+        let mut states: Vec<(u64, RankedState)> = states
+            .into_iter()
+            .map(|r| (r.eligible.iter().map(|&p| state.usable[r.first][p]).sum::<u64>(), r))
+            .collect();
+        // Within equal capacity the order of states does not matter: their nodes are
+        // ranked by position when expanded.
+        states.sort_by_key(|s| std::cmp::Reverse(s.0));
+        RankedStates(states)
+    }
+}
+
+impl<'s> NodeRanking<'s> {
+    fn new(state: &'s State, allowed: Option<&'s [bool]>, states: Arc<RankedStates>) -> NodeRanking<'s> {
+        NodeRanking {
+            state,
+            allowed,
+            nodes: states.0.iter().map(|(_, r)| r.count).sum(),
+            gpus: states.0.iter().map(|(_, r)| r.count * r.eligible.len()).sum(),
+            states,
+            expanded: 0,
+            ranked: Vec::new(),
+        }
+    }
+
+    /// The `i`-th best node: its capacity, position and eligible GPUs.
+    fn get(&mut self, i: usize) -> Option<(u64, usize, Arc<[usize]>)> {
+        while self.ranked.len() <= i && self.expanded < self.states.0.len() {
+            let capacity = self.states.0[self.expanded].0;
+            let start = self.ranked.len();
+            while let Some((c, r)) = self.states.0.get(self.expanded)
+                && *c == capacity
+            {
+                if r.count == 1 {
+                    self.ranked.push((capacity, r.first, r.eligible.clone()));
+                } else {
+                    let allowed = self.allowed;
+                    let members = self.state.sig_nodes[&r.sig]
+                        .range(r.first..)
+                        .copied()
+                        .filter(|&n| allowed.is_none_or(|a| a[n]))
+                        .take(r.count);
+                    self.ranked.extend(members.map(|n| (capacity, n, r.eligible.clone())));
+                }
+                self.expanded += 1;
+            }
+            self.ranked[start..].sort_by_key(|&(_, n, _)| n);
+        }
+        self.ranked.get(i).cloned()
     }
 }
 
@@ -448,6 +679,13 @@ pub struct UnitCache {
     needs: RefCell<FastMap<(usize, u64, bool), Option<Need>>>,
     local: RefCell<FastMap<u32, Arc<Vec<Cand>>>>,
     fallback: RefCell<FastMap<u32, Arc<Vec<Cand>>>>,
+    /// The GPUs of a node state a variant can use, by signature and the compute
+    /// capability the variant needs.
+    eligible: RefCell<FastMap<(u32, ComputeCapability), GpuList>>,
+    /// Per node state, the fewest GPUs of a candidate on it, per variant.
+    fewest: RefCell<FastMap<u32, Arc<[usize]>>>,
+    /// The ranked node states of the last state asked about.
+    rankings: RefCell<Rankings>,
     /// Every estimate made, by variant and layout: node states that differ only in GPUs
     /// a split does not use (a degraded card elsewhere on the node) ask for the same one.
     estimates: RefCell<FastMap<LayoutKey, EngineEstimates>>,
@@ -470,10 +708,28 @@ impl UnitCache {
         if self.state.get() != Some(state.id) {
             self.local.borrow_mut().clear();
             self.fallback.borrow_mut().clear();
+            self.eligible.borrow_mut().clear();
+            self.fewest.borrow_mut().clear();
+            *self.rankings.borrow_mut() = Rankings::default();
             self.memo.borrow_mut().entries.clear();
             self.state.set(Some(state.id));
         }
     }
+}
+
+/// A compute capability: (major, minor).
+type ComputeCapability = (u32, u32);
+
+/// GPU positions on a node.
+type GpuList = Arc<[usize]>;
+
+/// [`Unit::ranked_states`] of one state (its fleet epoch and every node's signature), by
+/// the compute capability variants need.
+#[derive(Default)]
+struct Rankings {
+    epoch: u64,
+    sig: Vec<u32>,
+    by_cc: Vec<(ComputeCapability, Arc<RankedStates>)>,
 }
 
 /// A layout as a hashable key, with the variant: tensor-parallel degree, the kind of
@@ -495,7 +751,7 @@ struct MemoEntry {
     epoch: u64,
     /// Signature id of every node.
     sig: Vec<u32>,
-    lists: [Option<Arc<Vec<Cand>>>; 3],
+    lists: [Option<Arc<CandList>>; 3],
 }
 
 /// Which list of a state.
@@ -513,14 +769,14 @@ enum List {
 const MEMO_STATES: usize = 4;
 
 impl Memo {
-    fn get(&self, list: List, state: &State) -> Option<Arc<Vec<Cand>>> {
+    fn get(&self, list: List, state: &State) -> Option<Arc<CandList>> {
         self.entries
             .iter()
             .find(|e| e.epoch == state.epoch && e.sig == state.sig)
             .and_then(|e| e.lists[list as usize].clone())
     }
 
-    fn put(&mut self, list: List, state: &State, cands: Arc<Vec<Cand>>) {
+    fn put(&mut self, list: List, state: &State, cands: Arc<CandList>) {
         self.entries.retain(|e| e.epoch == state.epoch);
         let i = match self.entries.iter().position(|e| e.sig == state.sig) {
             Some(i) => i,
@@ -636,11 +892,15 @@ impl<'a> Unit<'a> {
     }
 
     fn usable_gpu(&self, fleet: &PlanFleet, state: &State, v: usize, node: usize, p: usize) -> bool {
+        let cc = min_compute_capability(&self.info.variants[v]);
+        self.usable_with(fleet, state, cc, node, p)
+    }
+
+    /// Whether GPU `p` of `node` has memory left, compute capability `cc` at least, and
+    /// meets the requirement.
+    fn usable_with(&self, fleet: &PlanFleet, state: &State, cc: ComputeCapability, node: usize, p: usize) -> bool {
         let g = &fleet.nodes[node].gpus[p];
-        let (major, minor) = min_compute_capability(&self.info.variants[v]);
-        state.usable[node][p] > 0
-            && g.compute_capability.is_none_or(|cc| cc >= (major, minor))
-            && self.gpu_allowed(fleet, node, p)
+        state.usable[node][p] > 0 && g.compute_capability.is_none_or(|c| c >= cc) && self.gpu_allowed(fleet, node, p)
     }
 
     /// The nodes the requirement allows, `None` for all.
@@ -648,43 +908,28 @@ impl<'a> Unit<'a> {
         self.node_ok.as_deref()
     }
 
-    /// Every candidate for this unit in `state`, best first: [`gpu_candidates`]
-    /// followed by [`last_resorts`], which score below every placement on GPUs.
+    /// The best candidate for this unit in `state`: the first of [`gpu_candidates`],
+    /// else of [`last_resorts`] (computed only when nothing fits on GPUs), which score
+    /// below every placement on GPUs.
     ///
     /// [`gpu_candidates`]: Self::gpu_candidates
     /// [`last_resorts`]: Self::last_resorts
-    pub fn candidates(&self, fleet: &PlanFleet, state: &State) -> Vec<Cand> {
-        let mut out = self.gpu_candidates(fleet, state).as_ref().clone();
-        out.extend(self.last_resorts(fleet, state).iter().cloned());
-        out
-    }
-
-    /// [`candidates`](Self::candidates), plus splits across nodes for every variant:
-    /// the set whose best score bounds what the unit can reach in any later state.
-    pub fn bound_candidates(&self, fleet: &PlanFleet, state: &State) -> Vec<Cand> {
-        let mut out = self.gpu_candidates(fleet, state).as_ref().clone();
-        out.extend(self.cross_node_bound(fleet, state).iter().cloned());
-        sort_cands(&mut out);
-        out.extend(self.last_resorts(fleet, state).iter().cloned());
-        out
-    }
-
-    /// The best of [`candidates`](Self::candidates), computing the last resorts only
-    /// when nothing fits on GPUs.
     pub fn best(&self, fleet: &PlanFleet, state: &State) -> Option<Cand> {
         match self.gpu_candidates(fleet, state).first() {
-            Some(c) => Some(c.clone()),
-            None => self.last_resorts(fleet, state).first().cloned(),
+            Some(c) => Some(c),
+            None => self.last_resorts(fleet, state).first(),
         }
     }
 
-    /// The best of [`bound_candidates`](Self::bound_candidates), computing the last
-    /// resorts only when nothing fits on GPUs.
+    /// The best candidate counting splits across nodes for every variant too: its score
+    /// bounds what the unit can reach in any later state (reserving memory only removes
+    /// candidates, and a split's partition follows the memory free, so a later state
+    /// may have splits the candidates of this one leave out).
     pub fn best_bound(&self, fleet: &PlanFleet, state: &State) -> Option<Cand> {
-        let gpu = self.gpu_candidates(fleet, state);
-        let cross = self.cross_node_bound(fleet, state);
+        let gpu = self.gpu_candidates(fleet, state).first();
+        let cross = self.cross_node_bound(fleet, state).first();
         // The first of both sorted together (stably, the one-node list first).
-        let best = match (gpu.first(), cross.first()) {
+        let best = match (gpu, cross) {
             (Some(a), Some(b)) => Some(if b.score > a.score || (b.score == a.score && b.key() < a.key()) {
                 b
             } else {
@@ -692,20 +937,17 @@ impl<'a> Unit<'a> {
             }),
             (a, b) => a.or(b),
         };
-        match best {
-            Some(c) => Some(c.clone()),
-            None => self.last_resorts(fleet, state).first().cloned(),
-        }
+        best.or_else(|| self.last_resorts(fleet, state).first())
     }
 
     /// The candidates on GPUs (one node or several), best first.
-    pub fn gpu_candidates(&self, fleet: &PlanFleet, state: &State) -> Arc<Vec<Cand>> {
+    pub fn gpu_candidates(&self, fleet: &PlanFleet, state: &State) -> Arc<CandList> {
         self.memoized(List::Gpu, state, || self.compute_gpu_candidates(fleet, state))
     }
 
     /// Splits across nodes for every variant, best first: what
-    /// [`bound_candidates`](Self::bound_candidates) adds to the candidates.
-    fn cross_node_bound(&self, fleet: &PlanFleet, state: &State) -> Arc<Vec<Cand>> {
+    /// [`best_bound`](Self::best_bound) counts besides the candidates.
+    fn cross_node_bound(&self, fleet: &PlanFleet, state: &State) -> Arc<CandList> {
         self.memoized(List::CrossNodeBound, state, || {
             let mut out = Vec::new();
             if fleet.nodes.len() > 1 {
@@ -713,33 +955,34 @@ impl<'a> Unit<'a> {
                     out.extend(self.cross_node(fleet, state, v, tier, usize::MAX));
                 }
             }
-            sort_cands(&mut out);
-            out
+            CandList::sorted(out)
         })
     }
 
     /// The last resorts (layers in host RAM, the CPU), best first. Their penalties put
     /// them below every candidate on GPUs, so a search computes them only once it has
     /// tried every one of those.
-    pub fn last_resorts(&self, fleet: &PlanFleet, state: &State) -> Arc<Vec<Cand>> {
+    pub fn last_resorts(&self, fleet: &PlanFleet, state: &State) -> Arc<CandList> {
         self.memoized(List::LastResorts, state, || {
             // The last resorts are candidates in every state: the objective's penalties
             // keep them for when the GPUs cannot hold every instance, and which instance
             // goes to host RAM is then the search's choice, not the order it visits them
             // in.
-            let mut out = Vec::new();
-            for (sig, node) in state.representatives(self.allowed_nodes()) {
-                let fallback = self.cached(&self.cache.fallback, sig, || self.fallback(fleet, state, node));
-                out.extend(fallback.iter().map(|c| c.on_node(node)));
-            }
-            sort_cands(&mut out);
-            out
+            let lists = state
+                .representatives(self.allowed_nodes())
+                .into_iter()
+                .map(|(sig, node)| {
+                    let fallback = self.cached(&self.cache.fallback, sig, || self.fallback(fleet, state, node));
+                    (fallback, Some(node))
+                })
+                .collect();
+            CandList::merge(lists)
         })
     }
 
     /// The list `make` computes for `state`, or the one it computed before for the
     /// same state of the same fleet.
-    fn memoized(&self, list: List, state: &State, make: impl FnOnce() -> Vec<Cand>) -> Arc<Vec<Cand>> {
+    fn memoized(&self, list: List, state: &State, make: impl FnOnce() -> CandList) -> Arc<CandList> {
         self.cache.follow(state);
         if let Some(hit) = self.cache.memo.borrow().get(list, state) {
             return hit;
@@ -749,22 +992,24 @@ impl<'a> Unit<'a> {
         made
     }
 
-    fn compute_gpu_candidates(&self, fleet: &PlanFleet, state: &State) -> Vec<Cand> {
+    fn compute_gpu_candidates(&self, fleet: &PlanFleet, state: &State) -> CandList {
         let reps = state.representatives(self.allowed_nodes());
-        let mut out = Vec::new();
+        let mut lists = Vec::with_capacity(reps.len() + 1);
         // Per variant, the fewest GPUs of a candidate on one node.
         let mut smallest = vec![usize::MAX; self.info.variants.len()];
         for &(sig, node) in &reps {
             let local = self.cached(&self.cache.local, sig, || self.local(fleet, state, node));
-            for c in local.iter() {
-                smallest[c.variant] = smallest[c.variant].min(c.devices.len());
-                out.push(c.on_node(node));
+            let fewest = self.fewest_gpus(sig, &local);
+            for (s, f) in smallest.iter_mut().zip(fewest.iter()) {
+                *s = (*s).min(*f);
             }
+            lists.push((local, Some(node)));
         }
         if fleet.nodes.len() > 1 {
             // Across nodes: on a small fleet every split; otherwise only with fewer GPUs
             // than any one-node candidate.
             let small = fleet.nodes.iter().map(|n| n.gpus.len()).sum::<usize>() <= EXHAUSTIVE_FLEET_GPUS;
+            let mut cross = Vec::new();
             for &(v, tier) in &self.allowed {
                 let cap = if small {
                     usize::MAX
@@ -772,12 +1017,28 @@ impl<'a> Unit<'a> {
                     smallest[v].saturating_sub(1)
                 };
                 if cap >= 2 {
-                    out.extend(self.cross_node(fleet, state, v, tier, cap));
+                    cross.extend(self.cross_node(fleet, state, v, tier, cap));
                 }
             }
+            sort_cands(&mut cross);
+            lists.push((Arc::new(cross), None));
         }
-        sort_cands(&mut out);
-        out
+        CandList::merge(lists)
+    }
+
+    /// Per variant, the fewest GPUs of a candidate in `local` (the candidates of the
+    /// node state `sig`).
+    fn fewest_gpus(&self, sig: u32, local: &[Cand]) -> Arc<[usize]> {
+        if let Some(hit) = self.cache.fewest.borrow().get(&sig) {
+            return hit.clone();
+        }
+        let mut fewest = vec![usize::MAX; self.info.variants.len()];
+        for c in local {
+            fewest[c.variant] = fewest[c.variant].min(c.devices.len());
+        }
+        let made: Arc<[usize]> = fewest.into();
+        self.cache.fewest.borrow_mut().insert(sig, made.clone());
+        made
     }
 
     fn cached(
@@ -849,20 +1110,19 @@ impl<'a> Unit<'a> {
                     .unwrap_or(usize::MAX)
             };
             if eligible.len() >= 2 && smallest > 2 {
-                let found = self.splits(
-                    fleet,
-                    state,
-                    v,
-                    tier,
-                    Family::NodeSplit,
-                    &[node],
-                    &[eligible],
-                    smallest - 1,
-                );
+                let only = RankedState {
+                    eligible: eligible.into(),
+                    sig: state.sig[node],
+                    first: node,
+                    count: 1,
+                };
+                let mut ranking = NodeRanking::new(state, None, Arc::new(RankedStates::new(state, [only])));
+                let found = self.splits(fleet, state, v, tier, Family::NodeSplit, &mut ranking, smallest - 1);
                 out.extend(found);
             }
         }
         dedupe(fleet, state, &mut out);
+        sort_cands(&mut out);
         out
     }
 
@@ -878,8 +1138,7 @@ impl<'a> Unit<'a> {
         v: usize,
         tier: Precision,
         family: Family,
-        nodes: &[usize],
-        groups: &[Vec<usize>],
+        ranking: &mut NodeRanking<'_>,
         max_size: usize,
     ) -> Vec<Cand> {
         let engine = engine_for(self.info.variants[v].format());
@@ -888,24 +1147,16 @@ impl<'a> Unit<'a> {
         };
         let floor: u64 = single.devices.iter().map(|d| d.weights.get() + d.kv_cache.get()).sum();
         // Every GPU with its node, in preference order: nodes by capacity, GPUs by memory.
-        let mut order: Vec<(usize, usize)> = Vec::new();
-        // (capacity, node, its group's position in `groups`)
-        let mut ranked: Vec<(u64, usize, usize)> = nodes
-            .iter()
-            .zip(groups)
-            .enumerate()
-            .map(|(i, (&n, g))| (g.iter().map(|&p| state.usable[n][p]).sum::<u64>(), n, i))
-            .collect();
-        ranked.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-        // `order` is filled node by node only as far as the prefixes below read it: on a
+        // It is filled node by node only as far as the prefixes below read it: on a
         // large fleet the first fit is among the first nodes.
-        let total: usize = groups.iter().map(Vec::len).sum();
+        let mut order: Vec<(usize, usize)> = Vec::new();
+        let total = ranking.gpus;
         let mut filled = 0;
         let mut fill = |order: &mut Vec<(usize, usize)>, len: usize| {
             while order.len() < len
-                && let Some(&(_, n, i)) = ranked.get(filled)
+                && let Some((_, n, group)) = ranking.get(filled)
             {
-                let mut list = groups[i].clone();
+                let mut list = group.to_vec();
                 list.sort_by(|&a, &b| state.usable[n][b].cmp(&state.usable[n][a]).then(a.cmp(&b)));
                 order.extend(list.into_iter().map(|p| (n, p)));
                 filled += 1;
@@ -973,7 +1224,7 @@ impl<'a> Unit<'a> {
             }
         }
         if engine == Engine::VLLM {
-            out.extend(self.tp_stages(fleet, state, v, tier, &ranked, most));
+            out.extend(self.tp_stages(fleet, state, v, tier, ranking, most));
         }
         out
     }
@@ -986,7 +1237,7 @@ impl<'a> Unit<'a> {
         state: &State,
         v: usize,
         tier: Precision,
-        ranked: &[(u64, usize, usize)],
+        ranking: &mut NodeRanking<'_>,
         max_size: usize,
     ) -> Vec<Cand> {
         let mut out = Vec::new();
@@ -996,14 +1247,15 @@ impl<'a> Unit<'a> {
             }
             // Stages node by node, only as many nodes as the counts below read.
             let mut stages: Vec<(usize, Vec<usize>, u64)> = Vec::new();
-            let mut nodes = ranked.iter();
+            let mut next = 0;
             let mut add_node = |stages: &mut Vec<(usize, Vec<usize>, u64)>| -> bool {
-                let Some(&(_, n, _)) = nodes.next() else {
+                let Some((_, n, group)) = ranking.get(next) else {
                     return false;
                 };
+                next += 1;
                 let gpus = &fleet.nodes[n].gpus;
                 let mut by_name: Vec<(&str, Vec<usize>)> = Vec::new();
-                for p in (0..gpus.len()).filter(|&p| self.usable_gpu(fleet, state, v, n, p)) {
+                for &p in group.iter() {
                     match by_name.iter_mut().find(|(name, _)| *name == gpus[p].name) {
                         Some((_, list)) => list.push(p),
                         None => by_name.push((&gpus[p].name, vec![p])),
@@ -1067,25 +1319,58 @@ impl<'a> Unit<'a> {
 
     /// Splits over several nodes for variant `v`, on at most `max_size` GPUs.
     fn cross_node(&self, fleet: &PlanFleet, state: &State, v: usize, tier: Precision, max_size: usize) -> Vec<Cand> {
-        let mut nodes = Vec::new();
-        let mut groups = Vec::new();
-        // Nodes in one state are interchangeable and a split spans at most `max_gpus`
-        // of them: the first few of each state are every node a split can use first.
-        for n in state.first_of_each_state(self.max_gpus, self.allowed_nodes()) {
-            let group: Vec<usize> = (0..fleet.nodes[n].gpus.len())
-                .filter(|&p| self.usable_gpu(fleet, state, v, n, p))
-                .collect();
-            if !group.is_empty() {
-                nodes.push(n);
-                groups.push(group);
-            }
-        }
-        if nodes.len() < 2 {
+        let cc = min_compute_capability(&self.info.variants[v]);
+        let mut ranking = NodeRanking::new(state, self.allowed_nodes(), self.ranked_states(fleet, state, cc));
+        if ranking.nodes < 2 {
             return Vec::new();
         }
-        let mut out = self.splits(fleet, state, v, tier, Family::CrossNode, &nodes, &groups, max_size);
+        let mut out = self.splits(fleet, state, v, tier, Family::CrossNode, &mut ranking, max_size);
         out.retain(|c| c.family == Family::CrossNode);
         out
+    }
+
+    /// The node states whose GPUs a variant needing compute capability `cc` can use,
+    /// largest capacity first, with the first few nodes of each: nodes in one state are
+    /// interchangeable and a split spans at most `max_gpus` of them, so those are every
+    /// node a split can use first. Made once per state for all variants alike.
+    fn ranked_states(&self, fleet: &PlanFleet, state: &State, cc: ComputeCapability) -> Arc<RankedStates> {
+        let mut memo = self.cache.rankings.borrow_mut();
+        if memo.epoch != state.epoch || memo.sig != state.sig {
+            memo.epoch = state.epoch;
+            memo.sig.clone_from(&state.sig);
+            memo.by_cc.clear();
+        }
+        if let Some((_, hit)) = memo.by_cc.iter().find(|(c, _)| *c == cc) {
+            return hit.clone();
+        }
+        let states = state
+            .states(self.max_gpus, self.allowed_nodes())
+            .filter_map(|(sig, first, count)| {
+                let eligible = self.eligible(fleet, state, cc, sig, first);
+                (!eligible.is_empty()).then_some(RankedState {
+                    eligible,
+                    sig,
+                    first,
+                    count,
+                })
+            });
+        let made = Arc::new(RankedStates::new(state, states));
+        memo.by_cc.push((cc, made.clone()));
+        made
+    }
+
+    /// The GPUs of `node` (in the state `sig`) a variant needing compute capability
+    /// `cc` can use, in position order; the same for every node of that state the
+    /// requirement allows.
+    fn eligible(&self, fleet: &PlanFleet, state: &State, cc: ComputeCapability, sig: u32, node: usize) -> Arc<[usize]> {
+        if let Some(hit) = self.cache.eligible.borrow().get(&(sig, cc)) {
+            return hit.clone();
+        }
+        let made: Arc<[usize]> = (0..fleet.nodes[node].gpus.len())
+            .filter(|&p| self.usable_with(fleet, state, cc, node, p))
+            .collect();
+        self.cache.eligible.borrow_mut().insert((sig, cc), made.clone());
+        made
     }
 
     /// The last resorts on one node: GGUF layers split between its GPUs and host RAM
@@ -1115,6 +1400,7 @@ impl<'a> Unit<'a> {
                 out.push(self.cand(fleet, v, tier, Family::Cpu, e, vec![Dev { node, gpu: None }]));
             }
         }
+        sort_cands(&mut out);
         out
     }
 

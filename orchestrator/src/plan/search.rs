@@ -159,9 +159,9 @@ impl Search<'_, '_> {
                     }
                 }
                 self.steps += 1;
-                state.apply(cand);
+                state.apply(&cand);
                 let gained = i128::from(cand.score);
-                self.current[u] = Some(cand.clone());
+                self.current[u] = Some(cand);
                 self.dfs(depth + 1, state, placed + 1, score + gained);
                 if let Some(cand) = self.current[u].take() {
                     state.undo(&cand);
