@@ -41,21 +41,25 @@ pub(super) struct Plan<'a> {
     pub seq_tokens: u64,
     /// Runtime conversion of the stored weights: (numerator, denominator).
     pub weight_scale: (u64, u64),
+    /// Whether lines get their detail.
+    pub details: bool,
 }
 
 /// The lines of one device, with the constants they used.
 pub(super) struct Lines {
     items: Vec<Item>,
     pub constants: Vec<NamedConstant>,
+    /// Whether lines get their detail (how each figure was computed).
+    details: bool,
 }
 
 impl Lines {
-    fn push(&mut self, component: Component, what: &'static str, bytes: Bytes, detail: String) {
+    fn push(&mut self, component: Component, what: &'static str, bytes: Bytes, detail: impl FnOnce() -> String) {
         self.items.push(Item {
             component,
             what,
             bytes,
-            detail,
+            detail: if self.details { detail() } else { String::new() },
         });
     }
 
@@ -73,7 +77,13 @@ impl Plan<'_> {
     }
 
     /// A weight line, converted to the engine's runtime dtype.
-    fn weight(&self, lines: &mut Lines, what: &'static str, stored: Bytes, detail: String) -> Result<(), Error> {
+    fn weight(
+        &self,
+        lines: &mut Lines,
+        what: &'static str,
+        stored: Bytes,
+        detail: impl FnOnce() -> String,
+    ) -> Result<(), Error> {
         if stored == Bytes::ZERO {
             return Ok(());
         }
@@ -88,15 +98,24 @@ impl Plan<'_> {
     fn vocab_share(&self, lines: &mut Lines, bytes: Bytes) -> Result<(Bytes, String), Error> {
         let vocab = self.shape.vocab;
         if self.tp <= 1 || vocab == 0 {
-            return Ok((bytes, format!("{vocab} rows")));
+            return Ok((
+                bytes,
+                if lines.details {
+                    format!("{vocab} rows")
+                } else {
+                    String::new()
+                },
+            ));
         }
         let padding = lines.uses(VLLM_VOCAB_PADDING);
         let rows = vocab_rows_per_rank(vocab, self.tp, padding);
         let share = scale(bytes, rows, vocab)?;
-        Ok((
-            share,
-            format!("vocab-parallel: {rows} of {vocab} rows (padded to {padding})"),
-        ))
+        let detail = if lines.details {
+            format!("vocab-parallel: {rows} of {vocab} rows (padded to {padding})")
+        } else {
+            String::new()
+        };
+        Ok((share, detail))
     }
 
     /// The estimate of the device at `rank` of `stage`, holding `layers`.
@@ -104,6 +123,7 @@ impl Plan<'_> {
         let mut lines = Lines {
             items: Vec::new(),
             constants: Vec::new(),
+            details: self.details,
         };
         let first = stage == 0;
         let last = stage + 1 == self.stages;
@@ -150,27 +170,26 @@ impl Plan<'_> {
             }
         }
         let n = layers.end.saturating_sub(layers.start);
-        let detail = if k > 1 {
-            format!(
-                "{n} layers, 1/{k} of q/o and MLP, {kv_heads_rank} of {} KV heads, norms whole",
-                s.kv_heads
-            )
-        } else {
-            format!("{n} layers")
+        let detail = || {
+            if k > 1 {
+                format!(
+                    "{n} layers, 1/{k} of q/o and MLP, {kv_heads_rank} of {} KV heads, norms whole",
+                    s.kv_heads
+                )
+            } else {
+                format!("{n} layers")
+            }
         };
         self.weight(lines, "decoder layers", layer_bytes, detail)?;
 
         if first {
             if !self.is_llama_cpp() {
                 let (share, detail) = self.vocab_share(lines, w.embeddings)?;
-                self.weight(lines, "token embedding", share, detail)?;
+                self.weight(lines, "token embedding", share, || detail)?;
             }
-            self.weight(
-                lines,
-                "position embedding",
-                w.position_embeddings,
-                "replicated".to_owned(),
-            )?;
+            self.weight(lines, "position embedding", w.position_embeddings, || {
+                "replicated".to_owned()
+            })?;
             let vision = shard(w.vision_layers, k)
                 .checked_add(w.vision_other)
                 .ok_or_else(|| overflow("vision weights"))?;
@@ -179,18 +198,18 @@ impl Plan<'_> {
             } else {
                 "encoder, projector, image_newline".to_owned()
             };
-            self.weight(lines, "vision tower and projector", vision, detail)?;
-            self.weight(lines, "unclassified tensors", w.other, "replicated".to_owned())?;
+            self.weight(lines, "vision tower and projector", vision, || detail)?;
+            self.weight(lines, "unclassified tensors", w.other, || "replicated".to_owned())?;
         }
         if last {
-            self.weight(lines, "final norm", w.final_norm, String::new())?;
+            self.weight(lines, "final norm", w.final_norm, String::new)?;
             if w.lm_head > Bytes::ZERO {
                 let (share, detail) = if self.is_llama_cpp() {
                     (w.lm_head, format!("{} rows", s.vocab))
                 } else {
                     self.vocab_share(lines, w.lm_head)?
                 };
-                self.weight(lines, "output projection", share, detail)?;
+                self.weight(lines, "output projection", share, || detail)?;
             } else if s.tied_embeddings && (self.stages > 1 || self.is_llama_cpp()) {
                 // Tied: the last stage needs the embedding matrix for its output. vLLM
                 // builds it on the last pipeline rank; llama.cpp duplicates token_embd onto
@@ -200,7 +219,7 @@ impl Plan<'_> {
                 } else {
                     self.vocab_share(lines, w.embeddings)?
                 };
-                self.weight(lines, "output projection (tied copy)", share, detail)?;
+                self.weight(lines, "output projection (tied copy)", share, || detail)?;
             }
         }
         Ok(())
@@ -212,10 +231,12 @@ impl Plan<'_> {
         let row = s.kv_row(heads, self.kv_dtype)?;
         let n = layers.end.saturating_sub(layers.start);
         let bytes = product(&[row.get(), n, self.kv_tokens], "KV cache")?;
-        let detail = format!(
-            "{n} layers × {} tokens × {} per layer-token ({heads} KV heads × {} × 2, {})",
-            self.kv_tokens, row, s.head_dim, self.kv_dtype
-        );
+        let detail = || {
+            format!(
+                "{n} layers × {} tokens × {} per layer-token ({heads} KV heads × {} × 2, {})",
+                self.kv_tokens, row, s.head_dim, self.kv_dtype
+            )
+        };
         lines.push(Component::KvCache, "KV cache", bytes, detail);
         Ok(())
     }
@@ -240,7 +261,9 @@ impl Plan<'_> {
             .zip(per_expert.checked_mul(topk))
             .and_then(|(a, b)| a.checked_add(b))
             .ok_or_else(|| overflow("activations"))?;
-        let detail = if topk > 1 {
+        let detail = if !lines.details {
+            String::new()
+        } else if topk > 1 {
             format!(
                 "{hidden_copies}×{} + {topk} experts × ({inter_copies}×{inter} + {})",
                 s.hidden, moe_hidden
@@ -269,15 +292,12 @@ impl Plan<'_> {
         .try_fold(0u64, |acc, x| x.and_then(|x| acc.checked_add(x)))
         .ok_or_else(|| overflow("vision activations"))?;
         let total = product(&[crops, v.tokens_per_crop, per_token, bytes], "vision activations")?;
-        lines.push(
-            Component::Activations,
-            "vision encoder",
-            total,
+        lines.push(Component::Activations, "vision encoder", total, || {
             format!(
                 "{crops} crops × {} tokens × ({hidden_copies}×{} + {inter_copies}×{} + {}×{}) × {bytes} B",
                 v.tokens_per_crop, v.hidden, v.intermediate, v.heads, v.tokens_per_crop
-            ),
-        );
+            )
+        });
         Ok(())
     }
 
@@ -288,31 +308,22 @@ impl Plan<'_> {
                 let t = v.max_num_batched_tokens;
                 let (elements, detail) = self.layer_elements(lines, self.tp)?;
                 let bytes = product(&[t, elements, 2], "activations")?;
-                lines.push(
-                    Component::Activations,
-                    "profile-run peak",
-                    bytes,
-                    format!("{t} batched tokens × ({detail}) × 2 B"),
-                );
+                lines.push(Component::Activations, "profile-run peak", bytes, || {
+                    format!("{t} batched tokens × ({detail}) × 2 B")
+                });
                 if last {
                     let copies = lines.uses(VLLM_SAMPLER_COPIES);
                     let rows = v.max_num_seqs.min(t);
                     let bytes = product(&[rows, s.vocab, 4, copies], "sampler")?;
-                    lines.push(
-                        Component::Activations,
-                        "sampler logits",
-                        bytes,
-                        format!("{rows} sequences × {} vocab × 4 B × {copies} copies", s.vocab),
-                    );
+                    lines.push(Component::Activations, "sampler logits", bytes, || {
+                        format!("{rows} sequences × {} vocab × 4 B × {copies} copies", s.vocab)
+                    });
                 }
                 if !first {
                     let bytes = product(&[t, s.hidden, 2, 2], "pipeline tensors")?;
-                    lines.push(
-                        Component::Activations,
-                        "pipeline intermediate tensors",
-                        bytes,
-                        format!("{t} tokens × {} × (hidden + residual) × 2 B", s.hidden),
-                    );
+                    lines.push(Component::Activations, "pipeline intermediate tensors", bytes, || {
+                        format!("{t} tokens × {} × (hidden + residual) × 2 B", s.hidden)
+                    });
                 }
                 if first {
                     self.vision_line(lines, 2)?;
@@ -323,12 +334,9 @@ impl Plan<'_> {
                 let n_ctx = self.kv_tokens;
                 let (elements, detail) = self.layer_elements(lines, 1)?;
                 let bytes = product(&[t, elements, 4], "compute buffer")?;
-                lines.push(
-                    Component::Activations,
-                    "compute buffer: layer",
-                    bytes,
-                    format!("{t} ubatch tokens × ({detail}) × 4 B (f32)"),
-                );
+                lines.push(Component::Activations, "compute buffer: layer", bytes, || {
+                    format!("{t} ubatch tokens × ({detail}) × 4 B (f32)")
+                });
                 let (bytes, detail) = if l.flash_attention {
                     (
                         product(&[t, n_ctx, 2], "KQ mask")?,
@@ -340,25 +348,19 @@ impl Plan<'_> {
                         format!("{t} × {n_ctx} × ({} heads + mask) × 4 B", s.heads),
                     )
                 };
-                lines.push(Component::Activations, "compute buffer: attention", bytes, detail);
+                lines.push(Component::Activations, "compute buffer: attention", bytes, || detail);
                 if last {
                     let bytes = product(&[t, s.vocab, 4], "logits")?;
-                    lines.push(
-                        Component::Activations,
-                        "compute buffer: logits",
-                        bytes,
-                        format!("{t} tokens × {} vocab × 4 B", s.vocab),
-                    );
+                    lines.push(Component::Activations, "compute buffer: logits", bytes, || {
+                        format!("{t} tokens × {} vocab × 4 B", s.vocab)
+                    });
                 }
                 if self.stages > 1 && l.n_batch > l.n_ubatch {
                     let copies = lines.uses(LLAMA_CPP_PIPELINE_COPIES);
                     let bytes = product(&[copies, t, s.hidden, 4], "pipeline copies")?;
-                    lines.push(
-                        Component::Activations,
-                        "pipeline input copies",
-                        bytes,
-                        format!("{copies} copies × {t} × {} × 4 B", s.hidden),
-                    );
+                    lines.push(Component::Activations, "pipeline input copies", bytes, || {
+                        format!("{copies} copies × {t} × {} × 4 B", s.hidden)
+                    });
                 }
                 if first {
                     self.vision_line(lines, 4)?;
@@ -372,29 +374,20 @@ impl Plan<'_> {
                 let t = c.prefill_chunk.min(self.seq_tokens.max(1));
                 let (elements, detail) = self.layer_elements(lines, 1)?;
                 let bytes = product(&[t, elements, act], "activations")?;
-                lines.push(
-                    Component::Activations,
-                    "prefill chunk",
-                    bytes,
-                    format!("{t} tokens × ({detail}) × {act} B"),
-                );
+                lines.push(Component::Activations, "prefill chunk", bytes, || {
+                    format!("{t} tokens × ({detail}) × {act} B")
+                });
                 let bytes = product(&[t, self.seq_tokens, s.heads, 4], "attention scores")?;
-                lines.push(
-                    Component::Activations,
-                    "attention scores",
-                    bytes,
+                lines.push(Component::Activations, "attention scores", bytes, || {
                     format!(
                         "{t} × {} context × {} heads × 4 B (f32 softmax)",
                         self.seq_tokens, s.heads
-                    ),
-                );
+                    )
+                });
                 let bytes = product(&[s.vocab, 4], "logits")?;
-                lines.push(
-                    Component::Activations,
-                    "logits",
-                    bytes,
-                    format!("last token × {} vocab × 4 B", s.vocab),
-                );
+                lines.push(Component::Activations, "logits", bytes, || {
+                    format!("last token × {} vocab × 4 B", s.vocab)
+                });
                 self.vision_line(lines, act)?;
             }
         }
@@ -404,7 +397,7 @@ impl Plan<'_> {
     fn overhead_lines(&self, lines: &mut Lines) {
         let constant = |lines: &mut Lines, c: NamedConstant, what: &'static str, detail: &str| {
             lines.uses(c);
-            lines.push(Component::Overhead, what, c.bytes(), detail.to_owned());
+            lines.push(Component::Overhead, what, c.bytes(), || detail.to_owned());
         };
         match self.engine {
             Engine::Vllm(v) => {

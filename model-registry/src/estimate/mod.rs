@@ -68,6 +68,11 @@ pub struct EstimateRequest {
     pub engine: Engine,
     /// Tensor and pipeline parallelism.
     pub layout: Layout,
+    /// Whether each line of the estimate says how it was computed ([`Item::detail`]);
+    /// without, the details are empty and the figures the same (a planner weighing
+    /// thousands of layouts reads only the figures).
+    #[serde(skip)]
+    pub details: bool,
 }
 
 impl EstimateRequest {
@@ -79,6 +84,7 @@ impl EstimateRequest {
             kv_dtype: KvDtype::Auto,
             engine,
             layout: Layout::single(),
+            details: true,
         }
     }
 
@@ -97,6 +103,12 @@ impl EstimateRequest {
     /// With a layout.
     pub fn with_layout(mut self, layout: Layout) -> Self {
         self.layout = layout;
+        self
+    }
+
+    /// Without the lines' details: the same figures, cheaper to make.
+    pub fn without_details(mut self) -> Self {
+        self.details = false;
         self
     }
 }
@@ -200,6 +212,7 @@ pub fn estimate(shape: &ModelShape, weights: &WeightGroups, request: &EstimateRe
         kv_tokens,
         seq_tokens,
         weight_scale: weight_scale(engine, quantization.map(|q| q.method), &mut notes),
+        details: request.details,
     };
     let ranges = match &layout.stages {
         Stages::One => std::iter::once(0..shape.layers).collect(),

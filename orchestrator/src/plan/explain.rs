@@ -64,7 +64,7 @@ pub(crate) fn render(
                     score: c.score,
                     why: why(unit, info, fleet, c, &alone, &owners, &me),
                     rejected: rejected(unit, info, fleet, c, &alone, &owners, &me),
-                    estimate: Some(c.estimate.clone()),
+                    estimate: Some(unit.detailed_estimate(c)),
                 });
             }
             None => unplaced.push(Unplaced {

@@ -732,6 +732,10 @@ struct Rankings {
     by_cc: Vec<(ComputeCapability, Arc<RankedStates>)>,
 }
 
+/// Estimates a unit keeps (see [`Unit::estimate`]): far more than one plan asks for
+/// (tens to a few thousand), a few megabytes at most.
+const ESTIMATE_CACHE_CAPACITY: usize = 8_192;
+
 /// A layout as a hashable key, with the variant: tensor-parallel degree, the kind of
 /// stages (one, ratios, memory) and their entries.
 type LayoutKey = (usize, u64, u8, Vec<u64>);
@@ -839,6 +843,7 @@ impl<'a> Unit<'a> {
             .with_concurrency(self.concurrency)
             .with_kv_dtype(self.kv_dtype)
             .with_layout(layout)
+            .without_details()
     }
 
     /// The estimate of variant `v` on `layout`, or `None` if the engine cannot run it.
@@ -858,13 +863,26 @@ impl<'a> Unit<'a> {
         let made = estimate(&self.info.shape, &variant.weights, &self.request(engine, layout))
             .ok()
             .map(Arc::new);
-        self.cache
-            .estimates
-            .borrow_mut()
-            .entry(key)
-            .or_default()
-            .push((engine, made.clone()));
+        let mut estimates = self.cache.estimates.borrow_mut();
+        // Layer splits by memory are keyed by free bytes, which telemetry changes from
+        // plan to plan: without a bound, a kept planner would grow for as long as the
+        // server runs. Estimates are pure, so starting over changes no plan.
+        if estimates.len() >= ESTIMATE_CACHE_CAPACITY {
+            estimates.clear();
+        }
+        estimates.entry(key).or_default().push((engine, made.clone()));
         made
+    }
+
+    /// `c`'s estimate with every line's detail, as a plan shows it: candidates are
+    /// estimated without them.
+    pub fn detailed_estimate(&self, c: &Cand) -> Arc<Estimate> {
+        let request = EstimateRequest {
+            details: true,
+            ..self.request(c.estimate.engine, c.estimate.layout.clone())
+        };
+        estimate(&self.info.shape, &self.info.variants[c.variant].weights, &request)
+            .map_or_else(|_| c.estimate.clone(), Arc::new)
     }
 
     /// The estimate of `v` on one GPU (`k == 1`) or tensor parallel over `k`, with the
