@@ -19,6 +19,8 @@
 //!   time and returns `Ok(None)` on a machine without the driver.
 //! - [`daemon`]: the connection to the orchestrator: register, then one gRPC stream
 //!   (telemetry up, pings and commands down), reconnecting with backoff.
+//! - [`engine`]: inference engines: the command lines of `llama-server` and `vllm serve`
+//!   from an instance's launch spec ([`engine::LaunchSpec::command`], pure).
 //! - [`fleet`]: fleet files ([`load_fleet`] → [`Fleet`] → [`Fleet::node`]): the
 //!   schema, the GPU model catalog ([`fleet::catalog`]) and diagnostics with
 //!   file:line:column.
@@ -42,6 +44,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod daemon;
+pub mod engine;
 pub mod fleet;
 pub mod gpu;
 pub mod host;

@@ -1,0 +1,326 @@
+//! The command lines of external engines: what the agent runs for `llama-server` and
+//! `vllm serve` from an instance's launch spec. Pure: a spec in, a program, its
+//! arguments and its environment out, so that the exact command for every plan of the
+//! reference fleet is snapshot-tested and nothing about it is decided at start time.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// What an agent is told to start: one replica of a model on some of its GPUs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LaunchSpec {
+    /// The instance's name; engines serve the model under it, so requests name it.
+    pub instance: String,
+    /// Address the engine listens on (the agent's own side of a loopback or LAN port).
+    pub host: String,
+    /// Port the engine listens on.
+    pub port: u16,
+    /// CUDA indices of the GPUs, in rank order (pipeline stage by stage, each stage's
+    /// tensor-parallel ranks together). Empty: no GPU (llama.cpp on the CPU).
+    pub gpus: Vec<u32>,
+    /// Tokens of context per sequence.
+    pub context: u64,
+    /// Sequences served at once.
+    pub concurrency: u64,
+    /// The engine and its own settings.
+    pub engine: EngineLaunch,
+}
+
+/// The engine-specific part of a [`LaunchSpec`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum EngineLaunch {
+    /// llama.cpp's `llama-server`.
+    LlamaCpp(LlamaCppLaunch),
+    /// `vllm serve`.
+    Vllm(VllmLaunch),
+}
+
+/// `llama-server` for one GGUF variant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LlamaCppLaunch {
+    /// The program (`llama-server`, or a path).
+    pub program: PathBuf,
+    /// The GGUF file (the first part of a split file; llama.cpp finds the others).
+    pub model: PathBuf,
+    /// The multimodal projector of a vision model.
+    pub mmproj: Option<PathBuf>,
+    /// Layers on the GPUs (`-ngl`); `None`: every layer (a plan without host offload).
+    pub gpu_layers: Option<u64>,
+    /// Share of the offloaded layers on each GPU, in the order of
+    /// [`LaunchSpec::gpus`] (`--tensor-split`); empty on one GPU.
+    pub tensor_split: Vec<u64>,
+    /// `--batch-size`.
+    pub n_batch: u64,
+    /// `--ubatch-size`.
+    pub n_ubatch: u64,
+    /// `--flash-attn on`.
+    pub flash_attention: bool,
+}
+
+/// `vllm serve` for one safetensors variant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VllmLaunch {
+    /// The program (`vllm`, or a path).
+    pub program: PathBuf,
+    /// The Hugging Face repository (or a local directory) of the variant.
+    pub model: String,
+    /// The revision the plan read, so the engine loads what was planned.
+    pub revision: Option<String>,
+    /// `--tensor-parallel-size`.
+    pub tensor_parallel: u64,
+    /// Layers per pipeline stage; one entry per stage (`--pipeline-parallel-size` is
+    /// its length). Uneven entries are passed as `VLLM_PP_LAYER_PARTITION`.
+    pub layer_partition: Vec<u64>,
+    /// `--quantization` (`awq`, `gptq`, `fp8`, …); `None` for 16-bit weights.
+    pub quantization: Option<String>,
+    /// Bytes the plan reserved on each GPU, in the order of [`LaunchSpec::gpus`].
+    pub reserved: Vec<u64>,
+    /// Total memory of each GPU, in the same order.
+    pub total: Vec<u64>,
+    /// `--max-num-batched-tokens`.
+    pub max_num_batched_tokens: u64,
+    /// `--enforce-eager`.
+    pub enforce_eager: bool,
+    /// `--kv-cache-dtype` when not the model's own (`fp8`).
+    pub kv_cache_dtype: Option<String>,
+}
+
+/// A process to start: program, arguments, and the environment added to the agent's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EngineCommand {
+    /// The program.
+    pub program: PathBuf,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Variables set for it (on top of the agent's environment).
+    pub env: BTreeMap<String, String>,
+}
+
+/// A launch spec that cannot become a command.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LaunchError {
+    /// A field has a value no engine accepts.
+    #[error("instance `{instance}`: {field}: {found} — {expected}")]
+    Invalid {
+        /// The instance.
+        instance: String,
+        /// The field.
+        field: &'static str,
+        /// What it holds.
+        found: String,
+        /// What it must hold.
+        expected: String,
+    },
+}
+
+impl LaunchSpec {
+    fn invalid(&self, field: &'static str, found: impl ToString, expected: impl ToString) -> LaunchError {
+        LaunchError::Invalid {
+            instance: self.instance.clone(),
+            field,
+            found: found.to_string(),
+            expected: expected.to_string(),
+        }
+    }
+
+    /// The command that starts this spec's engine.
+    pub fn command(&self) -> Result<EngineCommand, LaunchError> {
+        if self.instance.is_empty() || self.instance.chars().any(char::is_whitespace) {
+            return Err(self.invalid(
+                "the instance name",
+                format!("{:?}", self.instance),
+                "it must be one word",
+            ));
+        }
+        if self.port == 0 {
+            return Err(self.invalid("the port", 0, "the engine needs a fixed port the agent can probe"));
+        }
+        if self.context == 0 || self.concurrency == 0 {
+            return Err(self.invalid(
+                "context × concurrency",
+                format!("{} × {}", self.context, self.concurrency),
+                "both must be at least 1",
+            ));
+        }
+        let mut env = BTreeMap::new();
+        // Only the plan's GPUs, in rank order: engines number what they see from 0.
+        let visible = self.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+        env.insert("CUDA_VISIBLE_DEVICES".to_owned(), visible);
+        match &self.engine {
+            EngineLaunch::LlamaCpp(l) => self.llama_cpp(l, env),
+            EngineLaunch::Vllm(v) => self.vllm(v, env),
+        }
+    }
+
+    fn llama_cpp(&self, l: &LlamaCppLaunch, env: BTreeMap<String, String>) -> Result<EngineCommand, LaunchError> {
+        if !(l.tensor_split.is_empty() || l.tensor_split.len() == self.gpus.len()) {
+            return Err(self.invalid(
+                "--tensor-split",
+                format!("{} entries for {} GPUs", l.tensor_split.len(), self.gpus.len()),
+                "one entry per GPU, or none on one GPU",
+            ));
+        }
+        if !l.tensor_split.is_empty() && l.tensor_split.iter().all(|&s| s == 0) {
+            return Err(self.invalid("--tensor-split", "all zero", "at least one GPU must hold layers"));
+        }
+        if l.n_ubatch == 0 || l.n_batch < l.n_ubatch {
+            return Err(self.invalid(
+                "the batch sizes",
+                format!("--batch-size {} --ubatch-size {}", l.n_batch, l.n_ubatch),
+                "the ubatch must be at least 1 and at most the batch",
+            ));
+        }
+        let total_context = self
+            .context
+            .checked_mul(self.concurrency)
+            .ok_or_else(|| self.invalid("context × concurrency", "too large", "a product under 2^64"))?;
+        let mut args = vec![
+            "--model".to_owned(),
+            l.model.display().to_string(),
+            "--alias".to_owned(),
+            self.instance.clone(),
+            "--host".to_owned(),
+            self.host.clone(),
+            "--port".to_owned(),
+            self.port.to_string(),
+            // llama-server divides its context among its slots.
+            "--ctx-size".to_owned(),
+            total_context.to_string(),
+            "--parallel".to_owned(),
+            self.concurrency.to_string(),
+            "--batch-size".to_owned(),
+            l.n_batch.to_string(),
+            "--ubatch-size".to_owned(),
+            l.n_ubatch.to_string(),
+            "--flash-attn".to_owned(),
+            if l.flash_attention { "on" } else { "off" }.to_owned(),
+        ];
+        if let Some(mmproj) = &l.mmproj {
+            args.extend(["--mmproj".to_owned(), mmproj.display().to_string()]);
+        }
+        if self.gpus.is_empty() {
+            args.extend(["--n-gpu-layers".to_owned(), "0".to_owned()]);
+        } else {
+            // 999: every layer, whatever the model's depth (llama.cpp caps it).
+            let layers = l.gpu_layers.map_or_else(|| "999".to_owned(), |n| n.to_string());
+            args.extend(["--n-gpu-layers".to_owned(), layers]);
+            if self.gpus.len() > 1 {
+                let split = l.tensor_split.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+                args.extend([
+                    "--split-mode".to_owned(),
+                    "layer".to_owned(),
+                    "--tensor-split".to_owned(),
+                    split,
+                ]);
+            }
+        }
+        Ok(EngineCommand {
+            program: l.program.clone(),
+            args,
+            env,
+        })
+    }
+
+    fn vllm(&self, v: &VllmLaunch, mut env: BTreeMap<String, String>) -> Result<EngineCommand, LaunchError> {
+        let stages = v.layer_partition.len() as u64;
+        if stages == 0 || v.layer_partition.contains(&0) {
+            return Err(self.invalid(
+                "the layer partition",
+                format!("{:?}", v.layer_partition),
+                "one entry of at least one layer per pipeline stage",
+            ));
+        }
+        if v.tensor_parallel == 0 || v.tensor_parallel.checked_mul(stages) != Some(self.gpus.len() as u64) {
+            return Err(self.invalid(
+                "the GPU count",
+                format!("{} GPUs", self.gpus.len()),
+                format!(
+                    "tensor parallel {} × {stages} pipeline stages = {} GPUs",
+                    v.tensor_parallel,
+                    v.tensor_parallel.saturating_mul(stages)
+                ),
+            ));
+        }
+        if v.reserved.len() != self.gpus.len() || v.total.len() != self.gpus.len() {
+            return Err(self.invalid(
+                "the reserved and total memory",
+                format!("{} and {} entries", v.reserved.len(), v.total.len()),
+                format!("one of each per GPU ({})", self.gpus.len()),
+            ));
+        }
+        let fraction = memory_fraction(&v.reserved, &v.total).ok_or_else(|| {
+            self.invalid(
+                "the reserved memory",
+                format!("{:?} of {:?} bytes", v.reserved, v.total),
+                "vLLM takes one fraction in hundredths: every GPU needs at least 1 % of its total reserved, and at most all of it",
+            )
+        })?;
+        let mut args = vec!["serve".to_owned(), v.model.clone()];
+        if let Some(revision) = &v.revision {
+            args.extend(["--revision".to_owned(), revision.clone()]);
+        }
+        args.extend([
+            "--served-model-name".to_owned(),
+            self.instance.clone(),
+            "--host".to_owned(),
+            self.host.clone(),
+            "--port".to_owned(),
+            self.port.to_string(),
+            "--tensor-parallel-size".to_owned(),
+            v.tensor_parallel.to_string(),
+            "--pipeline-parallel-size".to_owned(),
+            stages.to_string(),
+            "--max-model-len".to_owned(),
+            self.context.to_string(),
+            "--max-num-seqs".to_owned(),
+            self.concurrency.to_string(),
+            "--max-num-batched-tokens".to_owned(),
+            v.max_num_batched_tokens.to_string(),
+            "--gpu-memory-utilization".to_owned(),
+            format!("{fraction:.2}"),
+        ]);
+        if let Some(q) = &v.quantization {
+            args.extend(["--quantization".to_owned(), q.clone()]);
+        }
+        if let Some(kv) = &v.kv_cache_dtype {
+            args.extend(["--kv-cache-dtype".to_owned(), kv.clone()]);
+        }
+        if v.enforce_eager {
+            args.push("--enforce-eager".to_owned());
+        }
+        if stages > 1 {
+            let partition = v
+                .layer_partition
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
+            env.insert("VLLM_PP_LAYER_PARTITION".to_owned(), partition);
+        }
+        Ok(EngineCommand {
+            program: v.program.clone(),
+            args,
+            env,
+        })
+    }
+}
+
+/// vLLM's `--gpu-memory-utilization`: one fraction of each GPU's total for every GPU,
+/// so the GPU with the least room relative to its size sets it; rounded down to the
+/// hundredth vLLM is given, so no GPU is asked for more than the plan reserved.
+/// `None` when a reservation is zero or exceeds its GPU.
+pub fn memory_fraction(reserved: &[u64], total: &[u64]) -> Option<f64> {
+    let mut hundredths = u64::MAX;
+    for (&r, &t) in reserved.iter().zip(total) {
+        if r == 0 || t == 0 || r > t {
+            return None;
+        }
+        // floor(100 r / t), exact in u128.
+        let h = (u128::from(r) * 100 / u128::from(t)) as u64;
+        hundredths = hundredths.min(h);
+    }
+    (hundredths != u64::MAX && hundredths > 0).then(|| hundredths as f64 / 100.0)
+}

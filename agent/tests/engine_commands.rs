@@ -1,0 +1,235 @@
+//! The exact command lines and environments of external engines for the plans of the
+//! reference fleet (docs/placement.md's lab story), and the errors of specs no engine
+//! could run.
+
+use std::path::PathBuf;
+
+use skein_agent::engine::{EngineLaunch, LaunchSpec, LlamaCppLaunch, VllmLaunch, memory_fraction};
+
+const GIB: u64 = 1 << 30;
+/// An A100 80GB as NVML reports it (81,920 MiB).
+const A100: u64 = 81_920 << 20;
+/// An RTX 4090 as NVML reports it (24,564 MiB).
+const RTX4090: u64 = 24_564 << 20;
+
+fn spec(instance: &str, gpus: &[u32], context: u64, concurrency: u64, engine: EngineLaunch) -> LaunchSpec {
+    LaunchSpec {
+        instance: instance.to_owned(),
+        host: "127.0.0.1".to_owned(),
+        port: 8101,
+        gpus: gpus.to_vec(),
+        context,
+        concurrency,
+        engine,
+    }
+}
+
+fn vllm(model: &str, tp: u64, partition: &[u64], reserved: &[u64], total: &[u64]) -> VllmLaunch {
+    VllmLaunch {
+        program: PathBuf::from("vllm"),
+        model: model.to_owned(),
+        revision: Some("0123456789abcdef0123456789abcdef01234567".to_owned()),
+        tensor_parallel: tp,
+        layer_partition: partition.to_vec(),
+        quantization: None,
+        reserved: reserved.to_vec(),
+        total: total.to_vec(),
+        max_num_batched_tokens: 8192,
+        enforce_eager: false,
+        kv_cache_dtype: None,
+    }
+}
+
+fn llama(model: &str, gpu_layers: Option<u64>, split: &[u64]) -> LlamaCppLaunch {
+    LlamaCppLaunch {
+        program: PathBuf::from("llama-server"),
+        model: PathBuf::from(model),
+        mmproj: None,
+        gpu_layers,
+        tensor_split: split.to_vec(),
+        n_batch: 2048,
+        n_ubatch: 512,
+        flash_attention: true,
+    }
+}
+
+#[test]
+fn coder_at_bf16_on_one_a100() {
+    let s = spec(
+        "lab-research.coder",
+        &[0],
+        16_384,
+        2,
+        EngineLaunch::Vllm(vllm(
+            "deepseek-ai/deepseek-coder-33b-instruct",
+            1,
+            &[62],
+            &[76 * GIB],
+            &[A100],
+        )),
+    );
+    insta::assert_yaml_snapshot!(s.command().expect("a command"));
+}
+
+#[test]
+fn writer_tensor_parallel_over_two_nvlinked_a100s() {
+    let s = spec(
+        "lab-research.writer",
+        &[1, 2],
+        8192,
+        1,
+        EngineLaunch::Vllm(vllm(
+            "meta-llama/Llama-3.1-70B-Instruct",
+            2,
+            &[80],
+            &[74 * GIB, 75 * GIB],
+            &[A100, A100],
+        )),
+    );
+    insta::assert_yaml_snapshot!(s.command().expect("a command"));
+}
+
+#[test]
+fn awq_writer_tensor_parallel_in_two_uneven_stages() {
+    // TP 2 inside each pair of 4090s, 48 and 32 layers: the pair with more free memory
+    // takes more layers; an 8-bit KV cache.
+    let mut v = vllm(
+        "hugging-quants/Meta-Llama-3.1-70B-Instruct-AWQ-INT4",
+        2,
+        &[48, 32],
+        &[22 * GIB, 22 * GIB, 15 * GIB, 15 * GIB],
+        &[RTX4090; 4],
+    );
+    v.quantization = Some("awq".to_owned());
+    v.kv_cache_dtype = Some("fp8".to_owned());
+    v.enforce_eager = true;
+    v.revision = None;
+    let s = spec("lab-research.writer", &[0, 1, 2, 3], 8192, 4, EngineLaunch::Vllm(v));
+    insta::assert_yaml_snapshot!(s.command().expect("a command"));
+}
+
+#[test]
+fn coder_at_4_bit_split_unevenly_over_busy_4090s() {
+    // rtx-1 of lab-busy.yaml: one card has a 12 GiB notebook on it, so it takes fewer
+    // layers.
+    let s = spec(
+        "lab-research.coder",
+        &[0, 1, 2, 3],
+        16_384,
+        2,
+        EngineLaunch::LlamaCpp(llama(
+            "/hf/models--TheBloke--deepseek-coder-33B-instruct-GGUF/snapshots/abc/deepseek-coder-33b-instruct.Q4_K_M.gguf",
+            None,
+            &[22, 22, 22, 10],
+        )),
+    );
+    insta::assert_yaml_snapshot!(s.command().expect("a command"));
+}
+
+#[test]
+fn vision_model_with_its_projector_and_host_offload() {
+    let mut l = llama("/models/llava-v1.6-mistral-7b.Q8_0.gguf", Some(20), &[]);
+    l.mmproj = Some(PathBuf::from("/models/mmproj-model-f16.gguf"));
+    let s = spec("lab-research.vision", &[3], 8192, 1, EngineLaunch::LlamaCpp(l));
+    insta::assert_yaml_snapshot!(s.command().expect("a command"));
+}
+
+#[test]
+fn gguf_on_the_cpu() {
+    let s = spec(
+        "hello.assistant",
+        &[],
+        4096,
+        1,
+        EngineLaunch::LlamaCpp(llama("/models/qwen2.5-0.5b-instruct-q4_k_m.gguf", None, &[])),
+    );
+    insta::assert_yaml_snapshot!(s.command().expect("a command"));
+}
+
+#[test]
+fn specs_no_engine_could_run_are_refused_with_the_reason() {
+    let a100 = |reserved: u64| vllm("m/m", 1, &[32], &[reserved], &[A100]);
+    let cases: Vec<(&str, LaunchSpec)> = vec![
+        (
+            "name with a space",
+            spec("my coder", &[0], 4096, 1, EngineLaunch::Vllm(a100(GIB))),
+        ),
+        (
+            "port 0",
+            LaunchSpec {
+                port: 0,
+                ..spec("c", &[0], 4096, 1, EngineLaunch::Vllm(a100(GIB)))
+            },
+        ),
+        ("no context", spec("c", &[0], 0, 1, EngineLaunch::Vllm(a100(GIB)))),
+        (
+            "more than the GPU",
+            spec("c", &[0], 4096, 1, EngineLaunch::Vllm(a100(A100 + 1))),
+        ),
+        (
+            "under a hundredth",
+            spec("c", &[0], 4096, 1, EngineLaunch::Vllm(a100(1))),
+        ),
+        (
+            "TP × PP ≠ GPUs",
+            spec(
+                "c",
+                &[0, 1, 2],
+                4096,
+                1,
+                EngineLaunch::Vllm(vllm("m/m", 2, &[16, 16], &[GIB; 3], &[A100; 3])),
+            ),
+        ),
+        (
+            "empty stage",
+            spec(
+                "c",
+                &[0, 1],
+                4096,
+                1,
+                EngineLaunch::Vllm(vllm("m/m", 1, &[32, 0], &[GIB; 2], &[A100; 2])),
+            ),
+        ),
+        (
+            "split for other GPUs",
+            spec(
+                "c",
+                &[0, 1],
+                4096,
+                1,
+                EngineLaunch::LlamaCpp(llama("/m.gguf", None, &[1, 1, 1])),
+            ),
+        ),
+        (
+            "all-zero split",
+            spec(
+                "c",
+                &[0, 1],
+                4096,
+                1,
+                EngineLaunch::LlamaCpp(llama("/m.gguf", None, &[0, 0])),
+            ),
+        ),
+        ("ubatch over batch", {
+            let mut l = llama("/m.gguf", None, &[]);
+            l.n_ubatch = 4096;
+            spec("c", &[0], 4096, 1, EngineLaunch::LlamaCpp(l))
+        }),
+    ];
+    let report: Vec<String> = cases
+        .iter()
+        .map(|(what, s)| format!("{what}: {}", s.command().expect_err("refused")))
+        .collect();
+    insta::assert_yaml_snapshot!(report);
+}
+
+#[test]
+fn memory_fraction_never_asks_for_more_than_reserved() {
+    // 76 GiB of 80 GiB is 0.95 exactly; 76 GiB + 1 byte of 80 GiB still rounds down.
+    assert_eq!(memory_fraction(&[76 * GIB], &[80 * GIB]), Some(0.95));
+    assert_eq!(memory_fraction(&[76 * GIB + 1], &[80 * GIB]), Some(0.95));
+    // The GPU with the least room relative to its size sets the fraction.
+    assert_eq!(memory_fraction(&[72 * GIB, 40 * GIB], &[80 * GIB, 80 * GIB]), Some(0.5));
+    assert_eq!(memory_fraction(&[0], &[80 * GIB]), None);
+    assert_eq!(memory_fraction(&[81 * GIB], &[80 * GIB]), None);
+}
