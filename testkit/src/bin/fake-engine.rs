@@ -1,0 +1,190 @@
+//! A fake inference engine for tests: started with the command line the agent would give
+//! `llama-server` or `vllm serve`, it records that command line and its GPU environment,
+//! then answers the OpenAI protocol on the port it was given, deterministically.
+//!
+//! - `SKEIN_FAKE_ENGINE_RECORD=FILE`: writes `{"args": [...], "env": {...}}` (the
+//!   arguments after the program, and every `CUDA_*`, `VLLM_*` and `HF_*` variable) to
+//!   FILE before listening.
+//! - `SKEIN_FAKE_ENGINE_READY_MS=N`: answers `/health` with 503 for N ms first, as an
+//!   engine loading its weights does.
+//! - `SKEIN_FAKE_ENGINE_EXIT_MS=N`: exits with status 3 after N ms, as a crashing engine.
+//!
+//! Routes: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions` (with `stream`,
+//! server-sent events as the OpenAI protocol sends them). The reply is `echo: ` and the
+//! last message's content.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+struct Engine {
+    model: String,
+    started: Instant,
+    ready_after: Duration,
+}
+
+fn flag(args: &[String], names: &[&str]) -> Option<String> {
+    args.iter()
+        .position(|a| names.contains(&a.as_str()))
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+fn millis(var: &str) -> Result<Option<u64>, String> {
+    match std::env::var(var) {
+        Ok(v) => v
+            .parse()
+            .map(Some)
+            .map_err(|_| format!("{var}={v} is not a number of milliseconds")),
+        Err(_) => Ok(None),
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    match run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("fake-engine: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn run() -> Result<(), String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let host = flag(&args, &["--host"]).unwrap_or_else(|| "127.0.0.1".to_owned());
+    let port = flag(&args, &["--port"]).ok_or("no --port given")?;
+    // vLLM names the model `--served-model-name`, llama-server `--alias`.
+    let model = flag(&args, &["--served-model-name", "--alias"]).ok_or("no --served-model-name or --alias given")?;
+    if let Ok(path) = std::env::var("SKEIN_FAKE_ENGINE_RECORD") {
+        let env: BTreeMap<String, String> = std::env::vars()
+            .filter(|(k, _)| ["CUDA_", "VLLM_", "HF_"].iter().any(|p| k.starts_with(p)))
+            .collect();
+        let record = json!({ "args": args, "env": env });
+        std::fs::write(&path, record.to_string()).map_err(|e| format!("cannot write {path}: {e}"))?;
+    }
+    let ready_after = Duration::from_millis(millis("SKEIN_FAKE_ENGINE_READY_MS")?.unwrap_or(0));
+    if let Some(ms) = millis("SKEIN_FAKE_ENGINE_EXIT_MS")? {
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            eprintln!("fake-engine: exiting after {ms} ms, as asked");
+            std::process::exit(3);
+        });
+    }
+    let engine = Arc::new(Engine {
+        model,
+        started: Instant::now(),
+        ready_after,
+    });
+    let app = Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat))
+        .with_state(engine);
+    let listener = tokio::net::TcpListener::bind(format!("{host}:{port}"))
+        .await
+        .map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
+    axum::serve(listener, app).await.map_err(|e| e.to_string())
+}
+
+async fn health(State(engine): State<Arc<Engine>>) -> StatusCode {
+    if engine.started.elapsed() < engine.ready_after {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    }
+}
+
+async fn models(State(engine): State<Arc<Engine>>) -> Response {
+    axum::Json(json!({
+        "object": "list",
+        "data": [{ "id": engine.model, "object": "model", "owned_by": "fake-engine" }],
+    }))
+    .into_response()
+}
+
+fn error(status: StatusCode, message: &str) -> Response {
+    (
+        status,
+        axum::Json(json!({ "error": { "message": message, "type": "invalid_request_error" } })),
+    )
+        .into_response()
+}
+
+async fn chat(State(engine): State<Arc<Engine>>, body: String) -> Response {
+    if engine.started.elapsed() < engine.ready_after {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "the model is loading");
+    }
+    let Ok(request) = serde_json::from_str::<Value>(&body) else {
+        return error(StatusCode::BAD_REQUEST, "the body is not JSON");
+    };
+    if request["model"].as_str() != Some(engine.model.as_str()) {
+        return error(
+            StatusCode::NOT_FOUND,
+            &format!(
+                "the model `{}` does not exist; this engine serves `{}`",
+                request["model"], engine.model
+            ),
+        );
+    }
+    let Some(last) = request["messages"].as_array().and_then(|m| m.last()) else {
+        return error(StatusCode::BAD_REQUEST, "`messages` must be a non-empty list");
+    };
+    let reply = format!("echo: {}", last["content"].as_str().unwrap_or_default());
+    let prompt_tokens = request["messages"].as_array().map_or(0, |m| {
+        m.iter()
+            .map(|m| m["content"].as_str().map_or(0, |c| c.split_whitespace().count()))
+            .sum::<usize>()
+    });
+    let completion_tokens = reply.split_whitespace().count();
+    if request["stream"].as_bool() == Some(true) {
+        let mut body = String::new();
+        let words: Vec<&str> = reply.split_inclusive(' ').collect();
+        for (i, word) in words.iter().enumerate() {
+            let delta = if i == 0 {
+                json!({ "role": "assistant", "content": word })
+            } else {
+                json!({ "content": word })
+            };
+            let chunk = json!({
+                "id": "chatcmpl-fake",
+                "object": "chat.completion.chunk",
+                "model": engine.model,
+                "choices": [{ "index": 0, "delta": delta, "finish_reason": null }],
+            });
+            body.push_str(&format!("data: {chunk}\n\n"));
+        }
+        let last = json!({
+            "id": "chatcmpl-fake",
+            "object": "chat.completion.chunk",
+            "model": engine.model,
+            "choices": [{ "index": 0, "delta": {}, "finish_reason": "stop" }],
+        });
+        body.push_str(&format!("data: {last}\n\ndata: [DONE]\n\n"));
+        return ([("content-type", "text/event-stream")], body).into_response();
+    }
+    axum::Json(json!({
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "model": engine.model,
+        "choices": [{
+            "index": 0,
+            "message": { "role": "assistant", "content": reply },
+            "finish_reason": "stop",
+        }],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }))
+    .into_response()
+}
