@@ -355,9 +355,9 @@ proptest! {
         // instance is placed, so the order is part of the candidate space.
         let order = search::visiting_order(&refs, &plan_fleet, &state);
         let ordered: Vec<&Unit<'_>> = order.iter().map(|&u| refs[u]).collect();
-        let result = exhaustive(&ordered, &plan_fleet);
-        prop_assume!(result.is_some(), "the exhaustive search would take too long");
-        let Some((best, mut choice)) = result else { unreachable!() };
+        let Some((best, mut choice)) = exhaustive(&ordered, &plan_fleet) else {
+            return Err(TestCaseError::reject("the exhaustive search would take too long"));
+        };
         let mut by_unit = vec![None; refs.len()];
         for (depth, &u) in order.iter().enumerate() {
             by_unit[u] = choice[depth].take();

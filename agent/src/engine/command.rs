@@ -147,7 +147,7 @@ impl LaunchSpec {
         }
         let mut env = BTreeMap::new();
         // Only the plan's GPUs, in rank order: engines number what they see from 0.
-        let visible = self.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",");
+        let visible = comma_list(&self.gpus);
         env.insert("CUDA_VISIBLE_DEVICES".to_owned(), visible);
         match &self.engine {
             EngineLaunch::LlamaCpp(l) => self.llama_cpp(l, env),
@@ -208,7 +208,7 @@ impl LaunchSpec {
             let layers = l.gpu_layers.map_or_else(|| "999".to_owned(), |n| n.to_string());
             args.extend(["--n-gpu-layers".to_owned(), layers]);
             if self.gpus.len() > 1 {
-                let split = l.tensor_split.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+                let split = comma_list(&l.tensor_split);
                 args.extend([
                     "--split-mode".to_owned(),
                     "layer".to_owned(),
@@ -292,13 +292,7 @@ impl LaunchSpec {
             args.push("--enforce-eager".to_owned());
         }
         if stages > 1 {
-            let partition = v
-                .layer_partition
-                .iter()
-                .map(u64::to_string)
-                .collect::<Vec<_>>()
-                .join(",");
-            env.insert("VLLM_PP_LAYER_PARTITION".to_owned(), partition);
+            env.insert("VLLM_PP_LAYER_PARTITION".to_owned(), comma_list(&v.layer_partition));
         }
         Ok(EngineCommand {
             program: v.program.clone(),
@@ -306,6 +300,11 @@ impl LaunchSpec {
             env,
         })
     }
+}
+
+/// `1,2,3`: the list form engines take (GPU indices, split ratios, layer counts).
+fn comma_list<T: ToString>(items: &[T]) -> String {
+    items.iter().map(T::to_string).collect::<Vec<_>>().join(",")
 }
 
 /// vLLM's `--gpu-memory-utilization`: one fraction of each GPU's total for every GPU,

@@ -54,12 +54,18 @@ pub(super) struct Lines {
 }
 
 impl Lines {
+    /// A line's detail, made only when lines get theirs.
+    fn text(&self, detail: impl FnOnce() -> String) -> String {
+        if self.details { detail() } else { String::new() }
+    }
+
     fn push(&mut self, component: Component, what: &'static str, bytes: Bytes, detail: impl FnOnce() -> String) {
+        let detail = self.text(detail);
         self.items.push(Item {
             component,
             what,
             bytes,
-            detail: if self.details { detail() } else { String::new() },
+            detail,
         });
     }
 
@@ -98,23 +104,12 @@ impl Plan<'_> {
     fn vocab_share(&self, lines: &mut Lines, bytes: Bytes) -> Result<(Bytes, String), Error> {
         let vocab = self.shape.vocab;
         if self.tp <= 1 || vocab == 0 {
-            return Ok((
-                bytes,
-                if lines.details {
-                    format!("{vocab} rows")
-                } else {
-                    String::new()
-                },
-            ));
+            return Ok((bytes, lines.text(|| format!("{vocab} rows"))));
         }
         let padding = lines.uses(VLLM_VOCAB_PADDING);
         let rows = vocab_rows_per_rank(vocab, self.tp, padding);
         let share = scale(bytes, rows, vocab)?;
-        let detail = if lines.details {
-            format!("vocab-parallel: {rows} of {vocab} rows (padded to {padding})")
-        } else {
-            String::new()
-        };
+        let detail = lines.text(|| format!("vocab-parallel: {rows} of {vocab} rows (padded to {padding})"));
         Ok((share, detail))
     }
 
@@ -193,19 +188,20 @@ impl Plan<'_> {
             let vision = shard(w.vision_layers, k)
                 .checked_add(w.vision_other)
                 .ok_or_else(|| overflow("vision weights"))?;
-            let detail = if k > 1 {
-                format!("encoder layers 1/{k}, embeddings and projector whole")
-            } else {
-                "encoder, projector, image_newline".to_owned()
-            };
-            self.weight(lines, "vision tower and projector", vision, || detail)?;
+            self.weight(lines, "vision tower and projector", vision, || {
+                if k > 1 {
+                    format!("encoder layers 1/{k}, embeddings and projector whole")
+                } else {
+                    "encoder, projector, image_newline".to_owned()
+                }
+            })?;
             self.weight(lines, "unclassified tensors", w.other, || "replicated".to_owned())?;
         }
         if last {
             self.weight(lines, "final norm", w.final_norm, String::new)?;
             if w.lm_head > Bytes::ZERO {
                 let (share, detail) = if self.is_llama_cpp() {
-                    (w.lm_head, format!("{} rows", s.vocab))
+                    (w.lm_head, lines.text(|| format!("{} rows", s.vocab)))
                 } else {
                     self.vocab_share(lines, w.lm_head)?
                 };
@@ -215,7 +211,7 @@ impl Plan<'_> {
                 // builds it on the last pipeline rank; llama.cpp duplicates token_embd onto
                 // the output layer's GPU (the original stays in host RAM).
                 let (share, detail) = if self.is_llama_cpp() {
-                    (w.embeddings, format!("{} rows", s.vocab))
+                    (w.embeddings, lines.text(|| format!("{} rows", s.vocab)))
                 } else {
                     self.vocab_share(lines, w.embeddings)?
                 };
@@ -261,16 +257,16 @@ impl Plan<'_> {
             .zip(per_expert.checked_mul(topk))
             .and_then(|(a, b)| a.checked_add(b))
             .ok_or_else(|| overflow("activations"))?;
-        let detail = if !lines.details {
-            String::new()
-        } else if topk > 1 {
-            format!(
-                "{hidden_copies}×{} + {topk} experts × ({inter_copies}×{inter} + {})",
-                s.hidden, moe_hidden
-            )
-        } else {
-            format!("{hidden_copies}×{} + {inter_copies}×{inter}", s.hidden)
-        };
+        let detail = lines.text(|| {
+            if topk > 1 {
+                format!(
+                    "{hidden_copies}×{} + {topk} experts × ({inter_copies}×{inter} + {})",
+                    s.hidden, moe_hidden
+                )
+            } else {
+                format!("{hidden_copies}×{} + {inter_copies}×{inter}", s.hidden)
+            }
+        });
         Ok((elements, detail))
     }
 
@@ -340,12 +336,12 @@ impl Plan<'_> {
                 let (bytes, detail) = if l.flash_attention {
                     (
                         product(&[t, n_ctx, 2], "KQ mask")?,
-                        format!("KQ mask {t} × {n_ctx} × 2 B; flash attention keeps no scores"),
+                        lines.text(|| format!("KQ mask {t} × {n_ctx} × 2 B; flash attention keeps no scores")),
                     )
                 } else {
                     (
                         product(&[t, n_ctx, s.heads.saturating_add(1), 4], "attention scores")?,
-                        format!("{t} × {n_ctx} × ({} heads + mask) × 4 B", s.heads),
+                        lines.text(|| format!("{t} × {n_ctx} × ({} heads + mask) × 4 B", s.heads)),
                     )
                 };
                 lines.push(Component::Activations, "compute buffer: attention", bytes, || detail);
