@@ -49,6 +49,108 @@ pub enum Command {
     /// Run everything on this machine: the server and a local agent, or one agent per
     /// node of a simulated fleet (`--fleet workflows/fleets/lab.yaml`).
     Up(UpArgs),
+    /// Submit a workflow to a running server: it is planned, its instances started and
+    /// its steps run. With --wait, follow it and print its outputs.
+    ///
+    /// Exits 0 when submitted (with --wait: when the run succeeded), 1 otherwise.
+    Submit(SubmitArgs),
+    /// List the runs of a server, newest first.
+    Runs(RunsArgs),
+    /// Show or cancel one run.
+    #[command(subcommand)]
+    Run(RunCommand),
+    /// List the model instances agents run: where, which engine, state, estimated and
+    /// measured memory.
+    Instances(InstancesArgs),
+    /// The last lines an instance's engine wrote (stdout and stderr, across restarts),
+    /// fetched from its agent.
+    Logs(LogsArgs),
+}
+
+/// `skein logs`.
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    /// The instance (`skein instances` lists them).
+    #[arg(value_name = "INSTANCE")]
+    pub instance: String,
+    /// How many lines.
+    #[arg(long, default_value_t = 200, value_name = "N")]
+    pub tail: u32,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+/// A running server's REST address and token.
+#[derive(Debug, Args)]
+pub struct RemoteArgs {
+    /// The server's REST address.
+    #[arg(long, default_value = "http://127.0.0.1:7878", value_name = "URL")]
+    pub server: String,
+    /// How to reach the server.
+    #[command(flatten)]
+    pub client: ApiClientArgs,
+}
+
+/// `skein submit`.
+#[derive(Debug, Args)]
+pub struct SubmitArgs {
+    /// The workflow: `.yaml`, `.yml` or `.rhai`.
+    #[arg(value_name = "WORKFLOW")]
+    pub workflow: PathBuf,
+    /// An input value, repeatable: `--input figure=fig1.png`.
+    #[arg(long = "input", value_name = "KEY=VALUE")]
+    pub inputs: Vec<String>,
+    /// Follow the run until it ends, then print its outputs.
+    #[arg(long)]
+    pub wait: bool,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+    /// Output format: progress and outputs, or the run as JSON.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Human)]
+    pub output: OutputFormat,
+}
+
+/// `skein runs`.
+#[derive(Debug, Args)]
+pub struct RunsArgs {
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+    /// Output format: a table, or JSON.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Human)]
+    pub output: OutputFormat,
+}
+
+/// `skein run …`.
+#[derive(Debug, Subcommand)]
+pub enum RunCommand {
+    /// A run's state, its steps with their timestamps, and its outputs.
+    Show(RunIdArgs),
+    /// Cancel a run: queued, it never starts; running, its steps stop and its
+    /// instances are stopped.
+    Cancel(RunIdArgs),
+}
+
+/// One run.
+#[derive(Debug, Args)]
+pub struct RunIdArgs {
+    /// The run's id (`skein runs` lists them).
+    #[arg(value_name = "ID")]
+    pub id: String,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+    /// Output format: a report, or the run as JSON.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Human)]
+    pub output: OutputFormat,
+}
+
+/// `skein instances`.
+#[derive(Debug, Args)]
+pub struct InstancesArgs {
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+    /// Output format: a table, or JSON.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Human)]
+    pub output: OutputFormat,
 }
 
 /// `skein plan`.
@@ -119,6 +221,11 @@ pub struct AgentArgs {
     /// PEM CA certificate to trust for an `https://` server.
     #[arg(long, value_name = "FILE")]
     pub ca: Option<PathBuf>,
+    /// Where engine logs go; default `<data dir>/logs`.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub engines: EngineArgs,
 }
 
 /// `skein up`.
@@ -129,6 +236,28 @@ pub struct UpArgs {
     pub fleet: Option<PathBuf>,
     #[command(flatten)]
     pub server: ServerArgs,
+    #[command(flatten)]
+    pub engines: EngineArgs,
+}
+
+/// Where an agent finds the engines it starts.
+#[derive(Debug, Args)]
+pub struct EngineArgs {
+    /// llama.cpp's server program.
+    #[arg(
+        long,
+        env = "SKEIN_LLAMA_SERVER",
+        default_value = "llama-server",
+        value_name = "PATH"
+    )]
+    pub llama_server: PathBuf,
+    /// vLLM's program.
+    #[arg(long, env = "SKEIN_VLLM", default_value = "vllm", value_name = "PATH")]
+    pub vllm: PathBuf,
+    /// The address engines listen on and are reached at: this machine's address as the
+    /// orchestrator sees it (loopback when both run here).
+    #[arg(long, default_value = "127.0.0.1", value_name = "ADDR")]
+    pub engine_host: String,
 }
 
 /// `skein server`.

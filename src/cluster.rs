@@ -14,10 +14,16 @@ use skein_orchestrator::agents::Secret;
 use skein_orchestrator::graph::GraphConfig;
 use skein_orchestrator::server::{ServerConfig, TlsFiles};
 
-use skein_agent::daemon::{AgentConfig, NoGpus};
-use skein_agent::{GpuSource, HostInventory, HostSampler, discover_nvml, load_fleet};
+use std::sync::Arc;
 
-use crate::cli::{AgentArgs, ApiClientArgs, EXIT_OK, NodesArgs, OutputFormat, ServerArgs, UpArgs};
+use skein_agent::daemon::{AgentConfig, InstanceHost, NoGpus};
+use skein_agent::engine::host::{EngineHost, EngineHostConfig};
+use skein_agent::engine::supervisor::{RestartPolicy, Supervisor, SupervisorConfig};
+use skein_agent::{GpuSource, HostInventory, HostSampler, discover_nvml, load_fleet};
+use skein_proto::agent::v1::InstanceStatus;
+use tokio::sync::mpsc;
+
+use crate::cli::{AgentArgs, ApiClientArgs, EXIT_OK, EngineArgs, NodesArgs, OutputFormat, ServerArgs, UpArgs};
 
 /// Default REST address.
 pub const DEFAULT_API_ADDR: &str = "127.0.0.1:7878";
@@ -124,6 +130,8 @@ pub fn server_config(args: &ServerArgs) -> anyhow::Result<(ServerConfig, PathBuf
             hub: skein_model_registry::hub::HubClientBuilder::from_env()
                 .build()
                 .context("cannot set up the Hugging Face hub client (HF_ENDPOINT, HF_HOME, HF_TOKEN)")?,
+            db_dir: Some(dir.join("db")),
+            executor: skein_orchestrator::run::ExecutorConfig::default(),
         },
         dir,
     ))
@@ -277,7 +285,6 @@ fn render_nodes(graph: &Graph) -> String {
     crate::table::render(&style, &header, &rows)
 }
 
-/// `skein nodes`.
 /// The REST API token: the flag (or SKEIN_API_TOKEN), else the api-token file of a
 /// server on this machine.
 pub fn api_token(args: &ApiClientArgs) -> anyhow::Result<Secret> {
@@ -294,37 +301,11 @@ pub fn api_token(args: &ApiClientArgs) -> anyhow::Result<Secret> {
     Secret::new(text).with_context(|| format!("{} is empty", file.display()))
 }
 
+/// `skein nodes`.
 pub fn run_nodes(args: &NodesArgs) -> anyhow::Result<ExitCode> {
-    let token = api_token(&args.client)?;
-    let url = format!("{}/v1/graph", args.server.trim_end_matches('/'));
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .build()
-        .context("cannot build an HTTP client")?;
+    let client = crate::client::ApiClient::new(&args.server, &args.client)?;
     loop {
-        let response = runtime.block_on(async {
-            let response = client
-                .get(&url)
-                .bearer_auth(token.expose())
-                .send()
-                .await
-                .with_context(|| {
-                    format!(
-                        "cannot reach the Skein server at {}; is `skein server` or `skein up` running?",
-                        args.server
-                    )
-                })?;
-            let status = response.status();
-            let body = response.text().await.context("the server's answer was cut off")?;
-            if !status.is_success() {
-                bail!("the server answered {status}: {}", body.trim());
-            }
-            Ok(body)
-        })?;
+        let response = client.get("/v1/graph")?;
         match args.output {
             OutputFormat::Json => println!("{response}"),
             OutputFormat::Human => {
@@ -392,6 +373,46 @@ fn gpu_source(simulate: Option<&Path>, node: Option<&str>) -> anyhow::Result<Age
     Ok((source, name, host, Some(HostSampler::new())))
 }
 
+/// An agent's engines: a supervisor logging to `logs_dir`, and the host that downloads
+/// models and reports instances (on the returned receiver, for the daemon).
+fn engine_host(
+    engines: &EngineArgs,
+    logs_dir: PathBuf,
+    simulated_gpus: bool,
+) -> anyhow::Result<(Arc<dyn InstanceHost>, mpsc::Receiver<InstanceStatus>)> {
+    let skein = std::env::current_exe().context("cannot find the skein binary for the built-in engine")?;
+    let hub = skein_model_registry::hub::HubClientBuilder::from_env()
+        .build()
+        .context("cannot set up the Hugging Face hub client (HF_ENDPOINT, HF_HOME, HF_TOKEN)")?;
+    let (supervisor, events) = Supervisor::new(SupervisorConfig {
+        logs_dir,
+        readiness_timeout: Duration::from_secs(15 * 60),
+        health_interval: Duration::from_secs(5),
+        restart: RestartPolicy {
+            max_restarts: 5,
+            first_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(60),
+            reset_after: Duration::from_secs(5 * 60),
+        },
+        stop_grace: Duration::from_secs(10),
+    });
+    let (reports, receiver) = mpsc::channel(256);
+    let host = EngineHost::new(
+        supervisor,
+        events,
+        hub,
+        EngineHostConfig {
+            skein,
+            llama_server: engines.llama_server.clone(),
+            vllm: engines.vllm.clone(),
+            listen_host: engines.engine_host.clone(),
+            simulated_gpus,
+        },
+        reports,
+    );
+    Ok((Arc::new(host), receiver))
+}
+
 /// `skein agent`.
 pub fn run_agent(args: &AgentArgs) -> anyhow::Result<ExitCode> {
     init_logging();
@@ -413,10 +434,13 @@ pub fn run_agent(args: &AgentArgs) -> anyhow::Result<ExitCode> {
         tls_ca: args.ca.clone(),
         version: env!("CARGO_PKG_VERSION").to_owned(),
     };
+    let logs_dir = data_dir(args.data_dir.as_deref())?.join("logs").join(&config.node_name);
+    let simulated = args.simulate.is_some();
     let runtime = runtime(Some(1))?;
     runtime.block_on(async {
+        let (engines, reports) = engine_host(&args.engines, logs_dir, simulated)?;
         tokio::select! {
-            result = skein_agent::daemon::run(config, source, host, live) => {
+            result = skein_agent::daemon::run(config, source, host, live, engines, reports) => {
                 result?;
                 Ok(ExitCode::from(EXIT_OK))
             }
@@ -452,7 +476,9 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<ExitCode> {
         let nodes = agents.len();
         let gpus: usize = agents.iter().map(|(source, ..)| source.inventory().len()).sum();
         let mut tasks = Vec::new();
+        let simulated = args.fleet.is_some();
         for (source, node_name, host, live) in agents {
+            let (engines, reports) = engine_host(&args.engines, dir.join("logs").join(&node_name), simulated)?;
             let config = AgentConfig {
                 join: join.clone(),
                 token: join_token.clone(),
@@ -460,7 +486,9 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<ExitCode> {
                 tls_ca: None,
                 version: env!("CARGO_PKG_VERSION").to_owned(),
             };
-            tasks.push(tokio::spawn(skein_agent::daemon::run(config, source, host, live)));
+            tasks.push(tokio::spawn(skein_agent::daemon::run(
+                config, source, host, live, engines, reports,
+            )));
         }
         eprintln!(
             "skein is up: {nodes} node{} with {gpus} GPU{}; REST API on http://{} (token in {}); \

@@ -8,9 +8,11 @@ use std::process::ExitCode;
 use clap::Parser;
 
 mod cli;
+mod client;
 mod cluster;
 mod models;
 mod plan;
+mod runs;
 mod table;
 mod validate;
 
@@ -39,5 +41,11 @@ fn try_main(args: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Nodes(a) => cluster::run_nodes(&a),
         cli::Command::Agent(a) => cluster::run_agent(&a),
         cli::Command::Up(a) => cluster::run_up(&a),
+        cli::Command::Submit(a) => runs::run_submit(&a),
+        cli::Command::Runs(a) => runs::run_list(&a),
+        cli::Command::Run(cli::RunCommand::Show(a)) => runs::run_show(&a),
+        cli::Command::Run(cli::RunCommand::Cancel(a)) => runs::run_cancel(&a),
+        cli::Command::Instances(a) => runs::run_instances(&a),
+        cli::Command::Logs(a) => runs::run_logs(&a),
     }
 }

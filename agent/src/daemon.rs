@@ -109,8 +109,22 @@ fn endpoint(config: &AgentConfig) -> Result<Endpoint, AgentError> {
     Ok(endpoint)
 }
 
+/// What the agent does with the engine commands of its orchestrator: start and stop
+/// instances, and report them. Reports go up through the channel given to [`run`].
+pub trait InstanceHost: Send + Sync {
+    /// Start an instance (a repeated start of a running instance is a no-op).
+    fn start(&self, command: pb::StartInstance);
+    /// Stop an instance.
+    fn stop(&self, instance: &str);
+    /// The current status of every instance, sent again after each reconnect.
+    fn statuses(&self) -> Vec<pb::InstanceStatus>;
+    /// The last `tail` lines of an instance's engine log.
+    fn logs(&self, instance: &str, tail: usize) -> Result<Vec<String>, String>;
+}
+
 /// Runs the agent until the orchestrator refuses it: registers, streams telemetry from
-/// `source` at the interval the orchestrator asks for, answers pings, and reconnects
+/// `source` at the interval the orchestrator asks for, answers pings, hands engine
+/// commands to `engines` and sends up the reports it puts on `reports`, and reconnects
 /// with exponential backoff (0.2 s doubling to 10 s) whenever the connection drops.
 ///
 /// The host's load and free memory come from `live` each tick; a simulated node passes
@@ -123,6 +137,8 @@ pub async fn run(
     mut source: Box<dyn GpuSource>,
     host: HostInventory,
     mut live: Option<HostSampler>,
+    engines: std::sync::Arc<dyn InstanceHost>,
+    mut reports: mpsc::Receiver<pb::InstanceStatus>,
 ) -> Result<(), AgentError> {
     let endpoint = endpoint(&config)?;
     let started = Instant::now();
@@ -137,6 +153,8 @@ pub async fn run(
             live.as_mut(),
             started,
             &mut seq,
+            engines.as_ref(),
+            &mut reports,
         )
         .await;
         match outcome {
@@ -193,6 +211,8 @@ async fn session(
     mut live: Option<&mut HostSampler>,
     started: Instant,
     seq: &mut u64,
+    engines: &dyn InstanceHost,
+    reports: &mut mpsc::Receiver<pb::InstanceStatus>,
 ) -> Result<(), SessionError> {
     let channel: Channel = endpoint
         .connect()
@@ -231,10 +251,22 @@ async fn session(
         .map_err(|s| status_error(&s))?
         .into_inner();
 
+    let closed = || SessionError::Connected("the stream to the orchestrator closed".to_owned());
+    // What the orchestrator may have missed while disconnected.
+    for status in engines.statuses() {
+        let message = AgentMessage {
+            kind: Some(agent_message::Kind::InstanceStatus(status)),
+        };
+        outbound.send(message).await.map_err(|_| closed())?;
+    }
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            Some(status) = reports.recv() => {
+                let message = AgentMessage { kind: Some(agent_message::Kind::InstanceStatus(status)) };
+                outbound.send(message).await.map_err(|_| closed())?;
+            }
             _ = tick.tick() => {
                 let t = started.elapsed().as_secs_f64();
                 let samples: Vec<GpuSample> = source
@@ -251,18 +283,32 @@ async fn session(
                     },
                 };
                 let message = telemetry(*seq, &samples, now);
-                if outbound.send(message).await.is_err() {
-                    return Err(SessionError::Connected("the stream to the orchestrator closed".to_owned()));
-                }
+                outbound.send(message).await.map_err(|_| closed())?;
             }
             message = inbound.message() => {
                 match message {
                     Ok(Some(message)) => match message.kind {
                         Some(orchestrator_message::Kind::Ping(ping)) => {
                             let pong = AgentMessage { kind: Some(agent_message::Kind::Pong(pb::Pong { id: ping.id })) };
-                            if outbound.send(pong).await.is_err() {
-                                return Err(SessionError::Connected("the stream to the orchestrator closed".to_owned()));
-                            }
+                            outbound.send(pong).await.map_err(|_| closed())?;
+                        }
+                        Some(orchestrator_message::Kind::StartInstance(command)) => {
+                            tracing::info!(instance = %command.instance, "asked to start an instance");
+                            engines.start(command);
+                        }
+                        Some(orchestrator_message::Kind::StopInstance(command)) => {
+                            tracing::info!(instance = %command.instance, "asked to stop an instance");
+                            engines.stop(&command.instance);
+                        }
+                        Some(orchestrator_message::Kind::LogsRequest(request)) => {
+                            let tail = usize::try_from(request.tail).unwrap_or(usize::MAX);
+                            let (lines, error) = match engines.logs(&request.instance, tail) {
+                                Ok(lines) => (lines, String::new()),
+                                Err(error) => (Vec::new(), error),
+                            };
+                            let reply = pb::LogsReply { id: request.id, lines, error };
+                            let message = AgentMessage { kind: Some(agent_message::Kind::LogsReply(reply)) };
+                            outbound.send(message).await.map_err(|_| closed())?;
                         }
                         None => {}
                     },

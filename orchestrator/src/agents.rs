@@ -19,6 +19,7 @@ use crate::graph::{
     GpuFacts, GpuSample, GraphEvent, HardwareGraph, HostFacts, HostSample, IndexedSample, Millis, NodeId,
     NodeInventory, TelemetryBatch,
 };
+use crate::instances::Instances;
 
 /// A shared secret: the join token agents present, or the API token of the REST API.
 /// Its `Debug` and `Display` never show it.
@@ -93,17 +94,26 @@ pub struct AgentGateway {
     token: Secret,
     events: broadcast::Sender<GraphEvent>,
     clock: Clock,
+    instances: Arc<Instances>,
 }
 
 impl AgentGateway {
     /// A gateway feeding `graph`, accepting agents that present `token`, publishing
-    /// every change on `events`.
-    pub fn new(graph: Arc<HardwareGraph>, token: Secret, events: broadcast::Sender<GraphEvent>, clock: Clock) -> Self {
+    /// every change on `events`, sending engine commands for `instances` and feeding
+    /// their status back to it.
+    pub fn new(
+        graph: Arc<HardwareGraph>,
+        token: Secret,
+        events: broadcast::Sender<GraphEvent>,
+        clock: Clock,
+        instances: Arc<Instances>,
+    ) -> Self {
         AgentGateway {
             graph,
             token,
             events,
             clock,
+            instances,
         }
     }
 
@@ -183,10 +193,13 @@ impl AgentService for AgentGateway {
         self.publish(events);
         tracing::info!(%node, "agent connected");
 
-        let (outbound, rx) = mpsc::channel::<Result<OrchestratorMessage, Status>>(16);
+        let (outbound, rx) = mpsc::channel::<Result<OrchestratorMessage, Status>>(64);
+        self.instances.node_connected(&node, outbound.clone());
         let gateway = self.clone();
         tokio::spawn(async move {
+            let commands = outbound.clone();
             gateway.serve_stream(&node, inbound, outbound).await;
+            gateway.instances.node_disconnected(&node, &commands);
             let events = gateway.graph.disconnected(&node, generation);
             if !events.is_empty() {
                 tracing::info!(%node, "agent disconnected");
@@ -242,6 +255,12 @@ impl AgentGateway {
                                 let _ = self.graph.record_rtt(node, rtt);
                                 pending = None;
                             }
+                        }
+                        Some(agent_message::Kind::InstanceStatus(status)) => {
+                            self.instances.report(node, status);
+                        }
+                        Some(agent_message::Kind::LogsReply(reply)) => {
+                            self.instances.logs_reply(reply);
                         }
                         Some(agent_message::Kind::Hello(_)) | None => {}
                     }

@@ -12,7 +12,13 @@
 //! - [`catalogs`]: the hub edge in front of the planner: every model a workflow names.
 //! - [`agents`]: the gRPC service agents join (registration, the telemetry stream),
 //!   feeding the graph.
-//! - [`api`]: the REST API over the graph and the Prometheus metrics.
+//! - [`instances`]: the model instances agents were asked to run, their commands down
+//!   the agents' streams and the status that comes back.
+//! - [`run`]: runs of workflows: the stored record and its pure rules, the commands a
+//!   plan becomes, and the executor (admission, instances, steps, retries, resume).
+//! - [`store`]: durable records in sled (flushed before a write is acknowledged).
+//! - [`api`]: the REST API over the graph, plans, runs and instances, and the
+//!   Prometheus metrics.
 //! - [`server`]: `skein server`: both doors and the sweep that marks silent nodes down.
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
@@ -21,6 +27,9 @@ pub mod agents;
 pub mod api;
 pub mod catalogs;
 pub mod graph;
+pub mod instances;
 pub mod plan;
+pub mod run;
 pub mod server;
+pub mod store;
 pub mod workflows;

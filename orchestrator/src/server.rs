@@ -13,7 +13,10 @@ use tokio::task::JoinHandle;
 
 use crate::agents::{AgentGateway, Clock, Secret};
 use crate::api::{ApiState, router};
-use crate::graph::{GraphConfig, GraphEvent, HardwareGraph};
+use crate::graph::{GraphConfig, GraphEvent, HardwareGraph, HealthState};
+use crate::instances::Instances;
+use crate::run::{Executor, ExecutorConfig};
+use crate::store::Db;
 
 /// Where the server listens and whom it lets in.
 #[derive(Debug, Clone)]
@@ -32,6 +35,10 @@ pub struct ServerConfig {
     pub tls: Option<TlsFiles>,
     /// The Hugging Face hub client plans read model metadata with (`POST /v1/plans`).
     pub hub: skein_model_registry::hub::HubClient,
+    /// Where runs are stored (a sled database); `None`: in memory, lost at exit.
+    pub db_dir: Option<PathBuf>,
+    /// Queues, timeouts and retries of the executor.
+    pub executor: ExecutorConfig,
 }
 
 /// A PEM certificate chain and its private key.
@@ -57,6 +64,9 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
+    /// The database could not be opened or read.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
     /// A TLS file could not be read or used.
     #[error("cannot use the TLS file {}", .path.display())]
     Tls {
@@ -78,6 +88,10 @@ pub struct RunningServer {
     pub graph: Arc<HardwareGraph>,
     /// Graph changes.
     pub events: broadcast::Sender<GraphEvent>,
+    /// The executor.
+    pub executor: Executor,
+    /// The model instances.
+    pub instances: Arc<Instances>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -99,7 +113,7 @@ impl RunningServer {
 
 /// Binds both doors and starts serving on the current tokio runtime.
 ///
-/// Errors: [`ServerError::Bind`], [`ServerError::Tls`].
+/// Errors: [`ServerError::Bind`], [`ServerError::Tls`], [`ServerError::Store`].
 pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let clock = Clock::start();
     let graph = Arc::new(HardwareGraph::new(config.graph));
@@ -115,7 +129,27 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let api_addr = api_listener.local_addr().unwrap_or(config.api_addr);
     let grpc_addr = grpc_listener.local_addr().unwrap_or(config.grpc_addr);
 
-    let gateway = AgentGateway::new(Arc::clone(&graph), config.join_token.clone(), events.clone(), clock);
+    let db = match &config.db_dir {
+        Some(dir) => Db::open(dir)?,
+        None => Db::temporary()?,
+    };
+    let instances = Arc::new(Instances::default());
+    let planner = Arc::new(std::sync::Mutex::new(crate::plan::Planner::default()));
+    let executor = Executor::new(
+        &db,
+        Arc::clone(&graph),
+        config.hub.clone(),
+        Arc::clone(&instances),
+        Arc::clone(&planner),
+        config.executor.clone(),
+    )?;
+    let gateway = AgentGateway::new(
+        Arc::clone(&graph),
+        config.join_token.clone(),
+        events.clone(),
+        clock,
+        Arc::clone(&instances),
+    );
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)));
@@ -149,7 +183,9 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         events: events.clone(),
         token: config.api_token.clone(),
         hub: config.hub.clone(),
-        planner: Arc::default(),
+        planner,
+        executor: executor.clone(),
+        instances: Arc::clone(&instances),
     });
     let api_task = tokio::spawn(async move {
         if let Err(error) = axum::serve(api_listener, app).await {
@@ -159,6 +195,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
 
     let sweep_graph = Arc::clone(&graph);
     let sweep_events = events.clone();
+    let sweep_instances = Arc::clone(&instances);
     let period = Duration::from_millis((config.graph.sample_interval_ms / 4).max(10));
     let sweep_task = tokio::spawn(async move {
         let mut tick = tokio::time::interval(period);
@@ -166,13 +203,21 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         loop {
             tick.tick().await;
             for event in sweep_graph.sweep(clock.now()) {
-                if let GraphEvent::Health { node, to, .. } = &event {
+                if let GraphEvent::Health {
+                    node, gpu: None, to, ..
+                } = &event
+                {
                     tracing::warn!(%node, state = %to.state, reasons = ?to.reasons, "node health changed");
+                    if to.state == HealthState::Down {
+                        sweep_instances.node_lost(node);
+                    }
                 }
                 let _ = sweep_events.send(event);
             }
         }
     });
+
+    let executor_task = executor.start()?;
 
     tracing::info!(%api_addr, %grpc_addr, "skein server listening");
     Ok(RunningServer {
@@ -180,6 +225,8 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         grpc_addr,
         graph,
         events,
-        tasks: vec![grpc_task, api_task, sweep_task],
+        executor,
+        instances,
+        tasks: vec![grpc_task, api_task, sweep_task, executor_task],
     })
 }

@@ -5,6 +5,8 @@
 //! # Layout
 //!
 //! - [`mock_hub`]: the hub (`MockHub`, `MockRepo`) with virtual file bodies.
+//! - [`agent`]: a test agent over the real agent protocol whose engines are in-process
+//!   OpenAI-compatible fakes (the orchestrator's executor tests and benchmarks).
 //! - The crate root: header writers ([`safetensors_prefix`], [`shard`],
 //!   [`shard_evenly`], [`gguf_prefix`], [`gguf_split_evenly`]) and the Llama-shaped
 //!   fixtures older tests use.
@@ -15,6 +17,7 @@
 //!   `ModelInfo` ([`models::reference_models`]) and as mock-hub repositories
 //!   ([`models::reference_hub_repos`]) that `inspect` lists identically.
 
+pub mod agent;
 pub mod mock_hub;
 pub mod models;
 pub mod tensors;

@@ -1,6 +1,7 @@
 //! The REST API over the hardware graph: `GET /v1/nodes`, `GET /v1/graph`,
 //! `GET /v1/graph/events` (server-sent events), `POST /v1/plans` (a placement plan of a
-//! workflow on the live graph) and `GET /metrics` (Prometheus text).
+//! workflow on the live graph), runs and instances ([`runs`]) and `GET /metrics`
+//! (Prometheus text).
 //!
 //! Every route but `/healthz` needs `Authorization: Bearer <API token>`.
 
@@ -25,6 +26,8 @@ use serde::Serialize;
 use tokio::sync::broadcast;
 
 use crate::agents::Secret;
+
+mod runs;
 use crate::graph::{GraphEvent, GraphSnapshot, HardwareGraph, HealthState, NodeView};
 
 /// What the routes share.
@@ -40,6 +43,10 @@ pub struct ApiState {
     pub hub: skein_model_registry::hub::HubClient,
     /// The planner, with what it keeps between plans.
     pub planner: Arc<std::sync::Mutex<Planner>>,
+    /// The executor runs are submitted to.
+    pub executor: crate::run::Executor,
+    /// The model instances.
+    pub instances: Arc<crate::instances::Instances>,
 }
 
 /// The router.
@@ -49,6 +56,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/graph", get(graph))
         .route("/v1/graph/events", get(events))
         .route("/v1/plans", axum::routing::post(plans))
+        .merge(runs::routes())
         .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
     Router::new()
@@ -63,7 +71,7 @@ struct ErrorBody<'a> {
     error: &'a str,
 }
 
-fn error(status: StatusCode, message: &str) -> Response {
+pub(crate) fn error(status: StatusCode, message: &str) -> Response {
     (status, axum::Json(ErrorBody { error: message })).into_response()
 }
 
@@ -117,20 +125,9 @@ async fn plans(State(state): State<ApiState>, body: axum::body::Bytes) -> Respon
             );
         }
     };
-    let name = request.name.clone().unwrap_or_else(|| "workflow.yaml".to_owned());
-    let Some(kind) = SourceKind::from_name(&name) else {
-        return error(StatusCode::BAD_REQUEST, "`name` must end in .yaml, .yml or .rhai");
-    };
-    let parsed = skein_dsl::parse_as(&name, &request.workflow, kind);
-    let workflow = match parsed.workflow {
-        Some(w) if !parsed.diagnostics.has_errors() => w,
-        _ => {
-            let body = InvalidWorkflow {
-                error: "the workflow is invalid",
-                diagnostics: skein_dsl::diag::to_json(&parsed.diagnostics, &parsed.file),
-            };
-            return (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(body)).into_response();
-        }
+    let workflow = match parse_workflow(request.name.as_deref(), &request.workflow) {
+        Ok(workflow) => workflow,
+        Err(response) => return *response,
     };
     let options = InspectOptions {
         derivatives: request
@@ -175,6 +172,31 @@ async fn plans(State(state): State<ApiState>, body: axum::body::Bytes) -> Respon
         Ok(Ok(plan)) => axum::Json(plan).into_response(),
         Ok(Err(response)) => *response,
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &format!("the planner failed: {e}")),
+    }
+}
+
+/// A workflow sent as text: 400 for a name of no known language, 422 with the
+/// diagnostics for an invalid workflow.
+pub(crate) fn parse_workflow(name: Option<&str>, text: &str) -> Result<skein_dsl::Workflow, Box<Response>> {
+    let name = name.unwrap_or("workflow.yaml");
+    let Some(kind) = SourceKind::from_name(name) else {
+        return Err(Box::new(error(
+            StatusCode::BAD_REQUEST,
+            "`name` must end in .yaml, .yml or .rhai",
+        )));
+    };
+    let parsed = skein_dsl::parse_as(name, text, kind);
+    match parsed.workflow {
+        Some(w) if !parsed.diagnostics.has_errors() => Ok(w),
+        _ => {
+            let body = InvalidWorkflow {
+                error: "the workflow is invalid",
+                diagnostics: skein_dsl::diag::to_json(&parsed.diagnostics, &parsed.file),
+            };
+            Err(Box::new(
+                (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(body)).into_response(),
+            ))
+        }
     }
 }
 

@@ -1,0 +1,387 @@
+//! The agent's side of engine commands ([`EngineHost`], the daemon's
+//! [`InstanceHost`]): a start becomes a download of the instance's files into the
+//! Hugging Face cache (progress reported), a free port, a [`LaunchSpec`] and a
+//! supervised engine; every change of the instance goes up as an
+//! [`pb::InstanceStatus`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use skein_model_registry::hub::{HubClient, RepoId};
+use skein_proto::agent::v1::{self as pb, start_instance};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use super::command::{CandleLaunch, EngineLaunch, LaunchSpec, LlamaCppLaunch, RemoteLaunch, VllmLaunch};
+use super::supervisor::{InstanceEvent, InstanceState, Supervisor, free_port};
+use crate::daemon::InstanceHost;
+
+/// Where the engines' programs are and how engines are reached.
+#[derive(Debug, Clone)]
+pub struct EngineHostConfig {
+    /// The `skein` binary (the built-in engine is `skein engine serve`).
+    pub skein: PathBuf,
+    /// `llama-server`.
+    pub llama_server: PathBuf,
+    /// `vllm`.
+    pub vllm: PathBuf,
+    /// The address engines listen on and are reached at (this machine's address as the
+    /// orchestrator sees it; loopback when both run here).
+    pub listen_host: String,
+    /// The GPUs are simulated: the built-in engine runs on the CPU (a simulated GPU runs
+    /// no kernels), external engines get the plan's GPUs as given.
+    pub simulated_gpus: bool,
+}
+
+/// Runs the instances the orchestrator asks for.
+pub struct EngineHost {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    supervisor: Supervisor,
+    hub: HubClient,
+    config: EngineHostConfig,
+    reports: mpsc::Sender<pb::InstanceStatus>,
+    /// The latest status of every instance.
+    statuses: Mutex<BTreeMap<String, pb::InstanceStatus>>,
+    /// The command of every instance asked for (a repeated start is a no-op).
+    commands: Mutex<HashMap<String, pb::StartInstance>>,
+    /// Downloads and starts in progress.
+    preparing: Mutex<HashMap<String, JoinHandle<()>>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn unix_ms(at: SystemTime) -> i64 {
+    at.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+impl EngineHost {
+    /// A host whose engines `supervisor` runs (its events come on `events`), with
+    /// reports going to `reports`. Spawns the task that turns supervisor events into
+    /// reports, so call it inside a tokio runtime.
+    pub fn new(
+        supervisor: Supervisor,
+        mut events: mpsc::Receiver<InstanceEvent>,
+        hub: HubClient,
+        config: EngineHostConfig,
+        reports: mpsc::Sender<pb::InstanceStatus>,
+    ) -> EngineHost {
+        let inner = Arc::new(Inner {
+            supervisor,
+            hub,
+            config,
+            reports,
+            statuses: Mutex::default(),
+            commands: Mutex::default(),
+            preparing: Mutex::default(),
+        });
+        let weak = Arc::downgrade(&inner);
+        tokio::spawn(async move {
+            while let Some(event) = events.recv().await {
+                let Some(inner) = weak.upgrade() else { return };
+                inner.report(status_of(&event)).await;
+            }
+        });
+        EngineHost { inner }
+    }
+}
+
+/// An instance's supervisor event as the protocol reports it.
+fn status_of(event: &InstanceEvent) -> pb::InstanceStatus {
+    let mut status = pb::InstanceStatus {
+        instance: event.instance.clone(),
+        unix_ms: unix_ms(event.at),
+        restarts: event.restarts,
+        ..pb::InstanceStatus::default()
+    };
+    let state = match &event.state {
+        InstanceState::Starting { command, .. } => {
+            status.detail = command.clone();
+            pb::InstanceState::Starting
+        }
+        InstanceState::Loading => pb::InstanceState::Loading,
+        InstanceState::Ready { base_url, memory } => {
+            status.base_url = base_url.clone();
+            status.host_rss = memory.host_rss;
+            status.gpu_memory = memory
+                .gpu
+                .iter()
+                .map(|&(index, bytes)| pb::GpuMemory { index, bytes })
+                .collect();
+            pb::InstanceState::Ready
+        }
+        InstanceState::Unhealthy { reason } => {
+            status.detail = reason.clone();
+            pb::InstanceState::Unhealthy
+        }
+        InstanceState::Restarting { reason, .. } => {
+            status.detail = reason.clone();
+            pb::InstanceState::Restarting
+        }
+        InstanceState::Failed { reason, .. } => {
+            status.detail = reason.clone();
+            pb::InstanceState::Failed
+        }
+        InstanceState::Stopped => pb::InstanceState::Stopped,
+    };
+    status.state = state as i32;
+    status
+}
+
+impl Inner {
+    async fn report(&self, status: pb::InstanceStatus) {
+        lock(&self.statuses).insert(status.instance.clone(), status.clone());
+        // Without a connection the report waits in the channel (bounded); the latest
+        // status is sent again on reconnect anyway.
+        let _ = self.reports.try_send(status);
+    }
+
+    async fn fail(&self, instance: &str, detail: String) {
+        tracing::warn!(%instance, %detail, "instance failed to start");
+        self.report(pb::InstanceStatus {
+            instance: instance.to_owned(),
+            state: pb::InstanceState::Failed as i32,
+            detail,
+            unix_ms: unix_ms(SystemTime::now()),
+            ..pb::InstanceStatus::default()
+        })
+        .await;
+    }
+
+    /// Downloads what the instance needs, then hands it to the supervisor.
+    async fn prepare(self: Arc<Self>, command: pb::StartInstance) {
+        let name = command.instance.clone();
+        let local = match &command.engine {
+            Some(start_instance::Engine::Remote(_)) | None => None,
+            Some(start_instance::Engine::Candle(e)) => e.model.clone(),
+            Some(start_instance::Engine::LlamaCpp(e)) => e.model.clone(),
+            Some(start_instance::Engine::Vllm(e)) => e.model.clone(),
+        };
+        let snapshot = match local {
+            Some(files) => match self.download(&name, &files).await {
+                Ok(dir) => Some(dir),
+                Err(error) => return self.fail(&name, error).await,
+            },
+            None => None,
+        };
+        let port = match free_port(&self.config.listen_host) {
+            Ok(port) => port,
+            Err(error) => return self.fail(&name, format!("no free port on {}: {error}", self.config.listen_host)).await,
+        };
+        let spec = match launch_spec(&command, snapshot.as_deref(), &self.config, port) {
+            Ok(spec) => spec,
+            Err(error) => return self.fail(&name, error).await,
+        };
+        // A start with a different command replaces the running instance.
+        if self.supervisor.status().iter().any(|s| s.instance == name) {
+            let _ = self.supervisor.stop(&name).await;
+        }
+        if let Err(error) = self.supervisor.start(spec).await {
+            self.fail(&name, error.to_string()).await;
+        }
+    }
+
+    /// The instance's files in the HF cache; progress is reported as it goes.
+    async fn download(self: &Arc<Self>, instance: &str, files: &pb::ModelFiles) -> Result<PathBuf, String> {
+        let repo = RepoId::parse(&files.repo).map_err(|e| e.to_string())?;
+        let hub = self.hub.clone();
+        let revision = files.revision.clone();
+        let required = files.files.clone();
+        let optional = files.optional_files.clone();
+        let reporter = Arc::clone(self);
+        let instance = instance.to_owned();
+        let runtime = tokio::runtime::Handle::current();
+        // The hub client's futures are not `Send`: they run on a blocking thread.
+        tokio::task::spawn_blocking(move || {
+            runtime.block_on(async move {
+                let resolved = hub
+                    .resolve(&repo, &revision)
+                    .await
+                    .map_err(|e| skein_model_registry::error_chain(&e))?;
+                let mut wanted = required;
+                wanted.extend(optional.into_iter().filter(|f| resolved.file(f).is_some()));
+                wanted.sort();
+                wanted.dedup();
+                let last = Arc::new(Mutex::new(SystemTime::UNIX_EPOCH));
+                let progress = {
+                    let reporter = Arc::clone(&reporter);
+                    let instance = instance.clone();
+                    move |p: skein_model_registry::hub::DownloadProgress| {
+                        let now = SystemTime::now();
+                        let mut last = lock(&last);
+                        let done = p.bytes_done >= p.bytes_total;
+                        if !done && now.duration_since(*last).unwrap_or_default() < Duration::from_millis(500) {
+                            return;
+                        }
+                        *last = now;
+                        let status = pb::InstanceStatus {
+                            instance: instance.clone(),
+                            state: pb::InstanceState::Downloading as i32,
+                            detail: format!("downloading {} ({} of {} bytes)", p.file, p.bytes_done, p.bytes_total),
+                            unix_ms: unix_ms(now),
+                            downloaded: p.bytes_done,
+                            download_total: p.bytes_total,
+                            ..pb::InstanceStatus::default()
+                        };
+                        lock(&reporter.statuses).insert(instance.clone(), status.clone());
+                        let _ = reporter.reports.try_send(status);
+                    }
+                };
+                reporter
+                    .report(pb::InstanceStatus {
+                        instance: instance.clone(),
+                        state: pb::InstanceState::Downloading as i32,
+                        detail: format!("fetching {} file(s) of {}", wanted.len(), repo),
+                        unix_ms: unix_ms(SystemTime::now()),
+                        ..pb::InstanceStatus::default()
+                    })
+                    .await;
+                hub.download(&resolved, &wanted, progress)
+                    .await
+                    .map_err(|e| skein_model_registry::error_chain(&e))
+            })
+        })
+        .await
+        .map_err(|e| format!("the download task failed: {e}"))?
+    }
+}
+
+impl InstanceHost for EngineHost {
+    fn start(&self, command: pb::StartInstance) {
+        let name = command.instance.clone();
+        {
+            let mut commands = lock(&self.inner.commands);
+            let running = lock(&self.inner.statuses).get(&name).is_some_and(|s| {
+                !matches!(
+                    pb::InstanceState::try_from(s.state),
+                    Ok(pb::InstanceState::Failed | pb::InstanceState::Stopped)
+                )
+            });
+            if running && commands.get(&name) == Some(&command) {
+                // Asked again (the orchestrator restarted): say where it stands.
+                if let Some(status) = lock(&self.inner.statuses).get(&name).cloned() {
+                    let _ = self.inner.reports.try_send(status);
+                }
+                return;
+            }
+            commands.insert(name.clone(), command.clone());
+        }
+        let task = tokio::spawn(Arc::clone(&self.inner).prepare(command));
+        if let Some(old) = lock(&self.inner.preparing).insert(name, task) {
+            old.abort();
+        }
+    }
+
+    fn stop(&self, instance: &str) {
+        if let Some(task) = lock(&self.inner.preparing).remove(instance) {
+            task.abort();
+        }
+        lock(&self.inner.commands).remove(instance);
+        let inner = Arc::clone(&self.inner);
+        let instance = instance.to_owned();
+        tokio::spawn(async move {
+            if inner.supervisor.stop(&instance).await.is_err() {
+                // Never reached the supervisor (stopped while downloading).
+                inner
+                    .report(pb::InstanceStatus {
+                        instance: instance.clone(),
+                        state: pb::InstanceState::Stopped as i32,
+                        unix_ms: unix_ms(SystemTime::now()),
+                        ..pb::InstanceStatus::default()
+                    })
+                    .await;
+            }
+            lock(&inner.statuses).remove(&instance);
+        });
+    }
+
+    fn statuses(&self) -> Vec<pb::InstanceStatus> {
+        lock(&self.inner.statuses).values().cloned().collect()
+    }
+
+    fn logs(&self, instance: &str, tail: usize) -> Result<Vec<String>, String> {
+        self.inner.supervisor.logs(instance, tail).map_err(|e| e.to_string())
+    }
+}
+
+/// The launch spec of a start command whose files are in `snapshot`. Pure.
+///
+/// Errors: a command without an engine, or without the file it names.
+pub fn launch_spec(
+    command: &pb::StartInstance,
+    snapshot: Option<&Path>,
+    config: &EngineHostConfig,
+    port: u16,
+) -> Result<LaunchSpec, String> {
+    let name = &command.instance;
+    let needs_files = || snapshot.ok_or_else(|| format!("instance `{name}` names no model files"));
+    let mut gpus = command.gpus.clone();
+    let engine = match &command.engine {
+        None => return Err(format!("instance `{name}` names no engine; upgrade this agent")),
+        Some(start_instance::Engine::Candle(e)) => {
+            let dir = needs_files()?;
+            if config.simulated_gpus {
+                gpus.clear();
+            }
+            EngineLaunch::Candle(CandleLaunch {
+                program: config.skein.clone(),
+                model: if e.gguf.is_empty() { dir.to_owned() } else { dir.join(&e.gguf) },
+                seed: e.seed,
+            })
+        }
+        Some(start_instance::Engine::LlamaCpp(e)) => {
+            let dir = needs_files()?;
+            if e.gguf.is_empty() {
+                return Err(format!("instance `{name}`: llama.cpp needs a GGUF file and the command names none"));
+            }
+            EngineLaunch::LlamaCpp(LlamaCppLaunch {
+                program: config.llama_server.clone(),
+                model: dir.join(&e.gguf),
+                mmproj: e.mmproj.as_ref().map(|f| dir.join(f)),
+                gpu_layers: e.gpu_layers,
+                tensor_split: e.tensor_split.clone(),
+                n_batch: e.n_batch,
+                n_ubatch: e.n_ubatch,
+                flash_attention: e.flash_attention,
+            })
+        }
+        Some(start_instance::Engine::Vllm(e)) => {
+            let dir = needs_files()?;
+            EngineLaunch::Vllm(VllmLaunch {
+                program: config.vllm.clone(),
+                // The snapshot is already local: no revision to resolve.
+                model: dir.to_string_lossy().into_owned(),
+                revision: None,
+                tensor_parallel: e.tensor_parallel,
+                layer_partition: e.layer_partition.clone(),
+                quantization: e.quantization.clone(),
+                reserved: e.reserved.clone(),
+                total: e.total.clone(),
+                max_num_batched_tokens: e.max_num_batched_tokens,
+                enforce_eager: e.enforce_eager,
+                kv_cache_dtype: e.kv_cache_dtype.clone(),
+            })
+        }
+        Some(start_instance::Engine::Remote(e)) => EngineLaunch::Remote(RemoteLaunch {
+            url: e.url.clone(),
+            model: e.model.clone(),
+            api_key_env: e.api_key_env.clone(),
+        }),
+    };
+    Ok(LaunchSpec {
+        instance: name.clone(),
+        host: config.listen_host.clone(),
+        port,
+        gpus,
+        context: command.context,
+        concurrency: command.concurrency,
+        engine,
+    })
+}

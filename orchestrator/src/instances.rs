@@ -1,0 +1,500 @@
+//! The model instances the orchestrator has asked agents to run: what each one is, on
+//! which node, and what its agent last reported. Commands go down the node's gRPC stream
+//! ([`Instances::start`], [`Instances::stop`]); status comes up through
+//! [`Instances::report`]. When a node reconnects, its instances are asked for again
+//! (starting is idempotent on the agent); when it is lost, they are marked lost so
+//! their runs can place them elsewhere.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::Serialize;
+use skein_proto::agent::v1::{self as pb, OrchestratorMessage, orchestrator_message};
+use tokio::sync::{mpsc, oneshot, watch};
+use tonic::Status;
+
+use crate::graph::NodeId;
+
+/// What an instance is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InstanceState {
+    /// Asked for; the agent has not answered yet.
+    Requested,
+    /// Weights are downloading.
+    Downloading,
+    /// The engine process is starting.
+    Starting,
+    /// The engine is loading the model.
+    Loading,
+    /// Serving.
+    Ready,
+    /// Health checks fail; the agent will restart it.
+    Unhealthy,
+    /// Restarting after a crash or failed health checks.
+    Restarting,
+    /// Gave up: the engine's error is in `detail`.
+    Failed,
+    /// Stopped on request.
+    Stopped,
+    /// Its node went down or left.
+    Lost,
+}
+
+impl InstanceState {
+    fn from_wire(state: i32) -> InstanceState {
+        match pb::InstanceState::try_from(state) {
+            Ok(pb::InstanceState::Downloading) => InstanceState::Downloading,
+            Ok(pb::InstanceState::Starting) => InstanceState::Starting,
+            Ok(pb::InstanceState::Loading) => InstanceState::Loading,
+            Ok(pb::InstanceState::Ready) => InstanceState::Ready,
+            Ok(pb::InstanceState::Unhealthy) => InstanceState::Unhealthy,
+            Ok(pb::InstanceState::Restarting) => InstanceState::Restarting,
+            Ok(pb::InstanceState::Failed) => InstanceState::Failed,
+            Ok(pb::InstanceState::Stopped) => InstanceState::Stopped,
+            Ok(pb::InstanceState::Unknown) | Err(_) => InstanceState::Requested,
+        }
+    }
+
+    /// Whether the instance will not serve again without a new start.
+    pub fn is_gone(self) -> bool {
+        matches!(
+            self,
+            InstanceState::Failed | InstanceState::Stopped | InstanceState::Lost
+        )
+    }
+}
+
+/// One instance as the orchestrator knows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct InstanceView {
+    /// Its name, unique in the fleet.
+    pub name: String,
+    /// The node's id.
+    pub node: String,
+    /// The node's name.
+    pub node_name: String,
+    /// The run it serves.
+    pub run: Option<String>,
+    /// The agents it serves.
+    pub agents: Vec<String>,
+    /// The engine (`candle`, `llama.cpp`, `vllm`).
+    pub engine: String,
+    /// The variant.
+    pub variant: String,
+    /// GPU indices on the node.
+    pub gpus: Vec<u32>,
+    /// Bytes the plan reserved, in total.
+    pub estimated_bytes: u64,
+    /// State.
+    pub state: InstanceState,
+    /// The agent's last words about it (download progress, the engine's error).
+    pub detail: String,
+    /// Where it answers, once ready.
+    pub base_url: Option<String>,
+    /// Memory really used once loaded: host RSS, and bytes per GPU.
+    pub measured_host_rss: Option<u64>,
+    /// Bytes per GPU, measured.
+    pub measured_gpu: Vec<(u32, u64)>,
+    /// Download progress, bytes.
+    pub downloaded: u64,
+    /// Download size, bytes.
+    pub download_total: u64,
+    /// Restarts so far.
+    pub restarts: u32,
+    /// What it serves (model, requirement, constraints): a later run whose agents need
+    /// exactly this may use it while it is warm.
+    #[serde(skip)]
+    pub warm_key: String,
+    /// Since when no run uses it (kept warm for the next one).
+    #[serde(skip)]
+    pub idle_since: Option<std::time::Instant>,
+}
+
+/// An instance to start: where, and the command its agent gets.
+#[derive(Debug, Clone)]
+pub struct InstanceRequest {
+    /// The node's id.
+    pub node: NodeId,
+    /// The node's name.
+    pub node_name: String,
+    /// The run it serves.
+    pub run: Option<String>,
+    /// The agents it serves.
+    pub agents: Vec<String>,
+    /// The engine's name.
+    pub engine: String,
+    /// The variant.
+    pub variant: String,
+    /// Bytes the plan reserved.
+    pub estimated_bytes: u64,
+    /// What it serves, for reuse by later runs (see [`InstanceView::warm_key`]).
+    pub warm_key: String,
+    /// The command.
+    pub start: pb::StartInstance,
+}
+
+struct Entry {
+    view: InstanceView,
+    node: NodeId,
+    /// The command; `None` for an instance an agent reported that no run asked this
+    /// orchestrator for (one started before a restart), until a run claims it.
+    start: Option<pb::StartInstance>,
+    /// When an unclaimed instance was first reported.
+    orphan_since: Option<std::time::Instant>,
+}
+
+/// How long an instance nobody claims may run after a restart of the orchestrator
+/// before it is stopped (resumed runs claim theirs as soon as they are planned).
+pub const ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_secs(120);
+
+type Outbound = mpsc::Sender<Result<OrchestratorMessage, Status>>;
+
+/// Every instance, and the command channel of every connected node.
+pub struct Instances {
+    entries: Mutex<BTreeMap<String, Entry>>,
+    nodes: Mutex<HashMap<NodeId, Outbound>>,
+    changed: watch::Sender<u64>,
+    /// Log requests waiting for their reply, by id.
+    logs: Mutex<HashMap<u64, oneshot::Sender<pb::LogsReply>>>,
+    next_request: AtomicU64,
+}
+
+impl Default for Instances {
+    fn default() -> Self {
+        Instances {
+            entries: Mutex::default(),
+            nodes: Mutex::default(),
+            changed: watch::channel(0).0,
+            logs: Mutex::default(),
+            next_request: AtomicU64::new(1),
+        }
+    }
+}
+
+/// How long an agent has to answer a log request.
+const LOGS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl std::fmt::Debug for Instances {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Instances").finish_non_exhaustive()
+    }
+}
+
+/// Why a command could not be sent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InstanceError {
+    /// The node has no live connection.
+    #[error("node `{0}` is not connected")]
+    NotConnected(String),
+    /// No instance has that name.
+    #[error("no instance `{0}`; `skein instances` lists them")]
+    Unknown(String),
+    /// The agent did not answer, or answered with an error.
+    #[error("the agent of instance `{instance}` gave no logs: {reason}")]
+    Logs {
+        /// The instance.
+        instance: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Instances {
+    /// A receiver woken on every change of any instance.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Every instance.
+    pub fn list(&self) -> Vec<InstanceView> {
+        lock(&self.entries).values().map(|e| e.view.clone()).collect()
+    }
+
+    /// One instance.
+    pub fn get(&self, name: &str) -> Option<InstanceView> {
+        lock(&self.entries).get(name).map(|e| e.view.clone())
+    }
+
+    /// A node's stream opened: commands for it go to `outbound`, and its instances are
+    /// asked for again.
+    pub fn node_connected(&self, node: &NodeId, outbound: Outbound) {
+        let starts: Vec<pb::StartInstance> = lock(&self.entries)
+            .values()
+            .filter(|e| &e.node == node && !e.view.state.is_gone())
+            .filter_map(|e| e.start.clone())
+            .collect();
+        for start in starts {
+            let _ = outbound.try_send(Ok(start_message(start)));
+        }
+        lock(&self.nodes).insert(node.clone(), outbound);
+    }
+
+    /// A node's stream closed (`outbound` was its command channel; a newer stream of
+    /// the same node keeps its own).
+    pub fn node_disconnected(&self, node: &NodeId, outbound: &Outbound) {
+        let mut nodes = lock(&self.nodes);
+        if nodes.get(node).is_some_and(|current| current.same_channel(outbound)) {
+            nodes.remove(node);
+        }
+    }
+
+    /// A node is down (the graph says so): its instances are lost.
+    pub fn node_lost(&self, node: &NodeId) {
+        let mut changed = false;
+        for entry in lock(&self.entries).values_mut() {
+            if &entry.node == node && !entry.view.state.is_gone() {
+                entry.view.state = InstanceState::Lost;
+                entry.view.detail = format!("node {} went down", entry.view.node_name);
+                entry.view.base_url = None;
+                changed = true;
+            }
+        }
+        if changed {
+            self.bump();
+        }
+    }
+
+    /// Records and sends a start. Errors when the node has no live connection (the
+    /// instance is recorded anyway and asked for when the node connects).
+    pub fn start(&self, request: InstanceRequest) -> Result<(), InstanceError> {
+        let name = request.start.instance.clone();
+        // An instance reported before this start (it survived a restart of the
+        // orchestrator) keeps what its agent said; the agent re-reports it.
+        let previous = lock(&self.entries).remove(&name).filter(|e| e.node == request.node);
+        let view = InstanceView {
+            name: name.clone(),
+            node: request.node.0.clone(),
+            node_name: request.node_name.clone(),
+            run: request.run,
+            agents: request.agents,
+            engine: request.engine,
+            variant: request.variant,
+            gpus: request.start.gpus.clone(),
+            estimated_bytes: request.estimated_bytes,
+            state: previous.as_ref().map_or(InstanceState::Requested, |p| p.view.state),
+            detail: previous.as_ref().map(|p| p.view.detail.clone()).unwrap_or_default(),
+            base_url: previous.as_ref().and_then(|p| p.view.base_url.clone()),
+            measured_host_rss: previous.as_ref().and_then(|p| p.view.measured_host_rss),
+            measured_gpu: previous
+                .as_ref()
+                .map(|p| p.view.measured_gpu.clone())
+                .unwrap_or_default(),
+            downloaded: 0,
+            download_total: 0,
+            restarts: previous.as_ref().map_or(0, |p| p.view.restarts),
+            warm_key: request.warm_key,
+            idle_since: None,
+        };
+        lock(&self.entries).insert(
+            name,
+            Entry {
+                view,
+                node: request.node.clone(),
+                start: Some(request.start.clone()),
+                orphan_since: None,
+            },
+        );
+        self.bump();
+        self.send(&request.node, &request.node_name, start_message(request.start))
+    }
+
+    /// Stops and forgets an instance.
+    pub fn stop(&self, name: &str) -> Result<(), InstanceError> {
+        let entry = lock(&self.entries).remove(name);
+        let Some(entry) = entry else {
+            return Err(InstanceError::Unknown(name.to_owned()));
+        };
+        self.bump();
+        let message = OrchestratorMessage {
+            kind: Some(orchestrator_message::Kind::StopInstance(pb::StopInstance {
+                instance: name.to_owned(),
+            })),
+        };
+        self.send(&entry.node, &entry.view.node_name, message)
+    }
+
+    fn send(&self, node: &NodeId, node_name: &str, message: OrchestratorMessage) -> Result<(), InstanceError> {
+        let outbound = lock(&self.nodes).get(node).cloned();
+        match outbound {
+            Some(outbound) => outbound
+                .try_send(Ok(message))
+                .map_err(|_| InstanceError::NotConnected(node_name.to_owned())),
+            None => Err(InstanceError::NotConnected(node_name.to_owned())),
+        }
+    }
+
+    /// The last `tail` lines of an instance's engine log, from its agent.
+    ///
+    /// Errors: an unknown instance, a node not connected, no answer in 10 s.
+    pub async fn logs(&self, name: &str, tail: u32) -> Result<Vec<String>, InstanceError> {
+        let (node, node_name) = {
+            let entries = lock(&self.entries);
+            let entry = entries
+                .get(name)
+                .ok_or_else(|| InstanceError::Unknown(name.to_owned()))?;
+            (entry.node.clone(), entry.view.node_name.clone())
+        };
+        let id = self.next_request.fetch_add(1, Ordering::Relaxed);
+        let (reply, answer) = oneshot::channel();
+        lock(&self.logs).insert(id, reply);
+        let message = OrchestratorMessage {
+            kind: Some(orchestrator_message::Kind::LogsRequest(pb::LogsRequest {
+                id,
+                instance: name.to_owned(),
+                tail,
+            })),
+        };
+        if let Err(error) = self.send(&node, &node_name, message) {
+            lock(&self.logs).remove(&id);
+            return Err(error);
+        }
+        let failed = |reason: String| InstanceError::Logs {
+            instance: name.to_owned(),
+            reason,
+        };
+        let reply = tokio::time::timeout(LOGS_TIMEOUT, answer).await;
+        lock(&self.logs).remove(&id);
+        match reply {
+            Ok(Ok(reply)) if reply.error.is_empty() => Ok(reply.lines),
+            Ok(Ok(reply)) => Err(failed(reply.error)),
+            Ok(Err(_)) => Err(failed("its connection closed".to_owned())),
+            Err(_) => Err(failed(format!("no answer in {}s", LOGS_TIMEOUT.as_secs()))),
+        }
+    }
+
+    /// An agent's answer to [`Instances::logs`].
+    pub fn logs_reply(&self, reply: pb::LogsReply) {
+        if let Some(waiting) = lock(&self.logs).remove(&reply.id) {
+            let _ = waiting.send(reply);
+        }
+    }
+
+    /// Claims for `run` a ready instance no run uses whose [`InstanceView::warm_key`]
+    /// is `warm_key`.
+    pub fn claim(&self, warm_key: &str, run: &str) -> Option<InstanceView> {
+        let mut entries = lock(&self.entries);
+        let entry = entries.values_mut().find(|e| {
+            e.view.idle_since.is_some() && e.view.state == InstanceState::Ready && e.view.warm_key == warm_key
+        })?;
+        entry.view.run = Some(run.to_owned());
+        entry.view.idle_since = None;
+        Some(entry.view.clone())
+    }
+
+    /// The run using an instance ended: it stays warm for the next run that needs the
+    /// same (see [`Instances::stop_idle`]).
+    pub fn release(&self, name: &str) {
+        if let Some(entry) = lock(&self.entries).get_mut(name) {
+            entry.view.run = None;
+            entry.view.idle_since = Some(std::time::Instant::now());
+        }
+        self.bump();
+    }
+
+    /// Stops instances no run has used for `keep` (all idle ones with a zero `keep`).
+    /// Returns how many were stopped.
+    pub fn stop_idle(&self, keep: std::time::Duration) -> usize {
+        let idle: Vec<String> = lock(&self.entries)
+            .iter()
+            .filter(|(_, e)| e.view.idle_since.is_some_and(|since| since.elapsed() >= keep))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in &idle {
+            tracing::info!(instance = %name, "stopping an idle instance");
+            let _ = self.stop(name);
+        }
+        idle.len()
+    }
+
+    /// Stops the instances no run claimed within [`ORPHAN_GRACE`] of being reported.
+    pub fn stop_orphans(&self) {
+        let expired: Vec<String> = lock(&self.entries)
+            .iter()
+            .filter(|(_, e)| e.orphan_since.is_some_and(|since| since.elapsed() >= ORPHAN_GRACE))
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in expired {
+            tracing::info!(instance = %name, "stopping an instance no run claimed");
+            let _ = self.stop(&name);
+        }
+    }
+
+    /// An agent's report. An instance the orchestrator does not know (one started
+    /// before the orchestrator restarted) is kept for a resumed run to claim, and
+    /// stopped if none does ([`Instances::stop_orphans`]).
+    pub fn report(&self, node: &NodeId, status: pb::InstanceStatus) {
+        let known = {
+            let mut entries = lock(&self.entries);
+            if !entries.contains_key(&status.instance)
+                && InstanceState::from_wire(status.state) != InstanceState::Stopped
+            {
+                let view = InstanceView {
+                    name: status.instance.clone(),
+                    node: node.0.clone(),
+                    node_name: node.0.clone(),
+                    run: None,
+                    agents: Vec::new(),
+                    engine: String::new(),
+                    variant: String::new(),
+                    gpus: Vec::new(),
+                    estimated_bytes: 0,
+                    state: InstanceState::Requested,
+                    detail: String::new(),
+                    base_url: None,
+                    measured_host_rss: None,
+                    measured_gpu: Vec::new(),
+                    downloaded: 0,
+                    download_total: 0,
+                    restarts: 0,
+                    warm_key: String::new(),
+                    idle_since: None,
+                };
+                entries.insert(
+                    status.instance.clone(),
+                    Entry {
+                        view,
+                        node: node.clone(),
+                        start: None,
+                        orphan_since: Some(std::time::Instant::now()),
+                    },
+                );
+            }
+            match entries.get_mut(&status.instance) {
+                Some(entry) if &entry.node == node => {
+                    let view = &mut entry.view;
+                    view.state = InstanceState::from_wire(status.state);
+                    view.detail = status.detail;
+                    view.base_url = (!status.base_url.is_empty()).then_some(status.base_url);
+                    view.downloaded = status.downloaded;
+                    view.download_total = status.download_total;
+                    view.restarts = status.restarts;
+                    if status.host_rss.is_some() || !status.gpu_memory.is_empty() {
+                        view.measured_host_rss = status.host_rss;
+                        view.measured_gpu = status.gpu_memory.iter().map(|g| (g.index, g.bytes)).collect();
+                    }
+                    true
+                }
+                _ => false,
+            }
+        };
+        if known {
+            self.bump();
+        }
+    }
+}
+
+fn start_message(start: pb::StartInstance) -> OrchestratorMessage {
+    OrchestratorMessage {
+        kind: Some(orchestrator_message::Kind::StartInstance(start)),
+    }
+}

@@ -1,0 +1,901 @@
+//! The executor: admits submitted runs (bounded queues per priority, gang admission from
+//! the plan), starts their instances on agents, drives their steps (prompts to the
+//! engines, retries with backoff, `when`, `repeat`), and writes every change to the
+//! store before it counts. After a restart it resumes every unfinished run from its
+//! last recorded step.
+//!
+//! One task admits runs; one task per admitted run drives it. A run's record is only
+//! changed by its own task (or, while queued, by the admission task), and always
+//! written (and flushed) before the change is acted on or reported.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Deserialize;
+use skein_dsl::Workflow;
+use skein_dsl::expr::Evaluator;
+use skein_dsl::ir::Backend;
+use skein_model_registry::catalog::ModelInfo;
+use skein_model_registry::hub::{HubClient, InspectOptions};
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::task::JoinSet;
+
+use super::launch;
+use super::record::{AfterFailure, Next, RetryPolicy, RunRecord, RunState, UnixMs, Usage, typed_inputs};
+use crate::graph::{HardwareGraph, NodeId};
+use crate::instances::{InstanceRequest, InstanceState, Instances};
+use crate::plan::{Plan, PlanInput, PlanSettings, Planner};
+use crate::store::{Db, StoreError, Tree};
+
+/// How the executor behaves.
+#[derive(Debug, Clone)]
+pub struct ExecutorConfig {
+    /// Runs that may wait for admission per priority; more are refused (429).
+    pub queue_capacity: usize,
+    /// How long a run's instances may take to become ready (downloads included).
+    pub ready_timeout: Duration,
+    /// The longest one attempt of a step may take when the step sets no `timeout`.
+    pub step_timeout: Duration,
+    /// Retry backoff.
+    pub retry: RetryPolicy,
+    /// How often queued runs are planned again when nothing else wakes them.
+    pub admission_interval: Duration,
+    /// The sampling seed given to built-in engines.
+    pub seed: u64,
+    /// How long an instance stays up after its run ended, for the next run that needs
+    /// the same model (zero: stopped at once). Idle instances are stopped early when a
+    /// queued run needs their GPUs.
+    pub keep_warm: Duration,
+}
+
+impl Default for ExecutorConfig {
+    fn default() -> Self {
+        ExecutorConfig {
+            queue_capacity: 64,
+            ready_timeout: Duration::from_secs(30 * 60),
+            step_timeout: Duration::from_secs(10 * 60),
+            retry: RetryPolicy::default(),
+            admission_interval: Duration::from_secs(2),
+            seed: 0,
+            keep_warm: Duration::from_secs(10 * 60),
+        }
+    }
+}
+
+/// Why a submission was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    /// The inputs do not fit the workflow.
+    #[error(transparent)]
+    Inputs(#[from] super::record::InputError),
+    /// The queue of this priority is full.
+    #[error(
+        "the queue for priority {priority} is full ({capacity} runs wait); retry in {}s or cancel queued runs",
+        retry_after.as_secs()
+    )]
+    QueueFull {
+        /// The priority.
+        priority: i32,
+        /// Its capacity.
+        capacity: usize,
+        /// When to try again.
+        retry_after: Duration,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Why a run could not be found or changed.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// No such run (for this user).
+    #[error("no run `{0}`; `skein runs` lists them")]
+    NotFound(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The executor. Cheap to clone.
+#[derive(Clone)]
+pub struct Executor {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Executor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Executor").finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    runs: Tree<RunRecord>,
+    graph: Arc<HardwareGraph>,
+    hub: HubClient,
+    instances: Arc<Instances>,
+    planner: Arc<Mutex<Planner>>,
+    config: ExecutorConfig,
+    evaluator: Evaluator,
+    http: reqwest::Client,
+    /// Queued run ids, highest priority first, then oldest.
+    queue: Mutex<BTreeSet<(Reverse<i32>, String)>>,
+    /// Model catalogs read for queued runs, by run id.
+    catalogs: Mutex<HashMap<String, Arc<BTreeMap<String, ModelInfo>>>>,
+    /// Cancel signals of the runs being driven.
+    active: Mutex<HashMap<String, watch::Sender<bool>>>,
+    /// Every change of any run, by id (for live progress).
+    changes: watch::Sender<(u64, String)>,
+    wake: Notify,
+    ids: AtomicU64,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Now, Unix milliseconds.
+pub fn unix_ms() -> UnixMs {
+    UnixMs(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+    )
+}
+
+impl Executor {
+    /// An executor over `db`'s runs. Call [`Executor::start`] to resume stored runs and
+    /// begin admitting.
+    ///
+    /// Errors: the store cannot be opened.
+    pub fn new(
+        db: &Db,
+        graph: Arc<HardwareGraph>,
+        hub: HubClient,
+        instances: Arc<Instances>,
+        planner: Arc<Mutex<Planner>>,
+        config: ExecutorConfig,
+    ) -> Result<Executor, StoreError> {
+        Ok(Executor {
+            inner: Arc::new(Inner {
+                runs: db.tree("runs")?,
+                graph,
+                hub,
+                instances,
+                planner,
+                config,
+                evaluator: Evaluator::default(),
+                http: reqwest::Client::builder()
+                    .connect_timeout(Duration::from_secs(10))
+                    .build()
+                    .unwrap_or_default(),
+                queue: Mutex::default(),
+                catalogs: Mutex::default(),
+                active: Mutex::default(),
+                changes: watch::channel((0, String::new())).0,
+                wake: Notify::new(),
+                ids: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// Resumes every unfinished run of the store (queued ones wait again; started ones
+    /// are planned again and continue from their last recorded step) and starts the
+    /// admission task.
+    ///
+    /// Errors: the store cannot be read.
+    pub fn start(&self) -> Result<tokio::task::JoinHandle<()>, StoreError> {
+        let mut resumed = 0;
+        for mut run in self.inner.runs.all()? {
+            if run.state.is_final() {
+                continue;
+            }
+            run.recover();
+            if run.state != RunState::Queued {
+                run.state = RunState::Queued;
+                run.reason = Some("resumed after a restart; planning again".to_owned());
+                self.inner.runs.put_blocking(&run.id, &run)?;
+            }
+            lock(&self.inner.queue).insert((Reverse(run.workflow.placement.priority), run.id.clone()));
+            resumed += 1;
+        }
+        if resumed > 0 {
+            tracing::info!(runs = resumed, "resuming unfinished runs");
+        }
+        let executor = self.clone();
+        Ok(tokio::spawn(async move { executor.admission().await }))
+    }
+
+    /// A receiver of run changes: `(counter, run id)`.
+    pub fn subscribe(&self) -> watch::Receiver<(u64, String)> {
+        self.inner.changes.subscribe()
+    }
+
+    /// Accepts a run of `workflow`: checks its inputs, refuses it when its priority's
+    /// queue is full, and stores it (flushed) before returning it.
+    ///
+    /// Errors: [`SubmitError`].
+    pub async fn submit(
+        &self,
+        owner: &str,
+        workflow: Workflow,
+        inputs: &BTreeMap<String, serde_json::Value>,
+    ) -> Result<RunRecord, SubmitError> {
+        let inputs = typed_inputs(&workflow, inputs)?;
+        let priority = workflow.placement.priority;
+        let capacity = self.inner.config.queue_capacity;
+        let waiting = lock(&self.inner.queue).iter().filter(|(p, _)| p.0 == priority).count();
+        if waiting >= capacity {
+            return Err(SubmitError::QueueFull {
+                priority,
+                capacity,
+                retry_after: self.inner.config.admission_interval.max(Duration::from_secs(1)) * 5,
+            });
+        }
+        let now = unix_ms();
+        let sequence = self.inner.ids.fetch_add(1, Ordering::Relaxed);
+        let id = format!("r{:011x}{:03x}", now.0, sequence & 0xfff);
+        let mut run = RunRecord::new(id, owner.to_owned(), workflow, inputs, now);
+        run.reason = Some("waiting for admission".to_owned());
+        self.inner.runs.put(&run.id, &run).await?;
+        lock(&self.inner.queue).insert((Reverse(priority), run.id.clone()));
+        self.changed(&run.id);
+        self.inner.wake.notify_one();
+        Ok(run)
+    }
+
+    /// One run.
+    pub fn get(&self, id: &str) -> Result<Option<RunRecord>, StoreError> {
+        self.inner.runs.get(id)
+    }
+
+    /// Every run, newest first.
+    pub fn list(&self) -> Result<Vec<RunRecord>, StoreError> {
+        let mut runs = self.inner.runs.all()?;
+        runs.reverse();
+        Ok(runs)
+    }
+
+    /// Cancels a run: a queued one at once, a running one through its task (its
+    /// attempts are abandoned and its instances stopped).
+    ///
+    /// Errors: [`RunError::NotFound`].
+    pub async fn cancel(&self, id: &str) -> Result<RunRecord, RunError> {
+        let signal = lock(&self.inner.active).get(id).cloned();
+        if let Some(signal) = signal {
+            let _ = signal.send(true);
+            let mut changes = self.subscribe();
+            // The run's task records the cancellation.
+            for _ in 0..100 {
+                if let Some(run) = self.inner.runs.get(id)?
+                    && run.state.is_final()
+                {
+                    return Ok(run);
+                }
+                let _ = tokio::time::timeout(Duration::from_millis(100), changes.changed()).await;
+            }
+        }
+        let removed = {
+            let mut queue = lock(&self.inner.queue);
+            let key = queue.iter().find(|(_, q)| q == id).cloned();
+            key.is_some_and(|key| queue.remove(&key))
+        };
+        let mut run = self
+            .inner
+            .runs
+            .get(id)?
+            .ok_or_else(|| RunError::NotFound(id.to_owned()))?;
+        if removed || !run.state.is_final() {
+            run.cancel(unix_ms());
+            self.inner.runs.put(id, &run).await?;
+            self.changed(id);
+        }
+        Ok(run)
+    }
+
+    fn changed(&self, id: &str) {
+        self.inner.changes.send_modify(|(n, last)| {
+            *n = n.wrapping_add(1);
+            id.clone_into(last);
+        });
+    }
+
+    /// Plans queued runs whenever something changes (a submission, a run ending, an
+    /// instance changing) or every admission interval, and starts those whose
+    /// instances can all be placed.
+    async fn admission(self) {
+        let mut instances = self.inner.instances.subscribe();
+        loop {
+            self.inner.instances.stop_orphans();
+            self.inner.instances.stop_idle(self.inner.config.keep_warm);
+            let queued: Vec<String> = lock(&self.inner.queue).iter().map(|(_, id)| id.clone()).collect();
+            for id in queued {
+                if let Err(error) = self.try_admit(&id).await {
+                    tracing::error!(run = %id, %error, "admission failed");
+                }
+            }
+            tokio::select! {
+                _ = self.inner.wake.notified() => {}
+                _ = instances.changed() => {}
+                _ = tokio::time::sleep(self.inner.config.admission_interval) => {}
+            }
+        }
+    }
+
+    async fn try_admit(&self, id: &str) -> Result<(), StoreError> {
+        let Some(mut run) = self.inner.runs.get(id)? else {
+            self.dequeue(id);
+            return Ok(());
+        };
+        if run.state.is_final() {
+            self.dequeue(id);
+            return Ok(());
+        }
+        let warm = self.claim_warm(&run);
+        let planned = self.plan(&run, &warm).await;
+        let (plan, models) = match planned {
+            Ok(planned) => planned,
+            Err(reason) => {
+                // A model that cannot be read fails the run: waiting would not help.
+                self.dequeue(id);
+                run.fail(reason, unix_ms());
+                self.inner.runs.put(id, &run).await?;
+                self.changed(id);
+                return Ok(());
+            }
+        };
+        if !plan.admitted {
+            for name in &warm {
+                self.inner.instances.release(name);
+            }
+            // Room held by idle instances is given back before the run waits.
+            if self.inner.instances.stop_idle(Duration::ZERO) > 0 {
+                tracing::info!(run = %id, "stopped idle instances to make room");
+            }
+            let reason = plan
+                .queued_reason
+                .clone()
+                .unwrap_or_else(|| "its instances cannot all be placed yet".to_owned());
+            if run.reason.as_deref() != Some(reason.as_str()) {
+                run.reason = Some(reason);
+                self.inner.runs.put(id, &run).await?;
+                self.changed(id);
+            }
+            return Ok(());
+        }
+        self.dequeue(id);
+        lock(&self.inner.catalogs).remove(id);
+        run.state = RunState::Starting;
+        run.reason = Some("starting its instances".to_owned());
+        self.inner.runs.put(id, &run).await?;
+        self.changed(id);
+        let (cancel, cancelled) = watch::channel(false);
+        lock(&self.inner.active).insert(id.to_owned(), cancel);
+        let executor = self.clone();
+        tokio::spawn(async move {
+            let id = run.id.clone();
+            if let Err(error) = executor.drive(run, plan, models, warm, cancelled).await {
+                tracing::error!(run = %id, %error, "a run stopped: the store failed");
+            }
+            lock(&executor.inner.active).remove(&id);
+            executor.inner.wake.notify_one();
+        });
+        Ok(())
+    }
+
+    /// Claims warm instances for the run's model instances that have one.
+    fn claim_warm(&self, run: &RunRecord) -> Vec<String> {
+        crate::plan::demand::instances(&run.workflow)
+            .iter()
+            .filter_map(|instance| self.inner.instances.claim(&warm_key(instance), &run.id))
+            .map(|view| view.name)
+            .collect()
+    }
+
+    fn dequeue(&self, id: &str) {
+        lock(&self.inner.queue).retain(|(_, q)| q != id);
+    }
+
+    /// The run's plan on the live graph, with the catalogs it was made with.
+    async fn plan(&self, run: &RunRecord, warm: &[String]) -> Result<(Plan, Arc<BTreeMap<String, ModelInfo>>), String> {
+        let cached = lock(&self.inner.catalogs).get(&run.id).cloned();
+        let models = match cached {
+            Some(models) => models,
+            None => {
+                let hub = self.inner.hub.clone();
+                let workflow = run.workflow.clone();
+                // The hub client's futures are not `Send`: read on a blocking thread.
+                let read = tokio::task::spawn_blocking(move || {
+                    tokio::runtime::Handle::current().block_on(crate::catalogs::inspect_workflow(
+                        &hub,
+                        &workflow,
+                        &InspectOptions::default(),
+                    ))
+                })
+                .await
+                .map_err(|e| format!("reading the models failed: {e}"))?
+                .map_err(|e| skein_model_registry::error_chain(&e))?;
+                let models = Arc::new(read);
+                lock(&self.inner.catalogs).insert(run.id.clone(), Arc::clone(&models));
+                models
+            }
+        };
+        // Agents served by warm instances are not placed again.
+        let mut workflow = run.workflow.clone();
+        for name in warm {
+            if let Some(view) = self.inner.instances.get(name) {
+                for agent in &view.agents {
+                    workflow.agents.remove(agent);
+                }
+            }
+        }
+        let snapshot = self.inner.graph.snapshot();
+        let mut planner = lock(&self.inner.planner);
+        let plan = planner
+            .plan(&PlanInput {
+                workflow: &workflow,
+                models: &models,
+                graph: &snapshot,
+                running: &[],
+                settings: PlanSettings::default(),
+            })
+            .map_err(|e| e.to_string())?;
+        Ok((plan, models))
+    }
+
+    /// Drives an admitted run to its end.
+    async fn drive(
+        &self,
+        mut run: RunRecord,
+        mut plan: Plan,
+        mut models: Arc<BTreeMap<String, ModelInfo>>,
+        mut warm: Vec<String>,
+        mut cancelled: watch::Receiver<bool>,
+    ) -> Result<(), StoreError> {
+        let id = run.id.clone();
+        loop {
+            let mut names = std::mem::take(&mut warm);
+            match self.start_instances(&run, &plan, &models) {
+                Ok(started) => names.extend(started),
+                Err(reason) => return self.finish_failed(run, reason, &names).await,
+            }
+            let routes = match self.wait_ready(&run, &names, &mut cancelled).await {
+                Ok(routes) => routes,
+                Err(Stop::Cancelled) => return self.finish_cancelled(run, &names).await,
+                Err(Stop::Failed(reason)) => return self.finish_failed(run, reason, &names).await,
+                Err(Stop::Ended) => return Ok(()),
+                Err(Stop::Lost(_)) => {
+                    self.stop_instances(&names);
+                    continue;
+                }
+            };
+            match self.steps(&mut run, &routes, &mut cancelled).await? {
+                Stop::Cancelled => return self.finish_cancelled(run, &names).await,
+                Stop::Ended | Stop::Failed(_) => {
+                    // Ended (succeeded or failed on a step): the instances stay warm.
+                    for name in &names {
+                        self.inner.instances.release(name);
+                    }
+                    return Ok(());
+                }
+                Stop::Lost(instance) => {
+                    tracing::warn!(run = %id, %instance, "an instance was lost; placing the run's instances again");
+                    self.stop_instances(&names);
+                    run.recover();
+                    run.state = RunState::Starting;
+                    run.reason = Some(format!("instance {instance} was lost with its node; placing it again"));
+                    self.save(&run).await?;
+                    // Plan again on the graph without the lost node, waiting for room.
+                    loop {
+                        match self.plan(&run, &[]).await {
+                            Ok((next, next_models)) if next.admitted => {
+                                plan = next;
+                                models = next_models;
+                                break;
+                            }
+                            Ok(_) => {}
+                            Err(reason) => return self.finish_failed(run, reason, &[]).await,
+                        }
+                        tokio::select! {
+                            _ = cancelled.changed() => return self.finish_cancelled(run, &[]).await,
+                            _ = tokio::time::sleep(self.inner.config.admission_interval) => {}
+                        }
+                    }
+                    lock(&self.inner.catalogs).remove(&id);
+                }
+            }
+        }
+    }
+
+    async fn save(&self, run: &RunRecord) -> Result<(), StoreError> {
+        self.inner.runs.put(&run.id, run).await?;
+        self.changed(&run.id);
+        Ok(())
+    }
+
+    async fn finish_failed(&self, mut run: RunRecord, reason: String, names: &[String]) -> Result<(), StoreError> {
+        self.stop_instances(names);
+        run.fail(reason, unix_ms());
+        self.save(&run).await
+    }
+
+    async fn finish_cancelled(&self, mut run: RunRecord, names: &[String]) -> Result<(), StoreError> {
+        self.stop_instances(names);
+        run.cancel(unix_ms());
+        self.save(&run).await
+    }
+
+    fn stop_instances(&self, names: &[String]) {
+        for name in names {
+            if let Err(error) = self.inner.instances.stop(name) {
+                tracing::debug!(instance = %name, %error, "stop not delivered");
+            }
+        }
+    }
+
+    /// Sends a start for every placed replica; returns their names.
+    fn start_instances(
+        &self,
+        run: &RunRecord,
+        plan: &Plan,
+        models: &BTreeMap<String, ModelInfo>,
+    ) -> Result<Vec<String>, String> {
+        let snapshot = self.inner.graph.snapshot();
+        let mut names = Vec::new();
+        for planned in &plan.instances {
+            let name = format!("{}-{}", run.id, planned.instance.replace('+', "-"));
+            let (node_name, start) = launch::start_instance(&name, planned, models, &snapshot, self.inner.config.seed)
+                .map_err(|e| e.to_string())?;
+            let node = snapshot
+                .nodes
+                .iter()
+                .find(|n| n.inventory.name == node_name)
+                .map(|n| n.id.clone())
+                .unwrap_or_else(|| NodeId(node_name.clone()));
+            let warm_key = crate::plan::demand::instances(&run.workflow)
+                .iter()
+                .find(|i| i.agents == planned.agents)
+                .map(warm_key)
+                .unwrap_or_default();
+            let request = InstanceRequest {
+                warm_key,
+                node,
+                node_name,
+                run: Some(run.id.clone()),
+                agents: planned.agents.clone(),
+                engine: planned.engine.clone(),
+                variant: planned.variant.clone(),
+                estimated_bytes: planned.devices.iter().map(|d| d.reserved).sum(),
+                start,
+            };
+            if let Err(error) = self.inner.instances.start(request) {
+                tracing::warn!(instance = %name, %error, "start not delivered yet; it is sent when the node connects");
+            }
+            names.push(name);
+        }
+        Ok(names)
+    }
+
+    /// Waits until every instance is ready; returns where each agent is served.
+    async fn wait_ready(
+        &self,
+        run: &RunRecord,
+        names: &[String],
+        cancelled: &mut watch::Receiver<bool>,
+    ) -> Result<BTreeMap<String, Route>, Stop> {
+        let mut changes = self.inner.instances.subscribe();
+        let deadline = tokio::time::Instant::now() + self.inner.config.ready_timeout;
+        loop {
+            let mut routes = remote_routes(&run.workflow);
+            let mut waiting = Vec::new();
+            for name in names {
+                let Some(view) = self.inner.instances.get(name) else {
+                    return Err(Stop::Failed(format!("instance {name} disappeared")));
+                };
+                match (view.state, view.base_url) {
+                    (InstanceState::Ready, Some(base_url)) => {
+                        for agent in &view.agents {
+                            routes.insert(
+                                agent.clone(),
+                                Route {
+                                    instance: Some(name.clone()),
+                                    base_url: base_url.clone(),
+                                    model: name.clone(),
+                                    api_key: None,
+                                },
+                            );
+                        }
+                    }
+                    (InstanceState::Failed, _) => {
+                        return Err(Stop::Failed(format!(
+                            "instance {name} on {} failed: {}",
+                            view.node_name, view.detail
+                        )));
+                    }
+                    (InstanceState::Lost, _) => return Err(Stop::Lost(name.clone())),
+                    (state, _) => waiting.push(format!("{name} ({state:?})")),
+                }
+            }
+            if waiting.is_empty() {
+                return Ok(routes);
+            }
+            tokio::select! {
+                _ = changes.changed() => {}
+                _ = cancelled.changed() => return Err(Stop::Cancelled),
+                _ = tokio::time::sleep_until(deadline) => {
+                    return Err(Stop::Failed(format!(
+                        "instances not ready after {}s: {}",
+                        self.inner.config.ready_timeout.as_secs(),
+                        waiting.join(", ")
+                    )));
+                }
+            }
+        }
+    }
+
+    /// Runs the steps until the run ends, is cancelled, or loses an instance.
+    async fn steps(
+        &self,
+        run: &mut RunRecord,
+        routes: &BTreeMap<String, Route>,
+        cancelled: &mut watch::Receiver<bool>,
+    ) -> Result<Stop, StoreError> {
+        let evaluator = &self.inner.evaluator;
+        let (results, mut finished) = mpsc::channel::<(String, Result<Answer, CallError>)>(64);
+        // Attempts in a row that could not reach their engine, by step.
+        let mut unreachable: HashMap<String, u32> = HashMap::new();
+        let mut attempts: JoinSet<()> = JoinSet::new();
+        let mut changes = self.inner.instances.subscribe();
+        if run.reason.is_some() {
+            run.reason = None;
+        }
+        loop {
+            let starts = run.advance(evaluator, unix_ms());
+            self.save(run).await?;
+            for Next::Start { step, agent, prompt } in starts {
+                let Some(route) = routes.get(&agent).cloned() else {
+                    run.fail(format!("agent `{agent}` has no instance"), unix_ms());
+                    self.save(run).await?;
+                    return Ok(Stop::Ended);
+                };
+                if let Some(record) = run.steps.iter_mut().find(|s| s.id == step) {
+                    record.instance = route.instance.clone();
+                }
+                let request = self.chat_request(&run.workflow, &step, &agent, prompt);
+                let http = self.inner.http.clone();
+                let results = results.clone();
+                attempts.spawn(async move {
+                    let answer = call(&http, &route, request.0, request.1).await;
+                    let _ = results.send((step, answer)).await;
+                });
+            }
+            if run.state.is_final() {
+                return Ok(Stop::Ended);
+            }
+            let retry_at = run.next_retry();
+            let wait = retry_at.map(|at| unix_ms().until(at));
+            tokio::select! {
+                Some((step, answer)) = finished.recv() => {
+                    let now = unix_ms();
+                    match answer {
+                        Ok(answer) => {
+                            unreachable.remove(&step);
+                            run.complete(&step, answer.content, answer.usage, evaluator, now);
+                        }
+                        Err(CallError::Unreachable(error)) if unreachable.get(&step).copied().unwrap_or(0) < UNREACHABLE_RETRIES => {
+                            // Most likely its node is going down: wait for the graph to
+                            // say so (the run then moves), without spending a retry.
+                            let count = unreachable.entry(step.clone()).or_insert(0);
+                            *count += 1;
+                            run.interrupt(&step, error, now.plus(self.inner.config.retry.backoff(*count)));
+                        }
+                        Err(CallError::Unreachable(error) | CallError::Engine(error)) => {
+                            unreachable.remove(&step);
+                            if let AfterFailure::RetryAt(_) = run.fail_attempt(&step, error, &self.inner.config.retry, now) {
+                                tracing::info!(run = %run.id, %step, "step failed; retrying");
+                            }
+                        }
+                    }
+                }
+                _ = cancelled.changed() => {
+                    attempts.abort_all();
+                    return Ok(Stop::Cancelled);
+                }
+                _ = changes.changed() => {
+                    let lost = routes.values().filter_map(|r| r.instance.as_ref()).find(|name| {
+                        self.inner.instances.get(name).is_none_or(|v| v.state == InstanceState::Lost)
+                    });
+                    if let Some(lost) = lost {
+                        attempts.abort_all();
+                        return Ok(Stop::Lost(lost.clone()));
+                    }
+                }
+                _ = tokio::time::sleep(wait.unwrap_or(Duration::from_secs(3600))), if wait.is_some() => {}
+            }
+        }
+    }
+
+    /// The chat request of one attempt, and its timeout.
+    fn chat_request(
+        &self,
+        workflow: &Workflow,
+        step: &str,
+        agent: &str,
+        prompt: String,
+    ) -> (serde_json::Value, Duration) {
+        let definition = workflow.agents.get(agent);
+        let mut messages = Vec::new();
+        if let Some(system) = definition.and_then(|a| a.system.as_ref()) {
+            messages.push(serde_json::json!({"role": "system", "content": system}));
+        }
+        messages.push(serde_json::json!({"role": "user", "content": prompt}));
+        let mut body = serde_json::json!({ "messages": messages, "stream": false });
+        if let Some(t) = definition.and_then(|a| a.temperature) {
+            body["temperature"] = serde_json::json!(t);
+        }
+        if let Some(m) = definition.and_then(|a| a.max_tokens) {
+            body["max_tokens"] = serde_json::json!(m);
+        }
+        let timeout = workflow
+            .step(step)
+            .and_then(|s| s.timeout)
+            .unwrap_or(self.inner.config.step_timeout);
+        (body, timeout)
+    }
+}
+
+/// What a model instance serves, exactly: a warm instance is reused only by a run
+/// whose agents need the same model, requirement and constraints.
+fn warm_key(instance: &crate::plan::demand::Instance) -> String {
+    format!("{}|{:?}|{:?}", instance.key, instance.requirement, instance.max_gpus)
+}
+
+/// Where an agent's requests go.
+#[derive(Debug, Clone)]
+struct Route {
+    /// The instance (none for a remote endpoint).
+    instance: Option<String>,
+    /// OpenAI base URL.
+    base_url: String,
+    /// The `model` of requests.
+    model: String,
+    /// A remote endpoint's key.
+    api_key: Option<String>,
+}
+
+/// Remote endpoints, keyed by agent: called directly, with the key from the
+/// orchestrator's environment.
+fn remote_routes(workflow: &Workflow) -> BTreeMap<String, Route> {
+    workflow
+        .agents
+        .iter()
+        .filter_map(|(name, agent)| match &agent.backend {
+            Backend::Endpoint(endpoint) => Some((
+                name.clone(),
+                Route {
+                    instance: None,
+                    base_url: endpoint.url.trim_end_matches('/').to_owned(),
+                    model: endpoint.model.clone(),
+                    api_key: endpoint.api_key_env.as_ref().and_then(|k| std::env::var(k).ok()),
+                },
+            )),
+            Backend::Model(_) => None,
+        })
+        .collect()
+}
+
+/// Why a run's drive stopped.
+enum Stop {
+    /// A user cancelled it.
+    Cancelled,
+    /// Its instances could not start (the reason).
+    Failed(String),
+    /// An instance was lost with its node (its name).
+    Lost(String),
+    /// The run ended (succeeded, or failed on a step).
+    Ended,
+}
+
+/// Attempts in a row that may fail to reach their engine before it counts as the
+/// step's failure (with the retry backoff, tens of seconds: longer than a node takes to
+/// be marked down).
+const UNREACHABLE_RETRIES: u32 = 8;
+
+/// Why an attempt failed.
+enum CallError {
+    /// The engine could not be reached at all (connection refused or reset).
+    Unreachable(String),
+    /// The engine answered with an error, or too late, or nonsense.
+    Engine(String),
+}
+
+/// An engine's answer.
+struct Answer {
+    content: String,
+    usage: Option<Usage>,
+}
+
+#[derive(Deserialize)]
+struct Completion {
+    choices: Vec<Choice>,
+    #[serde(default)]
+    usage: Option<CompletionUsage>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    message: Message,
+}
+
+#[derive(Deserialize)]
+struct Message {
+    #[serde(default)]
+    content: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct CompletionUsage {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+}
+
+/// One chat completion; the error says what the engine said.
+async fn call(
+    http: &reqwest::Client,
+    route: &Route,
+    mut body: serde_json::Value,
+    timeout: Duration,
+) -> Result<Answer, CallError> {
+    body["model"] = serde_json::json!(route.model);
+    let url = format!("{}/chat/completions", route.base_url);
+    let mut request = http.post(&url).json(&body).timeout(timeout);
+    if let Some(key) = &route.api_key {
+        request = request.bearer_auth(key);
+    }
+    let response = request.send().await.map_err(|e| {
+        if e.is_timeout() {
+            CallError::Engine(format!("no answer from {url} within {}s", timeout.as_secs()))
+        } else if e.is_connect() {
+            CallError::Unreachable(format!("cannot reach {url}: {}", skein_model_registry::error_chain(&e)))
+        } else {
+            CallError::Engine(format!(
+                "the request to {url} failed: {}",
+                skein_model_registry::error_chain(&e)
+            ))
+        }
+    })?;
+    let status = response.status();
+    let text = response
+        .text()
+        .await
+        .map_err(|e| CallError::Engine(format!("the answer from {url} was cut off: {e}")))?;
+    if !status.is_success() {
+        let message = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| {
+                v.pointer("/error/message")
+                    .or_else(|| v.pointer("/error"))
+                    .and_then(|m| m.as_str().map(str::to_owned))
+            })
+            .unwrap_or_else(|| text.chars().take(500).collect());
+        return Err(CallError::Engine(format!("the engine answered {status}: {message}")));
+    }
+    let completion: Completion = serde_json::from_str(&text)
+        .map_err(|e| CallError::Engine(format!("the engine's answer is not a chat completion: {e}")))?;
+    let content = completion
+        .choices
+        .into_iter()
+        .next()
+        .and_then(|c| c.message.content)
+        .ok_or_else(|| CallError::Engine("the engine's answer has no message".to_owned()))?;
+    Ok(Answer {
+        content,
+        usage: completion.usage.map(|u| Usage {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+        }),
+    })
+}

@@ -1,0 +1,822 @@
+//! A run of a workflow as it is stored: its steps' states, outputs and timestamps, and
+//! the pure rules that move it on (which steps are ready, `when`, `repeat`, retries,
+//! the outcome). No IO and no clock: the executor passes the time and writes every
+//! changed record to the store before acting on it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::Duration;
+
+use rhai::Dynamic;
+use serde::{Deserialize, Serialize};
+use skein_dsl::expr::{Context, Evaluator};
+use skein_dsl::ir::{InputType, InputValue, Step, TemplatePart, Workflow};
+
+/// Unix time in milliseconds; written as RFC 3339 text (`2026-11-25T04:31:07.412Z`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct UnixMs(pub i64);
+
+impl UnixMs {
+    /// Milliseconds later.
+    pub fn plus(self, duration: Duration) -> UnixMs {
+        UnixMs(
+            self.0
+                .saturating_add(i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)),
+        )
+    }
+
+    /// How long from `self` until `later` (zero if it is not later).
+    pub fn until(self, later: UnixMs) -> Duration {
+        Duration::from_millis(u64::try_from(later.0.saturating_sub(self.0)).unwrap_or(0))
+    }
+
+    fn system_time(self) -> std::time::SystemTime {
+        let epoch = std::time::UNIX_EPOCH;
+        match u64::try_from(self.0) {
+            Ok(ms) => epoch + Duration::from_millis(ms),
+            Err(_) => epoch,
+        }
+    }
+}
+
+impl fmt::Display for UnixMs {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", humantime::format_rfc3339_millis(self.system_time()))
+    }
+}
+
+impl Serialize for UnixMs {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for UnixMs {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        let time = humantime::parse_rfc3339(&text).map_err(serde::de::Error::custom)?;
+        let ms = time
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_err(serde::de::Error::custom)?
+            .as_millis();
+        Ok(UnixMs(i64::try_from(ms).map_err(serde::de::Error::custom)?))
+    }
+}
+
+/// Where a run is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunState {
+    /// Accepted, waiting for admission (its instances cannot all be placed yet).
+    Queued,
+    /// Admitted: its instances are starting.
+    Starting,
+    /// Steps are running.
+    Running,
+    /// Every step finished (done or skipped).
+    Succeeded,
+    /// A step failed after its retries, or the run could not start.
+    Failed,
+    /// Cancelled by a user.
+    Cancelled,
+}
+
+impl RunState {
+    /// Whether the run has ended.
+    pub fn is_final(self) -> bool {
+        matches!(self, RunState::Succeeded | RunState::Failed | RunState::Cancelled)
+    }
+
+    /// The state's name, as the API writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            RunState::Queued => "queued",
+            RunState::Starting => "starting",
+            RunState::Running => "running",
+            RunState::Succeeded => "succeeded",
+            RunState::Failed => "failed",
+            RunState::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl fmt::Display for RunState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where a step is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StepState {
+    /// Waiting for the steps it comes after.
+    Pending,
+    /// Ready, waiting for its agent.
+    Queued,
+    /// An attempt is running.
+    Running,
+    /// An attempt failed; the next one waits for its backoff.
+    Retrying,
+    /// Finished with an output.
+    Done,
+    /// Its `when` did not hold.
+    Skipped,
+    /// Failed on its last attempt.
+    Failed,
+    /// The run was cancelled before the step finished.
+    Cancelled,
+}
+
+impl StepState {
+    /// Whether the step has finished for this pass (steps after it may start).
+    pub fn is_finished(self) -> bool {
+        matches!(self, StepState::Done | StepState::Skipped)
+    }
+
+    /// The state's name, as expressions (`steps.x.status`) and the API see it.
+    pub fn name(self) -> &'static str {
+        match self {
+            StepState::Pending => "pending",
+            StepState::Queued => "queued",
+            StepState::Running => "running",
+            StepState::Retrying => "retried",
+            StepState::Done => "done",
+            StepState::Skipped => "skipped",
+            StepState::Failed => "failed",
+            StepState::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// One step of a run, in its current pass.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// The step id.
+    pub id: String,
+    /// Its agent.
+    pub agent: String,
+    /// Its state.
+    pub state: StepState,
+    /// The pass through a `repeat` loop (1 for the first).
+    pub iteration: u32,
+    /// Attempts started in this pass.
+    pub attempts: u32,
+    /// The prompt of the last attempt, as rendered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// The answer, once done.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+    /// Why the last attempt failed (the engine's error), or why it was skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The model instance that served the last attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// When it became ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued_at: Option<UnixMs>,
+    /// When its last attempt started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<UnixMs>,
+    /// When it finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<UnixMs>,
+    /// When the next attempt may start (a retry's backoff).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_at: Option<UnixMs>,
+    /// Tokens of the prompt and of the answer, as the engine counted them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// Token counts of one answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Generated tokens.
+    pub completion_tokens: u64,
+}
+
+/// A submitted workflow and everything that happened to it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// The run's id (time-ordered).
+    pub id: String,
+    /// Who submitted it.
+    pub owner: String,
+    /// The workflow as validated at submission.
+    pub workflow: Workflow,
+    /// The inputs, defaults filled in.
+    pub inputs: BTreeMap<String, InputValue>,
+    /// Its state.
+    pub state: RunState,
+    /// Why it waits (queued), or why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When it was accepted.
+    pub submitted_at: UnixMs,
+    /// When its first step started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<UnixMs>,
+    /// When it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<UnixMs>,
+    /// A user asked to cancel it.
+    #[serde(default)]
+    pub cancel_requested: bool,
+    /// Each step's current pass, in the workflow's order.
+    pub steps: Vec<StepRecord>,
+    /// Earlier passes of steps a `repeat` sent back, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<StepRecord>,
+}
+
+/// A problem with the inputs given at submission.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InputError {
+    /// A required input has no value.
+    #[error("input `{name}` is required ({ty}); help: pass --input {name}=VALUE")]
+    Missing {
+        /// The input.
+        name: String,
+        /// Its type.
+        ty: &'static str,
+    },
+    /// No input has this name.
+    #[error("the workflow has no input `{name}`; its inputs are: {known}")]
+    Unknown {
+        /// The name given.
+        name: String,
+        /// The declared inputs.
+        known: String,
+    },
+    /// The value is not of the input's type.
+    #[error("input `{name}` must be {ty}, not `{value}`")]
+    Type {
+        /// The input.
+        name: String,
+        /// Its type.
+        ty: &'static str,
+        /// The value given.
+        value: String,
+    },
+}
+
+fn type_name(ty: InputType) -> &'static str {
+    match ty {
+        InputType::String => "a string",
+        InputType::Integer => "an integer",
+        InputType::Number => "a number",
+        InputType::Boolean => "true or false",
+    }
+}
+
+/// The inputs of a submission, typed: values given as text (`--input k=v`) or JSON are
+/// converted to the declared type; defaults fill the rest.
+///
+/// Errors: an unknown name, a missing required input, a value of the wrong type.
+pub fn typed_inputs(
+    workflow: &Workflow,
+    given: &BTreeMap<String, serde_json::Value>,
+) -> Result<BTreeMap<String, InputValue>, InputError> {
+    let mut out = BTreeMap::new();
+    for name in given.keys() {
+        if !workflow.inputs.contains_key(name) {
+            let known: Vec<&str> = workflow.inputs.keys().map(String::as_str).collect();
+            return Err(InputError::Unknown {
+                name: name.clone(),
+                known: if known.is_empty() {
+                    "(none)".to_owned()
+                } else {
+                    known.join(", ")
+                },
+            });
+        }
+    }
+    for (name, input) in &workflow.inputs {
+        let value = match given.get(name) {
+            Some(value) => convert(name, input.ty, value)?,
+            None => match &input.default {
+                Some(default) => default.clone(),
+                None => {
+                    return Err(InputError::Missing {
+                        name: name.clone(),
+                        ty: type_name(input.ty),
+                    });
+                }
+            },
+        };
+        out.insert(name.clone(), value);
+    }
+    Ok(out)
+}
+
+fn convert(name: &str, ty: InputType, value: &serde_json::Value) -> Result<InputValue, InputError> {
+    use serde_json::Value;
+    let wrong = || InputError::Type {
+        name: name.to_owned(),
+        ty: type_name(ty),
+        value: match value {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        },
+    };
+    let text = value.as_str().map(str::trim);
+    match ty {
+        InputType::String => match value {
+            Value::String(s) => Ok(InputValue::String(s.clone())),
+            Value::Number(n) => Ok(InputValue::String(n.to_string())),
+            Value::Bool(b) => Ok(InputValue::String(b.to_string())),
+            _ => Err(wrong()),
+        },
+        InputType::Integer => value
+            .as_i64()
+            .or_else(|| text.and_then(|t| t.parse().ok()))
+            .map(InputValue::Integer)
+            .ok_or_else(wrong),
+        InputType::Number => value
+            .as_f64()
+            .or_else(|| text.and_then(|t| t.parse().ok()))
+            .filter(|f| f.is_finite())
+            .map(InputValue::Number)
+            .ok_or_else(wrong),
+        InputType::Boolean => value
+            .as_bool()
+            .or_else(|| text.and_then(|t| t.parse().ok()))
+            .map(InputValue::Boolean)
+            .ok_or_else(wrong),
+    }
+}
+
+/// What the executor should do next for a run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Next {
+    /// Send this prompt to the step's agent.
+    Start {
+        /// The step.
+        step: String,
+        /// Its agent.
+        agent: String,
+        /// The rendered prompt.
+        prompt: String,
+    },
+}
+
+/// How a step's failed attempt is retried: `retries` more attempts (the step's own
+/// setting), waiting `first_backoff` after the first failure, doubling up to
+/// `max_backoff`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// The wait after the first failed attempt.
+    pub first_backoff: Duration,
+    /// The longest wait.
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            first_backoff: Duration::from_secs(1),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// The wait before attempt `attempt + 1`, after `attempt` failed ones (≥ 1).
+    pub fn backoff(&self, failed_attempts: u32) -> Duration {
+        let doublings = failed_attempts.saturating_sub(1).min(16);
+        self.first_backoff
+            .saturating_mul(1u32 << doublings)
+            .min(self.max_backoff)
+    }
+}
+
+/// What became of a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterFailure {
+    /// Another attempt at this time.
+    RetryAt(UnixMs),
+    /// No attempt left: the step and the run failed.
+    Failed,
+}
+
+impl RunRecord {
+    /// A new queued run of `workflow` with checked `inputs`.
+    pub fn new(
+        id: String,
+        owner: String,
+        workflow: Workflow,
+        inputs: BTreeMap<String, InputValue>,
+        now: UnixMs,
+    ) -> Self {
+        let steps = workflow
+            .steps
+            .iter()
+            .map(|s| StepRecord::fresh(&s.id, &s.agent, 1))
+            .collect();
+        RunRecord {
+            id,
+            owner,
+            workflow,
+            inputs,
+            state: RunState::Queued,
+            reason: None,
+            submitted_at: now,
+            started_at: None,
+            finished_at: None,
+            cancel_requested: false,
+            steps,
+            history: Vec::new(),
+        }
+    }
+
+    /// The record of step `id`.
+    pub fn step(&self, id: &str) -> Option<&StepRecord> {
+        self.steps.iter().find(|s| s.id == id)
+    }
+
+    fn step_mut(&mut self, id: &str) -> Option<&mut StepRecord> {
+        self.steps.iter_mut().find(|s| s.id == id)
+    }
+
+    /// The outputs of the steps that produced one, by step id.
+    pub fn outputs(&self) -> BTreeMap<&str, &str> {
+        self.steps
+            .iter()
+            .filter_map(|s| s.output.as_deref().map(|o| (s.id.as_str(), o)))
+            .collect()
+    }
+
+    /// After a restart: attempts that were running when the orchestrator stopped never
+    /// recorded a result, so they run again; steps recorded done stay done.
+    pub fn recover(&mut self) {
+        for step in &mut self.steps {
+            if step.state == StepState::Running {
+                step.state = StepState::Queued;
+                step.started_at = None;
+            }
+        }
+    }
+
+    /// Moves the run on at `now`: skips steps whose `when` does not hold, and returns
+    /// the steps to start (marked running, their prompts rendered). Call again after
+    /// every change. An expression that fails to evaluate fails its step (and the
+    /// run) with the evaluator's message.
+    pub fn advance(&mut self, evaluator: &Evaluator, now: UnixMs) -> Vec<Next> {
+        let mut started = Vec::new();
+        if self.state.is_final() || self.cancel_requested {
+            return started;
+        }
+        loop {
+            let mut changed = false;
+            let workflow = self.workflow.clone();
+            for step in &workflow.steps {
+                let Some(record) = self.step(&step.id) else { continue };
+                let ready = match record.state {
+                    StepState::Pending => step
+                        .after
+                        .iter()
+                        .all(|a| self.step(a).is_some_and(|r| r.state.is_finished())),
+                    StepState::Queued => true,
+                    StepState::Retrying => record.retry_at.is_none_or(|at| at <= now),
+                    _ => false,
+                };
+                if !ready {
+                    continue;
+                }
+                let vars = self.variables(None);
+                if record.state == StepState::Pending
+                    && let Some(when) = &step.when
+                {
+                    let holds = evaluator
+                        .compile_expr(when, Context::Step)
+                        .and_then(|c| evaluator.eval_bool(&c, &vars));
+                    match holds {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            if let Some(r) = self.step_mut(&step.id) {
+                                r.state = StepState::Skipped;
+                                r.queued_at = Some(now);
+                                r.finished_at = Some(now);
+                                r.error = Some(format!("skipped: `when: {}` did not hold", when.source()));
+                            }
+                            changed = true;
+                            continue;
+                        }
+                        Err(error) => {
+                            self.fail_step(&step.id, format!("its `when` failed: {error}"), now);
+                            return started;
+                        }
+                    }
+                }
+                let prompt = match render(evaluator, step, &vars) {
+                    Ok(prompt) => prompt,
+                    Err(error) => {
+                        self.fail_step(&step.id, error, now);
+                        return started;
+                    }
+                };
+                if let Some(r) = self.step_mut(&step.id) {
+                    if r.queued_at.is_none() || r.state == StepState::Pending {
+                        r.queued_at = Some(now);
+                    }
+                    r.state = StepState::Running;
+                    r.attempts += 1;
+                    r.started_at = Some(now);
+                    r.retry_at = None;
+                    r.prompt = Some(prompt.clone());
+                }
+                if self.started_at.is_none() {
+                    self.started_at = Some(now);
+                }
+                self.state = RunState::Running;
+                started.push(Next::Start {
+                    step: step.id.clone(),
+                    agent: step.agent.clone(),
+                    prompt,
+                });
+                changed = true;
+            }
+            if !changed {
+                break;
+            }
+        }
+        self.settle(now);
+        started
+    }
+
+    /// Records step `id`'s answer. A step with `repeat` whose `until` does not hold
+    /// sends the run back to `back_to` (the earlier passes go to the history).
+    pub fn complete(&mut self, id: &str, output: String, usage: Option<Usage>, evaluator: &Evaluator, now: UnixMs) {
+        let Some(record) = self.step_mut(id) else { return };
+        if record.state != StepState::Running {
+            return;
+        }
+        record.state = StepState::Done;
+        record.output = Some(output);
+        record.error = None;
+        record.usage = usage;
+        record.finished_at = Some(now);
+        let iteration = record.iteration;
+        let step = self.workflow.step(id).cloned();
+        if let Some(repeat) = step.as_ref().and_then(|s| s.repeat.as_ref()) {
+            let vars = self.variables(Some(iteration));
+            let holds = evaluator
+                .compile_expr(&repeat.until, Context::Until)
+                .and_then(|c| evaluator.eval_bool(&c, &vars));
+            match holds {
+                Ok(true) => {}
+                Ok(false) if iteration <= repeat.max => {
+                    let body = loop_body(&self.workflow, &repeat.back_to, id);
+                    for record in &mut self.steps {
+                        if body.contains(record.id.as_str()) {
+                            self.history.push(record.clone());
+                            *record = StepRecord::fresh(&record.id, &record.agent, record.iteration + 1);
+                        }
+                    }
+                }
+                Ok(false) => {
+                    if let Some(r) = self.step_mut(id) {
+                        r.error = Some(format!(
+                            "`repeat` ended after {} repetitions without `until: {}` holding",
+                            repeat.max,
+                            repeat.until.source()
+                        ));
+                    }
+                }
+                Err(error) => {
+                    if let Some(r) = self.step_mut(id) {
+                        r.state = StepState::Running;
+                    }
+                    self.fail_step(id, format!("its `repeat.until` failed: {error}"), now);
+                    return;
+                }
+            }
+        }
+        self.settle(now);
+    }
+
+    /// Records a failed attempt of step `id` with the engine's error: another attempt
+    /// after the policy's backoff while the step has retries left, else the step and
+    /// the run fail.
+    pub fn fail_attempt(&mut self, id: &str, error: String, policy: &RetryPolicy, now: UnixMs) -> AfterFailure {
+        let retries = self.workflow.step(id).map_or(0, |s| s.retries);
+        let Some(record) = self.step_mut(id) else {
+            return AfterFailure::Failed;
+        };
+        if record.attempts <= retries {
+            let at = now.plus(policy.backoff(record.attempts));
+            record.state = StepState::Retrying;
+            record.error = Some(error);
+            record.retry_at = Some(at);
+            AfterFailure::RetryAt(at)
+        } else {
+            self.fail_step(id, error, now);
+            AfterFailure::Failed
+        }
+    }
+
+    /// Records an attempt of step `id` that never reached its engine (the instance was
+    /// unreachable, as when its node dies): it does not count against the step's
+    /// retries, and runs again at `retry_at` (on whatever instance serves the agent
+    /// then).
+    pub fn interrupt(&mut self, id: &str, reason: String, retry_at: UnixMs) {
+        if let Some(record) = self.step_mut(id)
+            && record.state == StepState::Running
+        {
+            record.state = StepState::Retrying;
+            record.attempts = record.attempts.saturating_sub(1);
+            record.error = Some(reason);
+            record.retry_at = Some(retry_at);
+        }
+    }
+
+    /// Fails the whole run before or outside a step (it could not start).
+    pub fn fail(&mut self, reason: String, now: UnixMs) {
+        if self.state.is_final() {
+            return;
+        }
+        self.state = RunState::Failed;
+        self.reason = Some(reason);
+        self.finished_at = Some(now);
+        self.stop_unfinished(StepState::Cancelled, now);
+    }
+
+    /// Cancels the run: unfinished steps are marked cancelled.
+    pub fn cancel(&mut self, now: UnixMs) {
+        if self.state.is_final() {
+            return;
+        }
+        self.cancel_requested = true;
+        self.state = RunState::Cancelled;
+        self.reason = Some("cancelled by a user".to_owned());
+        self.finished_at = Some(now);
+        self.stop_unfinished(StepState::Cancelled, now);
+    }
+
+    /// The earliest pending retry, if steps wait for one.
+    pub fn next_retry(&self) -> Option<UnixMs> {
+        self.steps
+            .iter()
+            .filter(|s| s.state == StepState::Retrying)
+            .filter_map(|s| s.retry_at)
+            .min()
+    }
+
+    /// The agents the run's unfinished steps still need.
+    pub fn agents_needed(&self) -> BTreeSet<&str> {
+        self.steps
+            .iter()
+            .filter(|s| !s.state.is_finished())
+            .map(|s| s.agent.as_str())
+            .collect()
+    }
+
+    fn fail_step(&mut self, id: &str, error: String, now: UnixMs) {
+        if let Some(record) = self.step_mut(id) {
+            record.state = StepState::Failed;
+            record.error = Some(error.clone());
+            record.finished_at = Some(now);
+        }
+        self.state = RunState::Failed;
+        self.reason = Some(format!("step `{id}` failed: {error}"));
+        self.finished_at = Some(now);
+        self.stop_unfinished(StepState::Cancelled, now);
+    }
+
+    fn stop_unfinished(&mut self, to: StepState, now: UnixMs) {
+        for record in &mut self.steps {
+            if matches!(
+                record.state,
+                StepState::Pending | StepState::Queued | StepState::Running | StepState::Retrying
+            ) {
+                record.state = to;
+                record.finished_at = Some(now);
+            }
+        }
+    }
+
+    /// Ends the run when every step has finished.
+    fn settle(&mut self, now: UnixMs) {
+        if !self.state.is_final() && self.steps.iter().all(|s| s.state.is_finished()) {
+            self.state = RunState::Succeeded;
+            self.reason = None;
+            self.finished_at = Some(now);
+            if self.started_at.is_none() {
+                self.started_at = Some(now);
+            }
+        }
+    }
+
+    /// `inputs`, `steps` (and `iteration`) as expressions see them. Steps not finished
+    /// in this pass read as empty output with their status.
+    fn variables(&self, iteration: Option<u32>) -> BTreeMap<String, Dynamic> {
+        let mut vars = BTreeMap::new();
+        let inputs: rhai::Map = self
+            .inputs
+            .iter()
+            .map(|(k, v)| {
+                let value = match v {
+                    InputValue::Boolean(b) => Dynamic::from(*b),
+                    InputValue::Integer(i) => Dynamic::from(*i),
+                    InputValue::Number(n) => Dynamic::from(*n),
+                    InputValue::String(s) => Dynamic::from(s.clone()),
+                };
+                (k.as_str().into(), value)
+            })
+            .collect();
+        vars.insert("inputs".to_owned(), Dynamic::from_map(inputs));
+        let steps: rhai::Map = self
+            .steps
+            .iter()
+            .map(|s| {
+                let mut fields = rhai::Map::new();
+                fields.insert("output".into(), Dynamic::from(s.output.clone().unwrap_or_default()));
+                fields.insert("status".into(), Dynamic::from(s.state.name().to_owned()));
+                fields.insert("attempts".into(), Dynamic::from(i64::from(s.attempts)));
+                fields.insert("agent".into(), Dynamic::from(s.agent.clone()));
+                (s.id.as_str().into(), Dynamic::from_map(fields))
+            })
+            .collect();
+        vars.insert("steps".to_owned(), Dynamic::from_map(steps));
+        if let Some(iteration) = iteration {
+            vars.insert("iteration".to_owned(), Dynamic::from(i64::from(iteration)));
+        }
+        vars
+    }
+}
+
+impl StepRecord {
+    /// A step before its first attempt.
+    fn fresh(id: &str, agent: &str, iteration: u32) -> StepRecord {
+        StepRecord {
+            id: id.to_owned(),
+            agent: agent.to_owned(),
+            state: StepState::Pending,
+            iteration,
+            attempts: 0,
+            prompt: None,
+            output: None,
+            error: None,
+            instance: None,
+            queued_at: None,
+            started_at: None,
+            finished_at: None,
+            retry_at: None,
+            usage: None,
+        }
+    }
+}
+
+/// A step's prompt with its `{{ }}` interpolations evaluated.
+fn render(evaluator: &Evaluator, step: &Step, vars: &BTreeMap<String, Dynamic>) -> Result<String, String> {
+    let mut out = String::with_capacity(step.prompt.source.len());
+    for part in &step.prompt.parts {
+        match part {
+            TemplatePart::Text(text) => out.push_str(text),
+            TemplatePart::Expr(expr) => {
+                let value = evaluator
+                    .compile_expr(expr, Context::Step)
+                    .and_then(|c| evaluator.eval(&c, vars))
+                    .map_err(|e| format!("its prompt's `{{{{ {} }}}}` failed: {e}", expr.source()))?;
+                out.push_str(&value.to_string());
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The steps a `repeat` on `last` re-runs: `back_to`, `last`, and every step between
+/// them (downstream of `back_to` and upstream of `last`).
+fn loop_body<'a>(workflow: &'a Workflow, back_to: &'a str, last: &'a str) -> BTreeSet<&'a str> {
+    let upstream_of_last = closure(workflow, last, |s| s.after.iter().map(String::as_str).collect());
+    let downstream_of_start = closure(workflow, back_to, |s| {
+        workflow
+            .steps
+            .iter()
+            .filter(|d| d.after.iter().any(|a| a == &s.id))
+            .map(|d| d.id.as_str())
+            .collect()
+    });
+    upstream_of_last.intersection(&downstream_of_start).copied().collect()
+}
+
+/// `start` and every step reachable from it through `edges`.
+fn closure<'a>(workflow: &'a Workflow, start: &'a str, edges: impl Fn(&'a Step) -> Vec<&'a str>) -> BTreeSet<&'a str> {
+    let mut seen = BTreeSet::from([start]);
+    let mut todo = vec![start];
+    while let Some(id) = todo.pop() {
+        if let Some(step) = workflow.steps.iter().find(|s| s.id == id) {
+            for next in edges(step) {
+                if seen.insert(next) {
+                    todo.push(next);
+                }
+            }
+        }
+    }
+    seen
+}

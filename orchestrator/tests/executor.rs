@@ -1,0 +1,345 @@
+//! The executor in a real server (gRPC and REST on loopback, runs in sled), with test
+//! agents at the edge ([`skein_testkit::agent`]): simulated nodes over the agent
+//! protocol whose engines are OpenAI-compatible fakes.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use skein_orchestrator::agents::Secret;
+use skein_orchestrator::graph::GraphConfig;
+use skein_orchestrator::run::ExecutorConfig;
+use skein_orchestrator::run::record::RetryPolicy;
+use skein_orchestrator::server::{RunningServer, ServerConfig};
+use skein_proto::agent::v1 as pb;
+use skein_testkit::agent::{EngineBehaviour, TestAgent};
+use skein_testkit::mock_hub::MockHub;
+
+const TOKEN: &str = "join-secret";
+const API: &str = "api-secret";
+const PATIENCE: Duration = Duration::from_secs(30);
+
+struct Setup {
+    server: RunningServer,
+    _hub: MockHub,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+    http: reqwest::Client,
+}
+
+async fn setup(executor: ExecutorConfig, db: Option<&std::path::Path>) -> Setup {
+    let hub = MockHub::start(skein_testkit::models::reference_hub_repos()).await;
+    let cache = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let client = skein_model_registry::hub::HubClientBuilder::from_config(
+        skein_model_registry::hub::HubConfig::from_lookup(|_| None),
+    )
+    .endpoint(hub.url.clone())
+    .cache_dir(cache.path())
+    .build()
+    .unwrap();
+    let server = skein_orchestrator::server::start(ServerConfig {
+        api_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        grpc_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        join_token: Secret::new(TOKEN).unwrap(),
+        api_token: Secret::new(API).unwrap(),
+        graph: GraphConfig {
+            sample_interval_ms: 100,
+            ..GraphConfig::default()
+        },
+        tls: None,
+        hub: client,
+        db_dir: Some(db.map_or_else(|| data.path().join("db"), std::path::Path::to_owned)),
+        executor,
+    })
+    .await
+    .unwrap();
+    Setup {
+        server,
+        _hub: hub,
+        _dirs: (cache, data),
+        http: reqwest::Client::new(),
+    }
+}
+
+fn quick() -> ExecutorConfig {
+    ExecutorConfig {
+        retry: RetryPolicy {
+            first_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_millis(200),
+        },
+        admission_interval: Duration::from_millis(100),
+        ready_timeout: Duration::from_secs(20),
+        ..ExecutorConfig::default()
+    }
+}
+
+const TWO_AGENTS: &str = r#"
+name: two-agents
+inputs: { topic: { type: string } }
+agents:
+  writer: { model: Qwen/Qwen2.5-0.5B-Instruct, system: "Be brief." }
+  critic: { model: Qwen/Qwen2.5-7B-Instruct }
+steps:
+  - { id: draft, agent: writer, prompt: "Write about {{ inputs.topic }}", retries: 2 }
+  - { id: review, agent: critic, after: [draft], prompt: "Review: {{ steps.draft.output }}" }
+"#;
+
+impl Setup {
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.server.api_addr)
+    }
+
+    async fn submit(&self, workflow: &str, inputs: Value) -> reqwest::Response {
+        self.http
+            .post(self.url("/v1/runs"))
+            .bearer_auth(API)
+            .json(&json!({"workflow": workflow, "name": "w.yaml", "inputs": inputs}))
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        let response = self.http.get(self.url(path)).bearer_auth(API).send().await.unwrap();
+        assert!(response.status().is_success(), "{path}: {}", response.status());
+        response.json().await.unwrap()
+    }
+
+    async fn wait_run(&self, id: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let run = self.get(&format!("/v1/runs/{id}")).await;
+            if done(&run) {
+                return run;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "timed out: {run:#}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn ended(run: &Value) -> bool {
+    matches!(run["state"].as_str(), Some("succeeded" | "failed" | "cancelled"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_agent_run_starts_its_instances_and_passes_outputs_along() {
+    let s = setup(quick(), None).await;
+    let engines = EngineBehaviour::default();
+    let agent = TestAgent::join(s.server.grpc_addr, TOKEN, "box", 2, engines.clone()).await;
+    let response = s.submit(TWO_AGENTS, json!({"topic": "GPUs"})).await;
+    assert_eq!(response.status(), 202);
+    let run: Value = response.json().await.unwrap();
+    let id = run["id"].as_str().unwrap().to_owned();
+    assert_eq!(run["state"], "queued");
+    let run = s.wait_run(&id, ended).await;
+    assert_eq!(run["state"], "succeeded", "{run:#}");
+    assert_eq!(run["steps"][0]["output"], "echo: Write about GPUs");
+    assert_eq!(run["steps"][1]["output"], "echo: Review: echo: Write about GPUs");
+    assert_eq!(run["steps"][1]["usage"]["completion_tokens"], 5);
+    assert!(run["steps"][0]["started_at"].as_str().unwrap().ends_with('Z'));
+    // One instance per model, each on one of the node's GPUs, stopped after the run.
+    let starts = agent.starts();
+    assert_eq!(starts.len(), 2, "{starts:#?}");
+    for start in &starts {
+        assert!(start.instance.starts_with(&id), "{}", start.instance);
+        assert_eq!(start.gpus.len(), 1);
+        let Some(pb::start_instance::Engine::Vllm(vllm)) = &start.engine else {
+            panic!("vLLM for safetensors on a GPU: {start:#?}");
+        };
+        let files = vllm.model.as_ref().unwrap();
+        assert!(files.files.iter().any(|f| f.ends_with(".safetensors")), "{files:#?}");
+        assert!(files.files.contains(&"config.json".to_owned()));
+        assert_eq!(vllm.reserved.len(), 1);
+        assert_eq!(vllm.total, vec![24 << 30]);
+    }
+    let runs = s.get("/v1/runs").await;
+    assert_eq!(runs[0]["id"], id.as_str());
+    assert_eq!(runs[0]["steps_done"], 2);
+
+    // The instances stay warm: the next run of the same agents starts no new one.
+    let instances = s.get("/v1/instances").await;
+    assert_eq!(instances.as_array().unwrap().len(), 2, "{instances:#}");
+    assert!(
+        instances
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["run"].is_null() && i["state"] == "ready")
+    );
+    let run: Value = s
+        .submit(TWO_AGENTS, json!({"topic": "again"}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let run = s.wait_run(run["id"].as_str().unwrap(), ended).await;
+    assert_eq!(run["state"], "succeeded", "{run:#}");
+    assert_eq!(run["steps"][0]["output"], "echo: Write about again");
+    assert_eq!(agent.starts().len(), 2, "warm instances were reused");
+    assert!(run["steps"][0]["instance"].as_str().unwrap().starts_with(&id));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_attempts_are_retried_and_a_step_out_of_retries_fails_with_the_engine_error() {
+    let s = setup(quick(), None).await;
+    let engines = EngineBehaviour {
+        fail_first: 2,
+        ..EngineBehaviour::default()
+    };
+    let _agent = TestAgent::join(s.server.grpc_addr, TOKEN, "box", 2, engines.clone()).await;
+    let run: Value = s.submit(TWO_AGENTS, json!({"topic": "x"})).await.json().await.unwrap();
+    let run = s.wait_run(run["id"].as_str().unwrap(), ended).await;
+    assert_eq!(run["state"], "succeeded", "{run:#}");
+    assert_eq!(run["steps"][0]["attempts"], 3, "two failures, then success");
+
+    // `review` has no retries: one failure fails the run, with the engine's words.
+    engines.requests.store(0, Ordering::SeqCst);
+    let failing = TWO_AGENTS.replace(", retries: 2", ", retries: 0");
+    let run: Value = s.submit(&failing, json!({"topic": "x"})).await.json().await.unwrap();
+    let run = s.wait_run(run["id"].as_str().unwrap(), ended).await;
+    assert_eq!(run["state"], "failed");
+    assert_eq!(run["steps"][0]["state"], "failed");
+    let reason = run["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("step `draft` failed") && reason.contains("CUDA out of memory"),
+        "{reason}"
+    );
+    assert_eq!(run["steps"][1]["state"], "cancelled");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_answers_429_with_retry_after_and_bad_submissions_say_why() {
+    let s = setup(
+        ExecutorConfig {
+            queue_capacity: 2,
+            ..quick()
+        },
+        None,
+    )
+    .await;
+    // No agent: nothing can be placed, so runs wait in the queue with the reason.
+    for _ in 0..2 {
+        assert_eq!(s.submit(TWO_AGENTS, json!({"topic": "x"})).await.status(), 202);
+    }
+    let full = s.submit(TWO_AGENTS, json!({"topic": "x"})).await;
+    assert_eq!(full.status(), 429);
+    assert!(full.headers().get("retry-after").is_some());
+    let body: Value = full.json().await.unwrap();
+    assert!(
+        body["error"].as_str().unwrap().contains("queue for priority 0 is full"),
+        "{body}"
+    );
+    let runs = s.get("/v1/runs").await;
+    let queued = &runs[0];
+    assert_eq!(queued["state"], "queued");
+    let run = s
+        .wait_run(queued["id"].as_str().unwrap(), |r| {
+            r["reason"].as_str().is_some_and(|r| r != "waiting for admission")
+        })
+        .await;
+    assert!(!run["reason"].as_str().unwrap().is_empty());
+
+    let missing = s.submit(TWO_AGENTS, json!({})).await;
+    assert_eq!(missing.status(), 400);
+    let body: Value = missing.json().await.unwrap();
+    assert_eq!(
+        body["error"],
+        "input `topic` is required (a string); help: pass --input topic=VALUE"
+    );
+    let invalid = s.submit("name: x\nagents: {}\n", json!({})).await;
+    assert_eq!(invalid.status(), 422);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_run_stops_its_steps_and_instances() {
+    let s = setup(quick(), None).await;
+    let engines = EngineBehaviour {
+        delay: Duration::from_secs(60),
+        ..EngineBehaviour::default()
+    };
+    let _agent = TestAgent::join(s.server.grpc_addr, TOKEN, "box", 2, engines.clone()).await;
+    let run: Value = s.submit(TWO_AGENTS, json!({"topic": "x"})).await.json().await.unwrap();
+    let id = run["id"].as_str().unwrap().to_owned();
+    s.wait_run(&id, |r| r["steps"][0]["state"] == "running").await;
+    let response = s
+        .http
+        .post(s.url(&format!("/v1/runs/{id}/cancel")))
+        .bearer_auth(API)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let run: Value = response.json().await.unwrap();
+    assert_eq!(run["state"], "cancelled");
+    assert!(
+        run["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["state"] == "cancelled")
+    );
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !s.get("/v1/instances").await.as_array().unwrap().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "instances stopped after a cancel"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let missing = s
+        .http
+        .post(s.url("/v1/runs/r0/cancel"))
+        .bearer_auth(API)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_a_node_is_lost_its_instances_are_placed_elsewhere_and_the_run_continues() {
+    let s = setup(quick(), None).await;
+    let slow = EngineBehaviour {
+        delay: Duration::from_millis(300),
+        ..EngineBehaviour::default()
+    };
+    let first = TestAgent::join(s.server.grpc_addr, TOKEN, "alpha", 2, slow.clone()).await;
+    let run: Value = s.submit(TWO_AGENTS, json!({"topic": "x"})).await.json().await.unwrap();
+    let id = run["id"].as_str().unwrap().to_owned();
+    s.wait_run(&id, |r| r["steps"][0]["state"] == "running").await;
+    let second = TestAgent::join(s.server.grpc_addr, TOKEN, "beta", 2, EngineBehaviour::default()).await;
+    drop(first);
+    let run = s.wait_run(&id, ended).await;
+    assert_eq!(run["state"], "succeeded", "{run:#}");
+    assert!(!second.starts().is_empty(), "the instances moved to beta");
+    assert_eq!(run["steps"][1]["output"], "echo: Review: echo: Write about x");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instance_logs_come_from_the_agent() {
+    let s = setup(quick(), None).await;
+    let engines = EngineBehaviour {
+        delay: Duration::from_secs(60),
+        ..EngineBehaviour::default()
+    };
+    let _agent = TestAgent::join(s.server.grpc_addr, TOKEN, "box", 2, engines).await;
+    let run: Value = s.submit(TWO_AGENTS, json!({"topic": "x"})).await.json().await.unwrap();
+    let id = run["id"].as_str().unwrap().to_owned();
+    s.wait_run(&id, |r| r["steps"][0]["state"] == "running").await;
+    let instances = s.get("/v1/instances").await;
+    let name = instances[0]["name"].as_str().unwrap().to_owned();
+    assert_eq!(instances[0]["state"], "ready");
+    assert_eq!(instances[0]["measured_host_rss"], 1 << 20);
+    let logs = s.get(&format!("/v1/instances/{name}/logs?tail=5")).await;
+    assert_eq!(logs["lines"], json!([format!("log of {name}")]));
+    let missing = s
+        .http
+        .get(s.url("/v1/instances/nope/logs"))
+        .bearer_auth(API)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 404);
+}

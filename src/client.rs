@@ -1,0 +1,144 @@
+//! The REST client of the commands that talk to a running server (`skein nodes`,
+//! `submit`, `runs`, `run`, `instances`): the address, the token, and errors that say
+//! what the server said.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use skein_orchestrator::agents::Secret;
+
+use crate::cli::ApiClientArgs;
+
+/// A server's REST API with a token.
+pub struct ApiClient {
+    base: String,
+    token: Secret,
+    http: reqwest::Client,
+    runtime: tokio::runtime::Runtime,
+}
+
+/// An answer that was not a success, kept whole for commands that handle some codes.
+pub struct Refused {
+    /// The status.
+    pub status: reqwest::StatusCode,
+    /// `Retry-After`, seconds.
+    pub retry_after: Option<u64>,
+    /// The error message of the body (or the body).
+    pub message: String,
+}
+
+impl ApiClient {
+    /// A client of `server` with the token of `args` (flag, `SKEIN_API_TOKEN`, or the
+    /// data directory of a server on this machine).
+    pub fn new(server: &str, args: &ApiClientArgs) -> anyhow::Result<ApiClient> {
+        let token = crate::cluster::api_token(args)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the async runtime")?;
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .context("cannot build an HTTP client")?;
+        Ok(ApiClient {
+            base: server.trim_end_matches('/').to_owned(),
+            token,
+            http,
+            runtime,
+        })
+    }
+
+    fn unreachable(&self) -> String {
+        format!(
+            "cannot reach the Skein server at {}; is `skein server` or `skein up` running?",
+            self.base
+        )
+    }
+
+    /// `GET path`: the body of a success, else an error with the server's message.
+    pub fn get(&self, path: &str) -> anyhow::Result<String> {
+        let request = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .timeout(Duration::from_secs(30));
+        self.send(request)?.map_err(|r| refused_error(&r))
+    }
+
+    /// `POST path` with a JSON body: the body of a success, or the refusal.
+    pub fn post(&self, path: &str, body: &serde_json::Value) -> anyhow::Result<Result<String, Refused>> {
+        let request = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .json(body)
+            .timeout(Duration::from_secs(60));
+        self.send(request)
+    }
+
+    fn send(&self, request: reqwest::RequestBuilder) -> anyhow::Result<Result<String, Refused>> {
+        let request = request.bearer_auth(self.token.expose());
+        self.runtime.block_on(async {
+            let response = request.send().await.with_context(|| self.unreachable())?;
+            let status = response.status();
+            let retry_after = response
+                .headers()
+                .get(reqwest::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok());
+            let body = response.text().await.context("the server's answer was cut off")?;
+            if status.is_success() {
+                return Ok(Ok(body));
+            }
+            let message = serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
+                .unwrap_or_else(|| body.trim().to_owned());
+            Ok(Err(Refused {
+                status,
+                retry_after,
+                message,
+            }))
+        })
+    }
+
+    /// Follows `GET path` as server-sent events, calling `on_event(name, data)` for each
+    /// until it returns false or the stream ends.
+    pub fn follow(&self, path: &str, mut on_event: impl FnMut(&str, &str) -> bool) -> anyhow::Result<()> {
+        let request = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .bearer_auth(self.token.expose());
+        self.runtime.block_on(async {
+            let mut response = request.send().await.with_context(|| self.unreachable())?;
+            if !response.status().is_success() {
+                bail!("the server answered {}", response.status());
+            }
+            let mut buffer = String::new();
+            while let Some(chunk) = response.chunk().await.context("the event stream broke")? {
+                buffer.push_str(&String::from_utf8_lossy(&chunk));
+                while let Some(end) = buffer.find("\n\n") {
+                    let block: String = buffer.drain(..end + 2).collect();
+                    let (mut name, mut data) = ("message", String::new());
+                    for line in block.lines() {
+                        if let Some(value) = line.strip_prefix("event:") {
+                            name = if value.trim() == "run" { "run" } else { "other" };
+                        } else if let Some(value) = line.strip_prefix("data:") {
+                            if !data.is_empty() {
+                                data.push('\n');
+                            }
+                            data.push_str(value.strip_prefix(' ').unwrap_or(value));
+                        }
+                    }
+                    if !data.is_empty() && !on_event(name, &data) {
+                        return Ok(());
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+}
+
+/// The error of a refused request.
+pub fn refused_error(refused: &Refused) -> anyhow::Error {
+    anyhow::anyhow!("the server answered {}: {}", refused.status, refused.message)
+}

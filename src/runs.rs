@@ -1,0 +1,400 @@
+//! `skein submit`, `skein runs`, `skein run show|cancel` and `skein instances`: runs and
+//! instances of a running server, for people (tables, live progress) or as JSON.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+
+use crate::cli::{EXIT_FAILURE, EXIT_OK, InstancesArgs, LogsArgs, OutputFormat, RunIdArgs, RunsArgs, SubmitArgs};
+use crate::client::{ApiClient, refused_error};
+
+/// What the commands read of a run (`GET /v1/runs/{id}`).
+#[derive(Debug, Deserialize)]
+struct Run {
+    id: String,
+    workflow: Workflow,
+    state: String,
+    #[serde(default)]
+    reason: Option<String>,
+    submitted_at: String,
+    #[serde(default)]
+    finished_at: Option<String>,
+    steps: Vec<Step>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Workflow {
+    name: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Step {
+    id: String,
+    agent: String,
+    state: String,
+    iteration: u32,
+    attempts: u32,
+    #[serde(default)]
+    output: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(default)]
+    instance: Option<String>,
+    #[serde(default)]
+    started_at: Option<String>,
+    #[serde(default)]
+    finished_at: Option<String>,
+}
+
+/// `KEY=VALUE` pairs of `--input`.
+fn inputs(pairs: &[String]) -> anyhow::Result<BTreeMap<String, serde_json::Value>> {
+    pairs
+        .iter()
+        .map(|pair| match pair.split_once('=') {
+            Some((key, value)) if !key.trim().is_empty() => {
+                Ok((key.trim().to_owned(), serde_json::Value::String(value.to_owned())))
+            }
+            _ => bail!("--input `{pair}` is not KEY=VALUE"),
+        })
+        .collect()
+}
+
+/// `skein submit`.
+pub fn run_submit(args: &SubmitArgs) -> anyhow::Result<ExitCode> {
+    let text =
+        std::fs::read_to_string(&args.workflow).with_context(|| format!("cannot read {}", args.workflow.display()))?;
+    let name = args
+        .workflow
+        .file_name()
+        .map_or_else(|| "workflow.yaml".to_owned(), |n| n.to_string_lossy().into_owned());
+    let body = serde_json::json!({ "workflow": text, "name": name, "inputs": inputs(&args.inputs)? });
+    let client = ApiClient::new(&args.remote.server, &args.remote.client)?;
+    let run: Run = match client.post("/v1/runs", &body)? {
+        Ok(text) => serde_json::from_str(&text).context("the server's run is not what this skein expects")?,
+        Err(refused) if refused.status == reqwest::StatusCode::TOO_MANY_REQUESTS => {
+            let after = refused
+                .retry_after
+                .map_or_else(String::new, |s| format!(" Try again in {s} s."));
+            bail!("the server is busy: {}.{after}", refused.message.trim_end_matches('.'));
+        }
+        Err(refused) if refused.status == reqwest::StatusCode::UNPROCESSABLE_ENTITY => {
+            bail!(
+                "{} is invalid; `skein validate {}` shows why",
+                args.workflow.display(),
+                args.workflow.display()
+            );
+        }
+        Err(refused) => return Err(refused_error(&refused)),
+    };
+    if args.output == OutputFormat::Json && !args.wait {
+        println!("{}", client.get(&format!("/v1/runs/{}", run.id))?);
+        return Ok(ExitCode::from(EXIT_OK));
+    }
+    eprintln!("submitted run {} of workflow {}", run.id, run.workflow.name);
+    if !args.wait {
+        println!("{}", run.id);
+        eprintln!("follow it with `skein run show {}`", run.id);
+        return Ok(ExitCode::from(EXIT_OK));
+    }
+    wait(&client, &run.id, args.output)
+}
+
+/// Follows a run to its end, printing each change; then its outputs.
+fn wait(client: &ApiClient, id: &str, output: OutputFormat) -> anyhow::Result<ExitCode> {
+    let mut last: Option<Run> = None;
+    let mut final_json = String::new();
+    client.follow(&format!("/v1/runs/{id}/events"), |name, data| {
+        if name != "run" {
+            return true;
+        }
+        let Ok(run) = serde_json::from_str::<Run>(data) else {
+            return true;
+        };
+        if output == OutputFormat::Human {
+            progress(last.as_ref(), &run);
+        }
+        final_json = data.to_owned();
+        let ended = matches!(run.state.as_str(), "succeeded" | "failed" | "cancelled");
+        last = Some(run);
+        !ended
+    })?;
+    let Some(run) = last else {
+        bail!("the server ended the event stream of run {id} at once");
+    };
+    if !matches!(run.state.as_str(), "succeeded" | "failed" | "cancelled") {
+        bail!(
+            "lost the server while run {id} was {}; `skein run show {id}` shows where it is",
+            run.state
+        );
+    }
+    match output {
+        OutputFormat::Json => println!("{final_json}"),
+        OutputFormat::Human => print_outputs(&run),
+    }
+    Ok(ExitCode::from(if run.state == "succeeded" {
+        EXIT_OK
+    } else {
+        EXIT_FAILURE
+    }))
+}
+
+/// One line per change between two views of a run.
+fn progress(before: Option<&Run>, now: &Run) {
+    let state_changed = before.is_none_or(|b| b.state != now.state || b.reason != now.reason);
+    if state_changed {
+        match &now.reason {
+            Some(reason) => eprintln!("run {}: {} ({reason})", now.id, now.state),
+            None => eprintln!("run {}: {}", now.id, now.state),
+        }
+    }
+    for step in &now.steps {
+        let old = before.and_then(|b| b.steps.iter().find(|s| s.id == step.id));
+        if old.is_some_and(|o| o.state == step.state && o.attempts == step.attempts && o.iteration == step.iteration) {
+            continue;
+        }
+        if old.is_none() && step.state == "pending" {
+            continue;
+        }
+        let pass = if step.iteration > 1 {
+            format!(" (pass {})", step.iteration)
+        } else {
+            String::new()
+        };
+        let detail = match step.state.as_str() {
+            "running" => format!(
+                "attempt {} on {}",
+                step.attempts,
+                step.instance.as_deref().unwrap_or(&step.agent)
+            ),
+            "retried" | "failed" | "skipped" => step.error.clone().unwrap_or_default(),
+            "done" => format!("{} characters", step.output.as_deref().map_or(0, |o| o.chars().count())),
+            _ => String::new(),
+        };
+        eprintln!("  step {}{pass}: {} {detail}", step.id, step.state);
+    }
+}
+
+fn print_outputs(run: &Run) {
+    match run.state.as_str() {
+        "succeeded" => eprintln!("run {} succeeded", run.id),
+        other => eprintln!(
+            "run {} {other}: {}",
+            run.id,
+            run.reason.as_deref().unwrap_or("no reason recorded")
+        ),
+    }
+    for step in &run.steps {
+        if let Some(output) = &step.output {
+            println!("── {} ({}) ──\n{}", step.id, step.agent, output.trim_end());
+        }
+    }
+}
+
+/// `skein runs`.
+pub fn run_list(args: &RunsArgs) -> anyhow::Result<ExitCode> {
+    let client = ApiClient::new(&args.remote.server, &args.remote.client)?;
+    let body = client.get("/v1/runs")?;
+    if args.output == OutputFormat::Json {
+        println!("{body}");
+        return Ok(ExitCode::from(EXIT_OK));
+    }
+    #[derive(Deserialize)]
+    struct Summary {
+        id: String,
+        workflow: String,
+        state: String,
+        reason: Option<String>,
+        steps_done: usize,
+        steps: usize,
+        submitted_at: String,
+    }
+    let runs: Vec<Summary> =
+        serde_json::from_str(&body).context("the server's runs are not what this skein expects")?;
+    if runs.is_empty() {
+        println!("(no run yet; `skein submit WORKFLOW` starts one)");
+        return Ok(ExitCode::from(EXIT_OK));
+    }
+    let rows: Vec<Vec<String>> = runs
+        .iter()
+        .map(|r| {
+            vec![
+                r.id.clone(),
+                r.workflow.clone(),
+                r.state.clone(),
+                format!("{}/{}", r.steps_done, r.steps),
+                r.submitted_at.clone(),
+                r.reason.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    let style = crate::table::Style {
+        indent: "",
+        gap: 3,
+        right_aligned: &[3],
+    };
+    print!(
+        "{}",
+        crate::table::render(
+            &style,
+            &["RUN", "WORKFLOW", "STATE", "STEPS", "SUBMITTED", "REASON"],
+            &rows
+        )
+    );
+    Ok(ExitCode::from(EXIT_OK))
+}
+
+/// `skein run show`.
+pub fn run_show(args: &RunIdArgs) -> anyhow::Result<ExitCode> {
+    let client = ApiClient::new(&args.remote.server, &args.remote.client)?;
+    let body = client.get(&format!("/v1/runs/{}", args.id))?;
+    if args.output == OutputFormat::Json {
+        println!("{body}");
+        return Ok(ExitCode::from(EXIT_OK));
+    }
+    let run: Run = serde_json::from_str(&body).context("the server's run is not what this skein expects")?;
+    println!("run {} of {}: {}", run.id, run.workflow.name, run.state);
+    if let Some(reason) = &run.reason {
+        println!("  {reason}");
+    }
+    println!("  submitted {}", run.submitted_at);
+    if let Some(finished) = &run.finished_at {
+        println!("  finished  {finished}");
+    }
+    let rows: Vec<Vec<String>> = run
+        .steps
+        .iter()
+        .map(|s| {
+            vec![
+                s.id.clone(),
+                s.agent.clone(),
+                s.state.clone(),
+                s.attempts.to_string(),
+                s.iteration.to_string(),
+                s.started_at.clone().unwrap_or_default(),
+                s.finished_at.clone().unwrap_or_default(),
+                s.error.clone().unwrap_or_default(),
+            ]
+        })
+        .collect();
+    let style = crate::table::Style {
+        indent: "  ",
+        gap: 3,
+        right_aligned: &[3, 4],
+    };
+    print!(
+        "{}",
+        crate::table::render(
+            &style,
+            &[
+                "STEP", "AGENT", "STATE", "ATTEMPTS", "PASS", "STARTED", "FINISHED", "ERROR"
+            ],
+            &rows
+        )
+    );
+    for step in &run.steps {
+        if let Some(output) = &step.output {
+            println!("── {} ──\n{}", step.id, output.trim_end());
+        }
+    }
+    Ok(ExitCode::from(EXIT_OK))
+}
+
+/// `skein run cancel`.
+pub fn run_cancel(args: &RunIdArgs) -> anyhow::Result<ExitCode> {
+    let client = ApiClient::new(&args.remote.server, &args.remote.client)?;
+    let body = client
+        .post(&format!("/v1/runs/{}/cancel", args.id), &serde_json::json!({}))?
+        .map_err(|r| refused_error(&r))?;
+    if args.output == OutputFormat::Json {
+        println!("{body}");
+        return Ok(ExitCode::from(EXIT_OK));
+    }
+    let run: Run = serde_json::from_str(&body).context("the server's run is not what this skein expects")?;
+    println!("run {}: {}", run.id, run.state);
+    Ok(ExitCode::from(EXIT_OK))
+}
+
+/// `skein instances`.
+pub fn run_instances(args: &InstancesArgs) -> anyhow::Result<ExitCode> {
+    let client = ApiClient::new(&args.remote.server, &args.remote.client)?;
+    let body = client.get("/v1/instances")?;
+    if args.output == OutputFormat::Json {
+        println!("{body}");
+        return Ok(ExitCode::from(EXIT_OK));
+    }
+    #[derive(Deserialize)]
+    struct Instance {
+        name: String,
+        node_name: String,
+        engine: String,
+        variant: String,
+        gpus: Vec<u32>,
+        estimated_bytes: u64,
+        state: String,
+        detail: String,
+        measured_host_rss: Option<u64>,
+        measured_gpu: Vec<(u32, u64)>,
+    }
+    let instances: Vec<Instance> =
+        serde_json::from_str(&body).context("the server's instances are not what this skein expects")?;
+    if instances.is_empty() {
+        println!("(no instance runs)");
+        return Ok(ExitCode::from(EXIT_OK));
+    }
+    let gib = |b: u64| format!("{:.2}", b as f64 / f64::from(1u32 << 30));
+    let rows: Vec<Vec<String>> = instances
+        .iter()
+        .map(|i| {
+            let measured: u64 = i.measured_gpu.iter().map(|(_, b)| b).sum::<u64>() + i.measured_host_rss.unwrap_or(0);
+            let gpus = if i.gpus.is_empty() {
+                "cpu".to_owned()
+            } else {
+                i.gpus.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+            };
+            vec![
+                i.name.clone(),
+                i.node_name.clone(),
+                gpus,
+                i.engine.clone(),
+                i.variant.clone(),
+                i.state.clone(),
+                gib(i.estimated_bytes),
+                if measured > 0 { gib(measured) } else { "-".to_owned() },
+                i.detail.lines().next().unwrap_or("").to_owned(),
+            ]
+        })
+        .collect();
+    let style = crate::table::Style {
+        indent: "",
+        gap: 3,
+        right_aligned: &[6, 7],
+    };
+    print!(
+        "{}",
+        crate::table::render(
+            &style,
+            &[
+                "INSTANCE", "NODE", "GPUS", "ENGINE", "VARIANT", "STATE", "EST GiB", "USED GiB", "DETAIL"
+            ],
+            &rows
+        )
+    );
+    Ok(ExitCode::from(EXIT_OK))
+}
+
+/// `skein logs`.
+pub fn run_logs(args: &LogsArgs) -> anyhow::Result<ExitCode> {
+    #[derive(Deserialize)]
+    struct Logs {
+        lines: Vec<String>,
+    }
+    let client = ApiClient::new(&args.remote.server, &args.remote.client)?;
+    let body = client.get(&format!("/v1/instances/{}/logs?tail={}", args.instance, args.tail))?;
+    let logs: Logs = serde_json::from_str(&body).context("the server's logs are not what this skein expects")?;
+    for line in logs.lines {
+        println!("{line}");
+    }
+    Ok(ExitCode::from(EXIT_OK))
+}

@@ -1,0 +1,239 @@
+//! A test agent at the edge of the orchestrator: it registers a node of simulated GPUs
+//! over the real agent protocol, streams telemetry, and answers `StartInstance` by
+//! starting an OpenAI-compatible fake engine in-process (it answers `echo: <prompt>`,
+//! and can fail or be slow on request). Dropping it is a machine dying: its node goes
+//! silent and its engines stop answering.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::routing::post;
+use serde_json::{Value, json};
+use skein_proto::agent::v1::{
+    self as pb, agent_message, agent_service_client::AgentServiceClient, orchestrator_message,
+};
+use tokio::sync::mpsc;
+
+/// How the fake engines of an agent behave.
+#[derive(Clone, Default)]
+pub struct EngineBehaviour {
+    /// Chat requests answered so far.
+    pub requests: Arc<AtomicU64>,
+    /// The first this many requests fail with 500.
+    pub fail_first: u64,
+    /// Each answer takes this long.
+    pub delay: Duration,
+}
+
+async fn chat(State(b): State<EngineBehaviour>, axum::Json(body): axum::Json<Value>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let n = b.requests.fetch_add(1, Ordering::SeqCst);
+    tokio::time::sleep(b.delay).await;
+    if n < b.fail_first {
+        return (
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            axum::Json(json!({"error": {"message": "CUDA out of memory", "type": "server_error"}})),
+        )
+            .into_response();
+    }
+    let prompt = body["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or("")
+        .to_owned();
+    axum::Json(json!({
+        "id": "x", "object": "chat.completion", "model": body["model"],
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": format!("echo: {prompt}")}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    }))
+    .into_response()
+}
+
+/// Serves the OpenAI chat route on loopback; returns its base URL.
+pub async fn fake_engine(behaviour: EngineBehaviour, tasks: &Tasks) -> String {
+    let app = axum::Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .with_state(behaviour);
+    let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .await
+        .unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    tasks
+        .lock()
+        .unwrap()
+        .push(tokio::spawn(async move { axum::serve(listener, app).await.unwrap() }));
+    url
+}
+
+/// Everything a test agent runs, aborted when it leaves: its node goes silent and its
+/// engines stop answering, as when a machine dies.
+pub type Tasks = Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>;
+
+/// `request` with the join token `token`.
+fn auth<T>(token: &str, mut request: tonic::Request<T>) -> tonic::Request<T> {
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    request
+}
+
+/// A test agent: one node with `gpus` simulated 24 GB GPUs.
+pub struct TestAgent {
+    tasks: Tasks,
+    started: Arc<std::sync::Mutex<Vec<pb::StartInstance>>>,
+}
+
+impl TestAgent {
+    /// Joins the orchestrator at `grpc` with join token `token` as node `name` with
+    /// `gpus` simulated RTX 4090s, its engines behaving as `behaviour`.
+    pub async fn join(grpc: SocketAddr, token: &str, name: &str, gpus: u32, behaviour: EngineBehaviour) -> TestAgent {
+        let token = token.to_owned();
+        let started = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = Arc::clone(&started);
+        let name = name.to_owned();
+        let tasks: Tasks = Arc::default();
+        let own = Arc::clone(&tasks);
+        let task = tokio::spawn(async move {
+            let mut client = AgentServiceClient::connect(format!("http://{grpc}")).await.unwrap();
+            let inventory = pb::Inventory {
+                host: Some(pb::Host {
+                    hostname: name.clone(),
+                    logical_cores: 16,
+                    physical_cores: 8,
+                    memory_total: 128 << 30,
+                    ..pb::Host::default()
+                }),
+                gpus: (0..gpus)
+                    .map(|i| pb::Gpu {
+                        index: i,
+                        uuid: format!("GPU-{name}-{i}"),
+                        name: "NVIDIA GeForce RTX 4090".to_owned(),
+                        memory_total: 24 << 30,
+                        compute_major: 8,
+                        compute_minor: 9,
+                        simulated: true,
+                        ..pb::Gpu::default()
+                    })
+                    .collect(),
+                gpu_source: "test".to_owned(),
+            };
+            let registration = client
+                .register(auth(
+                    &token,
+                    tonic::Request::new(pb::RegisterRequest {
+                        node_name: name.clone(),
+                        agent_version: "test".to_owned(),
+                        inventory: Some(inventory),
+                    }),
+                ))
+                .await
+                .unwrap()
+                .into_inner();
+            let (tx, rx) = mpsc::channel::<pb::AgentMessage>(64);
+            tx.send(pb::AgentMessage {
+                kind: Some(agent_message::Kind::Hello(pb::Hello {
+                    node_id: registration.node_id,
+                })),
+            })
+            .await
+            .unwrap();
+            let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+            let mut inbound = client
+                .session(auth(&token, tonic::Request::new(stream)))
+                .await
+                .unwrap()
+                .into_inner();
+            let telemetry = tx.clone();
+            let beat = tokio::spawn(async move {
+                for seq in 1.. {
+                    let batch = pb::Telemetry {
+                        seq,
+                        unix_ms: 0,
+                        gpus: (0..gpus)
+                            .map(|i| pb::GpuSample {
+                                index: i,
+                                memory_used: 1 << 30,
+                                memory_free: 23 << 30,
+                                utilization_pct: Some(0),
+                                temperature_c: Some(40),
+                                ..pb::GpuSample::default()
+                            })
+                            .collect(),
+                        host: Some(pb::HostSample {
+                            load1_centi: 10,
+                            memory_available: 100 << 30,
+                        }),
+                    };
+                    let message = pb::AgentMessage {
+                        kind: Some(agent_message::Kind::Telemetry(batch)),
+                    };
+                    if telemetry.send(message).await.is_err() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            });
+            own.lock().unwrap().push(beat);
+            let status = |instance: &str, state: pb::InstanceState, base_url: &str| pb::AgentMessage {
+                kind: Some(agent_message::Kind::InstanceStatus(pb::InstanceStatus {
+                    instance: instance.to_owned(),
+                    state: state as i32,
+                    base_url: base_url.to_owned(),
+                    host_rss: Some(1 << 20),
+                    ..pb::InstanceStatus::default()
+                })),
+            };
+            while let Ok(Some(message)) = inbound.message().await {
+                match message.kind {
+                    Some(orchestrator_message::Kind::StartInstance(start)) => {
+                        record.lock().unwrap().push(start.clone());
+                        tx.send(status(&start.instance, pb::InstanceState::Loading, ""))
+                            .await
+                            .ok();
+                        let url = fake_engine(behaviour.clone(), &own).await;
+                        tx.send(status(&start.instance, pb::InstanceState::Ready, &url))
+                            .await
+                            .ok();
+                    }
+                    Some(orchestrator_message::Kind::StopInstance(stop)) => {
+                        tx.send(status(&stop.instance, pb::InstanceState::Stopped, ""))
+                            .await
+                            .ok();
+                    }
+                    Some(orchestrator_message::Kind::LogsRequest(request)) => {
+                        let reply = pb::LogsReply {
+                            id: request.id,
+                            lines: vec![format!("log of {}", request.instance)],
+                            error: String::new(),
+                        };
+                        tx.send(pb::AgentMessage {
+                            kind: Some(agent_message::Kind::LogsReply(reply)),
+                        })
+                        .await
+                        .ok();
+                    }
+                    _ => {}
+                }
+            }
+        });
+        tasks.lock().unwrap().push(task);
+        TestAgent { tasks, started }
+    }
+
+    /// Every start command received.
+    pub fn starts(&self) -> Vec<pb::StartInstance> {
+        self.started.lock().unwrap().clone()
+    }
+}
+
+impl Drop for TestAgent {
+    fn drop(&mut self) {
+        for task in self.tasks.lock().unwrap().drain(..) {
+            task.abort();
+        }
+    }
+}
