@@ -4,6 +4,8 @@
 //!
 //! # Layout
 //!
+//! - [`fake_engine`]: [`fake_engine_path`], the `fake-engine` binary (a fake inference
+//!   engine process, `src/bin/fake-engine.rs`) for other crates' tests.
 //! - [`mock_hub`]: the hub (`MockHub`, `MockRepo`) with virtual file bodies.
 //! - The crate root: header writers ([`safetensors_prefix`], [`shard`],
 //!   [`shard_evenly`], [`gguf_prefix`], [`gguf_split_evenly`]) and the Llama-shaped
@@ -15,10 +17,12 @@
 //!   `ModelInfo` ([`models::reference_models`]) and as mock-hub repositories
 //!   ([`models::reference_hub_repos`]) that `inspect` lists identically.
 
+pub mod fake_engine;
 pub mod mock_hub;
 pub mod models;
 pub mod tensors;
 
+pub use fake_engine::fake_engine_path;
 use serde_json::{Map, Value, json};
 use skein_model_registry::{GgmlType, SafetensorsDtype};
 
