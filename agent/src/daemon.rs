@@ -277,7 +277,9 @@ async fn session(
     }
 }
 
-fn error_chain(error: &dyn std::error::Error) -> String {
+/// An error and its causes, `: `-separated (tonic's and reqwest's own messages omit
+/// the cause).
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
