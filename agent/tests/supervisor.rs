@@ -7,9 +7,11 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
+use skein_agent::GpuMemoryProbe;
 use skein_agent::engine::{
     CandleLaunch, EngineLaunch, InstanceEvent, InstanceState, LaunchSpec, RemoteLaunch, RestartPolicy, Supervisor,
     SupervisorConfig, SupervisorError, free_port,
@@ -396,4 +398,52 @@ async fn duplicate_names_invalid_specs_and_unknown_instances_are_refused() {
     // Dropping the supervisor kills its engines.
     drop(supervisor);
     wait_gone(pid).await;
+}
+
+/// Reports 1 MiB per process on GPU 0, and remembers what it was asked about.
+struct CountingProbe(std::sync::Mutex<Vec<u32>>);
+
+impl GpuMemoryProbe for CountingProbe {
+    fn process_memory(&self, pids: &[u32]) -> Vec<(u32, u64)> {
+        self.0.lock().expect("not poisoned").extend_from_slice(pids);
+        vec![(0, pids.len() as u64 * (1 << 20))]
+    }
+}
+
+#[tokio::test]
+async fn an_engine_that_stops_answering_is_unhealthy_then_restarted_and_gpu_memory_is_probed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = engine_program(dir.path(), &[]);
+    let mut config = config(dir.path());
+    config.stop_grace = Duration::from_millis(500);
+    let probe = Arc::new(CountingProbe(std::sync::Mutex::new(Vec::new())));
+    let (supervisor, mut events) = Supervisor::with_probe(config, probe.clone());
+    supervisor
+        .start(candle("frozen", program, &[0]))
+        .await
+        .expect("started");
+    let seen = events_until(&mut events, is_ready).await;
+    let pid = pid_of(&seen);
+    let InstanceState::Ready { memory, .. } = &seen[2].state else {
+        unreachable!("waited for it")
+    };
+    assert_eq!(memory.gpu, [(0, 1 << 20)]);
+    assert_eq!(*probe.0.lock().expect("not poisoned"), [pid]);
+
+    // A frozen engine neither exits nor answers: its probes time out.
+    let frozen = rustix::process::Pid::from_raw(i32::try_from(pid).expect("a pid")).expect("not 0");
+    rustix::process::kill_process(frozen, rustix::process::Signal::STOP).expect("SIGSTOP");
+    let seen = events_until(&mut events, is_ready).await;
+    assert_eq!(
+        names(&seen),
+        ["unhealthy", "restarting", "starting", "loading", "ready"]
+    );
+    let InstanceState::Unhealthy { reason } = &seen[0].state else {
+        unreachable!("checked above")
+    };
+    assert!(reason.starts_with("3 health probes failed in a row"), "{reason}");
+    // The frozen process was killed (SIGTERM waits for SIGCONT; SIGKILL does not).
+    wait_gone(pid).await;
+    assert_ne!(pid_of(&seen), pid);
+    supervisor.stop_all().await;
 }
