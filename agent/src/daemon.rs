@@ -141,9 +141,11 @@ pub async fn run(
     mut reports: mpsc::Receiver<pb::InstanceStatus>,
 ) -> Result<(), AgentError> {
     let endpoint = endpoint(&config)?;
-    let started = Instant::now();
+    let mut clock = Sequence {
+        started: Instant::now(),
+        seq: 0,
+    };
     let mut backoff = FIRST_BACKOFF;
-    let mut seq = 0u64;
     loop {
         let outcome = session(
             &config,
@@ -151,10 +153,11 @@ pub async fn run(
             source.as_mut(),
             &host,
             live.as_mut(),
-            started,
-            &mut seq,
-            engines.as_ref(),
-            &mut reports,
+            &mut clock,
+            Engines {
+                host: engines.as_ref(),
+                reports: &mut reports,
+            },
         )
         .await;
         match outcome {
@@ -174,6 +177,19 @@ pub async fn run(
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
+}
+
+/// The engine commands' side of a connection: where they go, and the reports to send.
+struct Engines<'a> {
+    host: &'a dyn InstanceHost,
+    reports: &'a mut mpsc::Receiver<pb::InstanceStatus>,
+}
+
+/// Time since the agent started (the simulated signals' clock) and the telemetry batch
+/// counter, both kept across reconnects.
+struct Sequence {
+    started: Instant,
+    seq: u64,
 }
 
 enum SessionError {
@@ -209,11 +225,10 @@ async fn session(
     source: &mut dyn GpuSource,
     host: &HostInventory,
     mut live: Option<&mut HostSampler>,
-    started: Instant,
-    seq: &mut u64,
-    engines: &dyn InstanceHost,
-    reports: &mut mpsc::Receiver<pb::InstanceStatus>,
+    clock: &mut Sequence,
+    engines: Engines<'_>,
 ) -> Result<(), SessionError> {
+    let Engines { host: engines, reports } = engines;
     let channel: Channel = endpoint
         .connect()
         .await
@@ -268,13 +283,13 @@ async fn session(
                 outbound.send(message).await.map_err(|_| closed())?;
             }
             _ = tick.tick() => {
-                let t = started.elapsed().as_secs_f64();
+                let t = clock.started.elapsed().as_secs_f64();
                 let samples: Vec<GpuSample> = source
                     .sample(t)
                     .into_iter()
                     .filter_map(|sample| sample.map_err(|error| tracing::debug!(%error, "a GPU could not be sampled")).ok())
                     .collect();
-                *seq += 1;
+                clock.seq += 1;
                 let now = match live.as_deref_mut() {
                     Some(sampler) => sampler.sample(),
                     None => HostLive {
@@ -282,7 +297,7 @@ async fn session(
                         memory_available: host.memory.available_bytes,
                     },
                 };
-                let message = telemetry(*seq, &samples, now);
+                let message = telemetry(clock.seq, &samples, now);
                 outbound.send(message).await.map_err(|_| closed())?;
             }
             message = inbound.message() => {
@@ -323,7 +338,9 @@ async fn session(
     }
 }
 
-fn error_chain(error: &dyn std::error::Error) -> String {
+/// An error and its causes, `: `-separated (tonic's and reqwest's own messages omit
+/// the cause).
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

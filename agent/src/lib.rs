@@ -16,11 +16,15 @@
 //! - [`gpu`]: the GPU types ([`GpuInfo`] sent once, [`GpuSample`] per tick,
 //!   [`ThrottleReasons`]), the [`GpuSource`] trait, and the NVML source
 //!   ([`discover_nvml`] → [`NvmlSource`]), which loads `libnvidia-ml.so.1` at run
-//!   time and returns `Ok(None)` on a machine without the driver.
+//!   time and returns `Ok(None)` on a machine without the driver; and
+//!   [`GpuMemoryProbe`], the memory of given processes per GPU ([`NvmlMemoryProbe`]).
 //! - [`daemon`]: the connection to the orchestrator: register, then one gRPC stream
 //!   (telemetry up, pings and commands down), reconnecting with backoff.
-//! - [`engine`]: inference engines: the command lines of `llama-server` and `vllm serve`
-//!   from an instance's launch spec ([`engine::LaunchSpec::command`], pure).
+//! - [`engine`]: inference engines: the command lines of `llama-server`, `vllm serve`
+//!   and the built-in `skein engine serve` from an instance's launch spec
+//!   ([`engine::LaunchSpec::command`], pure), and the [`engine::Supervisor`] that runs
+//!   instances (local processes or remote endpoints): readiness, measured memory,
+//!   health probes, restarts with backoff, clean stops, captured logs.
 //! - [`fleet`]: fleet files ([`load_fleet`] → [`Fleet`] → [`Fleet::node`]): the
 //!   schema, the GPU model catalog ([`fleet::catalog`]) and diagnostics with
 //!   file:line:column.
@@ -39,6 +43,8 @@
 //! system and blocks briefly (files under `/proc` and `/sys` on Linux, NVML calls);
 //! async callers run it, and GPU sampling, on a blocking thread. Nothing panics on
 //! bad input or a failing driver call: a failing NVML field is `None`, logged once.
+//! Engine processes run in their own process groups and never outlive the
+//! [`engine::Supervisor`] that started them.
 
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
@@ -53,6 +59,9 @@ mod suggest;
 pub mod telemetry;
 
 pub use fleet::{Fleet, FleetError, load_fleet};
-pub use gpu::{GpuInfo, GpuSample, GpuSource, NvmlSource, PcieLink, SampleError, ThrottleReasons, discover_nvml};
+pub use gpu::{
+    GpuInfo, GpuMemoryProbe, GpuSample, GpuSource, NvmlMemoryProbe, NvmlSource, PcieLink, SampleError, ThrottleReasons,
+    discover_nvml,
+};
 pub use host::{HostInventory, HostLive, HostSampler};
 pub use sim::SimulatedSource;

@@ -4,7 +4,9 @@
 
 use std::path::PathBuf;
 
-use skein_agent::engine::{EngineLaunch, LaunchSpec, LlamaCppLaunch, VllmLaunch, memory_fraction};
+use skein_agent::engine::{
+    CandleLaunch, EngineLaunch, LaunchSpec, LlamaCppLaunch, RemoteLaunch, VllmLaunch, memory_fraction,
+};
 
 const GIB: u64 = 1 << 30;
 /// An A100 80GB as NVML reports it (81,920 MiB).
@@ -144,6 +146,76 @@ fn gguf_on_the_cpu() {
         EngineLaunch::LlamaCpp(llama("/models/qwen2.5-0.5b-instruct-q4_k_m.gguf", None, &[])),
     );
     insta::assert_yaml_snapshot!(s.command().expect("a command"));
+}
+
+fn candle(model: &str) -> EngineLaunch {
+    EngineLaunch::Candle(CandleLaunch {
+        program: PathBuf::from("/usr/local/bin/skein"),
+        model: PathBuf::from(model),
+        seed: 42,
+    })
+}
+
+#[test]
+fn built_in_engine_on_the_cpu() {
+    let s = spec(
+        "hello.assistant",
+        &[],
+        4096,
+        1,
+        candle("/hf/models--Qwen--Qwen2.5-0.5B-Instruct/snapshots/abc"),
+    );
+    insta::assert_yaml_snapshot!(s.command().expect("a command"));
+}
+
+#[test]
+fn built_in_engine_on_the_first_of_its_gpus() {
+    let s = spec(
+        "lab-research.vision",
+        &[3],
+        8192,
+        1,
+        candle("/models/qwen2.5-7b-instruct-q4_k_m.gguf"),
+    );
+    let command = s.command().expect("a command");
+    assert_eq!(
+        command.to_string(),
+        "CUDA_VISIBLE_DEVICES=3 /usr/local/bin/skein engine serve --model /models/qwen2.5-7b-instruct-q4_k_m.gguf \
+         --name lab-research.vision --host 127.0.0.1 --port 8101 --seed 42 --device cuda:0"
+    );
+    insta::assert_yaml_snapshot!(command);
+}
+
+#[test]
+fn remote_endpoints_have_no_command_and_names_must_make_file_names() {
+    let remote = |url: &str| {
+        EngineLaunch::Remote(RemoteLaunch {
+            url: url.to_owned(),
+            model: "gpt-4o-mini".to_owned(),
+            api_key_env: Some("OPENAI_API_KEY".to_owned()),
+        })
+    };
+    let cases: Vec<(&str, LaunchSpec)> = vec![
+        (
+            "remote",
+            spec("lab.cloud", &[], 4096, 1, remote("https://api.openai.com/v1")),
+        ),
+        (
+            "remote without a scheme",
+            spec("lab.cloud", &[], 4096, 1, remote("api.openai.com/v1")),
+        ),
+        (
+            "remote with a bad name",
+            spec("lab cloud", &[], 4096, 1, remote("https://api.openai.com/v1")),
+        ),
+        ("a path as name", spec("../etc", &[], 4096, 1, candle("/m"))),
+        ("a hidden file as name", spec(".x", &[], 4096, 1, candle("/m"))),
+    ];
+    let report: Vec<String> = cases
+        .iter()
+        .map(|(what, s)| format!("{what}: {}", s.command().expect_err("no command")))
+        .collect();
+    insta::assert_yaml_snapshot!(report);
 }
 
 #[test]

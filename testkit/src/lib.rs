@@ -4,6 +4,8 @@
 //!
 //! # Layout
 //!
+//! - [`fake_engine`]: [`fake_engine_path`], the `fake-engine` binary (a fake inference
+//!   engine process, `src/bin/fake-engine.rs`) for other crates' tests.
 //! - [`mock_hub`]: the hub (`MockHub`, `MockRepo`) with virtual file bodies.
 //! - [`agent`]: a test agent over the real agent protocol whose engines are in-process
 //!   OpenAI-compatible fakes (the orchestrator's executor tests and benchmarks).
@@ -18,10 +20,12 @@
 //!   ([`models::reference_hub_repos`]) that `inspect` lists identically.
 
 pub mod agent;
+pub mod fake_engine;
 pub mod mock_hub;
 pub mod models;
 pub mod tensors;
 
+pub use fake_engine::fake_engine_path;
 use serde_json::{Map, Value, json};
 use skein_model_registry::{GgmlType, SafetensorsDtype};
 

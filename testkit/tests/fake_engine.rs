@@ -133,6 +133,47 @@ async fn records_its_command_line_and_serves_the_openai_protocol() {
     assert_eq!(wrong.status(), 404);
 }
 
+#[tokio::test]
+async fn names_the_model_after_name_and_asks_for_the_key_it_was_given() {
+    let port = free_port();
+    let _engine = Running(
+        Command::new(env!("CARGO_BIN_EXE_fake-engine"))
+            .args([
+                "engine",
+                "serve",
+                "--name",
+                "hello.assistant",
+                "--port",
+                &port.to_string(),
+            ])
+            .env("SKEIN_FAKE_ENGINE_API_KEY", "sk-test")
+            .spawn()
+            .expect("start the fake engine"),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    wait_healthy(&client, &base).await;
+    let without = client.get(format!("{base}/v1/models")).send().await.expect("models");
+    assert_eq!(without.status(), 401);
+    let wrong = client
+        .get(format!("{base}/v1/models"))
+        .bearer_auth("sk-other")
+        .send()
+        .await
+        .expect("models");
+    assert_eq!(wrong.status(), 401);
+    let models: Value = client
+        .get(format!("{base}/v1/models"))
+        .bearer_auth("sk-test")
+        .send()
+        .await
+        .expect("models")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(models["data"][0]["id"], "hello.assistant");
+}
+
 #[test]
 fn exits_when_asked_to_crash_and_refuses_a_command_without_a_port() {
     let port = free_port().to_string();

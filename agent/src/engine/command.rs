@@ -1,9 +1,12 @@
-//! The command lines of external engines: what the agent runs for `llama-server` and
-//! `vllm serve` from an instance's launch spec. Pure: a spec in, a program, its
-//! arguments and its environment out, so that the exact command for every plan of the
-//! reference fleet is snapshot-tested and nothing about it is decided at start time.
+//! The command lines of engines: what the agent runs for `llama-server`, `vllm serve` and
+//! Skein's built-in candle engine (`skein engine serve`) from an instance's launch spec.
+//! Pure: a spec in, a program, its arguments and its environment out, so that the exact
+//! command for every plan of the reference fleet is snapshot-tested and nothing about it
+//! is decided at start time. A remote endpoint ([`RemoteLaunch`]) is a launch spec too,
+//! but has no command: the supervisor only probes it.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -36,6 +39,35 @@ pub enum EngineLaunch {
     LlamaCpp(LlamaCppLaunch),
     /// `vllm serve`.
     Vllm(VllmLaunch),
+    /// Skein's built-in engine on candle (`skein engine serve`).
+    Candle(CandleLaunch),
+    /// An OpenAI-compatible endpoint run by someone else: no process, only probes.
+    Remote(RemoteLaunch),
+}
+
+/// Skein's built-in engine (`skein engine serve`) for a local model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CandleLaunch {
+    /// The `skein` binary.
+    pub program: PathBuf,
+    /// A local snapshot directory (safetensors and tokenizer) or a `.gguf` file.
+    pub model: PathBuf,
+    /// The sampling seed, so that replays of a run sample alike.
+    pub seed: u64,
+}
+
+/// An OpenAI-compatible endpoint elsewhere (a hosted API, or an engine the agent does
+/// not run). [`LaunchSpec::host`], [`LaunchSpec::port`] and [`LaunchSpec::gpus`] do not
+/// apply to it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RemoteLaunch {
+    /// The OpenAI base URL, e.g. `https://api.example.org/v1` (`/models` is probed under it).
+    pub url: String,
+    /// The model's name at that endpoint.
+    pub model: String,
+    /// The agent's environment variable that holds the API key, sent as
+    /// `Authorization: Bearer KEY`; `None`: no key.
+    pub api_key_env: Option<String>,
 }
 
 /// `llama-server` for one GGUF variant.
@@ -114,6 +146,16 @@ pub enum LaunchError {
         /// What it must hold.
         expected: String,
     },
+    /// The spec is a remote endpoint: there is no process to start.
+    #[error(
+        "instance `{instance}` is the remote endpoint {url}: there is no command to run, only the endpoint to probe"
+    )]
+    Remote {
+        /// The instance.
+        instance: String,
+        /// The endpoint's base URL.
+        url: String,
+    },
 }
 
 impl LaunchSpec {
@@ -126,14 +168,23 @@ impl LaunchSpec {
         }
     }
 
-    /// The command that starts this spec's engine.
+    fn no_command(&self, r: &RemoteLaunch) -> LaunchError {
+        LaunchError::Remote {
+            instance: self.instance.clone(),
+            url: r.url.clone(),
+        }
+    }
+
+    /// The command that starts this spec's engine; [`LaunchError::Remote`] for a valid
+    /// remote endpoint (which has no process).
     pub fn command(&self) -> Result<EngineCommand, LaunchError> {
-        if self.instance.is_empty() || self.instance.chars().any(char::is_whitespace) {
-            return Err(self.invalid(
-                "the instance name",
-                format!("{:?}", self.instance),
-                "it must be one word",
-            ));
+        self.check_name()?;
+        // Before the checks of local engines: a remote spec's host and port are unused.
+        if let EngineLaunch::Remote(r) = &self.engine {
+            if !(r.url.starts_with("http://") || r.url.starts_with("https://")) {
+                return Err(self.invalid("the endpoint URL", &r.url, "an http:// or https:// base URL"));
+            }
+            return Err(self.no_command(r));
         }
         if self.port == 0 {
             return Err(self.invalid("the port", 0, "the engine needs a fixed port the agent can probe"));
@@ -152,6 +203,56 @@ impl LaunchSpec {
         match &self.engine {
             EngineLaunch::LlamaCpp(l) => self.llama_cpp(l, env),
             EngineLaunch::Vllm(v) => self.vllm(v, env),
+            EngineLaunch::Candle(c) => Ok(self.candle(c, env)),
+            EngineLaunch::Remote(r) => Err(self.no_command(r)),
+        }
+    }
+
+    /// The instance name is one word, and names the instance's log file.
+    fn check_name(&self) -> Result<(), LaunchError> {
+        if self.instance.is_empty() || self.instance.chars().any(char::is_whitespace) {
+            return Err(self.invalid(
+                "the instance name",
+                format!("{:?}", self.instance),
+                "it must be one word",
+            ));
+        }
+        if self.instance.contains(['/', '\\']) || self.instance.starts_with('.') {
+            return Err(self.invalid(
+                "the instance name",
+                format!("{:?}", self.instance),
+                "it names the instance's log file: no `/` or `\\`, and no leading `.`",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `skein engine serve`: the built-in engine sees only the plan's GPUs, so it always
+    /// runs on `cuda:0` of them (or on the CPU without GPUs).
+    fn candle(&self, c: &CandleLaunch, env: BTreeMap<String, String>) -> EngineCommand {
+        let device = if self.gpus.is_empty() { "cpu" } else { "cuda:0" };
+        let args = [
+            "engine",
+            "serve",
+            "--model",
+            &c.model.display().to_string(),
+            "--name",
+            &self.instance,
+            "--host",
+            &self.host,
+            "--port",
+            &self.port.to_string(),
+            "--seed",
+            &c.seed.to_string(),
+            "--device",
+            device,
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        EngineCommand {
+            program: c.program.clone(),
+            args,
+            env,
         }
     }
 
@@ -299,6 +400,37 @@ impl LaunchSpec {
             args,
             env,
         })
+    }
+}
+
+impl fmt::Display for EngineCommand {
+    /// The command as a shell line: `VAR=value … program arg …`, with words that a shell
+    /// would split or expand in single quotes. For logs and events, not for a shell.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let program = self.program.display().to_string();
+        let words = self
+            .env
+            .iter()
+            .map(|(k, v)| format!("{k}={}", shell_word(v)))
+            .chain(std::iter::once(shell_word(&program)))
+            .chain(self.args.iter().map(|a| shell_word(a)));
+        for (i, word) in words.enumerate() {
+            if i > 0 {
+                f.write_str(" ")?;
+            }
+            f.write_str(&word)?;
+        }
+        Ok(())
+    }
+}
+
+/// `word`, or `'word'` when a shell would split or expand it (an empty word too).
+fn shell_word(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./:,=+@%".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
     }
 }
 

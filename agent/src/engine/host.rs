@@ -15,7 +15,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::command::{CandleLaunch, EngineLaunch, LaunchSpec, LlamaCppLaunch, RemoteLaunch, VllmLaunch};
-use super::supervisor::{InstanceEvent, InstanceState, Supervisor, free_port};
+use super::free_port;
+use super::supervisor::{InstanceEvent, InstanceState, Supervisor};
 use crate::daemon::InstanceHost;
 
 /// Where the engines' programs are and how engines are reached.
@@ -173,7 +174,11 @@ impl Inner {
         };
         let port = match free_port(&self.config.listen_host) {
             Ok(port) => port,
-            Err(error) => return self.fail(&name, format!("no free port on {}: {error}", self.config.listen_host)).await,
+            Err(error) => {
+                return self
+                    .fail(&name, format!("no free port on {}: {error}", self.config.listen_host))
+                    .await;
+            }
         };
         let spec = match launch_spec(&command, snapshot.as_deref(), &self.config, port) {
             Ok(spec) => spec,
@@ -332,14 +337,20 @@ pub fn launch_spec(
             }
             EngineLaunch::Candle(CandleLaunch {
                 program: config.skein.clone(),
-                model: if e.gguf.is_empty() { dir.to_owned() } else { dir.join(&e.gguf) },
+                model: if e.gguf.is_empty() {
+                    dir.to_owned()
+                } else {
+                    dir.join(&e.gguf)
+                },
                 seed: e.seed,
             })
         }
         Some(start_instance::Engine::LlamaCpp(e)) => {
             let dir = needs_files()?;
             if e.gguf.is_empty() {
-                return Err(format!("instance `{name}`: llama.cpp needs a GGUF file and the command names none"));
+                return Err(format!(
+                    "instance `{name}`: llama.cpp needs a GGUF file and the command names none"
+                ));
             }
             EngineLaunch::LlamaCpp(LlamaCppLaunch {
                 program: config.llama_server.clone(),

@@ -1,8 +1,34 @@
 //! Inference engines on the agent's GPUs.
 //!
-//! - [`command`]: the exact command lines of the external engines (`llama-server`,
-//!   `vllm serve`) from an instance's [`LaunchSpec`], pure and snapshot-tested.
+//! - [`command`]: the exact command lines of the engines (`llama-server`, `vllm serve`,
+//!   Skein's built-in `skein engine serve`) from an instance's [`LaunchSpec`], pure and
+//!   snapshot-tested; a remote endpoint ([`RemoteLaunch`]) is a spec without a command.
+//! - [`supervisor`]: the [`Supervisor`] that starts instances, waits until they are
+//!   ready, measures their memory, probes their health, restarts them with backoff and
+//!   stops them (whole process groups), reporting each change as an [`InstanceEvent`].
+//! - `instance` (private): one instance's task: start, readiness, health, restarts.
+//! - `process` (private): one engine process in its own process group, its output
+//!   captured, its process tree measured; and [`free_port`].
+//! - `logs` (private): an instance's log file (appended across restarts) and its
+//!   in-memory ring of recent lines.
+//! - [`host`]: the daemon's side of engine commands ([`host::EngineHost`]): a start
+//!   becomes a download into the Hugging Face cache, a port, a launch spec and a
+//!   supervised engine, each change reported up the agent's stream.
 
 pub mod command;
+pub mod host;
+mod instance;
+mod logs;
+mod process;
+pub mod supervisor;
 
-pub use command::{EngineCommand, EngineLaunch, LaunchError, LaunchSpec, LlamaCppLaunch, VllmLaunch, memory_fraction};
+pub use command::{
+    CandleLaunch, EngineCommand, EngineLaunch, LaunchError, LaunchSpec, LlamaCppLaunch, RemoteLaunch, VllmLaunch,
+    memory_fraction,
+};
+pub use logs::LOG_RING_LINES;
+pub use process::free_port;
+pub use supervisor::{
+    InstanceEvent, InstanceState, InstanceStatus, MeasuredMemory, RestartPolicy, Supervisor, SupervisorConfig,
+    SupervisorError,
+};

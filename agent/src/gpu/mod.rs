@@ -9,7 +9,8 @@ mod throttle;
 use serde::{Deserialize, Serialize};
 
 pub use nvml::{
-    DiscoveryError, NO_DRIVER_MESSAGE, NvmlConfig, NvmlSource, SampleError, discover_nvml, discover_nvml_with,
+    DiscoveryError, NO_DRIVER_MESSAGE, NvmlConfig, NvmlMemoryProbe, NvmlSource, SampleError, discover_nvml,
+    discover_nvml_with,
 };
 pub use throttle::ThrottleReasons;
 
@@ -111,6 +112,17 @@ pub trait GpuSource: Send {
     fn set_own_pids(&mut self, pids: &[u32]) {
         let _ = pids;
     }
+}
+
+/// Measures how much GPU memory given processes hold, so the supervisor can report what
+/// an engine really uses once it has loaded. NVML implements it ([`NvmlMemoryProbe`]);
+/// without a probe the supervisor reports no GPU figures.
+///
+/// Implementations block (driver calls): the supervisor calls them on a blocking thread.
+pub trait GpuMemoryProbe: Send + Sync {
+    /// Bytes held by `pids` together on each GPU that any of them uses, as
+    /// `(GPU index, bytes)` sorted by index; GPUs they do not use are left out.
+    fn process_memory(&self, pids: &[u32]) -> Vec<(u32, u64)>;
 }
 
 /// Formats `bytes` of a 16-byte identity as an NVML-style UUID:

@@ -300,8 +300,17 @@ fn foreign_memory(
     if compute.is_none() && graphics.is_none() {
         return None;
     }
+    memory_by_pid(compute.into_iter().chain(graphics).flatten())
+        .into_iter()
+        .filter(|(pid, _)| !own.contains(pid))
+        .try_fold(0u64, |sum, (_, used)| used.map(|bytes| sum.saturating_add(bytes)))
+}
+
+/// Memory per process from NVML's process lists; a process listed twice (compute and
+/// graphics) counts once, with the larger figure. `None`: NVML does not report it.
+fn memory_by_pid(processes: impl IntoIterator<Item = ProcessInfo>) -> BTreeMap<u32, Option<u64>> {
     let mut by_pid: BTreeMap<u32, Option<u64>> = BTreeMap::new();
-    for process in compute.into_iter().chain(graphics).flatten() {
+    for process in processes {
         let used = match process.used_gpu_memory {
             UsedGpuMemory::Used(bytes) => Some(bytes),
             UsedGpuMemory::Unavailable => None,
@@ -313,9 +322,64 @@ fn foreign_memory(
         };
     }
     by_pid
-        .into_iter()
-        .filter(|(pid, _)| !own.contains(pid))
-        .try_fold(0u64, |sum, (_, used)| used.map(|bytes| sum.saturating_add(bytes)))
+}
+
+/// GPU memory of given processes through NVML's running compute processes: what an
+/// engine holds on each GPU once loaded (a CUDA engine is a compute process).
+pub struct NvmlMemoryProbe {
+    nvml: Nvml,
+}
+
+impl std::fmt::Debug for NvmlMemoryProbe {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlMemoryProbe").finish_non_exhaustive()
+    }
+}
+
+impl NvmlMemoryProbe {
+    /// Loads NVML; `Ok(None)` without a driver, as [`discover_nvml`].
+    pub fn new() -> Result<Option<Self>, DiscoveryError> {
+        match Nvml::init() {
+            Ok(nvml) => Ok(Some(Self { nvml })),
+            Err(NvmlError::LibloadingError(_) | NvmlError::LibraryNotFound) => Ok(None),
+            Err(error) => Err(DiscoveryError::Init(error)),
+        }
+    }
+}
+
+impl super::GpuMemoryProbe for NvmlMemoryProbe {
+    fn process_memory(&self, pids: &[u32]) -> Vec<(u32, u64)> {
+        let wanted: BTreeSet<u32> = pids.iter().copied().collect();
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|error| debug!(%error, "NVML could not count the GPUs"))
+            .unwrap_or(0);
+        let mut used = Vec::new();
+        for index in 0..count {
+            let processes = self
+                .nvml
+                .device_by_index(index)
+                .and_then(|device| device.running_compute_processes());
+            let processes = match processes {
+                Ok(processes) => processes,
+                Err(error) => {
+                    debug!(gpu = index, %error, "NVML compute processes unavailable");
+                    continue;
+                }
+            };
+            let ours: Vec<Option<u64>> = memory_by_pid(processes)
+                .into_iter()
+                .filter(|(pid, _)| wanted.contains(pid))
+                .map(|(_, bytes)| bytes)
+                .collect();
+            if !ours.is_empty() {
+                // A process whose figure NVML withholds still counts as present (0 bytes).
+                used.push((index, ours.into_iter().flatten().sum()));
+            }
+        }
+        used
+    }
 }
 
 /// A GPU as discovery read it, before NVLink ends are matched to other GPUs.

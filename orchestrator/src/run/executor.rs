@@ -409,15 +409,16 @@ impl Executor {
                 let workflow = run.workflow.clone();
                 // The hub client's futures are not `Send`: read on a blocking thread.
                 let read = tokio::task::spawn_blocking(move || {
-                    tokio::runtime::Handle::current().block_on(crate::catalogs::inspect_workflow(
-                        &hub,
-                        &workflow,
-                        &InspectOptions::default(),
-                    ))
+                    tokio::runtime::Handle::current()
+                        .block_on(crate::catalogs::inspect_workflow(
+                            &hub,
+                            &workflow,
+                            &InspectOptions::default(),
+                        ))
+                        .map_err(|e| skein_model_registry::error_chain(&e))
                 })
                 .await
-                .map_err(|e| format!("reading the models failed: {e}"))?
-                .map_err(|e| skein_model_registry::error_chain(&e))?;
+                .map_err(|e| format!("reading the models failed: {e}"))??;
                 let models = Arc::new(read);
                 lock(&self.inner.catalogs).insert(run.id.clone(), Arc::clone(&models));
                 models

@@ -1,6 +1,7 @@
 //! A fake inference engine for tests: started with the command line the agent would give
-//! `llama-server` or `vllm serve`, it records that command line and its GPU environment,
-//! then answers the OpenAI protocol on the port it was given, deterministically.
+//! `llama-server`, `vllm serve` or `skein engine serve`, it records that command line and
+//! its GPU environment, then answers the OpenAI protocol on the port it was given,
+//! deterministically.
 //!
 //! - `SKEIN_FAKE_ENGINE_RECORD=FILE`: writes `{"args": [...], "env": {...}}` (the
 //!   arguments after the program, and every `CUDA_*`, `VLLM_*` and `HF_*` variable) to
@@ -8,6 +9,8 @@
 //! - `SKEIN_FAKE_ENGINE_READY_MS=N`: answers `/health` with 503 for N ms first, as an
 //!   engine loading its weights does.
 //! - `SKEIN_FAKE_ENGINE_EXIT_MS=N`: exits with status 3 after N ms, as a crashing engine.
+//! - `SKEIN_FAKE_ENGINE_API_KEY=KEY`: the `/v1` routes answer 401 without
+//!   `Authorization: Bearer KEY`, as a hosted API does.
 //!
 //! Routes: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions` (with `stream`,
 //! server-sent events as the OpenAI protocol sends them). The reply is `echo: ` and the
@@ -20,13 +23,15 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::header::AUTHORIZATION;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 
 struct Engine {
     model: String,
+    api_key: Option<String>,
     started: Instant,
     ready_after: Duration,
 }
@@ -62,8 +67,9 @@ async fn run() -> Result<(), String> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let host = flag(&args, &["--host"]).unwrap_or_else(|| "127.0.0.1".to_owned());
     let port = flag(&args, &["--port"]).ok_or("no --port given")?;
-    // vLLM names the model `--served-model-name`, llama-server `--alias`.
-    let model = flag(&args, &["--served-model-name", "--alias"]).ok_or("no --served-model-name or --alias given")?;
+    // vLLM names the model `--served-model-name`, llama-server `--alias`, skein `--name`.
+    let model = flag(&args, &["--served-model-name", "--alias", "--name"])
+        .ok_or("no --served-model-name, --alias or --name given")?;
     if let Ok(path) = std::env::var("SKEIN_FAKE_ENGINE_RECORD") {
         let env: BTreeMap<String, String> = std::env::vars()
             .filter(|(k, _)| ["CUDA_", "VLLM_", "HF_"].iter().any(|p| k.starts_with(p)))
@@ -81,6 +87,7 @@ async fn run() -> Result<(), String> {
     }
     let engine = Arc::new(Engine {
         model,
+        api_key: std::env::var("SKEIN_FAKE_ENGINE_API_KEY").ok(),
         started: Instant::now(),
         ready_after,
     });
@@ -103,7 +110,20 @@ async fn health(State(engine): State<Arc<Engine>>) -> StatusCode {
     }
 }
 
-async fn models(State(engine): State<Arc<Engine>>) -> Response {
+/// The 401 of a request without the key, when the engine was given one.
+fn unauthorized(engine: &Engine, headers: &HeaderMap) -> Option<Response> {
+    let key = engine.api_key.as_deref()?;
+    let given = headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    (given != Some(key)).then(|| error(StatusCode::UNAUTHORIZED, "invalid or missing API key"))
+}
+
+async fn models(State(engine): State<Arc<Engine>>, headers: HeaderMap) -> Response {
+    if let Some(refused) = unauthorized(&engine, &headers) {
+        return refused;
+    }
     axum::Json(json!({
         "object": "list",
         "data": [{ "id": engine.model, "object": "model", "owned_by": "fake-engine" }],
@@ -119,7 +139,10 @@ fn error(status: StatusCode, message: &str) -> Response {
         .into_response()
 }
 
-async fn chat(State(engine): State<Arc<Engine>>, body: String) -> Response {
+async fn chat(State(engine): State<Arc<Engine>>, headers: HeaderMap, body: String) -> Response {
+    if let Some(refused) = unauthorized(&engine, &headers) {
+        return refused;
+    }
     if engine.started.elapsed() < engine.ready_after {
         return error(StatusCode::SERVICE_UNAVAILABLE, "the model is loading");
     }

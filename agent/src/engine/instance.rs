@@ -1,0 +1,417 @@
+//! One instance's task: what it runs ([`Target`]: a local engine process or a remote
+//! endpoint), and the loop that starts it, waits until it is ready, watches its health
+//! and restarts it per the [`RestartPolicy`](super::supervisor::RestartPolicy) until it
+//! is stopped or has failed. Its state goes to the supervisor's table and event channel.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::command::{EngineCommand, EngineLaunch, LaunchError, LaunchSpec, RemoteLaunch};
+use super::logs::{InstanceLog, LogMark};
+use super::process::{EngineProcess, describe_exit, process_tree};
+use super::supervisor::{
+    InstanceEvent, InstanceState, MeasuredMemory, PROBE_TIMEOUT, READINESS_POLL, REASON_LOG_LINES, Shared,
+    SupervisorError, UNHEALTHY_AFTER,
+};
+use crate::daemon::error_chain;
+
+/// What an instance runs.
+pub(super) enum Target {
+    /// An engine process on this machine, probed at `health_url`.
+    Local {
+        command: EngineCommand,
+        health_url: String,
+        base_url: String,
+    },
+    /// A remote endpoint, probed at `models_url` with the key.
+    Remote {
+        base_url: String,
+        models_url: String,
+        key: Option<String>,
+    },
+}
+
+impl Target {
+    pub(super) fn from_spec(spec: &LaunchSpec) -> Result<Self, SupervisorError> {
+        match (spec.command(), &spec.engine) {
+            (Ok(command), _) => {
+                // An engine listening on every address is probed on loopback.
+                let probe_host = match spec.host.as_str() {
+                    "0.0.0.0" => "127.0.0.1",
+                    "::" | "[::]" => "::1",
+                    host => host,
+                };
+                Ok(Self::Local {
+                    command,
+                    health_url: format!("{}/health", origin(probe_host, spec.port)),
+                    base_url: format!("{}/v1", origin(&spec.host, spec.port)),
+                })
+            }
+            (Err(LaunchError::Remote { .. }), EngineLaunch::Remote(remote)) => Self::remote(spec, remote),
+            (Err(error), _) => Err(SupervisorError::Invalid(error)),
+        }
+    }
+
+    fn remote(spec: &LaunchSpec, remote: &RemoteLaunch) -> Result<Self, SupervisorError> {
+        let key = match &remote.api_key_env {
+            None => None,
+            Some(variable) => match std::env::var(variable) {
+                Ok(key) if !key.is_empty() => Some(key),
+                _ => {
+                    return Err(SupervisorError::MissingApiKey {
+                        instance: spec.instance.clone(),
+                        variable: variable.clone(),
+                    });
+                }
+            },
+        };
+        let base_url = remote.url.trim_end_matches('/').to_owned();
+        Ok(Self::Remote {
+            models_url: format!("{base_url}/models"),
+            base_url,
+            key,
+        })
+    }
+
+    /// For logs and the Starting event: the command, or the probe of a remote endpoint.
+    pub(super) fn describe(&self) -> String {
+        match self {
+            Self::Local { command, .. } => command.to_string(),
+            Self::Remote { models_url, .. } => format!("GET {models_url}"),
+        }
+    }
+}
+
+/// `http://host:port`, with an IPv6 address in brackets.
+fn origin(host: &str, port: u16) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("http://[{host}]:{port}")
+    } else {
+        format!("http://{host}:{port}")
+    }
+}
+
+/// How one start ended.
+enum Attempt {
+    /// Stopped on request.
+    Stopped,
+    /// Failed; a restart may help. `ready_for`: how long it had been ready, if it was.
+    Failed {
+        reason: String,
+        ready_for: Option<Duration>,
+    },
+    /// Failed in a way a restart cannot fix (the program cannot be started, the
+    /// endpoint refuses the key).
+    Fatal { reason: String },
+}
+
+/// Why a probe did not find the instance ready.
+#[derive(Debug)]
+enum NotReady {
+    /// 503: still loading.
+    Loading,
+    /// 401 or 403: the key is wrong; waiting will not help.
+    Refused(String),
+    /// Anything else (connection refused, timeout, another status).
+    Other(String),
+}
+
+impl NotReady {
+    fn describe(&self) -> String {
+        match self {
+            Self::Loading => "answered 503 Service Unavailable (loading)".to_owned(),
+            Self::Refused(reason) | Self::Other(reason) => reason.clone(),
+        }
+    }
+}
+
+/// The task of one instance.
+pub(super) struct InstanceTask {
+    pub(super) shared: Arc<Shared>,
+    pub(super) name: String,
+    pub(super) log: Arc<InstanceLog>,
+    pub(super) cancel: CancellationToken,
+}
+
+impl InstanceTask {
+    /// Starts, watches and restarts the instance until it is stopped or has failed.
+    pub(super) async fn supervise(self, target: Target) {
+        let policy = self.shared.config.restart;
+        let mut restarts = 0u32;
+        let mut start = 0u32;
+        loop {
+            start += 1;
+            let attempt = self.attempt(&target, start, restarts).await;
+            let (reason, ready_for) = match attempt {
+                Attempt::Stopped => break,
+                Attempt::Fatal { reason } => {
+                    self.fail(reason, restarts).await;
+                    return self.finish();
+                }
+                Attempt::Failed { reason, ready_for } => (reason, ready_for),
+            };
+            if ready_for.is_some_and(|d| d >= policy.reset_after) {
+                restarts = 0;
+            }
+            if restarts >= policy.max_restarts {
+                self.fail(reason, restarts).await;
+                return self.finish();
+            }
+            restarts += 1;
+            let after = policy.backoff(restarts);
+            warn!(instance = %self.name, %reason, attempt = restarts, ?after, "engine failed; restarting");
+            let state = InstanceState::Restarting {
+                attempt: restarts,
+                after,
+                reason,
+            };
+            self.emit(state, restarts).await;
+            tokio::select! {
+                biased;
+                () = self.cancel.cancelled() => break,
+                () = tokio::time::sleep(after) => {}
+            }
+        }
+        self.emit(InstanceState::Stopped, restarts).await;
+        self.finish();
+    }
+
+    /// One start: launch (or, remote, begin probing), wait until ready, watch until it
+    /// fails or is stopped.
+    async fn attempt(&self, target: &Target, start: u32, restarts: u32) -> Attempt {
+        let config = &self.shared.config;
+        let described = target.describe();
+        let marker = format!(
+            "==> skein: start {start} of {} at {}: {described}",
+            self.name,
+            humantime::format_rfc3339_seconds(SystemTime::now())
+        );
+        let mark = self.log.start_marker(marker).await;
+        let mut process = match target {
+            Target::Local { command, .. } => match EngineProcess::spawn(command, &self.log) {
+                Ok(process) => Some(process),
+                Err(error) => {
+                    let reason = format!("cannot start {}: {error}", command.program.display());
+                    self.log.push(format!("==> skein: {reason}")).await;
+                    return Attempt::Fatal { reason };
+                }
+            },
+            Target::Remote { .. } => None,
+        };
+        let pid = process.as_ref().and_then(EngineProcess::pid);
+        self.set_group(process.as_ref().and_then(EngineProcess::group));
+        self.emit(
+            InstanceState::Starting {
+                pid,
+                command: described,
+            },
+            restarts,
+        )
+        .await;
+        self.emit(InstanceState::Loading, restarts).await;
+
+        // Until ready.
+        let deadline = tokio::time::Instant::now() + config.readiness_timeout;
+        let poll = READINESS_POLL.min(config.health_interval);
+        let ready = tokio::select! {
+            biased;
+            () = self.cancel.cancelled() => Err(Attempt::Stopped),
+            status = exit_of(&mut process) => Err(Attempt::Failed {
+                reason: self.with_tail(format!("exited with {status} while loading"), mark),
+                ready_for: None,
+            }),
+            () = tokio::time::sleep_until(deadline) => Err(Attempt::Failed {
+                reason: self.with_tail(
+                    format!("not ready after {}", humantime::format_duration(config.readiness_timeout)),
+                    mark,
+                ),
+                ready_for: None,
+            }),
+            ready = self.until_ready(target, poll) => ready.map_err(|reason| Attempt::Fatal { reason }),
+        };
+        let outcome = match ready {
+            Err(outcome) => outcome,
+            Ok(()) => {
+                let memory = self.measure(pid).await;
+                let base_url = match target {
+                    Target::Local { base_url, .. } | Target::Remote { base_url, .. } => base_url.clone(),
+                };
+                info!(instance = %self.name, %base_url, ?memory, "instance ready");
+                self.emit(InstanceState::Ready { base_url, memory }, restarts).await;
+                self.watch(target, &mut process, mark, restarts).await
+            }
+        };
+        if let Some(p) = process.as_mut() {
+            p.terminate(config.stop_grace).await;
+        }
+        self.set_group(None);
+        outcome
+    }
+
+    /// Watches a ready instance until it exits, fails [`UNHEALTHY_AFTER`] probes in a
+    /// row, or is stopped.
+    async fn watch(
+        &self,
+        target: &Target,
+        process: &mut Option<EngineProcess>,
+        mark: LogMark,
+        restarts: u32,
+    ) -> Attempt {
+        let ready_at = Instant::now();
+        let mut failures = 0u32;
+        loop {
+            tokio::select! {
+                biased;
+                () = self.cancel.cancelled() => return Attempt::Stopped,
+                status = exit_of(process) => {
+                    return Attempt::Failed {
+                        reason: self.with_tail(format!("exited with {status} after it was ready"), mark),
+                        ready_for: Some(ready_at.elapsed()),
+                    };
+                }
+                () = tokio::time::sleep(self.shared.config.health_interval) => {}
+            }
+            match self.probe(target).await {
+                Ok(()) => failures = 0,
+                Err(not_ready) => {
+                    failures += 1;
+                    debug!(instance = %self.name, failures, reason = %not_ready.describe(), "health probe failed");
+                    if failures >= UNHEALTHY_AFTER {
+                        let reason = format!(
+                            "{UNHEALTHY_AFTER} health probes failed in a row, the last: {}",
+                            not_ready.describe()
+                        );
+                        self.emit(InstanceState::Unhealthy { reason: reason.clone() }, restarts)
+                            .await;
+                        return Attempt::Failed {
+                            reason,
+                            ready_for: Some(ready_at.elapsed()),
+                        };
+                    }
+                }
+            }
+        }
+    }
+
+    /// Polls until the instance answers ready (`Ok`), or until waiting cannot help
+    /// (`Err` with the reason: the endpoint refuses the key). Polls on while the
+    /// instance loads or does not answer yet.
+    async fn until_ready(&self, target: &Target, poll: Duration) -> Result<(), String> {
+        loop {
+            match self.probe(target).await {
+                Ok(()) => return Ok(()),
+                Err(NotReady::Refused(reason)) => return Err(reason),
+                Err(NotReady::Loading | NotReady::Other(_)) => tokio::time::sleep(poll).await,
+            }
+        }
+    }
+
+    /// The memory the engine's processes hold (nothing for a remote endpoint).
+    async fn measure(&self, pid: Option<u32>) -> MeasuredMemory {
+        let Some(pid) = pid else {
+            return MeasuredMemory::default();
+        };
+        let probe = self.shared.probe.clone();
+        // Reading /proc and NVML blocks.
+        let measured = tokio::task::spawn_blocking(move || {
+            let (pids, host_rss) = process_tree(pid);
+            let gpu = probe.map(|p| p.process_memory(&pids)).unwrap_or_default();
+            MeasuredMemory { host_rss, gpu }
+        });
+        measured.await.unwrap_or_default()
+    }
+
+    /// Sends the probe of `target` once.
+    async fn probe(&self, target: &Target) -> Result<(), NotReady> {
+        let request = match target {
+            Target::Local { health_url, .. } => self.shared.local_http.get(health_url),
+            Target::Remote { models_url, key, .. } => {
+                let request = self.shared.remote_http.get(models_url);
+                match key {
+                    Some(key) => request.bearer_auth(key),
+                    None => request,
+                }
+            }
+        };
+        let response = request
+            .timeout(PROBE_TIMEOUT)
+            .send()
+            .await
+            .map_err(|e| NotReady::Other(error_chain(&e)))?;
+        let status = response.status();
+        match status.as_u16() {
+            200..=299 => Ok(()),
+            503 => Err(NotReady::Loading),
+            401 | 403 if matches!(target, Target::Remote { .. }) => {
+                Err(NotReady::Refused(format!("the endpoint refused the key: {status}")))
+            }
+            _ => Err(NotReady::Other(format!("answered {status}"))),
+        }
+    }
+
+    /// `reason; last log lines:` and the lines of this start, when there are any.
+    fn with_tail(&self, reason: String, mark: LogMark) -> String {
+        let tail = self.log.tail_since(mark, REASON_LOG_LINES);
+        if tail.is_empty() {
+            reason
+        } else {
+            format!("{reason}; last log lines:\n{}", tail.join("\n"))
+        }
+    }
+
+    async fn fail(&self, reason: String, restarts: u32) {
+        warn!(instance = %self.name, %reason, "instance failed; no restart left");
+        let log_tail = self.log.tail(REASON_LOG_LINES);
+        self.emit(InstanceState::Failed { reason, log_tail }, restarts).await;
+    }
+
+    /// Records the new state, then sends it as an event.
+    async fn emit(&self, state: InstanceState, restarts: u32) {
+        let at = SystemTime::now();
+        {
+            let mut instances = self.shared.lock();
+            if let Some(entry) = instances.get_mut(&self.name) {
+                entry.status.state = state.clone();
+                entry.status.restarts = restarts;
+                entry.status.since = at;
+            }
+        }
+        let event = InstanceEvent {
+            instance: self.name.clone(),
+            state,
+            restarts,
+            at,
+        };
+        // No receiver: the daemon is shutting down and nobody listens.
+        let _ = self.shared.events.send(event).await;
+    }
+
+    fn set_group(&self, group: Option<rustix::process::Pid>) {
+        let mut instances = self.shared.lock();
+        if let Some(run) = instances.get_mut(&self.name).and_then(|e| e.run.as_mut()) {
+            run.group = group;
+        }
+    }
+
+    /// Marks the instance as no longer running (its name can be started again).
+    fn finish(&self) {
+        let mut instances = self.shared.lock();
+        if let Some(entry) = instances.get_mut(&self.name) {
+            entry.run = None;
+        }
+    }
+}
+
+/// How the process ended (`status 3`); never, without a process.
+async fn exit_of(process: &mut Option<EngineProcess>) -> String {
+    match process {
+        Some(p) => match p.wait().await {
+            Ok(status) => describe_exit(status),
+            Err(error) => format!("an unknown status ({error})"),
+        },
+        None => std::future::pending().await,
+    }
+}
