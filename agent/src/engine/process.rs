@@ -34,16 +34,30 @@ pub(crate) struct EngineProcess {
 impl EngineProcess {
     /// Starts `command` in a new process group, stdin closed, stdout and stderr going
     /// line by line into `log`. The process is killed if this value is dropped.
+    /// On Linux the engine also gets SIGKILL when the agent dies, even by `kill -9`
+    /// (which runs no drop): an engine never outlives its agent holding a GPU nobody
+    /// accounts for.
     pub(crate) fn spawn(command: &EngineCommand, log: &Arc<InstanceLog>) -> io::Result<Self> {
-        let mut child = Command::new(&command.program)
+        let mut builder = Command::new(&command.program);
+        builder
             .args(&command.args)
             .envs(&command.env)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0)
-            .kill_on_drop(true)
-            .spawn()?;
+            .kill_on_drop(true);
+        #[cfg(target_os = "linux")]
+        // SAFETY: the closure runs in the child between fork and exec; it only makes the
+        // prctl(PR_SET_PDEATHSIG) system call, which is async-signal-safe, and allocates
+        // nothing. The signal follows the thread that spawned the child: tokio spawns
+        // from its worker threads, which live as long as the agent's runtime.
+        unsafe {
+            builder.pre_exec(|| {
+                rustix::process::set_parent_process_death_signal(Some(Signal::KILL)).map_err(io::Error::from)
+            });
+        }
+        let mut child = builder.spawn()?;
         let pid = child.id();
         let group = pid.and_then(|p| i32::try_from(p).ok()).and_then(Pid::from_raw);
         let mut capture = JoinSet::new();
