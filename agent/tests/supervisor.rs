@@ -503,3 +503,22 @@ async fn a_start_that_ran_ready_long_enough_resets_the_restart_count() {
     assert_eq!(attempts, [1, 1, 1]);
     supervisor.stop("phoenix").await.expect("stopped");
 }
+
+#[tokio::test]
+async fn an_engine_stopped_while_loading_is_gone_without_a_restart() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = engine_program(dir.path(), &[("SKEIN_FAKE_ENGINE_READY_MS", "600000".to_owned())]);
+    let (supervisor, mut events) = Supervisor::new(config(dir.path()));
+    supervisor
+        .start(candle("loading", program, &[]))
+        .await
+        .expect("started");
+    let seen = events_until(&mut events, |s| *s == InstanceState::Loading).await;
+    let pid = pid_of(&seen);
+    supervisor.stop("loading").await.expect("stopped");
+    assert!(gone(pid), "the engine process is gone once stop returns");
+    let seen = events_until(&mut events, |s| *s == InstanceState::Stopped).await;
+    assert_eq!(names(&seen), ["stopped"]);
+    // Stopping again is a no-op.
+    supervisor.stop("loading").await.expect("nothing to stop");
+}
