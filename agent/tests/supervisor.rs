@@ -447,3 +447,78 @@ async fn an_engine_that_stops_answering_is_unhealthy_then_restarted_and_gpu_memo
     assert_ne!(pid_of(&seen), pid);
     supervisor.stop_all().await;
 }
+
+#[test]
+fn backoff_doubles_up_to_its_cap() {
+    let policy = RestartPolicy {
+        max_restarts: u32::MAX,
+        first_backoff: Duration::from_millis(250),
+        max_backoff: Duration::from_secs(30),
+        reset_after: Duration::from_secs(300),
+    };
+    let waits: Vec<Duration> = [1, 2, 3, 7, 8, 40, u32::MAX].map(|n| policy.backoff(n)).to_vec();
+    let ms = |n| Duration::from_millis(n);
+    assert_eq!(
+        waits,
+        [
+            ms(250),
+            ms(500),
+            ms(1000),
+            ms(16_000),
+            ms(30_000),
+            ms(30_000),
+            ms(30_000)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_start_that_ran_ready_long_enough_resets_the_restart_count() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = engine_program(dir.path(), &[("SKEIN_FAKE_ENGINE_EXIT_MS", "1000".to_owned())]);
+    let mut config = config(dir.path());
+    config.restart.max_restarts = 1;
+    // Any time ready counts as long enough: every crash is a first failure.
+    config.restart.reset_after = Duration::ZERO;
+    let (supervisor, mut events) = Supervisor::new(config);
+    supervisor
+        .start(candle("phoenix", program, &[]))
+        .await
+        .expect("started");
+    let mut attempts = Vec::new();
+    while attempts.len() < 3 {
+        let seen = events_until(&mut events, |s| {
+            matches!(s, InstanceState::Restarting { .. } | InstanceState::Failed { .. })
+        })
+        .await;
+        match &seen.last().expect("an event").state {
+            InstanceState::Restarting { attempt, reason, .. } if reason.contains("after it was ready") => {
+                attempts.push(*attempt);
+            }
+            // Exited before it was ready (a very slow machine): not this test's case.
+            InstanceState::Restarting { .. } => {}
+            other => panic!("gave up despite the reset: {other:?}"),
+        }
+    }
+    assert_eq!(attempts, [1, 1, 1]);
+    supervisor.stop("phoenix").await.expect("stopped");
+}
+
+#[tokio::test]
+async fn an_engine_stopped_while_loading_is_gone_without_a_restart() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = engine_program(dir.path(), &[("SKEIN_FAKE_ENGINE_READY_MS", "600000".to_owned())]);
+    let (supervisor, mut events) = Supervisor::new(config(dir.path()));
+    supervisor
+        .start(candle("loading", program, &[]))
+        .await
+        .expect("started");
+    let seen = events_until(&mut events, |s| *s == InstanceState::Loading).await;
+    let pid = pid_of(&seen);
+    supervisor.stop("loading").await.expect("stopped");
+    assert!(gone(pid), "the engine process is gone once stop returns");
+    let seen = events_until(&mut events, |s| *s == InstanceState::Stopped).await;
+    assert_eq!(names(&seen), ["stopped"]);
+    // Stopping again is a no-op.
+    supervisor.stop("loading").await.expect("nothing to stop");
+}
