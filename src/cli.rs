@@ -323,6 +323,19 @@ pub enum ModelsCommand {
     ///
     /// Exits 0 when some variant fits some set, 1 when none does.
     Fit(FitArgs),
+    /// Memory that instances on a running server really used once loaded, beside the
+    /// plan's estimate for them.
+    Measured(MeasuredArgs),
+}
+
+/// `skein models measured`.
+#[derive(Debug, Args)]
+pub struct MeasuredArgs {
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+    /// Output format: a table, or JSON.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Human)]
+    pub output: OutputFormat,
 }
 
 /// Where and how much to read from the hub.

@@ -15,6 +15,8 @@ pub struct ApiClient {
     token: Secret,
     http: reqwest::Client,
     runtime: tokio::runtime::Runtime,
+    /// How long to keep trying a server that refuses connections (one just started).
+    patience: Duration,
 }
 
 /// An answer that was not a success, kept whole for commands that handle some codes.
@@ -45,7 +47,32 @@ impl ApiClient {
             token,
             http,
             runtime,
+            patience: Duration::ZERO,
         })
+    }
+
+    /// [`ApiClient::new`] for a server that may be starting (`skein up & skein submit
+    /// …`): waits up to `patience` for its token file to appear, and keeps trying while
+    /// it refuses connections.
+    pub fn patient(server: &str, args: &ApiClientArgs, patience: Duration) -> anyhow::Result<ApiClient> {
+        let started = std::time::Instant::now();
+        let mut told = false;
+        loop {
+            match ApiClient::new(server, args) {
+                Err(_) if started.elapsed() < patience && args.api_token.is_none() => {
+                    if !told {
+                        eprintln!("waiting for the Skein server at {server} to write its token …");
+                        told = true;
+                    }
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                Err(error) => return Err(error),
+                Ok(mut client) => {
+                    client.patience = patience.saturating_sub(started.elapsed());
+                    return Ok(client);
+                }
+            }
+        }
     }
 
     fn unreachable(&self) -> String {
@@ -77,7 +104,21 @@ impl ApiClient {
     fn send(&self, request: reqwest::RequestBuilder) -> anyhow::Result<Result<String, Refused>> {
         let request = request.bearer_auth(self.token.expose());
         self.runtime.block_on(async {
-            let response = request.send().await.with_context(|| self.unreachable())?;
+            let started = std::time::Instant::now();
+            let mut told = false;
+            let response = loop {
+                let attempt = request.try_clone().context("the request cannot be sent")?;
+                match attempt.send().await {
+                    Err(error) if error.is_connect() && started.elapsed() < self.patience => {
+                        if !told {
+                            eprintln!("waiting for the Skein server at {} …", self.base);
+                            told = true;
+                        }
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                    other => break other.with_context(|| self.unreachable())?,
+                }
+            };
             let status = response.status();
             let retry_after = response
                 .headers()

@@ -492,7 +492,7 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<ExitCode> {
         }
         eprintln!(
             "skein is up: {nodes} node{} with {gpus} GPU{}; REST API on http://{} (token in {}); \
-             more agents join at http://{}.\nTry: skein nodes",
+             more agents join at http://{}.\nTry: skein nodes, skein submit workflows/hello.yaml --wait",
             if nodes == 1 { "" } else { "s" },
             if gpus == 1 { "" } else { "s" },
             server.api_addr,

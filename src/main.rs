@@ -36,6 +36,7 @@ fn try_main(args: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Validate(v) => validate::run(&v),
         cli::Command::Models(cli::ModelsCommand::Inspect(a)) => models::run_inspect(&a),
         cli::Command::Models(cli::ModelsCommand::Fit(a)) => models::run_fit(&a),
+        cli::Command::Models(cli::ModelsCommand::Measured(a)) => runs::run_measured(&a),
         cli::Command::Plan(a) => plan::run(&a),
         cli::Command::Server(a) => cluster::run_server(&a),
         cli::Command::Nodes(a) => cluster::run_nodes(&a),

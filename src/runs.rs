@@ -7,7 +7,9 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
-use crate::cli::{EXIT_FAILURE, EXIT_OK, InstancesArgs, LogsArgs, OutputFormat, RunIdArgs, RunsArgs, SubmitArgs};
+use crate::cli::{
+    EXIT_FAILURE, EXIT_OK, InstancesArgs, LogsArgs, MeasuredArgs, OutputFormat, RunIdArgs, RunsArgs, SubmitArgs,
+};
 use crate::client::{ApiClient, refused_error};
 
 /// What the commands read of a run (`GET /v1/runs/{id}`).
@@ -48,6 +50,9 @@ struct Step {
     finished_at: Option<String>,
 }
 
+/// How long `skein submit` waits for a server that is still starting.
+const SERVER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// `KEY=VALUE` pairs of `--input`.
 fn inputs(pairs: &[String]) -> anyhow::Result<BTreeMap<String, serde_json::Value>> {
     pairs
@@ -70,7 +75,7 @@ pub fn run_submit(args: &SubmitArgs) -> anyhow::Result<ExitCode> {
         .file_name()
         .map_or_else(|| "workflow.yaml".to_owned(), |n| n.to_string_lossy().into_owned());
     let body = serde_json::json!({ "workflow": text, "name": name, "inputs": inputs(&args.inputs)? });
-    let client = ApiClient::new(&args.remote.server, &args.remote.client)?;
+    let client = ApiClient::patient(&args.remote.server, &args.remote.client, SERVER_PATIENCE)?;
     let run: Run = match client.post("/v1/runs", &body)? {
         Ok(text) => serde_json::from_str(&text).context("the server's run is not what this skein expects")?,
         Err(refused) if refused.status == reqwest::StatusCode::TOO_MANY_REQUESTS => {
@@ -343,7 +348,6 @@ pub fn run_instances(args: &InstancesArgs) -> anyhow::Result<ExitCode> {
         println!("(no instance runs)");
         return Ok(ExitCode::from(EXIT_OK));
     }
-    let gib = |b: u64| format!("{:.2}", b as f64 / f64::from(1u32 << 30));
     let rows: Vec<Vec<String>> = instances
         .iter()
         .map(|i| {
@@ -396,5 +400,80 @@ pub fn run_logs(args: &LogsArgs) -> anyhow::Result<ExitCode> {
     for line in logs.lines {
         println!("{line}");
     }
+    Ok(ExitCode::from(EXIT_OK))
+}
+
+/// Bytes in GiB with two decimals, as the tables print them.
+fn gib(bytes: u64) -> String {
+    format!("{:.2}", bytes as f64 / f64::from(1u32 << 30))
+}
+
+/// `skein models measured`.
+pub fn run_measured(args: &MeasuredArgs) -> anyhow::Result<ExitCode> {
+    #[derive(Deserialize)]
+    struct Measurement {
+        variant: String,
+        engine: String,
+        gpus: usize,
+        context: u64,
+        concurrency: u64,
+        estimated_bytes: u64,
+        measured_bytes: u64,
+        node: String,
+        measured_at: String,
+    }
+    let client = ApiClient::new(&args.remote.server, &args.remote.client)?;
+    let body = client.get("/v1/measurements")?;
+    if args.output == OutputFormat::Json {
+        println!("{body}");
+        return Ok(ExitCode::from(EXIT_OK));
+    }
+    let list: Vec<Measurement> =
+        serde_json::from_str(&body).context("the server's measurements are not what this skein expects")?;
+    if list.is_empty() {
+        println!("(nothing measured yet: instances report their memory once loaded)");
+        return Ok(ExitCode::from(EXIT_OK));
+    }
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|m| {
+            let ratio = if m.estimated_bytes > 0 {
+                format!("{:.2}", m.measured_bytes as f64 / m.estimated_bytes as f64)
+            } else {
+                "-".to_owned()
+            };
+            vec![
+                m.variant.clone(),
+                m.engine.clone(),
+                if m.gpus == 0 {
+                    "cpu".to_owned()
+                } else {
+                    m.gpus.to_string()
+                },
+                m.context.to_string(),
+                m.concurrency.to_string(),
+                gib(m.estimated_bytes),
+                gib(m.measured_bytes),
+                ratio,
+                m.node.clone(),
+                m.measured_at.clone(),
+            ]
+        })
+        .collect();
+    let style = crate::table::Style {
+        indent: "",
+        gap: 3,
+        right_aligned: &[2, 3, 4, 5, 6, 7],
+    };
+    print!(
+        "{}",
+        crate::table::render(
+            &style,
+            &[
+                "VARIANT", "ENGINE", "GPUS", "CONTEXT", "SEQS", "EST GiB", "USED GiB", "USED/EST", "NODE", "WHEN"
+            ],
+            &rows
+        )
+    );
     Ok(ExitCode::from(EXIT_OK))
 }

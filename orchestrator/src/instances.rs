@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tonic::Status;
 
 use crate::graph::NodeId;
+use crate::store::Tree;
 
 /// What an instance is doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -159,6 +160,33 @@ pub struct Instances {
     /// Log requests waiting for their reply, by id.
     logs: Mutex<HashMap<u64, oneshot::Sender<pb::LogsReply>>>,
     next_request: AtomicU64,
+    /// Where measured memory is recorded beside its estimate.
+    measurements: Mutex<Option<Tree<Measurement>>>,
+}
+
+/// Memory an instance really used once loaded, beside the plan's estimate: the record
+/// `skein models measured` shows, one per variant, engine, GPU count, context and
+/// concurrency (the latest wins).
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct Measurement {
+    /// The variant.
+    pub variant: String,
+    /// The engine.
+    pub engine: String,
+    /// GPUs it ran on (0: the CPU).
+    pub gpus: usize,
+    /// Context tokens per sequence.
+    pub context: u64,
+    /// Sequences at once.
+    pub concurrency: u64,
+    /// Bytes the plan reserved (estimate and margin).
+    pub estimated_bytes: u64,
+    /// Bytes measured: the engine's GPU memory, or its resident host memory on the CPU.
+    pub measured_bytes: u64,
+    /// Where.
+    pub node: String,
+    /// When, RFC 3339.
+    pub measured_at: String,
 }
 
 impl Default for Instances {
@@ -169,6 +197,7 @@ impl Default for Instances {
             changed: watch::channel(0).0,
             logs: Mutex::default(),
             next_request: AtomicU64::new(1),
+            measurements: Mutex::default(),
         }
     }
 }
@@ -206,6 +235,53 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Instances {
+    /// Records measured memory in `tree` from now on.
+    pub fn record_measurements(&self, tree: Tree<Measurement>) {
+        *lock(&self.measurements) = Some(tree);
+    }
+
+    /// Every measurement recorded.
+    pub fn measurements(&self) -> Result<Vec<Measurement>, crate::store::StoreError> {
+        match &*lock(&self.measurements) {
+            Some(tree) => tree.all(),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn measured(&self, entry: &Entry) {
+        let (Some(start), Some(tree)) = (&entry.start, lock(&self.measurements).clone()) else {
+            return;
+        };
+        let view = &entry.view;
+        let gpu: u64 = view.measured_gpu.iter().map(|(_, b)| b).sum();
+        let measured_bytes = if start.gpus.is_empty() {
+            view.measured_host_rss.unwrap_or(0)
+        } else {
+            gpu
+        };
+        if measured_bytes == 0 {
+            return;
+        }
+        let record = Measurement {
+            variant: view.variant.clone(),
+            engine: view.engine.clone(),
+            gpus: start.gpus.len(),
+            context: start.context,
+            concurrency: start.concurrency,
+            estimated_bytes: view.estimated_bytes,
+            measured_bytes,
+            node: view.node_name.clone(),
+            measured_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        };
+        let key = format!(
+            "{}|{}|{}|{}|{}",
+            record.variant, record.engine, record.gpus, record.context, record.concurrency
+        );
+        if let Err(error) = tree.insert_lazily(&key, &record) {
+            tracing::warn!(%error, "a memory measurement was not recorded");
+        }
+    }
+
     /// A receiver woken on every change of any instance.
     pub fn subscribe(&self) -> watch::Receiver<u64> {
         self.changed.subscribe()
@@ -481,6 +557,9 @@ impl Instances {
                     if status.host_rss.is_some() || !status.gpu_memory.is_empty() {
                         view.measured_host_rss = status.host_rss;
                         view.measured_gpu = status.gpu_memory.iter().map(|g| (g.index, g.bytes)).collect();
+                        if view.state == InstanceState::Ready {
+                            self.measured(entry);
+                        }
                     }
                     true
                 }

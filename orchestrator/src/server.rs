@@ -134,6 +134,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         None => Db::temporary()?,
     };
     let instances = Arc::new(Instances::default());
+    instances.record_measurements(db.tree("measurements")?);
     let planner = Arc::new(std::sync::Mutex::new(crate::plan::Planner::default()));
     let executor = Executor::new(
         &db,

@@ -126,6 +126,13 @@ impl<T: Serialize + DeserializeOwned> Tree<T> {
         Ok(())
     }
 
+    /// Writes `record` under `key` without waiting for the disk: for records that may
+    /// be lost in a crash (sled flushes them within half a second anyway).
+    pub fn insert_lazily(&self, key: &str, record: &T) -> Result<(), StoreError> {
+        self.tree.insert(key.as_bytes(), encode(record))?;
+        Ok(())
+    }
+
     /// The record under `key`.
     pub fn get(&self, key: &str) -> Result<Option<T>, StoreError> {
         self.tree

@@ -157,6 +157,14 @@ async fn a_two_agent_run_starts_its_instances_and_passes_outputs_along() {
     let runs = s.get("/v1/runs").await;
     assert_eq!(runs[0]["id"], id.as_str());
     assert_eq!(runs[0]["steps_done"], 2);
+    // The memory the engines really used is recorded beside the plan's estimate.
+    let measured = s.get("/v1/measurements").await;
+    assert_eq!(measured.as_array().unwrap().len(), 2, "{measured:#}");
+    for m in measured.as_array().unwrap() {
+        assert_eq!(m["measured_bytes"], 2u64 << 30);
+        assert_eq!(m["gpus"], 1);
+        assert!(m["estimated_bytes"].as_u64().unwrap() > 0);
+    }
 
     // The instances stay warm: the next run of the same agents starts no new one.
     let instances = s.get("/v1/instances").await;

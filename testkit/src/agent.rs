@@ -178,12 +178,17 @@ impl TestAgent {
                 }
             });
             own.lock().unwrap().push(beat);
-            let status = |instance: &str, state: pb::InstanceState, base_url: &str| pb::AgentMessage {
+            // Ready engines report 1 MiB of host memory and 2 GiB on each of their GPUs.
+            let status = |instance: &str, state: pb::InstanceState, base_url: &str, gpus: &[u32]| pb::AgentMessage {
                 kind: Some(agent_message::Kind::InstanceStatus(pb::InstanceStatus {
                     instance: instance.to_owned(),
                     state: state as i32,
                     base_url: base_url.to_owned(),
                     host_rss: Some(1 << 20),
+                    gpu_memory: gpus
+                        .iter()
+                        .map(|&index| pb::GpuMemory { index, bytes: 2 << 30 })
+                        .collect(),
                     ..pb::InstanceStatus::default()
                 })),
             };
@@ -191,16 +196,16 @@ impl TestAgent {
                 match message.kind {
                     Some(orchestrator_message::Kind::StartInstance(start)) => {
                         record.lock().unwrap().push(start.clone());
-                        tx.send(status(&start.instance, pb::InstanceState::Loading, ""))
+                        tx.send(status(&start.instance, pb::InstanceState::Loading, "", &[]))
                             .await
                             .ok();
                         let url = fake_engine(behaviour.clone(), &own).await;
-                        tx.send(status(&start.instance, pb::InstanceState::Ready, &url))
+                        tx.send(status(&start.instance, pb::InstanceState::Ready, &url, &start.gpus))
                             .await
                             .ok();
                     }
                     Some(orchestrator_message::Kind::StopInstance(stop)) => {
-                        tx.send(status(&stop.instance, pb::InstanceState::Stopped, ""))
+                        tx.send(status(&stop.instance, pb::InstanceState::Stopped, "", &[]))
                             .await
                             .ok();
                     }

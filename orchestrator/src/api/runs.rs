@@ -10,6 +10,8 @@
 //! - `GET /v1/instances`: every model instance, its state and measured memory;
 //!   `GET /v1/instances/{name}/logs?tail=N`: the last lines its engine wrote, from its
 //!   agent (`{"lines": [...]}`).
+//! - `GET /v1/measurements`: memory instances really used once loaded, beside the
+//!   plan's estimate.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -36,6 +38,7 @@ pub(super) fn routes() -> Router<ApiState> {
         .route("/v1/runs/{id}/events", get(events))
         .route("/v1/instances", get(instances))
         .route("/v1/instances/{name}/logs", get(logs))
+        .route("/v1/measurements", get(measurements))
 }
 
 /// The body of `POST /v1/runs`.
@@ -197,6 +200,13 @@ fn run_stream(state: ApiState, id: String) -> impl Stream<Item = Result<Event, I
 
 async fn instances(State(state): State<ApiState>) -> Response {
     axum::Json(state.instances.list()).into_response()
+}
+
+async fn measurements(State(state): State<ApiState>) -> Response {
+    match state.instances.measurements() {
+        Ok(list) => axum::Json(list).into_response(),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+    }
 }
 
 /// The query of `GET /v1/instances/{name}/logs`.

@@ -463,7 +463,7 @@ impl Executor {
                 Ok(started) => names.extend(started),
                 Err(reason) => return self.finish_failed(run, reason, &names).await,
             }
-            let routes = match self.wait_ready(&run, &names, &mut cancelled).await {
+            let routes = match self.wait_ready(&mut run, &names, &mut cancelled).await {
                 Ok(routes) => routes,
                 Err(Stop::Cancelled) => return self.finish_cancelled(run, &names).await,
                 Err(Stop::Failed(reason)) => return self.finish_failed(run, reason, &names).await,
@@ -583,7 +583,7 @@ impl Executor {
     /// Waits until every instance is ready; returns where each agent is served.
     async fn wait_ready(
         &self,
-        run: &RunRecord,
+        run: &mut RunRecord,
         names: &[String],
         cancelled: &mut watch::Receiver<bool>,
     ) -> Result<BTreeMap<String, Route>, Stop> {
@@ -617,11 +617,25 @@ impl Executor {
                         )));
                     }
                     (InstanceState::Lost, _) => return Err(Stop::Lost(name.clone())),
-                    (state, _) => waiting.push(format!("{name} ({state:?})")),
+                    (state, _) => waiting.push(waiting_for(
+                        &view.agents,
+                        state,
+                        view.downloaded,
+                        view.download_total,
+                        &view.node_name,
+                    )),
                 }
             }
             if waiting.is_empty() {
                 return Ok(routes);
+            }
+            // The run says what it waits for (the CLI shows it as progress).
+            let reason = format!("starting: {}", waiting.join("; "));
+            if run.reason.as_deref() != Some(reason.as_str()) {
+                run.reason = Some(reason);
+                if let Err(error) = self.save(run).await {
+                    tracing::warn!(run = %run.id, %error, "progress not saved");
+                }
             }
             tokio::select! {
                 _ = changes.changed() => {}
@@ -746,6 +760,20 @@ impl Executor {
             .unwrap_or(self.inner.config.step_timeout);
         (body, timeout)
     }
+}
+
+/// What an instance being started is doing, for people: `writer+editor: downloading 40%
+/// on node-a`. Download progress goes in steps of 10 %, so a run's record changes a few
+/// times per download, not per chunk.
+fn waiting_for(agents: &[String], state: InstanceState, done: u64, total: u64, node: &str) -> String {
+    let doing = match state {
+        InstanceState::Downloading if total > 0 => {
+            format!("downloading {}%", (done.saturating_mul(10) / total).min(10) * 10)
+        }
+        InstanceState::Requested => "asked for".to_owned(),
+        other => format!("{other:?}").to_lowercase(),
+    };
+    format!("{}: {doing} on {node}", agents.join("+"))
 }
 
 /// What a model instance serves, exactly: a warm instance is reused only by a run
