@@ -201,6 +201,13 @@ impl HubClient {
         &self.inner.cache
     }
 
+    /// Counts one whole-file transfer of `bytes` in the [`TransferStats`].
+    pub(crate) fn count_transfer(&self, bytes: u64) {
+        let counters = &self.inner.counters;
+        counters.network_calls.fetch_add(1, Ordering::Relaxed);
+        counters.file_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
     pub(crate) fn hf(&self) -> &HFClient {
         &self.inner.hf
     }

@@ -11,7 +11,9 @@
 //! 3. [`HubClient::safetensors_checkpoint`], [`HubClient::safetensors_header`] and
 //!    [`HubClient::gguf_header`]: headers by HTTP Range requests, handed to the crate's
 //!    parsers; for a 140 GB sharded checkpoint that is a few hundred KB.
-//! 4. [`HubClient::discover_variants`]: the repository's own checkpoints and its
+//! 4. [`HubClient::download`]: whole files, weights included, into the Hugging Face
+//!    cache, for the built-in engine; the one call that reads tensor data.
+//! 5. [`HubClient::discover_variants`]: the repository's own checkpoints and its
 //!    quantized derivatives on the hub.
 //!
 //! Everything is cached under the Hugging Face cache keyed by commit (`cache`), so a
@@ -23,6 +25,7 @@
 //! - `config`: [`HubConfig`] from the environment, [`HubToken`] (never printed).
 //! - `client`: [`HubClient`], its builder, transfer counters ([`TransferStats`]), and the
 //!   shared calls: resolve, small files, range reads under a timeout.
+//! - `download`: whole-file downloads with byte progress ([`DownloadProgress`]).
 //! - `headers`: the range-read strategies for safetensors and GGUF headers.
 //! - `variants`: variant discovery.
 //! - `repo`: the values resolved and cached ([`RepoId`], [`CommitSha`],
@@ -31,7 +34,8 @@
 //!
 //! # Invariants
 //!
-//! This is the only module of the crate that does IO. It never reads a byte of tensor
+//! This is the only module of the crate that does IO. Apart from
+//! [`HubClient::download`], which exists to fetch weights, it never reads a byte of tensor
 //! data: safetensors reads stop at the header's end, GGUF reads at the parser's bound
 //! (capped at [`MAX_HEADER_BYTES`](crate::gguf::MAX_HEADER_BYTES)), and a server that
 //! ignores a Range request is cut off after the bytes asked for. Offline, it sends
@@ -41,6 +45,7 @@
 mod cache;
 mod client;
 mod config;
+mod download;
 mod headers;
 mod inspect;
 mod repo;
@@ -50,6 +55,7 @@ pub use client::{DEFAULT_REVISION, HubClient, HubClientBuilder, MAX_SMALL_FILE_B
 pub use config::{
     DEFAULT_ENDPOINT, DEFAULT_MAX_RETRIES, DEFAULT_REF_MAX_AGE, DEFAULT_REQUEST_TIMEOUT, HubConfig, HubToken,
 };
+pub use download::DownloadProgress;
 pub use headers::{
     GGUF_FIRST_RANGE, GgufFile, MAX_CONCURRENT_HEADER_READS, SAFETENSORS_FIRST_RANGE, SafetensorsCheckpoint,
     SafetensorsFile,
