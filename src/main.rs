@@ -9,6 +9,7 @@ use clap::Parser;
 
 mod cli;
 mod cluster;
+mod engine;
 mod models;
 mod plan;
 mod table;
@@ -39,5 +40,6 @@ fn try_main(args: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Nodes(a) => cluster::run_nodes(&a),
         cli::Command::Agent(a) => cluster::run_agent(&a),
         cli::Command::Up(a) => cluster::run_up(&a),
+        cli::Command::Engine(cli::EngineCommand::Serve(a)) => engine::run_serve(&a),
     }
 }
