@@ -43,7 +43,12 @@ fn engine(model: &std::path::Path) -> Command {
 
 /// `POST /v1/chat/completions`, the answer as JSON.
 async fn chat(http: &reqwest::Client, base: &str, body: &Value) -> Value {
-    let response = http.post(format!("{base}/v1/chat/completions")).json(body).send().await.unwrap();
+    let response = http
+        .post(format!("{base}/v1/chat/completions"))
+        .json(body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 200);
     response.json().await.unwrap()
 }
