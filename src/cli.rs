@@ -65,6 +65,10 @@ pub enum Command {
     /// The last lines an instance's engine wrote (stdout and stderr, across restarts),
     /// fetched from its agent.
     Logs(LogsArgs),
+    /// The built-in inference engine (candle): serve one model over the OpenAI
+    /// chat-completions API.
+    #[command(subcommand)]
+    Engine(EngineCommand),
 }
 
 /// `skein logs`.
@@ -151,6 +155,40 @@ pub struct InstancesArgs {
     /// Output format: a table, or JSON.
     #[arg(long, value_enum, default_value_t = OutputFormat::Human)]
     pub output: OutputFormat,
+}
+
+/// `skein engine …`.
+#[derive(Debug, Subcommand)]
+pub enum EngineCommand {
+    /// Serve a model directory (Hugging Face snapshot) or GGUF file on
+    /// `/v1/chat/completions`; `/health` is 503 until the model is loaded.
+    ///
+    /// Exits 1 when the model fails to load, 2 for bad arguments.
+    Serve(EngineServeArgs),
+}
+
+/// `skein engine serve`.
+#[derive(Debug, Args)]
+pub struct EngineServeArgs {
+    /// The model: a directory with config.json, tokenizer files and *.safetensors, or a
+    /// .gguf file with the tokenizer files beside it.
+    #[arg(long, value_name = "PATH")]
+    pub model: PathBuf,
+    /// The name clients ask for in `model`.
+    #[arg(long, value_name = "NAME")]
+    pub name: String,
+    /// The address to listen on.
+    #[arg(long, default_value = "127.0.0.1", value_name = "IP")]
+    pub host: String,
+    /// The port to listen on (0 picks a free one).
+    #[arg(long, value_name = "PORT")]
+    pub port: u16,
+    /// The sampler's seed for requests without one.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Where the model runs: `cpu` or `cuda:N`.
+    #[arg(long, default_value = "cpu", value_name = "cpu|cuda:N")]
+    pub device: String,
 }
 
 /// `skein plan`.

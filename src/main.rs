@@ -10,6 +10,7 @@ use clap::Parser;
 mod cli;
 mod client;
 mod cluster;
+mod engine;
 mod models;
 mod plan;
 mod runs;
@@ -48,5 +49,6 @@ fn try_main(args: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Run(cli::RunCommand::Cancel(a)) => runs::run_cancel(&a),
         cli::Command::Instances(a) => runs::run_instances(&a),
         cli::Command::Logs(a) => runs::run_logs(&a),
+        cli::Command::Engine(cli::EngineCommand::Serve(a)) => engine::run_serve(&a),
     }
 }

@@ -18,12 +18,15 @@
 //!   DeepSeek-Coder 33B, Llama-3 70B) with their variants, as the registry's
 //!   `ModelInfo` ([`models::reference_models`]) and as mock-hub repositories
 //!   ([`models::reference_hub_repos`]) that `inspect` lists identically.
+//! - [`tiny_llama`]: a tiny but complete Llama checkpoint (weights, tokenizer, chat
+//!   template) that the built-in engine really runs.
 
 pub mod agent;
 pub mod fake_engine;
 pub mod mock_hub;
 pub mod models;
 pub mod tensors;
+pub mod tiny_llama;
 
 pub use fake_engine::fake_engine_path;
 use serde_json::{Map, Value, json};

@@ -1,0 +1,284 @@
+//! [`Engine`]: a loaded model with its tokenizer and chat template, generating one
+//! completion at a time. Synchronous and CPU-bound: the server runs it on a thread of
+//! its own.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use candle_core::Device;
+use candle_transformers::generation::{LogitsProcessor, Sampling};
+use serde_json::Value;
+use tokenizers::Tokenizer;
+
+use crate::Error;
+use crate::checkpoint::{self, ModelFiles, read_json};
+use crate::model::{self, Model};
+use crate::template::{ChatTemplate, TemplateMessage, token_text};
+
+/// Completion length when a request does not set `max_tokens`.
+pub const DEFAULT_MAX_TOKENS: usize = 256;
+
+/// What to generate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationRequest {
+    /// The conversation so far.
+    pub messages: Vec<TemplateMessage>,
+    /// The most tokens to generate (capped by the context left after the prompt).
+    pub max_tokens: Option<usize>,
+    /// Sampling temperature; 0 is greedy. `None` is 1, as in the OpenAI API.
+    pub temperature: Option<f64>,
+    /// Nucleus sampling: the smallest set of tokens whose probability reaches `top_p`.
+    pub top_p: Option<f64>,
+    /// The sampler's seed: equal requests with equal seeds give equal completions.
+    pub seed: u64,
+    /// Strings that end the completion (not included in it).
+    pub stop: Vec<String>,
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-sequence token or a stop string.
+    Stop,
+    /// `max_tokens` (or the context) was reached.
+    Length,
+}
+
+impl FinishReason {
+    /// The OpenAI name: `stop` or `length`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// A finished completion.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    /// The generated text, without the stop string or end-of-sequence token.
+    pub text: String,
+    /// Tokens of the rendered prompt.
+    pub prompt_tokens: usize,
+    /// Tokens generated (an end-of-sequence token counts; text cut at a stop string
+    /// still counts the tokens that produced it).
+    pub completion_tokens: usize,
+    /// Why it ended.
+    pub finish_reason: FinishReason,
+}
+
+/// A model ready to generate.
+pub struct Engine {
+    model: Model,
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    eos: BTreeSet<u32>,
+    context: usize,
+    device: Device,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("template", &self.template)
+            .field("eos", &self.eos)
+            .field("context", &self.context)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every id `value` (an integer or a list of them) names.
+fn ids(value: Option<&Value>) -> Vec<u32> {
+    match value {
+        Some(Value::Number(n)) => n.as_u64().and_then(|id| u32::try_from(id).ok()).into_iter().collect(),
+        Some(Value::Array(list)) => list.iter().flat_map(|v| ids(Some(v))).collect(),
+        _ => Vec::new(),
+    }
+}
+
+impl Engine {
+    /// Loads the model at `model` (see [`crate::serve`] for what it may be) onto
+    /// `device`, after checking every file and tensor.
+    ///
+    /// Errors: any loading [`Error`], naming the file at fault.
+    pub fn load(model: &Path, device: &Device) -> Result<Engine, Error> {
+        let files = checkpoint::locate(model)?;
+        Engine::load_files(&files, device)
+    }
+
+    fn load_files(files: &ModelFiles, device: &Device) -> Result<Engine, Error> {
+        let tokenizer = Tokenizer::from_file(&files.tokenizer).map_err(|source| Error::Tokenizer {
+            path: files.tokenizer.clone(),
+            source,
+        })?;
+        let tokenizer_config = read_json(&files.tokenizer_config, "tokenizer config")?;
+        let template = ChatTemplate::from_tokenizer_config(&files.tokenizer_config, &tokenizer_config)?;
+        let mut eos = BTreeSet::new();
+        if let Some(path) = &files.generation_config {
+            eos.extend(ids(read_json(path, "generation config")?.get("eos_token_id")));
+        }
+        if let checkpoint::Weights::Safetensors { config, .. } = &files.weights {
+            eos.extend(ids(config.get("eos_token_id")));
+        }
+        if let Some(token) = token_text(&tokenizer_config, "eos_token") {
+            let id = tokenizer
+                .token_to_id(&token)
+                .ok_or_else(|| Error::UnknownSpecialToken {
+                    path: files.tokenizer_config.clone(),
+                    role: "eos_token",
+                    token,
+                })?;
+            eos.insert(id);
+        }
+        tracing::info!(dir = %files.dir.display(), "loading weights");
+        let loaded = model::load(&files.weights, device)?;
+        let tokenizer_vocab = tokenizer.get_vocab_size(true);
+        if loaded.vocab_size != 0 && tokenizer_vocab > loaded.vocab_size {
+            return Err(Error::VocabMismatch {
+                tokenizer: files.tokenizer.clone(),
+                tokenizer_vocab,
+                model_vocab: loaded.vocab_size,
+            });
+        }
+        Ok(Engine {
+            model: loaded.model,
+            tokenizer,
+            template,
+            eos,
+            context: loaded.context,
+            device: device.clone(),
+        })
+    }
+
+    /// The prompt a conversation renders to, with the assistant's turn opened.
+    ///
+    /// Errors: [`Error::ChatTemplate`].
+    pub fn render_prompt(&self, messages: &[TemplateMessage]) -> Result<String, Error> {
+        self.template.render(messages, true)
+    }
+
+    /// Generates a completion, handing each new piece of text to `on_text` as soon as
+    /// it is final (never a part of a stop string, never half a character). The pieces
+    /// concatenate to [`Completion::text`].
+    ///
+    /// Errors: [`Error::ChatTemplate`], [`Error::Tokenize`], [`Error::ContextOverflow`]
+    /// for a prompt that fills the context, [`Error::Candle`] if the model fails.
+    pub fn generate(
+        &mut self,
+        request: &GenerationRequest,
+        mut on_text: impl FnMut(&str),
+    ) -> Result<Completion, Error> {
+        let prompt = self.render_prompt(&request.messages)?;
+        // The template writes the special tokens itself (`bos_token` among them), so
+        // the tokenizer must not add its own.
+        let encoding = self
+            .tokenizer
+            .encode(prompt, false)
+            .map_err(|source| Error::Tokenize { source })?;
+        let prompt_ids = encoding.get_ids().to_vec();
+        let prompt_tokens = prompt_ids.len();
+        let wanted = request.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+        if prompt_tokens == 0 || prompt_tokens >= self.context {
+            return Err(Error::ContextOverflow {
+                prompt_tokens,
+                max_tokens: wanted,
+                context: self.context,
+            });
+        }
+        let max_tokens = wanted.min(self.context - prompt_tokens);
+        let mut sampler = LogitsProcessor::from_sampling(request.seed, sampling(request));
+        self.model.reset()?;
+
+        let mut generated: Vec<u32> = Vec::new();
+        let mut text = String::new();
+        let mut emitted = 0usize;
+        let mut input = prompt_ids;
+        let mut position = 0usize;
+        let mut finish_reason = FinishReason::Length;
+        while generated.len() < max_tokens {
+            let logits = self.model.forward(&input, position, &self.device)?;
+            position += input.len();
+            let next = sampler.sample(&logits).map_err(|source| Error::Candle {
+                action: "sample the next token".to_owned(),
+                source,
+            })?;
+            generated.push(next);
+            if self.eos.contains(&next) {
+                finish_reason = FinishReason::Stop;
+                break;
+            }
+            text = self
+                .tokenizer
+                .decode(&generated, true)
+                .map_err(|source| Error::Tokenize { source })?;
+            if let Some(at) = request.stop.iter().filter_map(|stop| text.find(stop.as_str())).min() {
+                text.truncate(at);
+                finish_reason = FinishReason::Stop;
+                break;
+            }
+            let safe = final_len(&text, &request.stop);
+            if safe > emitted {
+                on_text(text.get(emitted..safe).unwrap_or_default());
+                emitted = safe;
+            }
+            input = vec![next];
+        }
+        if let Some(rest) = text.get(emitted..).filter(|rest| !rest.is_empty()) {
+            on_text(rest);
+        }
+        Ok(Completion {
+            text,
+            prompt_tokens,
+            completion_tokens: generated.len(),
+            finish_reason,
+        })
+    }
+}
+
+/// The sampler a request asks for.
+fn sampling(request: &GenerationRequest) -> Sampling {
+    let temperature = request.temperature.unwrap_or(1.0);
+    match request.top_p {
+        _ if temperature <= 0.0 => Sampling::ArgMax,
+        Some(p) if p > 0.0 && p < 1.0 => Sampling::TopP { p, temperature },
+        _ => Sampling::All { temperature },
+    }
+}
+
+/// How much of `text` is final: everything but a trailing replacement character (half
+/// of a multi-byte character whose other bytes are still to come) and a trailing part
+/// that could begin a stop string.
+fn final_len(text: &str, stops: &[String]) -> usize {
+    let mut end = text.trim_end_matches('\u{FFFD}').len();
+    let held = stops
+        .iter()
+        .map(|stop| {
+            (1..stop.len())
+                .rev()
+                .find(|&n| stop.is_char_boundary(n) && text.get(..end).is_some_and(|t| t.ends_with(&stop[..n])))
+                .unwrap_or(0)
+        })
+        .max()
+        .unwrap_or(0);
+    end -= held;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    end
+}
+
+#[cfg(test)]
+mod tests {
+    use super::final_len;
+
+    #[test]
+    fn final_len_holds_back_a_possible_stop_string_and_half_characters() {
+        let stops = vec!["</s>".to_owned(), "END".to_owned()];
+        assert_eq!(final_len("hello", &stops), 5);
+        assert_eq!(final_len("hello</", &stops), 5);
+        assert_eq!(final_len("hello E", &stops), 6);
+        assert_eq!(final_len("hello \u{FFFD}", &stops), 6);
+        assert_eq!(final_len("hello", &[]), 5);
+    }
+}
