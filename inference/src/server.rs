@@ -364,9 +364,9 @@ async fn models(State(shared): State<Arc<Shared>>) -> Response {
 }
 
 /// Checks a request and turns it into a generation request.
-fn validate(shared: &Shared, request: ChatCompletionRequest) -> Result<GenerationRequest, Response> {
+fn validate(shared: &Shared, request: ChatCompletionRequest) -> Result<GenerationRequest, Box<Response>> {
     if request.model != shared.served_name {
-        return Err(error_response(
+        return Err(Box::new(error_response(
             StatusCode::NOT_FOUND,
             &format!(
                 "the model `{}` does not exist; this server serves `{}`",
@@ -374,31 +374,31 @@ fn validate(shared: &Shared, request: ChatCompletionRequest) -> Result<Generatio
             ),
             "invalid_request_error",
             "model_not_found",
-        ));
-    }
-    if request.messages.is_empty() {
-        return Err(bad_request("`messages` is empty"));
-    }
-    if let Some(t) = request.temperature.filter(|t| !(0.0..=2.0).contains(t)) {
-        return Err(bad_request(&format!(
-            "`temperature` is {t}; it must be between 0 and 2"
         )));
     }
+    if request.messages.is_empty() {
+        return Err(Box::new(bad_request("`messages` is empty")));
+    }
+    if let Some(t) = request.temperature.filter(|t| !(0.0..=2.0).contains(t)) {
+        return Err(Box::new(bad_request(&format!(
+            "`temperature` is {t}; it must be between 0 and 2"
+        ))));
+    }
     if let Some(p) = request.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
-        return Err(bad_request(&format!("`top_p` is {p}; it must be in (0, 1]")));
+        return Err(Box::new(bad_request(&format!("`top_p` is {p}; it must be in (0, 1]"))));
     }
     let max_tokens = request.max_completion_tokens.or(request.max_tokens);
     if max_tokens == Some(0) {
-        return Err(bad_request("`max_tokens` must be at least 1"));
+        return Err(Box::new(bad_request("`max_tokens` must be at least 1")));
     }
     let mut messages = Vec::with_capacity(request.messages.len());
     for (index, message) in request.messages.into_iter().enumerate() {
         let content = match message.content {
             None => String::new(),
             Some(content) => content.text().map_err(|kind| {
-                bad_request(&format!(
+                Box::new(bad_request(&format!(
                     "messages[{index}] has a `{kind}` content part; this model takes text only"
-                ))
+                )))
             })?,
         };
         messages.push(TemplateMessage {
@@ -417,7 +417,7 @@ fn validate(shared: &Shared, request: ChatCompletionRequest) -> Result<Generatio
 }
 
 /// Queues a job, or answers why it cannot be queued.
-fn admit(shared: &Shared, job: Job) -> Result<(), Response> {
+fn admit(shared: &Shared, job: Job) -> Result<(), Box<Response>> {
     match shared.status() {
         Status::Ready => {}
         Status::Loading => {
@@ -430,15 +430,15 @@ fn admit(shared: &Shared, job: Job) -> Result<(), Response> {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S));
-            return Err(response);
+            return Err(Box::new(response));
         }
         Status::Failed(error) => {
-            return Err(error_response(
+            return Err(Box::new(error_response(
                 StatusCode::SERVICE_UNAVAILABLE,
                 &format!("the model failed to load: {error}"),
                 "server_error",
                 "model_failed",
-            ));
+            )));
         }
     }
     match shared.jobs.try_send(job) {
@@ -453,14 +453,14 @@ fn admit(shared: &Shared, job: Job) -> Result<(), Response> {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S));
-            Err(response)
+            Err(Box::new(response))
         }
-        Err(mpsc::error::TrySendError::Closed(_)) => Err(error_response(
+        Err(mpsc::error::TrySendError::Closed(_)) => Err(Box::new(error_response(
             StatusCode::SERVICE_UNAVAILABLE,
             "the engine has stopped",
             "server_error",
             "engine_stopped",
-        )),
+        ))),
     }
 }
 
@@ -477,7 +477,7 @@ async fn chat_completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Res
     let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let generation = match validate(&shared, request) {
         Ok(generation) => generation,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let meta = ResponseMeta {
         id: format!("chatcmpl-{}", shared.next_id.fetch_add(1, Ordering::Relaxed)),
@@ -493,7 +493,7 @@ async fn chat_completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Res
             reply: Reply::Stream(pieces_tx),
         };
         if let Err(response) = admit(&shared, job) {
-            return response;
+            return *response;
         }
         Sse::new(event_stream(meta, pieces, include_usage)).into_response()
     } else {
@@ -503,7 +503,7 @@ async fn chat_completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Res
             reply: Reply::Whole(reply),
         };
         if let Err(response) = admit(&shared, job) {
-            return response;
+            return *response;
         }
         match completion.await {
             Ok(Ok(completion)) => axum::Json(openai::response_body(&meta, &completion)).into_response(),
