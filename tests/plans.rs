@@ -148,3 +148,14 @@ fn a_plan_reads_back_from_its_json() {
         assert_eq!(serde_json::to_value(&read).expect("serializes"), sent, "{fleet}");
     }
 }
+
+#[test]
+fn hello_runs_on_the_cpu_of_a_machine_without_gpus_with_the_built_in_engine() {
+    let plan = plan_of("workflows/hello.yaml", "workflows/fleets/cpu.yaml");
+    assert!(plan.admitted, "{plan:#?}");
+    let helper = instance(&plan, "helper");
+    assert_eq!(helper.engine, "candle");
+    assert_eq!(helper.variant, "Qwen/Qwen2.5-0.5B-Instruct");
+    assert_eq!(helper.devices.len(), 1);
+    assert_eq!(helper.devices[0].gpu, None, "on the host");
+}

@@ -835,7 +835,7 @@ const UNREACHABLE_RETRIES: u32 = 8;
 
 /// Why an attempt failed.
 enum CallError {
-    /// The engine could not be reached at all (connection refused or reset).
+    /// The engine could not be reached, or the connection dropped before its answer.
     Unreachable(String),
     /// The engine answered with an error, or too late, or nonsense.
     Engine(String),
@@ -887,7 +887,9 @@ async fn call(
     let response = request.send().await.map_err(|e| {
         if e.is_timeout() {
             CallError::Engine(format!("no answer from {url} within {}s", timeout.as_secs()))
-        } else if e.is_connect() {
+        } else if e.is_connect() || e.is_request() {
+            // Refused, or the connection dropped before an answer: the engine (or its
+            // node) went away, not a failure of the step.
             CallError::Unreachable(format!("cannot reach {url}: {}", skein_model_registry::error_chain(&e)))
         } else {
             CallError::Engine(format!(

@@ -1,0 +1,342 @@
+//! Runs end to end with real processes on loopback: `skein server`, `skein agent` (a
+//! CPU-only node here: no NVIDIA driver) that downloads the tiny generated Llama from a
+//! mock hub and serves it with the built-in engine (`skein engine serve`), and the CLI
+//! (`skein submit --wait`, `skein runs`, `skein run show`, `skein instances`,
+//! `skein logs`). The server is killed with SIGKILL mid-run and restarted; an agent is
+//! killed and its instance placed on another node.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use skein_testkit::mock_hub::MockHub;
+use skein_testkit::tiny_llama;
+
+/// Longest wait for anything (a debug build loads the tiny model in well under this).
+const PATIENCE: Duration = Duration::from_secs(120);
+
+/// Kills the child when dropped, however the test ends.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One lab on loopback: a mock hub serving the tiny model, a server's data directory
+/// and fixed ports (so a restarted server is found by its agents), and a Hugging Face
+/// cache per node.
+struct Lab {
+    hub: MockHub,
+    data: tempfile::TempDir,
+    api_port: u16,
+    grpc_port: u16,
+    nodes: tempfile::TempDir,
+    runtime: tokio::runtime::Runtime,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Lab {
+    fn new() -> Lab {
+        Lab {
+            hub: MockHub::start_in_background(vec![tiny_llama::repo()]),
+            data: tempfile::tempdir().unwrap(),
+            api_port: free_port(),
+            grpc_port: free_port(),
+            nodes: tempfile::tempdir().unwrap(),
+            runtime: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+        }
+    }
+
+    fn api(&self) -> String {
+        format!("http://127.0.0.1:{}", self.api_port)
+    }
+
+    fn skein(&self, cache: &Path) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_skein"));
+        self.hub.environment(&mut command, cache);
+        command.env("RUST_LOG", "info").env("NO_COLOR", "1");
+        command
+    }
+
+    /// `skein server`, returned once it listens.
+    fn server(&self) -> Killed {
+        let cache = self.nodes.path().join("server-cache");
+        let mut child = self
+            .skein(&cache)
+            .args(["server", "--listen", &format!("127.0.0.1:{}", self.api_port)])
+            .args(["--agent-listen", &format!("127.0.0.1:{}", self.grpc_port)])
+            .args(["--sample-interval", "200ms", "--data-dir"])
+            .arg(self.data.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for_line(&mut child, "REST API on");
+        Killed(child)
+    }
+
+    /// `skein agent` as node `name` (CPU-only), its own HF cache and logs.
+    fn agent(&self, name: &str) -> Killed {
+        let dir = self.nodes.path().join(name);
+        let child = self
+            .skein(&dir.join("cache"))
+            .args(["agent", "--join", &format!("http://127.0.0.1:{}", self.grpc_port)])
+            .args(["--node", name, "--token-file"])
+            .arg(self.data.path().join("join-token"))
+            .arg("--data-dir")
+            .arg(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        Killed(child)
+    }
+
+    /// A CLI command against the server.
+    fn cli(&self, args: &[&str]) -> Output {
+        self.skein(&self.nodes.path().join("cli-cache"))
+            .args(args)
+            .args(["--server", &self.api(), "--data-dir"])
+            .arg(self.data.path())
+            .output()
+            .unwrap()
+    }
+
+    fn get(&self, path: &str) -> Value {
+        let output = self.cli_json(path);
+        serde_json::from_str(&output).unwrap_or_else(|e| panic!("{path}: {e}: {output}"))
+    }
+
+    /// `GET path` with the API token; empty when the server does not answer (yet).
+    fn cli_json(&self, path: &str) -> String {
+        let token = std::fs::read_to_string(self.data.path().join("api-token")).unwrap_or_default();
+        let url = format!("{}{path}", self.api());
+        self.runtime.block_on(async {
+            let response = reqwest::Client::new()
+                .get(&url)
+                .bearer_auth(token.trim())
+                .timeout(Duration::from_secs(10))
+                .send()
+                .await;
+            match response {
+                Ok(response) if response.status().is_success() => response.text().await.unwrap_or_default(),
+                _ => String::new(),
+            }
+        })
+    }
+
+    fn nodes_up(&self, count: usize) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let nodes = self.get_or_null("/v1/nodes");
+            let up = nodes
+                .as_array()
+                .map_or(0, |n| n.iter().filter(|n| n["connected"] == true).count());
+            if up >= count {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{count} nodes did not join: {nodes:#}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn get_or_null(&self, path: &str) -> Value {
+        serde_json::from_str(&self.cli_json(path)).unwrap_or(Value::Null)
+    }
+
+    fn wait_run(&self, id: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let run = self.get_or_null(&format!("/v1/runs/{id}"));
+            if done(&run) {
+                return run;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for {what}: {run:#}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn wait_for_line(child: &mut Child, needle: &str) {
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let needle = needle.to_owned();
+    std::thread::spawn(move || {
+        let mut told = false;
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if !told && line.contains(&needle) {
+                let _ = tx.send(());
+                told = true;
+            }
+        }
+    });
+    rx.recv_timeout(PATIENCE).expect("the server starts");
+}
+
+fn workflow_file(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join("story.yaml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Two agents on the tiny model (one instance serves both), greedy so that the output
+/// is the same every time, three steps in a chain.
+const STORY: &str = r#"
+name: story
+inputs: { topic: { type: string } }
+agents:
+  writer: { model: { repo: skein-test/tiny-llama, context: 256 }, temperature: 0, max_tokens: 12 }
+  editor: { model: { repo: skein-test/tiny-llama, context: 256 }, temperature: 0, max_tokens: 12, system: "Edit." }
+steps:
+  - { id: draft, agent: writer, prompt: "Tell me about {{ inputs.topic }}" }
+  - { id: edit, agent: editor, after: [draft], prompt: "Edit: {{ steps.draft.output }}" }
+  - { id: title, agent: writer, after: [edit], prompt: "Title for: {{ steps.edit.output }}" }
+"#;
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn a_workflow_runs_on_the_built_in_engine_and_its_outputs_are_deterministic() {
+    let lab = Lab::new();
+    let _server = lab.server();
+    let _agent = lab.agent("laptop");
+    lab.nodes_up(1);
+    let file = workflow_file(lab.nodes.path(), STORY);
+    let file = file.to_str().unwrap();
+
+    let first = lab.cli(&["submit", file, "--input", "topic=GPUs", "--wait"]);
+    assert!(first.status.success(), "{}\n{}", stdout(&first), stderr(&first));
+    let progress = stderr(&first);
+    assert!(progress.contains("step draft: running"), "{progress}");
+    assert!(progress.contains("succeeded"), "{progress}");
+    let outputs = stdout(&first);
+    for step in ["draft", "edit", "title"] {
+        assert!(outputs.contains(&format!("── {step} (")), "{outputs}");
+    }
+
+    // The same run again: the warm instance answers, greedy decoding gives the same text.
+    let second = lab.cli(&["submit", file, "--input", "topic=GPUs", "--wait"]);
+    assert!(second.status.success(), "{}", stderr(&second));
+    assert_eq!(stdout(&second), outputs);
+
+    let runs = lab.cli(&["runs"]);
+    assert_eq!(
+        stdout(&runs).lines().filter(|l| l.contains("succeeded")).count(),
+        2,
+        "{}",
+        stdout(&runs)
+    );
+    let instances = lab.cli(&["instances", "--output", "json"]);
+    let instances: Value = serde_json::from_str(&stdout(&instances)).unwrap();
+    let instance = &instances[0];
+    assert_eq!(instance["engine"], "candle");
+    assert_eq!(instance["state"], "ready");
+    assert!(instance["measured_host_rss"].as_u64().unwrap() > 0, "{instance:#}");
+    let name = instance["name"].as_str().unwrap();
+    let logs = lab.cli(&["logs", name, "--tail", "50"]);
+    assert!(logs.status.success(), "{}", stderr(&logs));
+    assert!(!stdout(&logs).is_empty());
+
+    // A missing input is refused before anything runs, with the fix.
+    let missing = lab.cli(&["submit", file]);
+    assert!(!missing.status.success());
+    assert!(stderr(&missing).contains("--input topic=VALUE"), "{}", stderr(&missing));
+}
+
+#[test]
+fn a_run_survives_a_killed_server_and_no_recorded_step_runs_twice() {
+    let lab = Lab::new();
+    let mut server = lab.server();
+    let _agent = lab.agent("laptop");
+    lab.nodes_up(1);
+    // Long answers, so that the server dies with steps still to run.
+    let slow = STORY.replace("max_tokens: 12", "max_tokens: 200");
+    let file = workflow_file(lab.nodes.path(), &slow);
+    let submitted = lab.cli(&["submit", file.to_str().unwrap(), "--input", "topic=GPUs"]);
+    assert!(submitted.status.success(), "{}", stderr(&submitted));
+    let id = stdout(&submitted).trim().to_owned();
+    let before = lab.wait_run(&id, "the first step", |r| r["steps"][0]["state"] == "done");
+    let _ = server.0.kill(); // SIGKILL
+    let _ = server.0.wait();
+    drop(server);
+
+    let _server = lab.server();
+    let after = lab.wait_run(&id, "the resumed run", |r| {
+        matches!(r["state"].as_str(), Some("succeeded" | "failed"))
+    });
+    assert_eq!(before["state"], "running", "the server died mid-run: {before:#}");
+    assert_eq!(after["state"], "succeeded", "{after:#}");
+    // Steps recorded done before the crash kept their answer and their single attempt.
+    let done_before: Vec<&Value> = before["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["state"] == "done")
+        .collect();
+    assert!(!done_before.is_empty());
+    for step in done_before {
+        let id = step["id"].as_str().unwrap();
+        let now = after["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["id"] == id)
+            .unwrap();
+        assert_eq!(now["attempts"], 1, "{id} ran once");
+        assert_eq!(now["finished_at"], step["finished_at"], "{id} was not run again");
+        assert_eq!(now["output"], step["output"]);
+    }
+}
+
+#[test]
+fn a_killed_agent_has_its_instance_placed_on_another_node() {
+    let lab = Lab::new();
+    let _server = lab.server();
+    let mut first = lab.agent("node-a");
+    lab.nodes_up(1);
+    let slow = STORY.replace("max_tokens: 12", "max_tokens: 200");
+    let file = workflow_file(lab.nodes.path(), &slow);
+    let submitted = lab.cli(&["submit", file.to_str().unwrap(), "--input", "topic=GPUs"]);
+    assert!(submitted.status.success(), "{}", stderr(&submitted));
+    let id = stdout(&submitted).trim().to_owned();
+    lab.wait_run(&id, "the first step", |r| r["steps"][0]["state"] == "done");
+    let _second = lab.agent("node-b");
+    lab.nodes_up(2);
+    let _ = first.0.kill();
+    let _ = first.0.wait();
+    let run = lab.wait_run(&id, "the run on node-b", |r| {
+        matches!(r["state"].as_str(), Some("succeeded" | "failed"))
+    });
+    assert_eq!(run["state"], "succeeded", "{run:#}");
+    let instances = lab.get("/v1/instances");
+    assert!(
+        instances
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|i| i["node_name"] == "node-b" && i["state"] == "ready"),
+        "{instances:#}"
+    );
+}
