@@ -88,6 +88,8 @@ pub struct InstanceView {
     pub gpus: Vec<u32>,
     /// Bytes the plan reserved, in total.
     pub estimated_bytes: u64,
+    /// Bytes the plan reserved on each GPU (`[gpu, bytes]`).
+    pub held: Vec<(u32, u64)>,
     /// State.
     pub state: InstanceState,
     /// The agent's last words about it (download progress, the engine's error).
@@ -130,6 +132,8 @@ pub struct InstanceRequest {
     pub variant: String,
     /// Bytes the plan reserved.
     pub estimated_bytes: u64,
+    /// Bytes the plan reserved on each GPU of the node.
+    pub held: Vec<(u32, u64)>,
     /// What it serves, for reuse by later runs (see [`InstanceView::warm_key`]).
     pub warm_key: String,
     /// The command.
@@ -357,6 +361,7 @@ impl Instances {
             variant: request.variant,
             gpus: request.start.gpus.clone(),
             estimated_bytes: request.estimated_bytes,
+            held: request.held,
             state: previous.as_ref().map_or(InstanceState::Requested, |p| p.view.state),
             detail: previous.as_ref().map(|p| p.view.detail.clone()).unwrap_or_default(),
             base_url: previous.as_ref().and_then(|p| p.view.base_url.clone()),
@@ -455,6 +460,32 @@ impl Instances {
         }
     }
 
+    /// GPU memory instances hold beyond what their engines were measured to use:
+    /// `(node name, GPU index, bytes)`. An engine still downloading or loading holds its
+    /// whole reservation though no sample shows it yet; a loaded one only what its
+    /// measurement does not cover (all of it on a simulated GPU, whose samples never
+    /// show engines). The executor plans on the graph minus these, so runs admitted one
+    /// after the other never count on the same free memory.
+    pub fn unaccounted(&self) -> Vec<(String, u32, u64)> {
+        lock(&self.entries)
+            .values()
+            .filter(|e| e.start.is_some() && !e.view.state.is_gone())
+            .flat_map(|e| {
+                e.view.held.iter().filter_map(|&(gpu, bytes)| {
+                    let measured: u64 = e
+                        .view
+                        .measured_gpu
+                        .iter()
+                        .filter(|(g, _)| *g == gpu)
+                        .map(|(_, b)| b)
+                        .sum();
+                    let rest = bytes.saturating_sub(measured);
+                    (rest > 0).then(|| (e.view.node_name.clone(), gpu, rest))
+                })
+            })
+            .collect()
+    }
+
     /// Claims for `run` a ready instance no run uses whose [`InstanceView::warm_key`]
     /// is `warm_key`.
     pub fn claim(&self, warm_key: &str, run: &str) -> Option<InstanceView> {
@@ -524,6 +555,7 @@ impl Instances {
                     variant: String::new(),
                     gpus: Vec::new(),
                     estimated_bytes: 0,
+                    held: Vec::new(),
                     state: InstanceState::Requested,
                     detail: String::new(),
                     base_url: None,

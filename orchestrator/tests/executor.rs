@@ -351,3 +351,58 @@ async fn instance_logs_come_from_the_agent() {
         .unwrap();
     assert_eq!(missing.status(), 404);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_endpoint_agents_are_called_directly_beside_placed_ones() {
+    let s = setup(quick(), None).await;
+    let remote = EngineBehaviour::default();
+    let tasks = skein_testkit::agent::Tasks::default();
+    let url = skein_testkit::agent::fake_engine(remote.clone(), &tasks).await;
+    let _agent = TestAgent::join(s.server.grpc_addr, TOKEN, "box", 1, EngineBehaviour::default()).await;
+    let workflow = format!(
+        "name: mixed\nagents:\n  local: {{ model: Qwen/Qwen2.5-0.5B-Instruct }}\n  hosted: {{ endpoint: {{ url: \"{url}\", model: big-model }} }}\nsteps:\n  - {{ id: a, agent: local, prompt: one }}\n  - {{ id: b, agent: hosted, after: [a], prompt: \"two {{{{ steps.a.output }}}}\" }}\n"
+    );
+    let run: Value = s.submit(&workflow, json!({})).await.json().await.unwrap();
+    let run = s.wait_run(run["id"].as_str().unwrap(), ended).await;
+    assert_eq!(run["state"], "succeeded", "{run:#}");
+    assert_eq!(run["steps"][1]["output"], "echo: two echo: one");
+    assert!(
+        run["steps"][1]["instance"].is_null(),
+        "no instance serves a remote agent"
+    );
+    assert_eq!(remote.requests.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_admitted_one_after_the_other_never_count_on_the_same_free_memory() {
+    let s = setup(quick(), None).await;
+    let slow = EngineBehaviour {
+        delay: Duration::from_millis(1500),
+        ..EngineBehaviour::default()
+    };
+    // One 24 GB GPU; the test agent's telemetry never shows engines' memory (like a
+    // simulated GPU), so only the executor's own accounting keeps a second run off it.
+    let agent = TestAgent::join(s.server.grpc_addr, TOKEN, "box", 1, slow).await;
+    let big = |name: &str| {
+        format!(
+            "name: {name}\nagents:\n  a: {{ model: {{ repo: Qwen/Qwen2.5-7B-Instruct, min_precision: bf16, context: 32768, gpu: {{ models: [RTX 4090] }} }} }}\nsteps:\n  - {{ id: s, agent: a, prompt: hi }}\n"
+        )
+    };
+    let first: Value = s.submit(&big("first"), json!({})).await.json().await.unwrap();
+    let first = first["id"].as_str().unwrap().to_owned();
+    s.wait_run(&first, |r| r["state"] == "running").await;
+    let second: Value = s.submit(&big("second"), json!({})).await.json().await.unwrap();
+    let second = second["id"].as_str().unwrap().to_owned();
+    let waiting = s
+        .wait_run(&second, |r| {
+            r["reason"].as_str().is_some_and(|r| r != "waiting for admission")
+        })
+        .await;
+    assert_eq!(waiting["state"], "queued", "{waiting:#}");
+    // When the first run ends, the second one takes its warm instance.
+    let first = s.wait_run(&first, ended).await;
+    assert_eq!(first["state"], "succeeded");
+    let second = s.wait_run(&second, ended).await;
+    assert_eq!(second["state"], "succeeded", "{second:#}");
+    assert_eq!(agent.starts().len(), 1, "one instance served both runs");
+}

@@ -396,3 +396,138 @@ pub fn launch_spec(
         engine,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(simulated_gpus: bool) -> EngineHostConfig {
+        EngineHostConfig {
+            skein: PathBuf::from("/usr/bin/skein"),
+            llama_server: PathBuf::from("llama-server"),
+            vllm: PathBuf::from("vllm"),
+            listen_host: "127.0.0.1".to_owned(),
+            simulated_gpus,
+        }
+    }
+
+    fn files() -> Option<pb::ModelFiles> {
+        Some(pb::ModelFiles {
+            repo: "owner/model".to_owned(),
+            revision: "0".repeat(40),
+            files: vec!["model.gguf".to_owned()],
+            optional_files: Vec::new(),
+        })
+    }
+
+    fn command(engine: start_instance::Engine, gpus: Vec<u32>) -> pb::StartInstance {
+        pb::StartInstance {
+            instance: "r1-coder".to_owned(),
+            gpus,
+            context: 4096,
+            concurrency: 2,
+            engine: Some(engine),
+        }
+    }
+
+    #[test]
+    fn start_commands_become_launch_specs_with_local_paths() {
+        let dir = Path::new("/cache/snapshots/abc");
+        let vllm = command(
+            start_instance::Engine::Vllm(pb::VllmEngine {
+                model: files(),
+                tensor_parallel: 2,
+                layer_partition: vec![30, 34],
+                quantization: Some("awq".to_owned()),
+                reserved: vec![20 << 30; 4],
+                total: vec![24 << 30; 4],
+                max_num_batched_tokens: 2048,
+                enforce_eager: false,
+                kv_cache_dtype: None,
+            }),
+            vec![2, 3, 0, 1],
+        );
+        let spec = launch_spec(&vllm, Some(dir), &config(false), 9000).unwrap();
+        assert_eq!(spec.gpus, vec![2, 3, 0, 1], "rank order kept");
+        assert_eq!((spec.port, spec.context, spec.concurrency), (9000, 4096, 2));
+        let EngineLaunch::Vllm(v) = &spec.engine else {
+            panic!("{spec:?}")
+        };
+        assert_eq!(v.model, "/cache/snapshots/abc");
+        assert_eq!(v.revision, None, "a local snapshot has no revision to resolve");
+        assert_eq!(v.layer_partition, vec![30, 34]);
+        assert_eq!(v.quantization.as_deref(), Some("awq"));
+
+        let llama = command(
+            start_instance::Engine::LlamaCpp(pb::LlamaCppEngine {
+                model: files(),
+                gguf: "model.gguf".to_owned(),
+                mmproj: Some("mmproj.gguf".to_owned()),
+                gpu_layers: Some(40),
+                tensor_split: vec![3, 1],
+                n_batch: 2048,
+                n_ubatch: 512,
+                flash_attention: true,
+            }),
+            vec![0, 1],
+        );
+        let spec = launch_spec(&llama, Some(dir), &config(false), 9001).unwrap();
+        let EngineLaunch::LlamaCpp(l) = &spec.engine else {
+            panic!("{spec:?}")
+        };
+        assert_eq!(l.model, dir.join("model.gguf"));
+        assert_eq!(l.mmproj.as_deref(), Some(dir.join("mmproj.gguf").as_path()));
+        assert_eq!((l.gpu_layers, l.tensor_split.clone()), (Some(40), vec![3, 1]));
+    }
+
+    #[test]
+    fn the_built_in_engine_runs_on_the_cpu_when_the_gpus_are_simulated() {
+        let candle = command(
+            start_instance::Engine::Candle(pb::CandleEngine {
+                model: files(),
+                gguf: String::new(),
+                seed: 7,
+            }),
+            vec![1],
+        );
+        let dir = Path::new("/snap");
+        let real = launch_spec(&candle, Some(dir), &config(false), 1).unwrap();
+        assert_eq!(real.gpus, vec![1]);
+        let simulated = launch_spec(&candle, Some(dir), &config(true), 1).unwrap();
+        assert!(simulated.gpus.is_empty());
+        let EngineLaunch::Candle(c) = &simulated.engine else {
+            panic!()
+        };
+        assert_eq!((c.model.as_path(), c.seed), (dir, 7));
+        assert_eq!(c.program, PathBuf::from("/usr/bin/skein"));
+    }
+
+    #[test]
+    fn commands_an_agent_cannot_run_say_why() {
+        let no_gguf = command(
+            start_instance::Engine::LlamaCpp(pb::LlamaCppEngine {
+                model: files(),
+                ..pb::LlamaCppEngine::default()
+            }),
+            vec![0],
+        );
+        let error = launch_spec(&no_gguf, Some(Path::new("/d")), &config(false), 1).unwrap_err();
+        assert!(error.contains("needs a GGUF file"), "{error}");
+        let mut none = no_gguf.clone();
+        none.engine = None;
+        let error = launch_spec(&none, None, &config(false), 1).unwrap_err();
+        assert!(error.contains("names no engine"), "{error}");
+        let error = launch_spec(&no_gguf, None, &config(false), 1).unwrap_err();
+        assert!(error.contains("names no model files"), "{error}");
+        let remote = command(
+            start_instance::Engine::Remote(pb::RemoteEngine {
+                url: "https://api.example.org/v1".to_owned(),
+                model: "m".to_owned(),
+                api_key_env: Some("KEY".to_owned()),
+            }),
+            Vec::new(),
+        );
+        let spec = launch_spec(&remote, None, &config(false), 1).unwrap();
+        assert!(matches!(spec.engine, EngineLaunch::Remote(ref r) if r.api_key_env.as_deref() == Some("KEY")));
+    }
+}

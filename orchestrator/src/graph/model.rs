@@ -275,6 +275,40 @@ impl GraphSnapshot {
             .flat_map(|n| n.gpus.iter().map(move |g| (n.as_ref(), g)))
     }
 
+    /// This snapshot with `held` bytes taken from GPUs' free memory: `(node name, GPU
+    /// index, bytes)` of instances that hold (or are about to hold) memory the GPUs'
+    /// samples do not show yet, such as engines still loading. Only the nodes concerned
+    /// get new views (so planners that keep per-view caches see just those change).
+    pub fn with_held(&self, held: &[(String, u32, u64)]) -> GraphSnapshot {
+        if held.is_empty() {
+            return self.clone();
+        }
+        let nodes = self
+            .nodes
+            .iter()
+            .map(|node| {
+                let mine: Vec<&(String, u32, u64)> = held.iter().filter(|(n, ..)| *n == node.inventory.name).collect();
+                if mine.is_empty() {
+                    return Arc::clone(node);
+                }
+                let mut view = NodeView::clone(node);
+                for gpu in &mut view.gpus {
+                    let bytes: u64 = mine
+                        .iter()
+                        .filter(|(_, index, _)| *index == gpu.facts.index)
+                        .map(|(.., b)| b)
+                        .sum();
+                    if let Some(sample) = gpu.latest.as_mut() {
+                        sample.memory_free = sample.memory_free.saturating_sub(bytes);
+                        sample.memory_used = sample.memory_used.saturating_add(bytes).min(gpu.facts.memory_total);
+                    }
+                }
+                Arc::new(view)
+            })
+            .collect();
+        GraphSnapshot { nodes, ..self.clone() }
+    }
+
     /// Estimated round trip between two nodes: the sum of their measured round trips to
     /// the orchestrator, the round trip of the path through it (an upper bound of the
     /// direct one). `None` when either was never measured.

@@ -433,7 +433,11 @@ impl Executor {
                 }
             }
         }
-        let snapshot = self.inner.graph.snapshot();
+        let snapshot = self
+            .inner
+            .graph
+            .snapshot()
+            .with_held(&self.inner.instances.unaccounted());
         let mut planner = lock(&self.inner.planner);
         let plan = planner
             .plan(&PlanInput {
@@ -570,6 +574,11 @@ impl Executor {
                 engine: planned.engine.clone(),
                 variant: planned.variant.clone(),
                 estimated_bytes: planned.devices.iter().map(|d| d.reserved).sum(),
+                held: planned
+                    .devices
+                    .iter()
+                    .filter_map(|d| Some((d.gpu?, d.reserved)))
+                    .collect(),
                 start,
             };
             if let Err(error) = self.inner.instances.start(request) {
