@@ -1,6 +1,8 @@
 //! The exact command lines and environments of external engines for the plans of the
 //! reference fleet (docs/placement.md's lab story), and the errors of specs no engine
-//! could run.
+//! could run; and the same commands given for real to the fake engine by the supervisor.
+
+mod common;
 
 use std::path::PathBuf;
 
@@ -55,9 +57,8 @@ fn llama(model: &str, gpu_layers: Option<u64>, split: &[u64]) -> LlamaCppLaunch 
     }
 }
 
-#[test]
-fn coder_at_bf16_on_one_a100() {
-    let s = spec(
+fn coder_at_bf16_on_one_a100_spec() -> LaunchSpec {
+    spec(
         "lab-research.coder",
         &[0],
         16_384,
@@ -69,13 +70,16 @@ fn coder_at_bf16_on_one_a100() {
             &[76 * GIB],
             &[A100],
         )),
-    );
-    insta::assert_yaml_snapshot!(s.command().expect("a command"));
+    )
 }
 
 #[test]
-fn writer_tensor_parallel_over_two_nvlinked_a100s() {
-    let s = spec(
+fn coder_at_bf16_on_one_a100() {
+    insta::assert_yaml_snapshot!(coder_at_bf16_on_one_a100_spec().command().expect("a command"));
+}
+
+fn writer_tensor_parallel_over_two_nvlinked_a100s_spec() -> LaunchSpec {
+    spec(
         "lab-research.writer",
         &[1, 2],
         8192,
@@ -87,12 +91,19 @@ fn writer_tensor_parallel_over_two_nvlinked_a100s() {
             &[74 * GIB, 75 * GIB],
             &[A100, A100],
         )),
-    );
-    insta::assert_yaml_snapshot!(s.command().expect("a command"));
+    )
 }
 
 #[test]
-fn awq_writer_tensor_parallel_in_two_uneven_stages() {
+fn writer_tensor_parallel_over_two_nvlinked_a100s() {
+    insta::assert_yaml_snapshot!(
+        writer_tensor_parallel_over_two_nvlinked_a100s_spec()
+            .command()
+            .expect("a command")
+    );
+}
+
+fn awq_writer_tensor_parallel_in_two_uneven_stages_spec() -> LaunchSpec {
     // TP 2 inside each pair of 4090s, 48 and 32 layers: the pair with more free memory
     // takes more layers; an 8-bit KV cache.
     let mut v = vllm(
@@ -106,15 +117,22 @@ fn awq_writer_tensor_parallel_in_two_uneven_stages() {
     v.kv_cache_dtype = Some("fp8".to_owned());
     v.enforce_eager = true;
     v.revision = None;
-    let s = spec("lab-research.writer", &[0, 1, 2, 3], 8192, 4, EngineLaunch::Vllm(v));
-    insta::assert_yaml_snapshot!(s.command().expect("a command"));
+    spec("lab-research.writer", &[0, 1, 2, 3], 8192, 4, EngineLaunch::Vllm(v))
 }
 
 #[test]
-fn coder_at_4_bit_split_unevenly_over_busy_4090s() {
+fn awq_writer_tensor_parallel_in_two_uneven_stages() {
+    insta::assert_yaml_snapshot!(
+        awq_writer_tensor_parallel_in_two_uneven_stages_spec()
+            .command()
+            .expect("a command")
+    );
+}
+
+fn coder_at_4_bit_split_unevenly_over_busy_4090s_spec() -> LaunchSpec {
     // rtx-1 of lab-busy.yaml: one card has a 12 GiB notebook on it, so it takes fewer
     // layers.
-    let s = spec(
+    spec(
         "lab-research.coder",
         &[0, 1, 2, 3],
         16_384,
@@ -124,28 +142,46 @@ fn coder_at_4_bit_split_unevenly_over_busy_4090s() {
             None,
             &[22, 22, 22, 10],
         )),
+    )
+}
+
+#[test]
+fn coder_at_4_bit_split_unevenly_over_busy_4090s() {
+    insta::assert_yaml_snapshot!(
+        coder_at_4_bit_split_unevenly_over_busy_4090s_spec()
+            .command()
+            .expect("a command")
     );
-    insta::assert_yaml_snapshot!(s.command().expect("a command"));
+}
+
+fn vision_model_with_its_projector_and_host_offload_spec() -> LaunchSpec {
+    let mut l = llama("/models/llava-v1.6-mistral-7b.Q8_0.gguf", Some(20), &[]);
+    l.mmproj = Some(PathBuf::from("/models/mmproj-model-f16.gguf"));
+    spec("lab-research.vision", &[3], 8192, 1, EngineLaunch::LlamaCpp(l))
 }
 
 #[test]
 fn vision_model_with_its_projector_and_host_offload() {
-    let mut l = llama("/models/llava-v1.6-mistral-7b.Q8_0.gguf", Some(20), &[]);
-    l.mmproj = Some(PathBuf::from("/models/mmproj-model-f16.gguf"));
-    let s = spec("lab-research.vision", &[3], 8192, 1, EngineLaunch::LlamaCpp(l));
-    insta::assert_yaml_snapshot!(s.command().expect("a command"));
+    insta::assert_yaml_snapshot!(
+        vision_model_with_its_projector_and_host_offload_spec()
+            .command()
+            .expect("a command")
+    );
 }
 
-#[test]
-fn gguf_on_the_cpu() {
-    let s = spec(
+fn gguf_on_the_cpu_spec() -> LaunchSpec {
+    spec(
         "hello.assistant",
         &[],
         4096,
         1,
         EngineLaunch::LlamaCpp(llama("/models/qwen2.5-0.5b-instruct-q4_k_m.gguf", None, &[])),
-    );
-    insta::assert_yaml_snapshot!(s.command().expect("a command"));
+    )
+}
+
+#[test]
+fn gguf_on_the_cpu() {
+    insta::assert_yaml_snapshot!(gguf_on_the_cpu_spec().command().expect("a command"));
 }
 
 fn candle(model: &str) -> EngineLaunch {
@@ -304,4 +340,76 @@ fn memory_fraction_never_asks_for_more_than_reserved() {
     assert_eq!(memory_fraction(&[72 * GIB, 40 * GIB], &[80 * GIB, 80 * GIB]), Some(0.5));
     assert_eq!(memory_fraction(&[0], &[80 * GIB]), None);
     assert_eq!(memory_fraction(&[81 * GIB], &[80 * GIB]), None);
+}
+
+/// Every external-engine spec above, started for real by the supervisor with the fake
+/// engine standing in for `vllm` and `llama-server`: the process gets exactly the
+/// arguments and GPU environment of the spec's command, and serves under its name.
+#[tokio::test]
+async fn engine_processes_are_started_with_exactly_these_commands() {
+    use std::time::Duration;
+
+    use skein_agent::engine::{InstanceState, RestartPolicy, Supervisor, SupervisorConfig, free_port};
+
+    let specs = [
+        coder_at_bf16_on_one_a100_spec(),
+        writer_tensor_parallel_over_two_nvlinked_a100s_spec(),
+        awq_writer_tensor_parallel_in_two_uneven_stages_spec(),
+        coder_at_4_bit_split_unevenly_over_busy_4090s_spec(),
+        vision_model_with_its_projector_and_host_offload_spec(),
+        gguf_on_the_cpu_spec(),
+    ];
+    for (index, mut spec) in specs.into_iter().enumerate() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let record = dir.path().join("record.json");
+        let program = common::engine_program(
+            dir.path(),
+            &[("SKEIN_FAKE_ENGINE_RECORD", record.display().to_string())],
+        );
+        spec.port = free_port("127.0.0.1").expect("a free port");
+        match &mut spec.engine {
+            EngineLaunch::Vllm(v) => v.program = program,
+            EngineLaunch::LlamaCpp(l) => l.program = program,
+            other => unreachable!("only external engines are listed: {other:?}"),
+        }
+        let expected = spec.command().expect("a command");
+        let (supervisor, mut events) = Supervisor::new(SupervisorConfig {
+            logs_dir: dir.path().join("logs"),
+            readiness_timeout: Duration::from_secs(20),
+            health_interval: Duration::from_millis(200),
+            restart: RestartPolicy {
+                max_restarts: 0,
+                first_backoff: Duration::from_millis(100),
+                max_backoff: Duration::from_millis(100),
+                reset_after: Duration::from_secs(60),
+            },
+            stop_grace: Duration::from_secs(3),
+        });
+        supervisor.start(spec.clone()).await.expect("started");
+        let ready = tokio::time::timeout(Duration::from_secs(30), async {
+            while let Some(event) = events.recv().await {
+                match event.state {
+                    InstanceState::Ready { base_url, .. } => return base_url,
+                    InstanceState::Failed { .. } => {
+                        panic!("spec {index} failed: {:?}", supervisor.logs(&spec.instance, 20))
+                    }
+                    _ => {}
+                }
+            }
+            unreachable!("the supervisor's events ended")
+        })
+        .await
+        .expect("ready in time");
+        assert_eq!(ready, format!("http://127.0.0.1:{}/v1", spec.port));
+
+        let recorded: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&record).expect("record")).expect("JSON");
+        assert_eq!(recorded["args"], serde_json::json!(expected.args), "spec {index}");
+        let env: std::collections::BTreeMap<String, String> =
+            serde_json::from_value(recorded["env"].clone()).expect("env");
+        for (name, value) in &expected.env {
+            assert_eq!(env.get(name), Some(value), "spec {index}: {name}");
+        }
+        supervisor.stop_all().await;
+    }
 }

@@ -5,7 +5,8 @@
 //! Timeouts here are short so the file runs in seconds, and every bound is generous:
 //! the machine running the tests may be loaded.
 
-use std::os::unix::fs::PermissionsExt;
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +18,8 @@ use skein_agent::engine::{
     SupervisorConfig, SupervisorError, free_port,
 };
 use tokio::sync::mpsc;
+
+use common::engine_program;
 
 /// How long any awaited event may take on a loaded machine.
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -34,24 +37,6 @@ fn config(dir: &Path) -> SupervisorConfig {
         },
         stop_grace: Duration::from_secs(3),
     }
-}
-
-/// A program that prints a line, then runs the fake engine with `settings` (its
-/// `SKEIN_FAKE_ENGINE_*` variables) and the arguments it was given: the supervisor adds
-/// only the spec's variables to the environment, so the test's settings travel in it.
-fn engine_program(dir: &Path, settings: &[(&str, String)]) -> PathBuf {
-    let mut script = String::from("#!/bin/sh\necho \"fake weights: loading $4\"\n");
-    for (name, value) in settings {
-        script.push_str(&format!("export {name}='{value}'\n"));
-    }
-    script.push_str(&format!(
-        "exec '{}' \"$@\"\n",
-        skein_testkit::fake_engine_path().display()
-    ));
-    let path = dir.join("engine.sh");
-    std::fs::write(&path, script).expect("write the engine script");
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("make it executable");
-    path
 }
 
 fn candle(instance: &str, program: PathBuf, gpus: &[u32]) -> LaunchSpec {
