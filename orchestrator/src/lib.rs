@@ -16,6 +16,8 @@
 //!   the agents' streams and the status that comes back.
 //! - [`run`]: runs of workflows: the stored record and its pure rules, the commands a
 //!   plan becomes, and the executor (admission, instances, steps, retries, resume).
+//! - [`session`]: sessions (conversations with agents): the stored records, the
+//!   [`session::SessionStore`] trait over sled, and the group-committing writer.
 //! - [`store`]: durable records in sled (flushed before a write is acknowledged).
 //! - [`api`]: the REST API over the graph, plans, runs and instances, and the
 //!   Prometheus metrics.
@@ -31,5 +33,6 @@ pub mod instances;
 pub mod plan;
 pub mod run;
 pub mod server;
+pub mod session;
 pub mod store;
 pub mod workflows;

@@ -81,6 +81,11 @@ impl Db {
         })
     }
 
+    /// The sled database, for stores that lay out their own keys (sessions).
+    pub(crate) fn raw(&self) -> &sled::Db {
+        &self.db
+    }
+
     /// A tree of records of type `T`.
     pub fn tree<T>(&self, name: &'static str) -> Result<Tree<T>, StoreError> {
         Ok(Tree {
@@ -163,22 +168,28 @@ impl<T: Serialize + DeserializeOwned> Tree<T> {
     }
 
     fn decode(&self, key: &[u8], bytes: &[u8]) -> Result<T, StoreError> {
-        let corrupt = |reason: String| StoreError::Corrupt {
-            tree: self.name,
-            key: String::from_utf8_lossy(key).into_owned(),
-            reason,
-        };
-        match bytes.split_first() {
-            Some((&RECORD_VERSION, json)) => serde_json::from_slice(json).map_err(|e| corrupt(e.to_string())),
-            Some((version, _)) => Err(corrupt(format!(
-                "written in record format {version}, which this skein (format {RECORD_VERSION}) cannot read; upgrade skein"
-            ))),
-            None => Err(corrupt("empty".to_owned())),
-        }
+        decode(self.name, key, bytes)
     }
 }
 
-fn encode<T: Serialize>(record: &T) -> Vec<u8> {
+/// A record as stored under `key` of `tree`: the format byte, then JSON.
+pub(crate) fn decode<T: DeserializeOwned>(tree: &'static str, key: &[u8], bytes: &[u8]) -> Result<T, StoreError> {
+    let corrupt = |reason: String| StoreError::Corrupt {
+        tree,
+        key: String::from_utf8_lossy(key).into_owned(),
+        reason,
+    };
+    match bytes.split_first() {
+        Some((&RECORD_VERSION, json)) => serde_json::from_slice(json).map_err(|e| corrupt(e.to_string())),
+        Some((version, _)) => Err(corrupt(format!(
+            "written in record format {version}, which this skein (format {RECORD_VERSION}) cannot read; upgrade skein"
+        ))),
+        None => Err(corrupt("empty".to_owned())),
+    }
+}
+
+/// The stored form of a record: the format byte, then JSON.
+pub(crate) fn encode<T: Serialize>(record: &T) -> Vec<u8> {
     let mut bytes = vec![RECORD_VERSION];
     // Serializing our own records to JSON cannot fail (string keys, no non-finite
     // floats reach them); an empty record would be refused on read.
