@@ -55,7 +55,7 @@ pub enum Command {
     /// Exits 0 when submitted (with --wait: when the run succeeded), 1 otherwise.
     Submit(SubmitArgs),
     /// List the runs of a server, newest first.
-    Runs(RunsArgs),
+    Runs(ListArgs),
     /// Show or cancel one run.
     #[command(subcommand)]
     Run(RunCommand),
@@ -69,6 +69,43 @@ pub enum Command {
     /// chat-completions API.
     #[command(subcommand)]
     Engine(EngineCommand),
+    /// Make or revoke users' API tokens (admin).
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// List the API tokens of a server (admin; never the tokens themselves).
+    Tokens(ListArgs),
+}
+
+/// `skein token …`.
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Make a token for a user; it is printed once, keep it.
+    Create(TokenCreateArgs),
+    /// Revoke a token: it stops working at once.
+    Revoke(TokenRevokeArgs),
+}
+
+/// `skein token create`.
+#[derive(Debug, Args)]
+pub struct TokenCreateArgs {
+    /// The user the token acts for (lowercase letters, digits, `-`, `_`, `.`).
+    #[arg(long, value_name = "NAME")]
+    pub user: String,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+    /// Output format: the token and how to use it, or its record as JSON.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Human)]
+    pub output: OutputFormat,
+}
+
+/// `skein token revoke`.
+#[derive(Debug, Args)]
+pub struct TokenRevokeArgs {
+    /// The token's id (`t-…`; `skein tokens` lists them).
+    #[arg(value_name = "ID")]
+    pub id: String,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
 }
 
 /// `skein logs`.
@@ -114,9 +151,9 @@ pub struct SubmitArgs {
     pub output: OutputFormat,
 }
 
-/// `skein runs`.
+/// `skein runs`, `skein tokens` and other lists: a server and an output format.
 #[derive(Debug, Args)]
-pub struct RunsArgs {
+pub struct ListArgs {
     #[command(flatten)]
     pub remote: RemoteArgs,
     /// Output format: a table, or JSON.

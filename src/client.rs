@@ -101,6 +101,15 @@ impl ApiClient {
         self.send(request)
     }
 
+    /// `DELETE path`: the body of a success, else an error with the server's message.
+    pub fn delete(&self, path: &str) -> anyhow::Result<String> {
+        let request = self
+            .http
+            .delete(format!("{}{path}", self.base))
+            .timeout(Duration::from_secs(30));
+        self.send(request)?.map_err(|r| refused_error(&r))
+    }
+
     fn send(&self, request: reqwest::RequestBuilder) -> anyhow::Result<Result<String, Refused>> {
         let request = request.bearer_auth(self.token.expose());
         self.runtime.block_on(async {
@@ -131,7 +140,14 @@ impl ApiClient {
             }
             let message = serde_json::from_str::<serde_json::Value>(&body)
                 .ok()
-                .and_then(|v| v.get("error").and_then(|e| e.as_str()).map(str::to_owned))
+                .and_then(|v| {
+                    let error = v.get("error")?;
+                    error
+                        .get("message")
+                        .or(Some(error))
+                        .and_then(|m| m.as_str())
+                        .map(str::to_owned)
+                })
                 .unwrap_or_else(|| body.trim().to_owned());
             Ok(Err(Refused {
                 status,

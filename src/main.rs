@@ -15,6 +15,7 @@ mod models;
 mod plan;
 mod runs;
 mod table;
+mod tokens;
 mod validate;
 
 fn main() -> ExitCode {
@@ -50,5 +51,8 @@ fn try_main(args: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Instances(a) => runs::run_instances(&a),
         cli::Command::Logs(a) => runs::run_logs(&a),
         cli::Command::Engine(cli::EngineCommand::Serve(a)) => engine::run_serve(&a),
+        cli::Command::Token(cli::TokenCommand::Create(a)) => tokens::run_create(&a),
+        cli::Command::Token(cli::TokenCommand::Revoke(a)) => tokens::run_revoke(&a),
+        cli::Command::Tokens(a) => tokens::run_list(&a),
     }
 }

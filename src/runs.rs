@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use serde::Deserialize;
 
 use crate::cli::{
-    EXIT_FAILURE, EXIT_OK, InstancesArgs, LogsArgs, MeasuredArgs, OutputFormat, RunIdArgs, RunsArgs, SubmitArgs,
+    EXIT_FAILURE, EXIT_OK, InstancesArgs, ListArgs, LogsArgs, MeasuredArgs, OutputFormat, RunIdArgs, SubmitArgs,
 };
 use crate::client::{ApiClient, refused_error};
 
@@ -198,7 +198,7 @@ fn print_outputs(run: &Run) {
 }
 
 /// `skein runs`.
-pub fn run_list(args: &RunsArgs) -> anyhow::Result<ExitCode> {
+pub fn run_list(args: &ListArgs) -> anyhow::Result<ExitCode> {
     let client = ApiClient::new(&args.remote.server, &args.remote.client)?;
     let body = client.get("/v1/runs")?;
     if args.output == OutputFormat::Json {

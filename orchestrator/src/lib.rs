@@ -12,6 +12,7 @@
 //! - [`catalogs`]: the hub edge in front of the planner: every model a workflow names.
 //! - [`agents`]: the gRPC service agents join (registration, the telemetry stream),
 //!   feeding the graph.
+//! - [`auth`]: users and their API tokens (stored hashed).
 //! - [`instances`]: the model instances agents were asked to run, their commands down
 //!   the agents' streams and the status that comes back.
 //! - [`run`]: runs of workflows: the stored record and its pure rules, the commands a
@@ -27,6 +28,7 @@
 
 pub mod agents;
 pub mod api;
+pub mod auth;
 pub mod catalogs;
 pub mod graph;
 pub mod instances;

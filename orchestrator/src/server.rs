@@ -133,6 +133,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         Some(dir) => Db::open(dir)?,
         None => Db::temporary()?,
     };
+    let tokens = crate::auth::Tokens::open(&db, &config.api_token)?;
     let instances = Arc::new(Instances::default());
     instances.record_measurements(db.tree("measurements")?);
     let planner = Arc::new(std::sync::Mutex::new(crate::plan::Planner::default()));
@@ -182,7 +183,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let app = router(ApiState {
         graph: Arc::clone(&graph),
         events: events.clone(),
-        token: config.api_token.clone(),
+        tokens,
         hub: config.hub.clone(),
         planner,
         executor: executor.clone(),

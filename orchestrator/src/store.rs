@@ -131,6 +131,13 @@ impl<T: Serialize + DeserializeOwned> Tree<T> {
         Ok(())
     }
 
+    /// Removes the record under `key` and flushes, from synchronous code.
+    pub fn remove_blocking(&self, key: &str) -> Result<(), StoreError> {
+        self.tree.remove(key.as_bytes())?;
+        self.db.flush()?;
+        Ok(())
+    }
+
     /// Writes `record` under `key` without waiting for the disk: for records that may
     /// be lost in a crash (sled flushes them within half a second anyway).
     pub fn insert_lazily(&self, key: &str, record: &T) -> Result<(), StoreError> {

@@ -2,77 +2,16 @@
 //! agents at the edge ([`skein_testkit::agent`]): simulated nodes over the agent
 //! protocol whose engines are OpenAI-compatible fakes.
 
-use std::net::SocketAddr;
+mod common;
+
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use common::{API, PATIENCE, TOKEN, quick, setup};
 use serde_json::{Value, json};
-use skein_orchestrator::agents::Secret;
-use skein_orchestrator::graph::GraphConfig;
 use skein_orchestrator::run::ExecutorConfig;
-use skein_orchestrator::run::record::RetryPolicy;
-use skein_orchestrator::server::{RunningServer, ServerConfig};
 use skein_proto::agent::v1 as pb;
 use skein_testkit::agent::{EngineBehaviour, TestAgent};
-use skein_testkit::mock_hub::MockHub;
-
-const TOKEN: &str = "join-secret";
-const API: &str = "api-secret";
-const PATIENCE: Duration = Duration::from_secs(30);
-
-struct Setup {
-    server: RunningServer,
-    _hub: MockHub,
-    _dirs: (tempfile::TempDir, tempfile::TempDir),
-    http: reqwest::Client,
-}
-
-async fn setup(executor: ExecutorConfig, db: Option<&std::path::Path>) -> Setup {
-    let hub = MockHub::start(skein_testkit::models::reference_hub_repos()).await;
-    let cache = tempfile::tempdir().unwrap();
-    let data = tempfile::tempdir().unwrap();
-    let client = skein_model_registry::hub::HubClientBuilder::from_config(
-        skein_model_registry::hub::HubConfig::from_lookup(|_| None),
-    )
-    .endpoint(hub.url.clone())
-    .cache_dir(cache.path())
-    .build()
-    .unwrap();
-    let server = skein_orchestrator::server::start(ServerConfig {
-        api_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        grpc_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        join_token: Secret::new(TOKEN).unwrap(),
-        api_token: Secret::new(API).unwrap(),
-        graph: GraphConfig {
-            sample_interval_ms: 100,
-            ..GraphConfig::default()
-        },
-        tls: None,
-        hub: client,
-        db_dir: Some(db.map_or_else(|| data.path().join("db"), std::path::Path::to_owned)),
-        executor,
-    })
-    .await
-    .unwrap();
-    Setup {
-        server,
-        _hub: hub,
-        _dirs: (cache, data),
-        http: reqwest::Client::new(),
-    }
-}
-
-fn quick() -> ExecutorConfig {
-    ExecutorConfig {
-        retry: RetryPolicy {
-            first_backoff: Duration::from_millis(50),
-            max_backoff: Duration::from_millis(200),
-        },
-        admission_interval: Duration::from_millis(100),
-        ready_timeout: Duration::from_secs(20),
-        ..ExecutorConfig::default()
-    }
-}
 
 const TWO_AGENTS: &str = r#"
 name: two-agents
@@ -84,40 +23,6 @@ steps:
   - { id: draft, agent: writer, prompt: "Write about {{ inputs.topic }}", retries: 2 }
   - { id: review, agent: critic, after: [draft], prompt: "Review: {{ steps.draft.output }}" }
 "#;
-
-impl Setup {
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.server.api_addr)
-    }
-
-    async fn submit(&self, workflow: &str, inputs: Value) -> reqwest::Response {
-        self.http
-            .post(self.url("/v1/runs"))
-            .bearer_auth(API)
-            .json(&json!({"workflow": workflow, "name": "w.yaml", "inputs": inputs}))
-            .send()
-            .await
-            .unwrap()
-    }
-
-    async fn get(&self, path: &str) -> Value {
-        let response = self.http.get(self.url(path)).bearer_auth(API).send().await.unwrap();
-        assert!(response.status().is_success(), "{path}: {}", response.status());
-        response.json().await.unwrap()
-    }
-
-    async fn wait_run(&self, id: &str, done: impl Fn(&Value) -> bool) -> Value {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
-        loop {
-            let run = self.get(&format!("/v1/runs/{id}")).await;
-            if done(&run) {
-                return run;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "timed out: {run:#}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
 
 fn ended(run: &Value) -> bool {
     matches!(run["state"].as_str(), Some("succeeded" | "failed" | "cancelled"))
@@ -236,7 +141,10 @@ async fn a_full_queue_answers_429_with_retry_after_and_bad_submissions_say_why()
     assert!(full.headers().get("retry-after").is_some());
     let body: Value = full.json().await.unwrap();
     assert!(
-        body["error"].as_str().unwrap().contains("queue for priority 0 is full"),
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("queue for priority 0 is full"),
         "{body}"
     );
     let runs = s.get("/v1/runs").await;
@@ -252,8 +160,9 @@ async fn a_full_queue_answers_429_with_retry_after_and_bad_submissions_say_why()
     let missing = s.submit(TWO_AGENTS, json!({})).await;
     assert_eq!(missing.status(), 400);
     let body: Value = missing.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "bad_request");
     assert_eq!(
-        body["error"],
+        body["error"]["message"],
         "input `topic` is required (a string); help: pass --input topic=VALUE"
     );
     let invalid = s.submit("name: x\nagents: {}\n", json!({})).await;

@@ -25,9 +25,10 @@ use futures::Stream;
 use serde::Serialize;
 use tokio::sync::broadcast;
 
-use crate::agents::Secret;
+pub use crate::auth::Principal;
 
 mod runs;
+mod tokens;
 use crate::graph::{GraphEvent, GraphSnapshot, HardwareGraph, HealthState, NodeView};
 
 /// What the routes share.
@@ -37,8 +38,8 @@ pub struct ApiState {
     pub graph: Arc<HardwareGraph>,
     /// Graph changes.
     pub events: broadcast::Sender<GraphEvent>,
-    /// The bearer token clients present.
-    pub token: Secret,
+    /// Users' API tokens.
+    pub tokens: crate::auth::Tokens,
     /// The hub client plans read model metadata with.
     pub hub: skein_model_registry::hub::HubClient,
     /// The planner, with what it keeps between plans.
@@ -57,6 +58,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/graph/events", get(events))
         .route("/v1/plans", axum::routing::post(plans))
         .merge(runs::routes())
+        .merge(tokens::routes())
         .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
     Router::new()
@@ -66,27 +68,107 @@ pub fn router(state: ApiState) -> Router {
         .with_state(state)
 }
 
+/// Every error answer: `{"error": {"code": "not_found", "message": "…"}}` (the shape
+/// OpenAI clients read too).
 #[derive(Serialize)]
-struct ErrorBody<'a> {
-    error: &'a str,
+pub(crate) struct ErrorBody<'a> {
+    pub(crate) error: ErrorDetail<'a>,
+}
+
+/// The code and message of an error answer.
+#[derive(Serialize)]
+pub(crate) struct ErrorDetail<'a> {
+    /// A stable machine-readable code.
+    pub(crate) code: &'a str,
+    /// What is wrong and how to fix it, for people.
+    pub(crate) message: &'a str,
+}
+
+/// The code of an error answer with `status` when the handler gives none.
+fn default_code(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::BAD_REQUEST => "bad_request",
+        StatusCode::UNAUTHORIZED => "unauthorized",
+        StatusCode::FORBIDDEN => "forbidden",
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::CONFLICT => "conflict",
+        StatusCode::PAYLOAD_TOO_LARGE => "too_large",
+        StatusCode::UNPROCESSABLE_ENTITY => "invalid",
+        StatusCode::TOO_MANY_REQUESTS => "overloaded",
+        StatusCode::BAD_GATEWAY => "engine_error",
+        StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+        StatusCode::GATEWAY_TIMEOUT => "engine_timeout",
+        _ => "internal",
+    }
 }
 
 pub(crate) fn error(status: StatusCode, message: &str) -> Response {
-    (status, axum::Json(ErrorBody { error: message })).into_response()
+    error_with_code(status, default_code(status), message)
 }
 
-async fn authorize(State(state): State<ApiState>, request: Request, next: Next) -> Response {
+/// An error answer as a value, for handlers that return `Result<_, ApiError>`.
+#[derive(Debug)]
+pub(crate) struct ApiError {
+    pub(crate) status: StatusCode,
+    pub(crate) code: &'static str,
+    pub(crate) message: String,
+}
+
+impl ApiError {
+    /// An error with the default code of `status`.
+    pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            code: default_code(status),
+            message: message.into(),
+        }
+    }
+
+    /// A 500 for a failure of the server itself.
+    pub(crate) fn internal(error: impl std::fmt::Display) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        error_with_code(self.status, self.code, &self.message)
+    }
+}
+
+pub(crate) fn error_with_code(status: StatusCode, code: &str, message: &str) -> Response {
+    (
+        status,
+        axum::Json(ErrorBody {
+            error: ErrorDetail { code, message },
+        }),
+    )
+        .into_response()
+}
+
+/// Finds who presents the request's bearer token and hands them to the route as an
+/// extension ([`Principal`]); 401 without a live token.
+async fn authorize(State(state): State<ApiState>, mut request: Request, next: Next) -> Response {
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    match presented {
-        Some(token) if state.token.matches(token) => next.run(request).await,
-        Some(_) => error(StatusCode::UNAUTHORIZED, "wrong API token"),
+    let Some(token) = presented else {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "missing `Authorization: Bearer <API token>`; the admin token is in the server's data directory (api-token), `skein token create --user NAME` makes others",
+        );
+    };
+    // The token store is read on a blocking-safe path: one sled read, in memory.
+    match state.tokens.authenticate(token.trim()) {
+        Some(principal) => {
+            request.extensions_mut().insert(principal);
+            next.run(request).await
+        }
         None => error(
             StatusCode::UNAUTHORIZED,
-            "missing `Authorization: Bearer <API token>`; the token is in the server's data directory (api-token)",
+            "the API token is wrong or was revoked; ask an admin for one (`skein token create --user NAME`)",
         ),
     }
 }
@@ -111,7 +193,7 @@ pub struct PlanRequest {
 
 #[derive(Serialize)]
 struct InvalidWorkflow<'a> {
-    error: &'a str,
+    error: ErrorDetail<'a>,
     diagnostics: Vec<skein_dsl::diag::JsonDiagnostic>,
 }
 
@@ -190,7 +272,10 @@ pub(crate) fn parse_workflow(name: Option<&str>, text: &str) -> Result<skein_dsl
         Some(w) if !parsed.diagnostics.has_errors() => Ok(w),
         _ => {
             let body = InvalidWorkflow {
-                error: "the workflow is invalid",
+                error: ErrorDetail {
+                    code: "invalid_workflow",
+                    message: "the workflow is invalid",
+                },
                 diagnostics: skein_dsl::diag::to_json(&parsed.diagnostics, &parsed.file),
             };
             Err(Box::new(

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 
 use axum::Router;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -25,7 +25,7 @@ use axum::routing::{get, post};
 use futures::Stream;
 use serde::{Deserialize, Serialize};
 
-use super::{ApiState, error, parse_workflow};
+use super::{ApiError, ApiState, Principal, error, parse_workflow};
 use crate::run::SubmitError;
 use crate::run::record::{RunRecord, RunState, UnixMs};
 
@@ -55,10 +55,11 @@ pub struct SubmitRequest {
     pub inputs: BTreeMap<String, serde_json::Value>,
 }
 
-/// The owner of runs submitted with the API token (users arrive with sessions).
-const OWNER: &str = "admin";
-
-async fn submit(State(state): State<ApiState>, body: axum::body::Bytes) -> Response {
+async fn submit(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    body: axum::body::Bytes,
+) -> Response {
     let request: SubmitRequest = match serde_json::from_slice(&body) {
         Ok(request) => request,
         Err(e) => {
@@ -74,7 +75,7 @@ async fn submit(State(state): State<ApiState>, body: axum::body::Bytes) -> Respo
         Ok(workflow) => workflow,
         Err(response) => return *response,
     };
-    match state.executor.submit(OWNER, workflow, &request.inputs).await {
+    match state.executor.submit(&principal.user, workflow, &request.inputs).await {
         Ok(run) => (StatusCode::ACCEPTED, axum::Json(run)).into_response(),
         Err(e @ SubmitError::Inputs(_)) => error(StatusCode::BAD_REQUEST, &e.to_string()),
         Err(e @ SubmitError::QueueFull { retry_after, .. }) => {
@@ -124,41 +125,65 @@ impl From<&RunRecord> for RunSummary {
     }
 }
 
-async fn list(State(state): State<ApiState>) -> Response {
+async fn list(State(state): State<ApiState>, Extension(principal): Extension<Principal>) -> Response {
     match state.executor.list() {
-        Ok(runs) => axum::Json(runs.iter().map(RunSummary::from).collect::<Vec<_>>()).into_response(),
+        Ok(runs) => axum::Json(
+            runs.iter()
+                .filter(|run| principal.may_see(&run.owner))
+                .map(RunSummary::from)
+                .collect::<Vec<_>>(),
+        )
+        .into_response(),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
 }
 
-fn not_found(id: &str) -> Response {
-    error(
-        StatusCode::NOT_FOUND,
-        &format!("no run `{id}`; GET /v1/runs lists them"),
-    )
+fn not_found(id: &str) -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, format!("no run `{id}`; GET /v1/runs lists them"))
 }
 
-async fn show(State(state): State<ApiState>, Path(id): Path<String>) -> Response {
-    match state.executor.get(&id) {
-        Ok(Some(run)) => axum::Json(run).into_response(),
-        Ok(None) => not_found(&id),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+/// The run `id` if `principal` may see it; another user's run is "not found".
+fn visible_run(state: &ApiState, principal: &Principal, id: &str) -> Result<RunRecord, ApiError> {
+    match state.executor.get(id) {
+        Ok(Some(run)) if principal.may_see(&run.owner) => Ok(run),
+        Ok(_) => Err(not_found(id)),
+        Err(e) => Err(ApiError::internal(e)),
     }
 }
 
-async fn cancel(State(state): State<ApiState>, Path(id): Path<String>) -> Response {
+async fn show(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Response {
+    match visible_run(&state, &principal, &id) {
+        Ok(run) => axum::Json(run).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn cancel(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Response {
+    if let Err(e) = visible_run(&state, &principal, &id) {
+        return e.into_response();
+    }
     match state.executor.cancel(&id).await {
         Ok(run) => axum::Json(run).into_response(),
-        Err(crate::run::executor::RunError::NotFound(_)) => not_found(&id),
+        Err(crate::run::executor::RunError::NotFound(_)) => not_found(&id).into_response(),
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
     }
 }
 
-async fn events(State(state): State<ApiState>, Path(id): Path<String>) -> Response {
-    match state.executor.get(&id) {
-        Ok(Some(_)) => {}
-        Ok(None) => return not_found(&id),
-        Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+async fn events(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Response {
+    if let Err(e) = visible_run(&state, &principal, &id) {
+        return e.into_response();
     }
     Sse::new(run_stream(state, id))
         .keep_alive(KeepAlive::default())

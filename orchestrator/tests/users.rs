@@ -1,0 +1,89 @@
+//! Users and tokens over REST: who may do what, and what another user's ids look like.
+
+mod common;
+
+use common::{API, quick, setup};
+use reqwest::Method;
+use serde_json::json;
+
+const WORKFLOW: &str =
+    "name: w\nagents:\n  a: { model: Qwen/Qwen2.5-0.5B-Instruct }\nsteps:\n  - { id: s, agent: a, prompt: hi }\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_see_only_their_own_runs_and_only_the_admin_manages_tokens() {
+    let s = setup(quick(), None).await;
+    let ada = s.token_for("ada").await;
+    let bob = s.token_for("bob").await;
+
+    // No agent joined: the run waits in the queue, which is all this test needs.
+    let (status, run) = s
+        .call(
+            Method::POST,
+            "/v1/runs",
+            Some(&ada),
+            Some(json!({"workflow": WORKFLOW})),
+        )
+        .await;
+    assert_eq!(status, 202, "{run}");
+    assert_eq!(run["owner"], "ada");
+    let id = run["id"].as_str().unwrap();
+
+    let (status, runs) = s.call(Method::GET, "/v1/runs", Some(&bob), None).await;
+    assert_eq!((status, runs.as_array().unwrap().len()), (200, 0));
+    for (method, path) in [
+        (Method::GET, format!("/v1/runs/{id}")),
+        (Method::POST, format!("/v1/runs/{id}/cancel")),
+        (Method::GET, format!("/v1/runs/{id}/events")),
+    ] {
+        let (status, body) = s.call(method, &path, Some(&bob), None).await;
+        assert_eq!(status, 404, "{path}: {body}");
+        assert_eq!(body["error"]["code"], "not_found");
+    }
+    let (status, runs) = s.call(Method::GET, "/v1/runs", Some(&ada), None).await;
+    assert_eq!((status, runs.as_array().unwrap().len()), (200, 1));
+    let (status, runs) = s.call(Method::GET, "/v1/runs", Some(API), None).await;
+    assert_eq!((status, runs.as_array().unwrap().len()), (200, 1), "the admin sees all");
+
+    // Missing, wrong and revoked tokens: 401 with a message that says what to do.
+    let (status, body) = s.call(Method::GET, "/v1/runs", None, None).await;
+    assert_eq!(status, 401);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("Authorization: Bearer")
+    );
+    let (status, _) = s.call(Method::GET, "/v1/runs", Some("not-a-token"), None).await;
+    assert_eq!(status, 401);
+
+    // Tokens are the admin's business.
+    let (status, body) = s
+        .call(Method::POST, "/v1/tokens", Some(&bob), Some(json!({"user": "eve"})))
+        .await;
+    assert_eq!((status, body["error"]["code"].as_str()), (403, Some("forbidden")));
+    let (status, body) = s
+        .call(
+            Method::POST,
+            "/v1/tokens",
+            Some(API),
+            Some(json!({"user": "Not A Name"})),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    let (_, tokens) = s.call(Method::GET, "/v1/tokens", Some(API), None).await;
+    let tokens = tokens.as_array().unwrap();
+    assert_eq!(tokens.len(), 3);
+    assert!(
+        !tokens.iter().any(|t| t.to_string().contains(&ada)),
+        "tokens are never listed"
+    );
+    let ada_id = tokens.iter().find(|t| t["user"] == "ada").unwrap()["id"]
+        .as_str()
+        .unwrap();
+    let (status, _) = s
+        .call(Method::DELETE, &format!("/v1/tokens/{ada_id}"), Some(API), None)
+        .await;
+    assert_eq!(status, 200);
+    let (status, _) = s.call(Method::GET, "/v1/runs", Some(&ada), None).await;
+    assert_eq!(status, 401, "a revoked token stops working at once");
+}
