@@ -498,6 +498,27 @@ impl Instances {
         Some(entry.view.clone())
     }
 
+    /// The first instance (in name order) `wanted` accepts.
+    pub fn find(&self, wanted: impl Fn(&InstanceView) -> bool) -> Option<InstanceView> {
+        lock(&self.entries)
+            .values()
+            .map(|e| &e.view)
+            .find(|v| wanted(v))
+            .cloned()
+    }
+
+    /// Someone (a session) uses the instance: an idle one stays warm from now on, and one
+    /// reported after a restart that no run claimed is adopted as warm instead of being
+    /// stopped. Returns it.
+    pub fn touch(&self, name: &str) -> Option<InstanceView> {
+        let mut entries = lock(&self.entries);
+        let entry = entries.get_mut(name)?;
+        if entry.orphan_since.take().is_some() || entry.view.idle_since.is_some() {
+            entry.view.idle_since = Some(std::time::Instant::now());
+        }
+        Some(entry.view.clone())
+    }
+
     /// The run using an instance ended: it stays warm for the next run that needs the
     /// same (see [`Instances::stop_idle`]).
     pub fn release(&self, name: &str) {

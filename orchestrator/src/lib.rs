@@ -10,6 +10,7 @@
 //! - [`plan`]: the placement planner (pure): variant, engine, GPUs and split for every
 //!   agent, with the reasons.
 //! - [`catalogs`]: the hub edge in front of the planner: every model a workflow names.
+//! - [`engine_client`]: one chat completion to an engine, whole or streamed.
 //! - [`agents`]: the gRPC service agents join (registration, the telemetry stream),
 //!   feeding the graph.
 //! - [`auth`]: users and their API tokens (stored hashed).
@@ -30,6 +31,7 @@ pub mod agents;
 pub mod api;
 pub mod auth;
 pub mod catalogs;
+pub mod engine_client;
 pub mod graph;
 pub mod instances;
 pub mod plan;

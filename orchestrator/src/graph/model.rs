@@ -309,6 +309,37 @@ impl GraphSnapshot {
         GraphSnapshot { nodes, ..self.clone() }
     }
 
+    /// The snapshot with every node `keep_node` refuses, and every GPU `keep_gpu`
+    /// refuses, marked down, so that plans leave them out (a placement pinned to one
+    /// GPU, a move away from some). Unchanged nodes stay shared.
+    pub fn restricted(
+        &self,
+        keep_node: impl Fn(&NodeView) -> bool,
+        keep_gpu: impl Fn(&NodeView, &GpuView) -> bool,
+    ) -> GraphSnapshot {
+        let nodes = self
+            .nodes
+            .iter()
+            .map(|node| {
+                let node_kept = keep_node(node);
+                if node_kept && node.gpus.iter().all(|g| keep_gpu(node, g)) {
+                    return Arc::clone(node);
+                }
+                let mut view = NodeView::clone(node);
+                if !node_kept {
+                    view.health.state = HealthState::Down;
+                }
+                for gpu in &mut view.gpus {
+                    if !keep_gpu(node, gpu) {
+                        gpu.health.state = HealthState::Down;
+                    }
+                }
+                Arc::new(view)
+            })
+            .collect();
+        GraphSnapshot { nodes, ..self.clone() }
+    }
+
     /// Estimated round trip between two nodes: the sum of their measured round trips to
     /// the orchestrator, the round trip of the path through it (an upper bound of the
     /// direct one). `None` when either was never measured.

@@ -14,19 +14,19 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::Deserialize;
 use skein_dsl::Workflow;
 use skein_dsl::expr::Evaluator;
-use skein_dsl::ir::Backend;
+use skein_dsl::ir::{Agent, Backend};
 use skein_model_registry::catalog::ModelInfo;
 use skein_model_registry::hub::{HubClient, InspectOptions};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinSet;
 
 use super::launch;
-use super::record::{AfterFailure, Next, RetryPolicy, RunRecord, RunState, UnixMs, Usage, typed_inputs};
+use super::record::{AfterFailure, Next, RetryPolicy, RunRecord, RunState, UnixMs, typed_inputs};
+use crate::engine_client::{Answer, CallError, Route, call};
 use crate::graph::{HardwareGraph, NodeId};
-use crate::instances::{InstanceRequest, InstanceState, Instances};
+use crate::instances::{InstanceRequest, InstanceState, InstanceView, Instances};
 use crate::plan::{Plan, PlanInput, PlanSettings, Planner};
 use crate::store::{Db, StoreError, Tree};
 
@@ -125,6 +125,8 @@ struct Inner {
     queue: Mutex<BTreeSet<(Reverse<i32>, String)>>,
     /// Model catalogs read for queued runs, by run id.
     catalogs: Mutex<HashMap<String, Arc<BTreeMap<String, ModelInfo>>>>,
+    /// One placement at a time per model instance key ([`Executor::provide`]).
+    provides: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Cancel signals of the runs being driven.
     active: Mutex<HashMap<String, watch::Sender<bool>>>,
     /// Every change of any run, by id (for live progress).
@@ -174,6 +176,7 @@ impl Executor {
                     .unwrap_or_default(),
                 queue: Mutex::default(),
                 catalogs: Mutex::default(),
+                provides: Mutex::default(),
                 active: Mutex::default(),
                 changes: watch::channel((0, String::new())).0,
                 wake: Notify::new(),
@@ -303,6 +306,90 @@ impl Executor {
         });
     }
 
+    /// A ready model instance serving `agent` as `definition` says, for sessions and the
+    /// OpenAI-compatible routes: a live instance that serves exactly the same model
+    /// (warm, or used by a run: engines serve many clients) where `pin` allows, else a
+    /// new one planned on the live graph within `pin`, started, and waited for. A new
+    /// instance belongs to no run: it stays warm while it is used
+    /// ([`Instances::touch`]) and is stopped when idle, as warm instances are.
+    ///
+    /// Errors: [`ProvideError`].
+    pub async fn provide(&self, agent: &str, definition: &Agent, pin: &Pin) -> Result<InstanceView, ProvideError> {
+        if matches!(definition.backend, Backend::Endpoint(_)) {
+            return Err(ProvideError::Endpoint(agent.to_owned()));
+        }
+        let workflow = Workflow {
+            name: "serve".to_owned(),
+            description: None,
+            inputs: BTreeMap::new(),
+            agents: BTreeMap::from([(agent.to_owned(), definition.clone())]),
+            steps: Vec::new(),
+            reflexes: Vec::new(),
+            placement: skein_dsl::ir::Placement::default(),
+        };
+        let key = crate::plan::demand::instances(&workflow)
+            .first()
+            .map(warm_key)
+            .unwrap_or_default();
+        // One placement per model at a time: concurrent first messages share it.
+        let gate = Arc::clone(lock(&self.inner.provides).entry(key.clone()).or_default());
+        let _turn = gate.lock().await;
+        let live = |v: &InstanceView| v.warm_key == key && v.state == InstanceState::Ready && pin.admits(v);
+        if let Some(view) = self.inner.instances.find(live) {
+            return Ok(self.inner.instances.touch(&view.name).unwrap_or(view));
+        }
+        let cache_key = format!("provide {key}");
+        let planned = self.plan_workflow(&cache_key, &workflow, &[], pin).await;
+        lock(&self.inner.catalogs).remove(&cache_key);
+        let (plan, models) = planned.map_err(ProvideError::Unplaceable)?;
+        if !plan.admitted {
+            return Err(ProvideError::Unplaceable(
+                plan.queued_reason
+                    .unwrap_or_else(|| "no GPU or host has room for it now".to_owned()),
+            ));
+        }
+        let sequence = self.inner.ids.fetch_add(1, Ordering::Relaxed);
+        let prefix = format!("i{:011x}{:03x}", unix_ms().0, sequence & 0xfff);
+        let names = self
+            .start_planned(&prefix, &workflow, None, &plan, &models)
+            .map_err(ProvideError::Failed)?;
+        let mut changes = self.inner.instances.subscribe();
+        let deadline = tokio::time::Instant::now() + self.inner.config.ready_timeout;
+        loop {
+            match self.readiness(&workflow, &names) {
+                Readiness::Ready(_) => break,
+                Readiness::Failed(reason) | Readiness::Lost(reason) => {
+                    for name in &names {
+                        let _ = self.inner.instances.stop(name);
+                    }
+                    return Err(ProvideError::Failed(reason));
+                }
+                Readiness::Waiting(waiting) => {
+                    tokio::select! {
+                        _ = changes.changed() => {}
+                        _ = tokio::time::sleep_until(deadline) => {
+                            for name in &names {
+                                let _ = self.inner.instances.stop(name);
+                            }
+                            return Err(ProvideError::Failed(format!(
+                                "not ready after {}s: {}",
+                                self.inner.config.ready_timeout.as_secs(),
+                                waiting.join(", ")
+                            )));
+                        }
+                    }
+                }
+            }
+        }
+        for name in &names {
+            self.inner.instances.release(name);
+        }
+        names
+            .first()
+            .and_then(|name| self.inner.instances.get(name))
+            .ok_or_else(|| ProvideError::Failed("the instance disappeared".to_owned()))
+    }
+
     /// Plans queued runs whenever something changes (a submission, a run ending, an
     /// instance changing) or every admission interval, and starts those whose
     /// instances can all be placed.
@@ -401,18 +488,30 @@ impl Executor {
 
     /// The run's plan on the live graph, with the catalogs it was made with.
     async fn plan(&self, run: &RunRecord, warm: &[String]) -> Result<(Plan, Arc<BTreeMap<String, ModelInfo>>), String> {
-        let cached = lock(&self.inner.catalogs).get(&run.id).cloned();
+        self.plan_workflow(&run.id, &run.workflow, warm, &Pin::Anywhere).await
+    }
+
+    /// A plan of `workflow` on the live graph (restricted by `placement`), with the
+    /// catalogs it was made with (read once per `cache_key` while it is queued).
+    async fn plan_workflow(
+        &self,
+        cache_key: &str,
+        workflow: &Workflow,
+        warm: &[String],
+        placement: &Pin,
+    ) -> Result<(Plan, Arc<BTreeMap<String, ModelInfo>>), String> {
+        let cached = lock(&self.inner.catalogs).get(cache_key).cloned();
         let models = match cached {
             Some(models) => models,
             None => {
                 let hub = self.inner.hub.clone();
-                let workflow = run.workflow.clone();
+                let read_workflow = workflow.clone();
                 // The hub client's futures are not `Send`: read on a blocking thread.
                 let read = tokio::task::spawn_blocking(move || {
                     tokio::runtime::Handle::current()
                         .block_on(crate::catalogs::inspect_workflow(
                             &hub,
-                            &workflow,
+                            &read_workflow,
                             &InspectOptions::default(),
                         ))
                         .map_err(|e| skein_model_registry::error_chain(&e))
@@ -420,12 +519,12 @@ impl Executor {
                 .await
                 .map_err(|e| format!("reading the models failed: {e}"))??;
                 let models = Arc::new(read);
-                lock(&self.inner.catalogs).insert(run.id.clone(), Arc::clone(&models));
+                lock(&self.inner.catalogs).insert(cache_key.to_owned(), Arc::clone(&models));
                 models
             }
         };
         // Agents served by warm instances are not placed again.
-        let mut workflow = run.workflow.clone();
+        let mut workflow = workflow.clone();
         for name in warm {
             if let Some(view) = self.inner.instances.get(name) {
                 for agent in &view.agents {
@@ -433,11 +532,12 @@ impl Executor {
                 }
             }
         }
-        let snapshot = self
-            .inner
-            .graph
-            .snapshot()
-            .with_held(&self.inner.instances.unaccounted());
+        let snapshot = placement.restrict(
+            self.inner
+                .graph
+                .snapshot()
+                .with_held(&self.inner.instances.unaccounted()),
+        );
         let mut planner = lock(&self.inner.planner);
         let plan = planner
             .plan(&PlanInput {
@@ -541,17 +641,30 @@ impl Executor {
         }
     }
 
-    /// Sends a start for every placed replica; returns their names.
+    /// Sends a start for every placed replica of the run; returns their names.
     fn start_instances(
         &self,
         run: &RunRecord,
         plan: &Plan,
         models: &BTreeMap<String, ModelInfo>,
     ) -> Result<Vec<String>, String> {
+        self.start_planned(&run.id, &run.workflow, Some(&run.id), plan, models)
+    }
+
+    /// Sends a start for every placed replica of `plan` (of `workflow`), named
+    /// `{prefix}-{instance}`, serving `run` if any; returns their names.
+    fn start_planned(
+        &self,
+        prefix: &str,
+        workflow: &Workflow,
+        run: Option<&str>,
+        plan: &Plan,
+        models: &BTreeMap<String, ModelInfo>,
+    ) -> Result<Vec<String>, String> {
         let snapshot = self.inner.graph.snapshot();
         let mut names = Vec::new();
         for planned in &plan.instances {
-            let name = format!("{}-{}", run.id, planned.instance.replace('+', "-"));
+            let name = format!("{prefix}-{}", planned.instance.replace('+', "-"));
             let (node_name, start) = launch::start_instance(&name, planned, models, &snapshot, self.inner.config.seed)
                 .map_err(|e| e.to_string())?;
             let node = snapshot
@@ -560,7 +673,7 @@ impl Executor {
                 .find(|n| n.inventory.name == node_name)
                 .map(|n| n.id.clone())
                 .unwrap_or_else(|| NodeId(node_name.clone()));
-            let warm_key = crate::plan::demand::instances(&run.workflow)
+            let warm_key = crate::plan::demand::instances(workflow)
                 .iter()
                 .find(|i| i.agents == planned.agents)
                 .map(warm_key)
@@ -569,7 +682,7 @@ impl Executor {
                 warm_key,
                 node,
                 node_name,
-                run: Some(run.id.clone()),
+                run: run.map(str::to_owned),
                 agents: planned.agents.clone(),
                 engine: planned.engine.clone(),
                 variant: planned.variant.clone(),
@@ -589,6 +702,48 @@ impl Executor {
         Ok(names)
     }
 
+    /// Where the instances `names` stand, together.
+    fn readiness(&self, workflow: &Workflow, names: &[String]) -> Readiness {
+        let mut routes = remote_routes(workflow);
+        let mut waiting = Vec::new();
+        for name in names {
+            let Some(view) = self.inner.instances.get(name) else {
+                return Readiness::Failed(format!("instance {name} disappeared"));
+            };
+            match (view.state, view.base_url) {
+                (InstanceState::Ready, Some(base_url)) => {
+                    for agent in &view.agents {
+                        routes.insert(
+                            agent.clone(),
+                            Route {
+                                instance: Some(name.clone()),
+                                base_url: base_url.clone(),
+                                model: name.clone(),
+                                api_key: None,
+                            },
+                        );
+                    }
+                }
+                (InstanceState::Failed, _) => {
+                    return Readiness::Failed(format!("instance {name} on {} failed: {}", view.node_name, view.detail));
+                }
+                (InstanceState::Lost, _) => return Readiness::Lost(name.clone()),
+                (state, _) => waiting.push(waiting_for(
+                    &view.agents,
+                    state,
+                    view.downloaded,
+                    view.download_total,
+                    &view.node_name,
+                )),
+            }
+        }
+        if waiting.is_empty() {
+            Readiness::Ready(routes)
+        } else {
+            Readiness::Waiting(waiting)
+        }
+    }
+
     /// Waits until every instance is ready; returns where each agent is served.
     async fn wait_ready(
         &self,
@@ -599,45 +754,12 @@ impl Executor {
         let mut changes = self.inner.instances.subscribe();
         let deadline = tokio::time::Instant::now() + self.inner.config.ready_timeout;
         loop {
-            let mut routes = remote_routes(&run.workflow);
-            let mut waiting = Vec::new();
-            for name in names {
-                let Some(view) = self.inner.instances.get(name) else {
-                    return Err(Stop::Failed(format!("instance {name} disappeared")));
-                };
-                match (view.state, view.base_url) {
-                    (InstanceState::Ready, Some(base_url)) => {
-                        for agent in &view.agents {
-                            routes.insert(
-                                agent.clone(),
-                                Route {
-                                    instance: Some(name.clone()),
-                                    base_url: base_url.clone(),
-                                    model: name.clone(),
-                                    api_key: None,
-                                },
-                            );
-                        }
-                    }
-                    (InstanceState::Failed, _) => {
-                        return Err(Stop::Failed(format!(
-                            "instance {name} on {} failed: {}",
-                            view.node_name, view.detail
-                        )));
-                    }
-                    (InstanceState::Lost, _) => return Err(Stop::Lost(name.clone())),
-                    (state, _) => waiting.push(waiting_for(
-                        &view.agents,
-                        state,
-                        view.downloaded,
-                        view.download_total,
-                        &view.node_name,
-                    )),
-                }
-            }
-            if waiting.is_empty() {
-                return Ok(routes);
-            }
+            let waiting = match self.readiness(&run.workflow, names) {
+                Readiness::Ready(routes) => return Ok(routes),
+                Readiness::Failed(reason) => return Err(Stop::Failed(reason)),
+                Readiness::Lost(name) => return Err(Stop::Lost(name)),
+                Readiness::Waiting(waiting) => waiting,
+            };
             // The run says what it waits for (the CLI shows it as progress).
             let reason = format!("starting: {}", waiting.join("; "));
             if run.reason.as_deref() != Some(reason.as_str()) {
@@ -791,19 +913,6 @@ fn warm_key(instance: &crate::plan::demand::Instance) -> String {
     format!("{}|{:?}|{:?}", instance.key, instance.requirement, instance.max_gpus)
 }
 
-/// Where an agent's requests go.
-#[derive(Debug, Clone)]
-struct Route {
-    /// The instance (none for a remote endpoint).
-    instance: Option<String>,
-    /// OpenAI base URL.
-    base_url: String,
-    /// The `model` of requests.
-    model: String,
-    /// A remote endpoint's key.
-    api_key: Option<String>,
-}
-
 /// Remote endpoints, keyed by agent: called directly, with the key from the
 /// orchestrator's environment.
 fn remote_routes(workflow: &Workflow) -> BTreeMap<String, Route> {
@@ -825,6 +934,81 @@ fn remote_routes(workflow: &Workflow) -> BTreeMap<String, Route> {
         .collect()
 }
 
+/// Where a group of instances stands.
+enum Readiness {
+    /// All ready: where each agent is served (remote endpoints included).
+    Ready(BTreeMap<String, Route>),
+    /// Some are not ready yet: what each is doing.
+    Waiting(Vec<String>),
+    /// One failed (why).
+    Failed(String),
+    /// One was lost with its node (its name).
+    Lost(String),
+}
+
+/// Where an instance [`Executor::provide`]s may be placed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pin {
+    /// Wherever the planner likes.
+    Anywhere,
+    /// On this GPU of this node, alone.
+    Gpu {
+        /// The node's name.
+        node: String,
+        /// The GPU's index.
+        gpu: u32,
+    },
+    /// Anywhere but on these GPUs of this node (moving off them; no GPU: off the node's
+    /// CPU, i.e. to another node).
+    Avoid {
+        /// The node's name.
+        node: String,
+        /// The GPUs to leave.
+        gpus: Vec<u32>,
+    },
+}
+
+impl Pin {
+    /// The snapshot with what the pin excludes marked down.
+    fn restrict(&self, snapshot: crate::graph::GraphSnapshot) -> crate::graph::GraphSnapshot {
+        match self {
+            Pin::Anywhere => snapshot,
+            Pin::Gpu { node, gpu } => snapshot.restricted(|n| n.inventory.name == *node, |_, g| g.facts.index == *gpu),
+            Pin::Avoid { node, gpus } if gpus.is_empty() => {
+                snapshot.restricted(|n| n.inventory.name != *node, |_, _| true)
+            }
+            Pin::Avoid { node, gpus } => snapshot.restricted(
+                |_| true,
+                |n, g| n.inventory.name != *node || !gpus.contains(&g.facts.index),
+            ),
+        }
+    }
+
+    /// Whether a running instance is where the pin allows.
+    fn admits(&self, view: &InstanceView) -> bool {
+        match self {
+            Pin::Anywhere => true,
+            Pin::Gpu { node, gpu } => view.node_name == *node && view.gpus == [*gpu],
+            Pin::Avoid { node, gpus } if gpus.is_empty() => view.node_name != *node,
+            Pin::Avoid { node, gpus } => view.node_name != *node || !view.gpus.iter().any(|g| gpus.contains(g)),
+        }
+    }
+}
+
+/// Why no instance could be provided.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProvideError {
+    /// The agent is a remote endpoint: it has no instance.
+    #[error("agent `{0}` is a remote endpoint; it runs on no GPU of this fleet")]
+    Endpoint(String),
+    /// The model cannot be placed where asked (the planner's reason).
+    #[error("cannot place it: {0}")]
+    Unplaceable(String),
+    /// The instance did not start (its error).
+    #[error("its instance did not start: {0}")]
+    Failed(String),
+}
+
 /// Why a run's drive stopped.
 enum Stop {
     /// A user cancelled it.
@@ -841,101 +1025,3 @@ enum Stop {
 /// step's failure (with the retry backoff, tens of seconds: longer than a node takes to
 /// be marked down).
 const UNREACHABLE_RETRIES: u32 = 8;
-
-/// Why an attempt failed.
-enum CallError {
-    /// The engine could not be reached, or the connection dropped before its answer.
-    Unreachable(String),
-    /// The engine answered with an error, or too late, or nonsense.
-    Engine(String),
-}
-
-/// An engine's answer.
-struct Answer {
-    content: String,
-    usage: Option<Usage>,
-}
-
-#[derive(Deserialize)]
-struct Completion {
-    choices: Vec<Choice>,
-    #[serde(default)]
-    usage: Option<CompletionUsage>,
-}
-
-#[derive(Deserialize)]
-struct Choice {
-    message: Message,
-}
-
-#[derive(Deserialize)]
-struct Message {
-    #[serde(default)]
-    content: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct CompletionUsage {
-    prompt_tokens: u64,
-    completion_tokens: u64,
-}
-
-/// One chat completion; the error says what the engine said.
-async fn call(
-    http: &reqwest::Client,
-    route: &Route,
-    mut body: serde_json::Value,
-    timeout: Duration,
-) -> Result<Answer, CallError> {
-    body["model"] = serde_json::json!(route.model);
-    let url = format!("{}/chat/completions", route.base_url);
-    let mut request = http.post(&url).json(&body).timeout(timeout);
-    if let Some(key) = &route.api_key {
-        request = request.bearer_auth(key);
-    }
-    let response = request.send().await.map_err(|e| {
-        if e.is_timeout() {
-            CallError::Engine(format!("no answer from {url} within {}s", timeout.as_secs()))
-        } else if e.is_connect() || e.is_request() {
-            // Refused, or the connection dropped before an answer: the engine (or its
-            // node) went away, not a failure of the step.
-            CallError::Unreachable(format!("cannot reach {url}: {}", skein_model_registry::error_chain(&e)))
-        } else {
-            CallError::Engine(format!(
-                "the request to {url} failed: {}",
-                skein_model_registry::error_chain(&e)
-            ))
-        }
-    })?;
-    let status = response.status();
-    let text = response
-        .text()
-        .await
-        .map_err(|e| CallError::Engine(format!("the answer from {url} was cut off: {e}")))?;
-    if !status.is_success() {
-        let message = serde_json::from_str::<serde_json::Value>(&text)
-            .ok()
-            .and_then(|v| {
-                v.pointer("/error/message")
-                    .or_else(|| v.pointer("/error"))
-                    .and_then(|m| m.as_str().map(str::to_owned))
-            })
-            .unwrap_or_else(|| text.chars().take(500).collect());
-        return Err(CallError::Engine(format!("the engine answered {status}: {message}")));
-    }
-    let completion: Completion = serde_json::from_str(&text)
-        .map_err(|e| CallError::Engine(format!("the engine's answer is not a chat completion: {e}")))?;
-    let content = completion
-        .choices
-        .into_iter()
-        .next()
-        .and_then(|c| c.message.content)
-        .ok_or_else(|| CallError::Engine("the engine's answer has no message".to_owned()))?;
-    Ok(Answer {
-        content,
-        usage: completion.usage.map(|u| Usage {
-            prompt_tokens: u.prompt_tokens,
-            completion_tokens: u.completion_tokens,
-        }),
-    })
-}

@@ -6,5 +6,5 @@ pub mod executor;
 pub mod launch;
 pub mod record;
 
-pub use executor::{Executor, ExecutorConfig, SubmitError};
+pub use executor::{Executor, ExecutorConfig, Pin, ProvideError, SubmitError};
 pub use record::{RunRecord, RunState, StepRecord, StepState};

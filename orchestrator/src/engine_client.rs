@@ -1,0 +1,220 @@
+//! Calling engines: one chat completion over the OpenAI protocol, whole or streamed, with
+//! errors that tell an engine that cannot be reached (its node is going away: try
+//! elsewhere) from one that answered badly (the request's failure). The executor's
+//! steps, sessions and the OpenAI-compatible routes all call engines through here.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio::sync::mpsc;
+
+use crate::run::record::Usage;
+
+/// Where an agent's requests go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// The instance (none for a remote endpoint).
+    pub instance: Option<String>,
+    /// OpenAI base URL (`http://host:port/v1`).
+    pub base_url: String,
+    /// The `model` of requests.
+    pub model: String,
+    /// A remote endpoint's key.
+    pub api_key: Option<String>,
+}
+
+/// Why a call failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallError {
+    /// The engine could not be reached, or the connection dropped before its answer.
+    Unreachable(String),
+    /// The engine answered with an error, or too late, or nonsense.
+    Engine(String),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::Unreachable(m) | CallError::Engine(m) => f.write_str(m),
+        }
+    }
+}
+
+/// An engine's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// The generated text.
+    pub content: String,
+    /// Token counts, when the engine gave them.
+    pub usage: Option<Usage>,
+    /// Why generation stopped (`stop`, `length`), when given.
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Completion {
+    choices: Vec<Choice>,
+    #[serde(default)]
+    usage: Option<CompletionUsage>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    #[serde(default)]
+    message: Option<Message>,
+    #[serde(default)]
+    delta: Option<Message>,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Message {
+    #[serde(default)]
+    content: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct CompletionUsage {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+}
+
+impl From<CompletionUsage> for Usage {
+    fn from(u: CompletionUsage) -> Usage {
+        Usage {
+            prompt_tokens: u.prompt_tokens,
+            completion_tokens: u.completion_tokens,
+        }
+    }
+}
+
+async fn send(
+    http: &reqwest::Client,
+    route: &Route,
+    mut body: serde_json::Value,
+    timeout: Duration,
+    stream: bool,
+) -> Result<reqwest::Response, CallError> {
+    body["model"] = serde_json::json!(route.model);
+    body["stream"] = serde_json::json!(stream);
+    if stream {
+        body["stream_options"] = serde_json::json!({"include_usage": true});
+    }
+    let url = format!("{}/chat/completions", route.base_url);
+    let mut request = http.post(&url).json(&body).timeout(timeout);
+    if let Some(key) = &route.api_key {
+        request = request.bearer_auth(key);
+    }
+    let response = request.send().await.map_err(|e| {
+        if e.is_timeout() {
+            CallError::Engine(format!("no answer from {url} within {}s", timeout.as_secs()))
+        } else if e.is_connect() || e.is_request() {
+            // Refused, or the connection dropped before an answer: the engine (or its
+            // node) went away, not a failure of the request.
+            CallError::Unreachable(format!("cannot reach {url}: {}", skein_model_registry::error_chain(&e)))
+        } else {
+            CallError::Engine(format!(
+                "the request to {url} failed: {}",
+                skein_model_registry::error_chain(&e)
+            ))
+        }
+    })?;
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let text = response.text().await.unwrap_or_default();
+    let message = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| {
+            v.pointer("/error/message")
+                .or_else(|| v.pointer("/error"))
+                .and_then(|m| m.as_str().map(str::to_owned))
+        })
+        .unwrap_or_else(|| text.chars().take(500).collect());
+    Err(CallError::Engine(format!("the engine answered {status}: {message}")))
+}
+
+/// One chat completion (`body` without `model`; the route's is set); the error says what
+/// the engine said.
+pub async fn call(
+    http: &reqwest::Client,
+    route: &Route,
+    body: serde_json::Value,
+    timeout: Duration,
+) -> Result<Answer, CallError> {
+    let url = format!("{}/chat/completions", route.base_url);
+    let response = send(http, route, body, timeout, false).await?;
+    let text = response
+        .text()
+        .await
+        .map_err(|e| CallError::Engine(format!("the answer from {url} was cut off: {e}")))?;
+    let completion: Completion = serde_json::from_str(&text)
+        .map_err(|e| CallError::Engine(format!("the engine's answer is not a chat completion: {e}")))?;
+    let choice = completion
+        .choices
+        .into_iter()
+        .next()
+        .ok_or_else(|| CallError::Engine("the engine's answer has no message".to_owned()))?;
+    let content = choice
+        .message
+        .and_then(|m| m.content)
+        .ok_or_else(|| CallError::Engine("the engine's answer has no message".to_owned()))?;
+    Ok(Answer {
+        content,
+        usage: completion.usage.map(Usage::from),
+        finish_reason: choice.finish_reason,
+    })
+}
+
+/// One chat completion, streamed: each piece of text goes to `tokens` as it arrives
+/// (a closed receiver stops nothing: the answer is still read whole), and the whole
+/// answer is returned at the end.
+pub async fn call_streaming(
+    http: &reqwest::Client,
+    route: &Route,
+    body: serde_json::Value,
+    timeout: Duration,
+    tokens: &mpsc::Sender<String>,
+) -> Result<Answer, CallError> {
+    let url = format!("{}/chat/completions", route.base_url);
+    let mut response = send(http, route, body, timeout, true).await?;
+    let mut answer = Answer {
+        content: String::new(),
+        usage: None,
+        finish_reason: None,
+    };
+    let mut pending: Vec<u8> = Vec::new();
+    let cut = |e: reqwest::Error| CallError::Unreachable(format!("the stream from {url} broke off: {e}"));
+    while let Some(chunk) = response.chunk().await.map_err(cut)? {
+        pending.extend_from_slice(&chunk);
+        while let Some(end) = pending.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            let line = String::from_utf8_lossy(&line);
+            let Some(data) = line.trim().strip_prefix("data:").map(str::trim) else {
+                continue;
+            };
+            if data == "[DONE]" {
+                return Ok(answer);
+            }
+            let chunk: Completion = serde_json::from_str(data)
+                .map_err(|e| CallError::Engine(format!("the engine streamed something that is not a chunk: {e}")))?;
+            if let Some(usage) = chunk.usage {
+                answer.usage = Some(usage.into());
+            }
+            for choice in chunk.choices {
+                if let Some(text) = choice.delta.and_then(|d| d.content).filter(|t| !t.is_empty()) {
+                    answer.content.push_str(&text);
+                    let _ = tokens.send(text).await;
+                }
+                if choice.finish_reason.is_some() {
+                    answer.finish_reason = choice.finish_reason;
+                }
+            }
+        }
+    }
+    Err(CallError::Unreachable(format!(
+        "the stream from {url} ended without `data: [DONE]`"
+    )))
+}
