@@ -145,6 +145,15 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         Arc::clone(&planner),
         config.executor.clone(),
     )?;
+    let session_store = Arc::new(crate::session::SledSessions::open(&db)?);
+    let session_log = crate::session::SessionLog::start(session_store, crate::session::LogConfig::default())
+        .map_err(|e| ServerError::Store(crate::store::StoreError::Io(sled::Error::Io(e))))?;
+    let sessions = crate::session::Sessions::new(
+        session_log,
+        executor.clone(),
+        Arc::clone(&instances),
+        crate::session::SessionsConfig::default(),
+    );
     let gateway = AgentGateway::new(
         Arc::clone(&graph),
         config.join_token.clone(),
@@ -188,6 +197,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         planner,
         executor: executor.clone(),
         instances: Arc::clone(&instances),
+        sessions,
     });
     let api_task = tokio::spawn(async move {
         if let Err(error) = axum::serve(api_listener, app).await {

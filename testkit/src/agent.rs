@@ -26,10 +26,21 @@ pub struct EngineBehaviour {
     pub fail_first: u64,
     /// Each answer takes this long.
     pub delay: Duration,
+    /// Every chat request's body, with the engine's base URL, in arrival order.
+    pub seen: Arc<std::sync::Mutex<Vec<(String, Value)>>>,
 }
 
-async fn chat(State(b): State<EngineBehaviour>, axum::Json(body): axum::Json<Value>) -> axum::response::Response {
+#[derive(Clone)]
+struct Engine {
+    behaviour: EngineBehaviour,
+    url: Arc<std::sync::OnceLock<String>>,
+}
+
+async fn chat(State(engine): State<Engine>, axum::Json(body): axum::Json<Value>) -> axum::response::Response {
     use axum::response::IntoResponse;
+    let b = engine.behaviour;
+    let url = engine.url.get().cloned().unwrap_or_default();
+    b.seen.lock().unwrap().push((url, body.clone()));
     let n = b.requests.fetch_add(1, Ordering::SeqCst);
     tokio::time::sleep(b.delay).await;
     if n < b.fail_first {
@@ -45,9 +56,29 @@ async fn chat(State(b): State<EngineBehaviour>, axum::Json(body): axum::Json<Val
         .and_then(|m| m["content"].as_str())
         .unwrap_or("")
         .to_owned();
+    let reply = format!("echo: {prompt}");
+    if body["stream"] == json!(true) {
+        // The OpenAI stream: a chunk per word, the finish, the usage, `[DONE]`.
+        let mut events: Vec<String> = Vec::new();
+        let words: Vec<&str> = reply.split_inclusive(' ').collect();
+        for word in words {
+            events.push(
+                json!({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": word}}]})
+                    .to_string(),
+            );
+        }
+        events.push(
+            json!({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+                .to_string(),
+        );
+        events.push(json!({"object": "chat.completion.chunk", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}}).to_string());
+        events.push("[DONE]".to_owned());
+        let text: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+        return ([(axum::http::header::CONTENT_TYPE, "text/event-stream")], text).into_response();
+    }
     axum::Json(json!({
         "id": "x", "object": "chat.completion", "model": body["model"],
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": format!("echo: {prompt}")}, "finish_reason": "stop"}],
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
     }))
     .into_response()
@@ -55,13 +86,18 @@ async fn chat(State(b): State<EngineBehaviour>, axum::Json(body): axum::Json<Val
 
 /// Serves the OpenAI chat route on loopback; returns its base URL.
 pub async fn fake_engine(behaviour: EngineBehaviour, tasks: &Tasks) -> String {
+    let engine = Engine {
+        behaviour,
+        url: Arc::default(),
+    };
     let app = axum::Router::new()
         .route("/v1/chat/completions", post(chat))
-        .with_state(behaviour);
+        .with_state(engine.clone());
     let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
         .await
         .unwrap();
     let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let _ = engine.url.set(url.clone());
     tasks
         .lock()
         .unwrap()

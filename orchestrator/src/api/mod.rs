@@ -28,6 +28,7 @@ use tokio::sync::broadcast;
 pub use crate::auth::Principal;
 
 mod runs;
+mod sessions;
 mod tokens;
 use crate::graph::{GraphEvent, GraphSnapshot, HardwareGraph, HealthState, NodeView};
 
@@ -48,6 +49,8 @@ pub struct ApiState {
     pub executor: crate::run::Executor,
     /// The model instances.
     pub instances: Arc<crate::instances::Instances>,
+    /// Sessions.
+    pub sessions: crate::session::Sessions,
 }
 
 /// The router.
@@ -59,6 +62,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/plans", axum::routing::post(plans))
         .merge(runs::routes())
         .merge(tokens::routes())
+        .merge(sessions::routes())
         .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
     Router::new()
@@ -112,6 +116,8 @@ pub(crate) struct ApiError {
     pub(crate) status: StatusCode,
     pub(crate) code: &'static str,
     pub(crate) message: String,
+    /// Seconds for `Retry-After`.
+    pub(crate) retry_after: Option<u64>,
 }
 
 impl ApiError {
@@ -121,7 +127,14 @@ impl ApiError {
             status,
             code: default_code(status),
             message: message.into(),
+            retry_after: None,
         }
+    }
+
+    /// The same, with `Retry-After: seconds`.
+    pub(crate) fn retry_after(mut self, seconds: u64) -> ApiError {
+        self.retry_after = Some(seconds);
+        self
     }
 
     /// A 500 for a failure of the server itself.
@@ -132,7 +145,13 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        error_with_code(self.status, self.code, &self.message)
+        let mut response = error_with_code(self.status, self.code, &self.message);
+        if let Some(seconds) = self.retry_after
+            && let Ok(value) = header::HeaderValue::from_str(&seconds.to_string())
+        {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+        response
     }
 }
 

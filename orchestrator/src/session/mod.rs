@@ -8,13 +8,17 @@
 //!   versioned layout).
 //! - [`log`]: [`SessionLog`], the one writer, with group commit: a write is answered
 //!   only once it is flushed, and many concurrent writes share a flush.
+//! - [`service`]: [`Sessions`], what users do: create, send a turn (routed to the bound
+//!   instance, placed again when it is gone), read, delete, migrate.
 
 pub mod log;
 pub mod record;
+pub mod service;
 pub mod store;
 
 pub use log::{AppendOutcome, LogConfig, LogError, SessionLog};
 pub use record::{Binding, MessageRecord, NewMessage, Role, SessionRecord};
+pub use service::{Migration, MoveTo, NewSession, Reply, SessionError, Sessions, SessionsConfig, Target, Turn};
 pub use store::{SessionStore, SledSessions};
 
 #[cfg(test)]

@@ -143,3 +143,27 @@ impl Setup {
         (status, serde_json::from_str(&text).unwrap_or(Value::Null))
     }
 }
+
+impl Setup {
+    /// Waits until `nodes` nodes report free GPU memory (their first telemetry arrived).
+    pub async fn wait_nodes(&self, nodes: usize) {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let listed = self.get("/v1/nodes").await;
+            let sampled = listed
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|n| n["gpu_memory_free"].as_u64().unwrap_or(0) > 0)
+                .count();
+            if sampled >= nodes {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "nodes never reported: {listed:#}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}

@@ -1,0 +1,662 @@
+//! What users do with sessions: create one on a run's agent or on a model, send messages
+//! (the reply comes from the instance the session is bound to, with the whole history),
+//! list and read them, delete them, and move them to another GPU.
+//!
+//! Turns of one session are taken one at a time (a per-session async lock): a message
+//! and its reply are written before the next message of that session is read. A
+//! migration prepares the new instance while the session keeps serving on the old one,
+//! then takes the lock only to switch the binding (one durable write): a turn in flight
+//! finishes on the old instance first, and one whose instance died is retried, once,
+//! on the session's next instance.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use skein_dsl::ir::{Agent, Backend};
+use tokio::sync::mpsc;
+
+use super::log::{LogError, SessionLog};
+use super::record::{self, Binding, Invalid, MessageRecord, NewMessage, Role, SessionRecord};
+use super::store::Page;
+use crate::auth::Principal;
+use crate::engine_client::{self, Answer, CallError, Route};
+use crate::instances::{InstanceState, InstanceView, Instances};
+use crate::run::executor::unix_ms;
+use crate::run::{Executor, Pin, ProvideError};
+use crate::store::StoreError;
+
+/// The most messages a page of messages holds.
+pub const MAX_PAGE: usize = 1000;
+
+/// Bytes of history per token of context assumed when choosing which messages fit the
+/// model's context (English text averages about four; three leaves room).
+pub const BYTES_PER_TOKEN: usize = 3;
+
+/// How sessions behave.
+#[derive(Debug, Clone)]
+pub struct SessionsConfig {
+    /// The longest a reply may take.
+    pub reply_timeout: Duration,
+}
+
+impl Default for SessionsConfig {
+    fn default() -> Self {
+        SessionsConfig {
+            reply_timeout: Duration::from_secs(10 * 60),
+        }
+    }
+}
+
+/// Why a session request failed; each maps to one HTTP status.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// No such session (or run) for this user.
+    #[error("{0}")]
+    NotFound(String),
+    /// The request cannot be served as sent.
+    #[error("{0}")]
+    Invalid(String),
+    /// No instance can serve the agent now.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The engine failed.
+    #[error("{0}")]
+    Engine(String),
+    /// The store failed.
+    #[error("the session store failed: {0}")]
+    Store(String),
+}
+
+impl From<StoreError> for SessionError {
+    fn from(e: StoreError) -> Self {
+        SessionError::Store(e.to_string())
+    }
+}
+
+impl From<LogError> for SessionError {
+    fn from(e: LogError) -> Self {
+        match e {
+            LogError::NotFound(id) => SessionError::NotFound(format!("no session `{id}`; GET /v1/sessions lists them")),
+            other => SessionError::Store(other.to_string()),
+        }
+    }
+}
+
+impl From<Invalid> for SessionError {
+    fn from(e: Invalid) -> Self {
+        SessionError::Invalid(e.to_string())
+    }
+}
+
+/// What a new session talks to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// An agent of a run (served by the run's instance while it lives).
+    RunAgent {
+        /// The run.
+        run: String,
+        /// The agent.
+        agent: String,
+    },
+    /// A Hugging Face model of its own (`owner/name`).
+    Model(String),
+}
+
+/// A session to create.
+#[derive(Debug, Clone)]
+pub struct NewSession {
+    /// What it talks to.
+    pub target: Target,
+    /// A system prompt instead of the agent's.
+    pub system: Option<String>,
+    /// Labels.
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// Messages sent in one turn.
+#[derive(Debug)]
+pub struct Turn {
+    /// The user's messages (and system ones).
+    pub messages: Vec<NewMessage>,
+    /// The client's idempotency key: a retried turn with the same key writes nothing
+    /// again and answers with the first reply.
+    pub idempotency_key: Option<String>,
+    /// Where to send the reply's text as it is generated (a stream).
+    pub tokens: Option<mpsc::Sender<String>>,
+    /// Overrides of the agent's sampling for this turn.
+    pub temperature: Option<f64>,
+    /// Overrides of the agent's reply length for this turn.
+    pub max_tokens: Option<u32>,
+}
+
+/// The answer to a turn.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// The session after it.
+    pub session: SessionRecord,
+    /// The reply, as stored.
+    pub message: MessageRecord,
+    /// True when the idempotency key was seen before: nothing new was generated.
+    pub replayed: bool,
+}
+
+/// Where to move a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MoveTo {
+    /// Wherever the planner likes, off the session's current GPUs.
+    Auto,
+    /// This GPU of this node.
+    Gpu {
+        /// The node's name.
+        node: String,
+        /// The GPU's index.
+        gpu: u32,
+    },
+}
+
+/// A finished move.
+#[derive(Debug, Clone)]
+pub struct Migration {
+    /// The session after it.
+    pub session: SessionRecord,
+    /// Where it was.
+    pub from: Option<Binding>,
+    /// Where it is.
+    pub to: Binding,
+    /// How long new turns could not start: the switch of the binding (written durably).
+    pub downtime: Duration,
+    /// How long the switch waited for a turn in flight to finish on the old instance.
+    pub waited: Duration,
+}
+
+/// The sessions of a server. Cheap to clone.
+#[derive(Clone)]
+pub struct Sessions {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Sessions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sessions").finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    log: SessionLog,
+    executor: Executor,
+    instances: Arc<Instances>,
+    http: reqwest::Client,
+    config: SessionsConfig,
+    /// One turn at a time per session.
+    turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    ids: std::sync::atomic::AtomicU64,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The idempotency key under which the reply to the turn keyed `key` is stored (a
+/// control character no client key may hold keeps the two apart).
+fn reply_key(key: &str) -> String {
+    format!("{key}\u{1f}reply")
+}
+
+/// The binding of a session to `view`.
+fn binding_of(view: &InstanceView) -> Binding {
+    Binding {
+        instance: view.name.clone(),
+        node: view.node_name.clone(),
+        gpus: view.gpus.clone(),
+        since: unix_ms(),
+    }
+}
+
+/// The most recent messages that fit in `budget` bytes (the last one always).
+pub fn window(messages: &[MessageRecord], budget: usize) -> &[MessageRecord] {
+    let mut used = 0usize;
+    let mut start = messages.len();
+    while start > 0 {
+        let size = messages[start - 1].content.len();
+        if start < messages.len() && used + size > budget {
+            break;
+        }
+        used += size;
+        start -= 1;
+    }
+    &messages[start..]
+}
+
+impl Sessions {
+    /// Sessions over `log`, served by instances the `executor` provides.
+    pub fn new(log: SessionLog, executor: Executor, instances: Arc<Instances>, config: SessionsConfig) -> Sessions {
+        Sessions {
+            inner: Arc::new(Inner {
+                log,
+                executor,
+                instances,
+                http: reqwest::Client::builder()
+                    .connect_timeout(Duration::from_secs(10))
+                    .build()
+                    .unwrap_or_default(),
+                config,
+                turns: Mutex::default(),
+                ids: std::sync::atomic::AtomicU64::new(0),
+            }),
+        }
+    }
+
+    fn turn_lock(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut turns = lock(&self.inner.turns);
+        // Locks of sessions nobody waits on are dropped as new ones come.
+        if turns.len() > 4096 {
+            turns.retain(|_, l| Arc::strong_count(l) > 1);
+        }
+        Arc::clone(turns.entry(id.to_owned()).or_default())
+    }
+
+    /// Creates a session.
+    ///
+    /// Errors: [`SessionError::NotFound`] (the run), [`SessionError::Invalid`].
+    pub async fn create(&self, principal: &Principal, new: NewSession) -> Result<SessionRecord, SessionError> {
+        record::check_metadata(&new.metadata)?;
+        let (agent, run, mut definition, binding) = match &new.target {
+            Target::RunAgent { run, agent } => {
+                let found = self
+                    .inner
+                    .executor
+                    .get(run)?
+                    .filter(|r| principal.may_see(&r.owner))
+                    .ok_or_else(|| SessionError::NotFound(format!("no run `{run}`; GET /v1/runs lists them")))?;
+                let definition = found.workflow.agents.get(agent).cloned().ok_or_else(|| {
+                    SessionError::Invalid(format!(
+                        "run `{run}` has no agent `{agent}`; its agents: {}",
+                        found.workflow.agents.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ))
+                })?;
+                let serving = self.inner.instances.find(|v| {
+                    v.run.as_deref() == Some(run.as_str())
+                        && v.agents.contains(agent)
+                        && v.state == InstanceState::Ready
+                });
+                (
+                    agent.clone(),
+                    Some(run.clone()),
+                    definition,
+                    serving.as_ref().map(binding_of),
+                )
+            }
+            Target::Model(model) => (model.clone(), None, model_agent(model)?, None),
+        };
+        if let Some(system) = new.system {
+            definition.system = Some(system);
+        }
+        let now = unix_ms();
+        let sequence = self.inner.ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let session = SessionRecord {
+            id: format!("s{:011x}{:03x}", now.0, sequence & 0xfff),
+            owner: principal.user.clone(),
+            agent,
+            run,
+            definition,
+            binding,
+            metadata: new.metadata,
+            created_at: now,
+            updated_at: now,
+            messages: 0,
+            migrations: 0,
+        };
+        Ok(self.inner.log.create(session).await?)
+    }
+
+    /// A session of `principal` (another user's is "not found").
+    ///
+    /// Errors: [`SessionError::NotFound`].
+    pub fn get(&self, principal: &Principal, id: &str) -> Result<SessionRecord, SessionError> {
+        self.inner
+            .log
+            .store()
+            .session(id)?
+            .filter(|s| principal.may_see(&s.owner))
+            .ok_or_else(|| SessionError::NotFound(format!("no session `{id}`; GET /v1/sessions lists them")))
+    }
+
+    /// A page of the principal's sessions (everyone's for the admin), oldest first.
+    ///
+    /// Errors: the store failed.
+    pub fn list(&self, principal: &Principal, after: Option<&str>, limit: usize) -> Result<Page, SessionError> {
+        let owner = (!principal.admin).then_some(principal.user.as_str());
+        Ok(self
+            .inner
+            .log
+            .store()
+            .sessions(owner, after, limit.clamp(1, MAX_PAGE))?)
+    }
+
+    /// Messages of a session from sequence number `from`.
+    ///
+    /// Errors: [`SessionError::NotFound`].
+    pub fn messages(
+        &self,
+        principal: &Principal,
+        id: &str,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<MessageRecord>, SessionError> {
+        self.get(principal, id)?;
+        Ok(self.inner.log.store().messages(id, from, limit.clamp(1, MAX_PAGE))?)
+    }
+
+    /// Deletes a session with its messages (after a turn in flight).
+    ///
+    /// Errors: [`SessionError::NotFound`].
+    pub async fn delete(&self, principal: &Principal, id: &str) -> Result<(), SessionError> {
+        self.get(principal, id)?;
+        let gate = self.turn_lock(id);
+        let _turn = gate.lock().await;
+        self.inner.log.delete(id).await?;
+        lock(&self.inner.turns).remove(id);
+        Ok(())
+    }
+
+    /// One turn: the messages are stored, the agent answers with the whole history
+    /// (as much as fits its context), the reply is stored, then returned.
+    ///
+    /// Errors: [`SessionError`].
+    pub async fn send(&self, principal: &Principal, id: &str, turn: Turn) -> Result<Reply, SessionError> {
+        self.get(principal, id)?;
+        record::check_messages(&turn.messages)?;
+        if turn.messages.is_empty() {
+            return Err(SessionError::Invalid(
+                "no message to send; give `content` or `messages`".to_owned(),
+            ));
+        }
+        if let Some(index) = turn.messages.iter().position(|m| m.role == Role::Assistant) {
+            return Err(SessionError::Invalid(format!(
+                "message {index} has role `assistant`; a session's assistant messages are its agent's replies"
+            )));
+        }
+        if let Some(key) = &turn.idempotency_key {
+            record::check_idempotency_key(key)?;
+        }
+        let gate = self.turn_lock(id);
+        let _turn = gate.lock().await;
+        let store = self.inner.log.store();
+        if let Some(key) = &turn.idempotency_key
+            && let Some(done) = store.idempotent(id, &reply_key(key))?
+            && let Some(message) = store.messages(id, done.first, 1)?.pop()
+        {
+            let session = self.get(principal, id)?;
+            return Ok(Reply {
+                session,
+                message,
+                replayed: true,
+            });
+        }
+        let appended = self
+            .inner
+            .log
+            .append(id, turn.messages.clone(), turn.idempotency_key.clone())
+            .await?;
+        let mut session = appended.session;
+        let history = store.messages(id, 0, usize::MAX)?;
+        let body = self.request_body(&session.definition, &history, &turn);
+        let (mut route, bound) = self.route(&session, &Pin::Anywhere).await?;
+        session = bound.unwrap_or(session);
+        let mut answer = self.call(&route, body.clone(), turn.tokens.as_ref()).await;
+        if let Err(CallError::Unreachable(error)) = &answer {
+            // The instance went away mid-turn: once more, elsewhere.
+            tracing::warn!(session = %id, %error, "the session's instance is unreachable; moving it");
+            let avoid = match &session.binding {
+                Some(b) => Pin::Avoid {
+                    node: b.node.clone(),
+                    gpus: b.gpus.clone(),
+                },
+                None => Pin::Anywhere,
+            };
+            (route, _) = self.route_fresh(&session, &avoid).await?;
+            answer = self.call(&route, body, turn.tokens.as_ref()).await;
+        }
+        let answer = answer.map_err(|e| SessionError::Engine(e.to_string()))?;
+        let reply = NewMessage {
+            role: Role::Assistant,
+            content: answer.content,
+            instance: route.instance.clone(),
+            usage: answer.usage,
+        };
+        let stored = self
+            .inner
+            .log
+            .append(id, vec![reply], turn.idempotency_key.as_deref().map(reply_key))
+            .await?;
+        let message = stored
+            .messages
+            .into_iter()
+            .next()
+            .ok_or_else(|| SessionError::Store("the reply was not stored".to_owned()))?;
+        Ok(Reply {
+            session: stored.session,
+            message,
+            replayed: false,
+        })
+    }
+
+    /// Moves a session to another instance: started (or found) first while the session
+    /// keeps serving, then the binding switches in one durable write.
+    ///
+    /// Errors: [`SessionError`].
+    pub async fn migrate(&self, principal: &Principal, id: &str, to: MoveTo) -> Result<Migration, SessionError> {
+        let session = self.get(principal, id)?;
+        if matches!(session.definition.backend, Backend::Endpoint(_)) {
+            return Err(SessionError::Invalid(format!(
+                "session `{id}` talks to a remote endpoint; it runs on no GPU of this fleet"
+            )));
+        }
+        let pin = match (&to, &session.binding) {
+            (MoveTo::Gpu { node, gpu }, _) => Pin::Gpu {
+                node: node.clone(),
+                gpu: *gpu,
+            },
+            (MoveTo::Auto, Some(b)) => Pin::Avoid {
+                node: b.node.clone(),
+                gpus: b.gpus.clone(),
+            },
+            (MoveTo::Auto, None) => Pin::Anywhere,
+        };
+        let view = self
+            .inner
+            .executor
+            .provide(&session.agent, &session.definition, &pin)
+            .await
+            .map_err(provide_error)?;
+        let asked = Instant::now();
+        let gate = self.turn_lock(id);
+        let _turn = gate.lock().await;
+        let waited = asked.elapsed();
+        let switch = Instant::now();
+        let from = self.get(principal, id)?.binding;
+        let to = binding_of(&view);
+        let session = self.inner.log.rebind(id, Some(to.clone()), true).await?;
+        let downtime = switch.elapsed();
+        tracing::info!(session = %id, from = ?from.as_ref().map(|b| &b.instance), to = %to.instance, ?downtime, "session moved");
+        Ok(Migration {
+            session,
+            from,
+            to,
+            downtime,
+            waited,
+        })
+    }
+
+    /// Where the session's requests go now: its bound instance while it serves, else
+    /// one provided (within `pin`) and bound. Returns the route and, when the binding
+    /// changed, the session after the change.
+    async fn route(&self, session: &SessionRecord, pin: &Pin) -> Result<(Route, Option<SessionRecord>), SessionError> {
+        if let Backend::Endpoint(endpoint) = &session.definition.backend {
+            return Ok((
+                Route {
+                    instance: None,
+                    base_url: endpoint.url.trim_end_matches('/').to_owned(),
+                    model: endpoint.model.clone(),
+                    api_key: endpoint.api_key_env.as_ref().and_then(|k| std::env::var(k).ok()),
+                },
+                None,
+            ));
+        }
+        if let Some(binding) = &session.binding
+            && let Some(view) = self.inner.instances.touch(&binding.instance)
+            && view.state == InstanceState::Ready
+            && let Some(base_url) = view.base_url
+        {
+            return Ok((
+                Route {
+                    instance: Some(view.name.clone()),
+                    base_url,
+                    model: view.name,
+                    api_key: None,
+                },
+                None,
+            ));
+        }
+        self.route_fresh(session, pin).await
+    }
+
+    /// A newly provided instance for the session (within `pin`), bound durably.
+    async fn route_fresh(
+        &self,
+        session: &SessionRecord,
+        pin: &Pin,
+    ) -> Result<(Route, Option<SessionRecord>), SessionError> {
+        let view = self
+            .inner
+            .executor
+            .provide(&session.agent, &session.definition, pin)
+            .await
+            .map_err(provide_error)?;
+        let base_url = view
+            .base_url
+            .clone()
+            .ok_or_else(|| SessionError::Unavailable(format!("instance {} has no address yet", view.name)))?;
+        let updated = self
+            .inner
+            .log
+            .rebind(&session.id, Some(binding_of(&view)), false)
+            .await?;
+        Ok((
+            Route {
+                instance: Some(view.name.clone()),
+                base_url,
+                model: view.name,
+                api_key: None,
+            },
+            Some(updated),
+        ))
+    }
+
+    async fn call(
+        &self,
+        route: &Route,
+        body: serde_json::Value,
+        tokens: Option<&mpsc::Sender<String>>,
+    ) -> Result<Answer, CallError> {
+        let timeout = self.inner.config.reply_timeout;
+        match tokens {
+            Some(tokens) => engine_client::call_streaming(&self.inner.http, route, body, timeout, tokens).await,
+            None => engine_client::call(&self.inner.http, route, body, timeout).await,
+        }
+    }
+
+    /// The chat request of a turn: the agent's system prompt, then the most recent
+    /// messages that fit the model's context.
+    fn request_body(&self, agent: &Agent, history: &[MessageRecord], turn: &Turn) -> serde_json::Value {
+        let max_tokens = turn.max_tokens.or(agent.max_tokens);
+        let context = match &agent.backend {
+            Backend::Model(requirement) => requirement.context as usize,
+            Backend::Endpoint(_) => 32_768,
+        };
+        let budget = context
+            .saturating_sub(max_tokens.unwrap_or(0) as usize)
+            .saturating_mul(BYTES_PER_TOKEN);
+        let mut messages = Vec::new();
+        if let Some(system) = &agent.system {
+            messages.push(serde_json::json!({"role": "system", "content": system}));
+        }
+        for message in window(history, budget) {
+            messages.push(serde_json::json!({"role": message.role.name(), "content": message.content}));
+        }
+        let mut body = serde_json::json!({ "messages": messages });
+        if let Some(t) = turn.temperature.or(agent.temperature) {
+            body["temperature"] = serde_json::json!(t);
+        }
+        if let Some(m) = max_tokens {
+            body["max_tokens"] = serde_json::json!(m);
+        }
+        body
+    }
+}
+
+fn provide_error(e: ProvideError) -> SessionError {
+    match e {
+        ProvideError::Endpoint(_) => SessionError::Invalid(e.to_string()),
+        ProvideError::Unplaceable(_) => SessionError::Unavailable(e.to_string()),
+        ProvideError::Failed(_) => SessionError::Engine(e.to_string()),
+    }
+}
+
+/// The agent of a session on a model of its own: the model with the workflow
+/// language's defaults (read through it, so a bad name gets its diagnostic).
+pub fn model_agent(model: &str) -> Result<Agent, SessionError> {
+    let quoted = serde_json::to_string(model).unwrap_or_default();
+    let text =
+        format!("name: session\nagents:\n  a: {{ model: {quoted} }}\nsteps:\n  - {{ id: s, agent: a, prompt: x }}\n");
+    let parsed = skein_dsl::parse("session.yaml", &text);
+    match parsed.workflow {
+        Some(mut workflow) if !parsed.diagnostics.has_errors() => workflow
+            .agents
+            .remove("a")
+            .ok_or_else(|| SessionError::Invalid(format!("`{model}` is not a model"))),
+        _ => {
+            let reason = parsed
+                .diagnostics
+                .iter()
+                .map(|d| d.message.clone())
+                .collect::<Vec<_>>()
+                .join("; ");
+            Err(SessionError::Invalid(format!(
+                "`{model}` is not a Hugging Face model name ({reason}); write owner/name, e.g. Qwen/Qwen2.5-0.5B-Instruct"
+            )))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(seq: u64, content: &str) -> MessageRecord {
+        MessageRecord::new(seq, NewMessage::new(Role::User, content), None, unix_ms())
+    }
+
+    #[test]
+    fn the_window_keeps_the_latest_messages_that_fit() {
+        let all: Vec<MessageRecord> = (0..5).map(|i| message(i, "0123456789")).collect();
+        assert_eq!(window(&all, 25).len(), 2);
+        assert_eq!(window(&all, 25)[0].seq, 3);
+        assert_eq!(window(&all, 1000).len(), 5);
+        assert_eq!(window(&all, 0).len(), 1, "the last message always goes");
+        assert!(window(&[], 10).is_empty());
+    }
+
+    #[test]
+    fn model_names_are_read_with_the_language_defaults() {
+        let agent = model_agent("Qwen/Qwen2.5-0.5B-Instruct").unwrap();
+        let Backend::Model(requirement) = agent.backend else {
+            panic!("a model")
+        };
+        assert_eq!(requirement.repo, "Qwen/Qwen2.5-0.5B-Instruct");
+        assert!(requirement.context > 0);
+        let error = model_agent("not a model\n").unwrap_err().to_string();
+        assert!(error.contains("owner/name"), "{error}");
+    }
+}

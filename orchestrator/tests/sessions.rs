@@ -1,0 +1,278 @@
+//! Sessions over REST in a real server, with test agents at the edge (simulated GPUs,
+//! in-process OpenAI fakes that record what they were sent): create, chat, idempotent
+//! retries, streaming, a move between GPUs mid-conversation with the whole history
+//! served by the new instance, isolation between users.
+
+mod common;
+
+use common::{API, TOKEN, quick, setup};
+use reqwest::Method;
+use serde_json::{Value, json};
+use skein_testkit::agent::{EngineBehaviour, TestAgent};
+
+const MODEL: &str = "Qwen/Qwen2.5-0.5B-Instruct";
+
+/// The server-sent events of a streamed answer: `(event, data)`.
+fn events(text: &str) -> Vec<(String, Value)> {
+    text.split("\n\n")
+        .filter_map(|block| {
+            let mut event = None;
+            let mut data = String::new();
+            for line in block.lines() {
+                if let Some(name) = line.strip_prefix("event:") {
+                    event = Some(name.trim().to_owned());
+                } else if let Some(d) = line.strip_prefix("data:") {
+                    data.push_str(d.trim());
+                }
+            }
+            Some((event?, serde_json::from_str(&data).unwrap_or(Value::Null)))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_chats_moves_to_another_gpu_mid_conversation_and_keeps_its_history() {
+    let s = setup(quick(), None).await;
+    let engines = EngineBehaviour::default();
+    let _a = TestAgent::join(s.server.grpc_addr, TOKEN, "node-a", 2, engines.clone()).await;
+    let _b = TestAgent::join(s.server.grpc_addr, TOKEN, "node-b", 2, engines.clone()).await;
+    s.wait_nodes(2).await;
+    let ada = s.token_for("ada").await;
+    let bob = s.token_for("bob").await;
+
+    let (status, session) = s
+        .call(
+            Method::POST,
+            "/v1/sessions",
+            Some(&ada),
+            Some(json!({"model": MODEL, "system": "Be brief.", "metadata": {"topic": "gpus"}})),
+        )
+        .await;
+    assert_eq!(status, 201, "{session}");
+    let id = session["id"].as_str().unwrap().to_owned();
+    assert_eq!(session["owner"], "ada");
+    assert!(session["binding"].is_null(), "placed at the first message");
+    let turn = |content: &str| json!({ "content": content });
+    let messages_path = format!("/v1/sessions/{id}/messages");
+
+    // The first turn places an instance and binds the session to it.
+    let (status, first) = s
+        .call(Method::POST, &messages_path, Some(&ada), Some(turn("hello")))
+        .await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["message"]["content"], "echo: hello");
+    assert_eq!(first["message"]["seq"], 1);
+    let before = first["session"]["binding"].clone();
+    assert!(before["instance"].is_string(), "{first}");
+
+    // A retried turn (same Idempotency-Key) writes nothing and answers the same.
+    let keyed = |key: &str, content: &str| {
+        s.http
+            .post(s.url(&messages_path))
+            .bearer_auth(&ada)
+            .header("Idempotency-Key", key)
+            .json(&turn(content))
+            .send()
+    };
+    let once: Value = keyed("k-2", "second").await.unwrap().json().await.unwrap();
+    let twice: Value = keyed("k-2", "second").await.unwrap().json().await.unwrap();
+    assert_eq!(once["replayed"], false);
+    assert_eq!(twice["replayed"], true);
+    assert_eq!(once["message"], twice["message"]);
+    let requests = engines.seen.lock().unwrap().len();
+    assert_eq!(requests, 2, "the replay did not reach the engine");
+
+    // Move it to a GPU of the other node.
+    let other = if before["node"] == "node-a" { "node-b" } else { "node-a" };
+    let (status, moved) = s
+        .call(
+            Method::POST,
+            &format!("/v1/sessions/{id}/migrate"),
+            Some(&ada),
+            Some(json!({"to": {"node": other, "gpu": 1}})),
+        )
+        .await;
+    assert_eq!(status, 200, "{moved}");
+    assert_eq!(moved["from"], before);
+    assert_eq!(moved["to"]["node"], other);
+    assert_eq!(moved["to"]["gpus"], json!([1]));
+    assert_eq!(moved["session"]["migrations"], 1);
+    assert!(moved["downtime_ms"].as_f64().unwrap() < 5_000.0);
+
+    // The next turn is served there, with the whole history.
+    let (status, third) = s
+        .call(Method::POST, &messages_path, Some(&ada), Some(turn("third")))
+        .await;
+    assert_eq!(status, 200, "{third}");
+    assert_eq!(third["message"]["instance"], moved["to"]["instance"]);
+    let (_, instances) = s.call(Method::GET, "/v1/instances", Some(API), None).await;
+    let new_url = instances
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["name"] == moved["to"]["instance"])
+        .unwrap()["base_url"]
+        .clone();
+    let (url, body) = engines.seen.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(json!(url), new_url, "served by the new instance");
+    let sent: Vec<(String, String)> = body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["role"].as_str().unwrap().to_owned(),
+                m["content"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let expected = [
+        ("system", "Be brief."),
+        ("user", "hello"),
+        ("assistant", "echo: hello"),
+        ("user", "second"),
+        ("assistant", "echo: second"),
+        ("user", "third"),
+    ];
+    assert_eq!(
+        sent,
+        expected.map(|(r, c)| (r.to_owned(), c.to_owned())),
+        "the full history, in order, once"
+    );
+
+    // Streaming: tokens as generated, then the stored message.
+    let streamed = s
+        .http
+        .post(s.url(&messages_path))
+        .bearer_auth(&ada)
+        .json(&json!({"content": "stream this please", "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(streamed.status(), 200);
+    let events = events(&streamed.text().await.unwrap());
+    let tokens: String = events
+        .iter()
+        .filter(|(e, _)| e == "token")
+        .map(|(_, d)| d["delta"].as_str().unwrap())
+        .collect();
+    assert!(events.iter().filter(|(e, _)| e == "token").count() > 1, "{events:?}");
+    let (last, message) = events.last().unwrap();
+    assert_eq!(last, "message");
+    assert_eq!(tokens, "echo: stream this please");
+    assert_eq!(message["message"]["content"], tokens);
+
+    // The history as stored: every message once, in order.
+    let (_, history) = s.call(Method::GET, &messages_path, Some(&ada), None).await;
+    let seqs: Vec<u64> = history["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, (0..8).collect::<Vec<_>>());
+
+    // Another user sees nothing of it; no token, no answer.
+    for (method, path) in [
+        (Method::GET, format!("/v1/sessions/{id}")),
+        (Method::GET, messages_path.clone()),
+        (Method::POST, format!("/v1/sessions/{id}/migrate")),
+        (Method::DELETE, format!("/v1/sessions/{id}")),
+    ] {
+        let body = (method == Method::POST).then(|| json!({"to": "auto"}));
+        let (status, answer) = s.call(method, &path, Some(&bob), body).await;
+        assert_eq!(status, 404, "{path}: {answer}");
+    }
+    let (status, turn_answer) = s
+        .call(Method::POST, &messages_path, Some(&bob), Some(turn("mine?")))
+        .await;
+    assert_eq!(status, 404, "{turn_answer}");
+    let (_, listed) = s.call(Method::GET, "/v1/sessions", Some(&bob), None).await;
+    assert_eq!(listed["data"], json!([]));
+    let (_, listed) = s.call(Method::GET, "/v1/sessions", Some(API), None).await;
+    assert_eq!(listed["data"].as_array().unwrap().len(), 1, "the admin sees all");
+    let (status, _) = s.call(Method::GET, "/v1/sessions", None, None).await;
+    assert_eq!(status, 401);
+
+    // `auto` moves it off its GPU; then it is deleted with its messages.
+    let (status, auto) = s
+        .call(
+            Method::POST,
+            &format!("/v1/sessions/{id}/migrate"),
+            Some(&ada),
+            Some(json!({"to": "auto"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{auto}");
+    assert_ne!(
+        (&auto["to"]["node"], &auto["to"]["gpus"]),
+        (&moved["to"]["node"], &moved["to"]["gpus"])
+    );
+    let (status, _) = s
+        .call(Method::DELETE, &format!("/v1/sessions/{id}"), Some(&ada), None)
+        .await;
+    assert_eq!(status, 204);
+    let (status, _) = s
+        .call(Method::GET, &format!("/v1/sessions/{id}"), Some(&ada), None)
+        .await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_session_requests_say_what_is_wrong() {
+    let s = setup(quick(), None).await;
+    let cases = [
+        (json!({}), 400, "give either `model`"),
+        (json!({"model": MODEL, "agent": "a"}), 400, "not both"),
+        (json!({"agent": "coder"}), 404, "none of your runs has an agent `coder`"),
+        (json!({"agent": "coder", "run": "r-nope"}), 404, "no run `r-nope`"),
+        (json!({"model": "not a repo"}), 400, "owner/name"),
+        (json!({"modle": MODEL}), 400, "unknown field `modle`"),
+    ];
+    for (body, status, needle) in cases {
+        let (got, answer) = s
+            .call(Method::POST, "/v1/sessions", Some(API), Some(body.clone()))
+            .await;
+        assert_eq!(got, status, "{body} → {answer}");
+        let message = answer["error"]["message"].as_str().unwrap();
+        assert!(message.contains(needle), "{body} → {message}");
+    }
+    // No agent has joined: the first turn cannot be placed, and says so with a
+    // Retry-After, and the user's message is kept.
+    let (_, session) = s
+        .call(Method::POST, "/v1/sessions", Some(API), Some(json!({"model": MODEL})))
+        .await;
+    let id = session["id"].as_str().unwrap();
+    let response = s
+        .http
+        .post(s.url(&format!("/v1/sessions/{id}/messages")))
+        .bearer_auth(API)
+        .json(&json!({"content": "anyone?"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    assert!(response.headers().get("retry-after").is_some());
+    let (_, history) = s
+        .call(Method::GET, &format!("/v1/sessions/{id}/messages"), Some(API), None)
+        .await;
+    assert_eq!(history["data"][0]["content"], "anyone?");
+    let (status, answer) = s
+        .call(
+            Method::POST,
+            &format!("/v1/sessions/{id}/messages"),
+            Some(API),
+            Some(json!({"messages": [{"role": "assistant", "content": "I said"}]})),
+        )
+        .await;
+    assert_eq!(status, 400, "{answer}");
+    let (status, answer) = s
+        .call(
+            Method::POST,
+            &format!("/v1/sessions/{id}/migrate"),
+            Some(API),
+            Some(json!({"to": "there"})),
+        )
+        .await;
+    assert_eq!(status, 400, "{answer}");
+}
