@@ -27,7 +27,7 @@ use tokio::task::JoinHandle;
 
 use crate::Error;
 use crate::engine::{Completion, Engine, GenerationRequest};
-use crate::openai::{self, ChatCompletionRequest, ResponseMeta, Usage};
+use crate::openai::{self, ChatCompletionRequest, ResponseMeta};
 use crate::template::TemplateMessage;
 
 /// Requests admitted but not yet generating; beyond it the server answers 503.
@@ -506,7 +506,13 @@ async fn chat_completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Res
             return *response;
         }
         match completion.await {
-            Ok(Ok(completion)) => axum::Json(openai::response_body(&meta, &completion)).into_response(),
+            Ok(Ok(completion)) => axum::Json(openai::response_body(
+                &meta,
+                &completion.text,
+                completion.finish_reason.as_str(),
+                Some(openai::usage_of(&completion)),
+            ))
+            .into_response(),
             Ok(Err(error)) => generation_error(&error),
             Err(_) => generation_error(&Error::EngineStopped),
         }
@@ -547,9 +553,9 @@ fn event_stream(
                     Some(Piece::Done(Ok(completion))) => {
                         let mut tail = Vec::new();
                         if include_usage {
-                            tail.push(openai::usage_chunk_body(&meta, Usage::of(&completion)));
+                            tail.push(openai::usage_chunk_body(&meta, openai::usage_of(&completion)));
                         }
-                        let chunk = openai::chunk_body(&meta, json!({}), Some(completion.finish_reason));
+                        let chunk = openai::chunk_body(&meta, json!({}), Some(completion.finish_reason.as_str()));
                         Some((data(&chunk), (Phase::Tail(tail), pieces)))
                     }
                     Some(Piece::Done(Err(error))) => {

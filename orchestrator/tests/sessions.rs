@@ -276,3 +276,102 @@ async fn bad_session_requests_say_what_is_wrong() {
         .await;
     assert_eq!(status, 400, "{answer}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_routes_serve_agents_models_and_sessions() {
+    let s = setup(quick(), None).await;
+    let engines = EngineBehaviour::default();
+    let _a = TestAgent::join(s.server.grpc_addr, TOKEN, "node-a", 2, engines.clone()).await;
+    s.wait_nodes(1).await;
+    let ada = s.token_for("ada").await;
+    let completions = "/v1/chat/completions";
+
+    // A model by its hub id: an instance is placed for it.
+    let request = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi there"}]});
+    let (status, answer) = s.call(Method::POST, completions, Some(&ada), Some(request)).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["object"], "chat.completion");
+    assert_eq!(answer["model"], MODEL);
+    assert_eq!(answer["choices"][0]["message"]["content"], "echo: hi there");
+    assert_eq!(answer["usage"]["total_tokens"], 8);
+
+    // Streamed, with usage: the OpenAI chunks, then [DONE].
+    let streamed = s
+        .http
+        .post(s.url(completions))
+        .bearer_auth(&ada)
+        .json(
+            &json!({"model": MODEL, "stream": true, "stream_options": {"include_usage": true},
+                      "messages": [{"role": "user", "content": "one two three"}]}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let data: Vec<&str> = streamed.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{streamed}");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, "echo: one two three");
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(chunks.iter().any(|c| c["choices"][0]["finish_reason"] == "stop"));
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 5);
+
+    // An agent of a run, by its name; its system prompt goes first.
+    let workflow = "name: w\nagents:\n  helper: { model: Qwen/Qwen2.5-0.5B-Instruct, system: \"Be kind.\" }\nsteps:\n  - { id: s, agent: helper, prompt: go }\n";
+    let (status, _) = s
+        .call(
+            Method::POST,
+            "/v1/runs",
+            Some(&ada),
+            Some(json!({"workflow": workflow})),
+        )
+        .await;
+    assert_eq!(status, 202);
+    let request = json!({"model": "helper", "messages": [{"role": "user", "content": "hello helper"}]});
+    let (status, answer) = s
+        .call(Method::POST, completions, Some(&ada), Some(request.clone()))
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    let (_, sent) = engines.seen.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(sent["messages"][0], json!({"role": "system", "content": "Be kind."}));
+    let (_, listed) = s.call(Method::GET, "/v1/models", Some(&ada), None).await;
+    let ids: Vec<&str> = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert!(ids.contains(&"helper") && ids.contains(&MODEL), "{ids:?}");
+    // Another user has no such agent.
+    let bob = s.token_for("bob").await;
+    let (status, _) = s.call(Method::POST, completions, Some(&bob), Some(request)).await;
+    assert_eq!(status, 404);
+
+    // A session continued through the OpenAI route: only the new message is sent, the
+    // session holds the history.
+    let (_, session) = s
+        .call(Method::POST, "/v1/sessions", Some(&ada), Some(json!({"model": MODEL})))
+        .await;
+    let id = session["id"].as_str().unwrap();
+    for word in ["first", "second"] {
+        let request = json!({"model": MODEL, "session_id": id, "messages": [{"role": "user", "content": word}]});
+        let (status, answer) = s.call(Method::POST, completions, Some(&ada), Some(request)).await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["choices"][0]["message"]["content"], format!("echo: {word}"));
+    }
+    let (_, sent) = engines.seen.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(sent["messages"].as_array().unwrap().len(), 3, "{sent}");
+    let (_, history) = s
+        .call(Method::GET, &format!("/v1/sessions/{id}/messages"), Some(&ada), None)
+        .await;
+    assert_eq!(history["data"].as_array().unwrap().len(), 4);
+}

@@ -1,5 +1,7 @@
-//! Skein's wire protocol: the gRPC service between agents and the orchestrator,
-//! generated from `skein/agent/v1/agent.proto` at build time.
+//! Skein's wire protocols: the gRPC service between agents and the orchestrator,
+//! generated from `skein/agent/v1/agent.proto` at build time, and the OpenAI
+//! chat-completions format engines and the orchestrator's compatible routes speak
+//! ([`openai`]).
 //!
 //! The `.proto` file is the contract; read its comments for the meaning of each field.
 //! Both sides depend on this crate and on nothing of each other.
@@ -16,6 +18,8 @@ pub mod agent {
         tonic::include_proto!("skein.agent.v1");
     }
 }
+
+pub mod openai;
 
 /// The metadata key that carries the join token (`Bearer <token>`).
 pub const AUTHORIZATION: &str = "authorization";

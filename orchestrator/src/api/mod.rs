@@ -27,6 +27,7 @@ use tokio::sync::broadcast;
 
 pub use crate::auth::Principal;
 
+mod openai;
 mod runs;
 mod sessions;
 mod tokens;
@@ -63,6 +64,7 @@ pub fn router(state: ApiState) -> Router {
         .merge(runs::routes())
         .merge(tokens::routes())
         .merge(sessions::routes())
+        .merge(openai::routes())
         .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
     Router::new()

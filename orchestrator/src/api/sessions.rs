@@ -83,19 +83,6 @@ struct CreateSession {
     metadata: BTreeMap<String, String>,
 }
 
-/// What an agent name means to a user: an agent of their newest run that has it.
-pub(super) fn newest_run_with(
-    state: &ApiState,
-    principal: &Principal,
-    agent: &str,
-) -> Result<Option<String>, ApiError> {
-    let runs = state.executor.list().map_err(ApiError::internal)?;
-    Ok(runs
-        .into_iter()
-        .find(|r| principal.may_see(&r.owner) && r.workflow.agents.contains_key(agent))
-        .map(|r| r.id))
-}
-
 async fn create(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -108,9 +95,9 @@ async fn create(
     let target = match (request.model, request.agent, request.run) {
         (Some(model), None, None) => Target::Model(model),
         (None, Some(agent), Some(run)) => Target::RunAgent { run, agent },
-        (None, Some(agent), None) => match newest_run_with(&state, &principal, &agent)? {
-            Some(run) => Target::RunAgent { run, agent },
-            None => {
+        (None, Some(agent), None) => match state.sessions.resolve(&principal, &agent) {
+            Ok(target @ Target::RunAgent { .. }) => target,
+            _ => {
                 return Err(ApiError::new(
                     StatusCode::NOT_FOUND,
                     format!("none of your runs has an agent `{agent}`; give `run`, or `model` for a model of its own"),

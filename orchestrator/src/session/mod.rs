@@ -18,7 +18,9 @@ pub mod store;
 
 pub use log::{AppendOutcome, LogConfig, LogError, SessionLog};
 pub use record::{Binding, MessageRecord, NewMessage, Role, SessionRecord};
-pub use service::{Migration, MoveTo, NewSession, Reply, SessionError, Sessions, SessionsConfig, Target, Turn};
+pub use service::{
+    Migration, MoveTo, NewSession, Reply, Sampling, SessionError, Sessions, SessionsConfig, Target, Turn,
+};
 pub use store::{SessionStore, SledSessions};
 
 #[cfg(test)]

@@ -130,6 +130,38 @@ pub struct Turn {
     pub max_tokens: Option<u32>,
 }
 
+/// Sampling a client asks for, over the agent's.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sampling {
+    /// Temperature.
+    pub temperature: Option<f64>,
+    /// The most tokens to generate.
+    pub max_tokens: Option<u32>,
+}
+
+/// The route to a remote endpoint (its key from the server's environment).
+fn endpoint_route(endpoint: &skein_dsl::ir::Endpoint) -> Route {
+    Route {
+        instance: None,
+        base_url: endpoint.url.trim_end_matches('/').to_owned(),
+        model: endpoint.model.clone(),
+        api_key: endpoint.api_key_env.as_ref().and_then(|k| std::env::var(k).ok()),
+    }
+}
+
+/// The route to a ready instance.
+fn instance_route(view: InstanceView) -> Result<Route, SessionError> {
+    let base_url = view
+        .base_url
+        .ok_or_else(|| SessionError::Unavailable(format!("instance {} has no address yet", view.name)))?;
+    Ok(Route {
+        instance: Some(view.name.clone()),
+        base_url,
+        model: view.name,
+        api_key: None,
+    })
+}
+
 /// The answer to a turn.
 #[derive(Debug, Clone)]
 pub struct Reply {
@@ -308,6 +340,100 @@ impl Sessions {
             migrations: 0,
         };
         Ok(self.inner.log.create(session).await?)
+    }
+
+    /// The ready instance a run started for its agent, if there is one.
+    fn run_instance(&self, run: &str, agent: &str) -> Option<InstanceView> {
+        self.inner.instances.find(|v| {
+            v.run.as_deref() == Some(run) && v.agents.iter().any(|a| a == agent) && v.state == InstanceState::Ready
+        })
+    }
+
+    /// What `name` (an OpenAI `model`) means to `principal`: an agent of their newest
+    /// run that has one of that name, else a Hugging Face model of its own.
+    ///
+    /// Errors: [`SessionError::Invalid`] for a name that is neither.
+    pub fn resolve(&self, principal: &Principal, name: &str) -> Result<Target, SessionError> {
+        let newest = self
+            .inner
+            .executor
+            .list()?
+            .into_iter()
+            .find(|r| principal.may_see(&r.owner) && r.workflow.agents.contains_key(name));
+        match newest {
+            Some(run) => Ok(Target::RunAgent {
+                run: run.id,
+                agent: name.to_owned(),
+            }),
+            None if name.contains('/') => Ok(Target::Model(name.to_owned())),
+            None => Err(SessionError::NotFound(format!(
+                "`{name}` is neither an agent of your runs nor a Hugging Face model (owner/name); GET /v1/models lists what is served"
+            ))),
+        }
+    }
+
+    /// One completion without a session: `messages` go as given (after the agent's
+    /// system prompt when they have none) to the run's instance of the agent, or to an
+    /// instance provided for the model.
+    ///
+    /// Errors: [`SessionError`].
+    pub async fn complete(
+        &self,
+        principal: &Principal,
+        target: &Target,
+        messages: Vec<NewMessage>,
+        sampling: Sampling,
+        tokens: Option<&mpsc::Sender<String>>,
+    ) -> Result<Answer, SessionError> {
+        let (agent, definition, run) = match target {
+            Target::RunAgent { run, agent } => {
+                let found = self
+                    .inner
+                    .executor
+                    .get(run)?
+                    .filter(|r| principal.may_see(&r.owner))
+                    .ok_or_else(|| SessionError::NotFound(format!("no run `{run}`")))?;
+                let definition = found
+                    .workflow
+                    .agents
+                    .get(agent)
+                    .cloned()
+                    .ok_or_else(|| SessionError::Invalid(format!("run `{run}` has no agent `{agent}`")))?;
+                (agent.clone(), definition, Some(run.clone()))
+            }
+            Target::Model(model) => (model.clone(), model_agent(model)?, None),
+        };
+        let route = match (&definition.backend, run.and_then(|r| self.run_instance(&r, &agent))) {
+            (Backend::Endpoint(endpoint), _) => endpoint_route(endpoint),
+            (_, Some(view)) => instance_route(view)?,
+            (_, None) => {
+                let view = self
+                    .inner
+                    .executor
+                    .provide(&agent, &definition, &Pin::Anywhere)
+                    .await
+                    .map_err(provide_error)?;
+                instance_route(view)?
+            }
+        };
+        let has_system = messages.iter().any(|m| m.role == Role::System);
+        let mut sent = Vec::new();
+        if let (false, Some(system)) = (has_system, &definition.system) {
+            sent.push(serde_json::json!({"role": "system", "content": system}));
+        }
+        for m in &messages {
+            sent.push(serde_json::json!({"role": m.role.name(), "content": m.content}));
+        }
+        let mut body = serde_json::json!({ "messages": sent });
+        if let Some(t) = sampling.temperature.or(definition.temperature) {
+            body["temperature"] = serde_json::json!(t);
+        }
+        if let Some(m) = sampling.max_tokens.or(definition.max_tokens) {
+            body["max_tokens"] = serde_json::json!(m);
+        }
+        self.call(&route, body, tokens)
+            .await
+            .map_err(|e| SessionError::Engine(e.to_string()))
     }
 
     /// A session of `principal` (another user's is "not found").
@@ -494,30 +620,14 @@ impl Sessions {
     /// changed, the session after the change.
     async fn route(&self, session: &SessionRecord, pin: &Pin) -> Result<(Route, Option<SessionRecord>), SessionError> {
         if let Backend::Endpoint(endpoint) = &session.definition.backend {
-            return Ok((
-                Route {
-                    instance: None,
-                    base_url: endpoint.url.trim_end_matches('/').to_owned(),
-                    model: endpoint.model.clone(),
-                    api_key: endpoint.api_key_env.as_ref().and_then(|k| std::env::var(k).ok()),
-                },
-                None,
-            ));
+            return Ok((endpoint_route(endpoint), None));
         }
         if let Some(binding) = &session.binding
             && let Some(view) = self.inner.instances.touch(&binding.instance)
             && view.state == InstanceState::Ready
-            && let Some(base_url) = view.base_url
+            && view.base_url.is_some()
         {
-            return Ok((
-                Route {
-                    instance: Some(view.name.clone()),
-                    base_url,
-                    model: view.name,
-                    api_key: None,
-                },
-                None,
-            ));
+            return Ok((instance_route(view)?, None));
         }
         self.route_fresh(session, pin).await
     }

@@ -1,0 +1,277 @@
+//! The OpenAI-compatible routes, so existing clients work unchanged (base URL
+//! `http://SERVER/v1`, the Skein token as the API key):
+//!
+//! - `POST /v1/chat/completions`: `model` is an agent of the user's newest run that has
+//!   it, or a Hugging Face model id (an instance is placed for it when none serves it).
+//!   `stream` gives the OpenAI chunks. With `session_id` in the body (or the
+//!   `X-Skein-Session` header), the request continues that session: its `messages` are
+//!   the new ones, the session holds the history, and the reply is stored
+//!   (`Idempotency-Key` makes a retry a no-op).
+//! - `GET /v1/models`: the agents of the user's runs and the models they use.
+
+use std::collections::BTreeSet;
+use std::convert::Infallible;
+
+use axum::extract::{Extension, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{Value, json};
+use skein_dsl::ir::Backend;
+use skein_proto::openai::{self, ChatCompletionRequest, ResponseMeta};
+use tokio::sync::mpsc;
+
+use super::sessions::{body, idempotency_key};
+use super::{ApiError, ApiState, Principal};
+use crate::engine_client::Answer;
+use crate::session::{NewMessage, Role, Sampling, SessionError, Turn};
+
+/// Text pieces of a streamed completion that may wait for a slow reader.
+const STREAM_BUFFER: usize = 256;
+
+pub(super) fn routes() -> Router<ApiState> {
+    Router::new()
+        .route("/v1/chat/completions", post(completions))
+        .route("/v1/models", get(models))
+}
+
+fn meta(model: &str) -> ResponseMeta {
+    let now = crate::run::executor::unix_ms().0;
+    ResponseMeta {
+        id: format!("chatcmpl-{now:x}{:04x}", rand_suffix()),
+        created: u64::try_from(now / 1000).unwrap_or(0),
+        model: model.to_owned(),
+    }
+}
+
+/// A few bits that differ between completions of the same millisecond.
+fn rand_suffix() -> u16 {
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+fn usage(answer: &Answer) -> Option<openai::Usage> {
+    answer.usage.map(|u| {
+        let prompt = usize::try_from(u.prompt_tokens).unwrap_or(usize::MAX);
+        let completion = usize::try_from(u.completion_tokens).unwrap_or(usize::MAX);
+        openai::Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt.saturating_add(completion),
+        }
+    })
+}
+
+/// The request's messages as a turn's: text only; `tool` messages are refused.
+fn messages(request: ChatCompletionRequest) -> Result<Vec<NewMessage>, ApiError> {
+    request
+        .messages
+        .into_iter()
+        .enumerate()
+        .map(|(index, m)| {
+            let role = match m.role.as_str() {
+                "system" | "developer" => Role::System,
+                "user" => Role::User,
+                "assistant" => Role::Assistant,
+                other => {
+                    return Err(ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        format!("messages[{index}] has role `{other}`; Skein agents take system, user and assistant messages"),
+                    ));
+                }
+            };
+            let content = match m.content {
+                Some(content) => content.text().map_err(|kind| {
+                    ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        format!("messages[{index}] has a `{kind}` part; only text parts are taken"),
+                    )
+                })?,
+                None => String::new(),
+            };
+            Ok(NewMessage::new(role, content))
+        })
+        .collect()
+}
+
+async fn completions(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    headers: HeaderMap,
+    bytes: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let raw: Value = body(&bytes, "an OpenAI chat completion request")?;
+    let session = raw
+        .get("session_id")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .or_else(|| {
+            headers
+                .get("x-skein-session")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        });
+    let request: ChatCompletionRequest = serde_json::from_value(raw).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("the body is not an OpenAI chat completion request ({e})"),
+        )
+    })?;
+    let meta = meta(&request.model);
+    let stream = request.stream;
+    let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let sampling = Sampling {
+        temperature: request.temperature,
+        max_tokens: request
+            .max_completion_tokens
+            .or(request.max_tokens)
+            .and_then(|n| u32::try_from(n).ok()),
+    };
+    let target = match &session {
+        Some(_) => None,
+        None => Some(state.sessions.resolve(&principal, &request.model)?),
+    };
+    let turn_messages = messages(request)?;
+    let key = idempotency_key(&headers)?;
+    let sessions = state.sessions.clone();
+    let (tokens, pieces) = mpsc::channel(STREAM_BUFFER);
+    let tokens = stream.then_some(tokens);
+    // The completion runs to its end even if a streaming client goes away, so a
+    // session's reply is stored.
+    let work = async move {
+        match (session, target) {
+            (Some(id), _) => {
+                let turn = Turn {
+                    messages: turn_messages,
+                    idempotency_key: key,
+                    tokens,
+                    temperature: sampling.temperature,
+                    max_tokens: sampling.max_tokens,
+                };
+                sessions.send(&principal, &id, turn).await.map(|reply| Answer {
+                    content: reply.message.content,
+                    usage: reply.message.usage,
+                    finish_reason: Some("stop".to_owned()),
+                })
+            }
+            (None, Some(target)) => {
+                sessions
+                    .complete(&principal, &target, turn_messages, sampling, tokens.as_ref())
+                    .await
+            }
+            (None, None) => Err(SessionError::Invalid("no model and no session".to_owned())),
+        }
+    };
+    if !stream {
+        let answer = work.await?;
+        let finish = answer.finish_reason.clone().unwrap_or_else(|| "stop".to_owned());
+        return Ok(Json(openai::response_body(&meta, &answer.content, &finish, usage(&answer))).into_response());
+    }
+    let done = tokio::spawn(work);
+    let events = completion_events(meta, pieces, done, include_usage);
+    Ok(Sse::new(events).into_response())
+}
+
+type Work = tokio::task::JoinHandle<Result<Answer, SessionError>>;
+
+enum Phase {
+    Start,
+    Pieces,
+    Tail(Vec<String>),
+    Done,
+}
+
+/// The OpenAI stream: a role chunk, a chunk per piece, the finish chunk (and the usage
+/// chunk when asked), `[DONE]`; a failure is an error body before `[DONE]`.
+fn completion_events(
+    meta: ResponseMeta,
+    pieces: mpsc::Receiver<String>,
+    done: Work,
+    include_usage: bool,
+) -> impl futures::Stream<Item = Result<Event, Infallible>> {
+    futures::stream::unfold(
+        (Phase::Start, pieces, Some(done)),
+        move |(phase, mut pieces, mut done)| {
+            let meta = meta.clone();
+            async move {
+                let data = |v: Value| Event::default().data(v.to_string());
+                match phase {
+                    Phase::Start => {
+                        let chunk = openai::chunk_body(&meta, json!({"role": "assistant", "content": ""}), None);
+                        Some((Ok(data(chunk)), (Phase::Pieces, pieces, done)))
+                    }
+                    Phase::Pieces => {
+                        if let Some(text) = pieces.recv().await {
+                            let chunk = openai::chunk_body(&meta, json!({ "content": text }), None);
+                            return Some((Ok(data(chunk)), (Phase::Pieces, pieces, done)));
+                        }
+                        let outcome = match done.take() {
+                            Some(handle) => handle.await,
+                            None => return None,
+                        };
+                        let mut tail = Vec::new();
+                        match outcome {
+                            Ok(Ok(answer)) => {
+                                let finish = answer.finish_reason.clone().unwrap_or_else(|| "stop".to_owned());
+                                tail.push(openai::chunk_body(&meta, json!({}), Some(&finish)).to_string());
+                                if include_usage && let Some(u) = usage(&answer) {
+                                    tail.push(openai::usage_chunk_body(&meta, u).to_string());
+                                }
+                            }
+                            Ok(Err(e)) => {
+                                let e = ApiError::from(e);
+                                tail.push(openai::error_body(&e.message, e.code, e.code).to_string());
+                            }
+                            Err(e) => {
+                                tail.push(
+                                    openai::error_body(&format!("the completion failed: {e}"), "internal", "internal")
+                                        .to_string(),
+                                );
+                            }
+                        }
+                        tail.push("[DONE]".to_owned());
+                        tail.reverse();
+                        let first = tail.pop().unwrap_or_default();
+                        Some((Ok(Event::default().data(first)), (Phase::Tail(tail), pieces, done)))
+                    }
+                    Phase::Tail(mut tail) => {
+                        let next = tail.pop()?;
+                        let phase = if tail.is_empty() {
+                            Phase::Done
+                        } else {
+                            Phase::Tail(tail)
+                        };
+                        Some((Ok(Event::default().data(next)), (phase, pieces, done)))
+                    }
+                    Phase::Done => None,
+                }
+            }
+        },
+    )
+}
+
+async fn models(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+) -> Result<Json<Value>, ApiError> {
+    let runs = state.executor.list().map_err(ApiError::internal)?;
+    let mut seen = BTreeSet::new();
+    let mut data = Vec::new();
+    let mut push = |id: &str, owner: &str, created: i64| {
+        if seen.insert(id.to_owned()) {
+            data.push(json!({"id": id, "object": "model", "created": created / 1000, "owned_by": owner}));
+        }
+    };
+    // Newest runs first: an agent name means the newest run's agent.
+    for run in runs.iter().filter(|r| principal.may_see(&r.owner)) {
+        for (name, agent) in &run.workflow.agents {
+            push(name, &run.owner, run.submitted_at.0);
+            if let Backend::Model(requirement) = &agent.backend {
+                push(&requirement.repo, "huggingface", run.submitted_at.0);
+            }
+        }
+    }
+    Ok(Json(json!({ "object": "list", "data": data })))
+}

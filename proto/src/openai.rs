@@ -1,0 +1,179 @@
+//! The OpenAI chat-completions wire format every engine speaks, and the orchestrator's
+//! OpenAI-compatible routes too: the request as clients send it, and the response, stream
+//! chunk and error bodies as clients expect them.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// `POST /v1/chat/completions`: the fields Skein honours; others are ignored.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatCompletionRequest {
+    /// The served model name.
+    pub model: String,
+    /// The conversation.
+    pub messages: Vec<ChatMessage>,
+    /// Server-sent events instead of one JSON body.
+    #[serde(default)]
+    pub stream: bool,
+    /// `include_usage` adds a usage chunk before `[DONE]`.
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+    /// The most tokens to generate.
+    pub max_tokens: Option<usize>,
+    /// The newer name of `max_tokens`; wins when both are set.
+    pub max_completion_tokens: Option<usize>,
+    /// 0 to 2; 0 is greedy.
+    pub temperature: Option<f64>,
+    /// Nucleus sampling, in (0, 1].
+    pub top_p: Option<f64>,
+    /// Overrides the server's seed.
+    pub seed: Option<u64>,
+    /// One stop string or several.
+    pub stop: Option<Stop>,
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    /// Send a last chunk with `usage`.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// `stop`: a string or a list.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    /// One stop string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+impl Stop {
+    /// The stop strings, empty ones dropped.
+    pub fn into_vec(self) -> Vec<String> {
+        let all = match self {
+            Stop::One(one) => vec![one],
+            Stop::Many(many) => many,
+        };
+        all.into_iter().filter(|stop| !stop.is_empty()).collect()
+    }
+}
+
+/// A message: `content` is a string, a list of parts (whose text parts are joined), or
+/// null (an assistant turn that only called tools).
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The content.
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+/// A message's content.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    /// Plain text.
+    Text(String),
+    /// Content parts; only `{"type": "text", "text": …}` parts are understood.
+    Parts(Vec<ContentPart>),
+}
+
+/// One content part.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ContentPart {
+    /// `text`, `image_url`, …
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text of a text part.
+    #[serde(default)]
+    pub text: Option<String>,
+}
+
+impl Content {
+    /// The text, or the name of the first part kind the engine cannot take.
+    pub fn text(self) -> Result<String, String> {
+        match self {
+            Content::Text(text) => Ok(text),
+            Content::Parts(parts) => {
+                let mut text = String::new();
+                for part in parts {
+                    match (part.kind.as_str(), part.text) {
+                        ("text", Some(part)) => text.push_str(&part),
+                        (kind, _) => return Err(kind.to_owned()),
+                    }
+                }
+                Ok(text)
+            }
+        }
+    }
+}
+
+/// Token counts of a completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Tokens of the rendered prompt.
+    pub prompt_tokens: usize,
+    /// Tokens generated.
+    pub completion_tokens: usize,
+    /// Their sum.
+    pub total_tokens: usize,
+}
+
+/// What every response and chunk of one completion shares.
+#[derive(Debug, Clone)]
+pub struct ResponseMeta {
+    /// `chatcmpl-…`.
+    pub id: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// The served name.
+    pub model: String,
+}
+
+/// The non-streaming response body.
+pub fn response_body(meta: &ResponseMeta, text: &str, finish_reason: &str, usage: Option<Usage>) -> Value {
+    json!({
+        "id": meta.id,
+        "object": "chat.completion",
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [{
+            "index": 0,
+            "message": { "role": "assistant", "content": text },
+            "finish_reason": finish_reason,
+        }],
+        "usage": usage,
+    })
+}
+
+/// A stream chunk with `delta` and `finish_reason`.
+pub fn chunk_body(meta: &ResponseMeta, delta: Value, finish_reason: Option<&str>) -> Value {
+    json!({
+        "id": meta.id,
+        "object": "chat.completion.chunk",
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [{ "index": 0, "delta": delta, "finish_reason": finish_reason }],
+    })
+}
+
+/// The last chunk of a stream asked to include usage: no choices, only `usage`.
+pub fn usage_chunk_body(meta: &ResponseMeta, usage: Usage) -> Value {
+    json!({
+        "id": meta.id,
+        "object": "chat.completion.chunk",
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [],
+        "usage": usage,
+    })
+}
+
+/// An OpenAI error body.
+pub fn error_body(message: &str, kind: &str, code: &str) -> Value {
+    json!({ "error": { "message": message, "type": kind, "code": code } })
+}
