@@ -159,25 +159,50 @@ impl ApiClient {
 
     /// Follows `GET path` as server-sent events, calling `on_event(name, data)` for each
     /// until it returns false or the stream ends.
-    pub fn follow(&self, path: &str, mut on_event: impl FnMut(&str, &str) -> bool) -> anyhow::Result<()> {
-        let request = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .bearer_auth(self.token.expose());
+    pub fn follow(&self, path: &str, on_event: impl FnMut(&str, &str) -> bool) -> anyhow::Result<()> {
+        let request = self.http.get(format!("{}{path}", self.base));
+        self.events(request, on_event)
+    }
+
+    /// `POST path` with a JSON body, its answer read as server-sent events (a streamed
+    /// reply), calling `on_event(name, data)` as [`ApiClient::follow`] does; a refusal
+    /// is an error with the server's message.
+    pub fn post_events(
+        &self,
+        path: &str,
+        body: &serde_json::Value,
+        on_event: impl FnMut(&str, &str) -> bool,
+    ) -> anyhow::Result<()> {
+        let request = self.http.post(format!("{}{path}", self.base)).json(body);
+        self.events(request, on_event)
+    }
+
+    fn events(
+        &self,
+        request: reqwest::RequestBuilder,
+        mut on_event: impl FnMut(&str, &str) -> bool,
+    ) -> anyhow::Result<()> {
+        let request = request.bearer_auth(self.token.expose());
         self.runtime.block_on(async {
             let mut response = request.send().await.with_context(|| self.unreachable())?;
             if !response.status().is_success() {
-                bail!("the server answered {}", response.status());
+                let status = response.status();
+                let body = response.text().await.unwrap_or_default();
+                let message = serde_json::from_str::<serde_json::Value>(&body)
+                    .ok()
+                    .and_then(|v| v.pointer("/error/message").and_then(|m| m.as_str()).map(str::to_owned))
+                    .unwrap_or(body);
+                bail!("the server answered {status}: {message}");
             }
             let mut buffer = String::new();
             while let Some(chunk) = response.chunk().await.context("the event stream broke")? {
                 buffer.push_str(&String::from_utf8_lossy(&chunk));
                 while let Some(end) = buffer.find("\n\n") {
                     let block: String = buffer.drain(..end + 2).collect();
-                    let (mut name, mut data) = ("message", String::new());
+                    let (mut name, mut data) = (String::from("message"), String::new());
                     for line in block.lines() {
                         if let Some(value) = line.strip_prefix("event:") {
-                            name = if value.trim() == "run" { "run" } else { "other" };
+                            value.trim().clone_into(&mut name);
                         } else if let Some(value) = line.strip_prefix("data:") {
                             if !data.is_empty() {
                                 data.push('\n');
@@ -185,7 +210,7 @@ impl ApiClient {
                             data.push_str(value.strip_prefix(' ').unwrap_or(value));
                         }
                     }
-                    if !data.is_empty() && !on_event(name, &data) {
+                    if !data.is_empty() && !on_event(&name, &data) {
                         return Ok(());
                     }
                 }

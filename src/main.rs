@@ -14,6 +14,7 @@ mod engine;
 mod models;
 mod plan;
 mod runs;
+mod sessions;
 mod table;
 mod tokens;
 mod validate;
@@ -54,5 +55,11 @@ fn try_main(args: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Token(cli::TokenCommand::Create(a)) => tokens::run_create(&a),
         cli::Command::Token(cli::TokenCommand::Revoke(a)) => tokens::run_revoke(&a),
         cli::Command::Tokens(a) => tokens::run_list(&a),
+        cli::Command::Sessions(a) => sessions::run_list(&a),
+        cli::Command::Session(cli::SessionCommand::Create(a)) => sessions::run_create(&a),
+        cli::Command::Session(cli::SessionCommand::Show(a)) => sessions::run_show(&a),
+        cli::Command::Session(cli::SessionCommand::Chat(a)) => sessions::run_chat(&a),
+        cli::Command::Session(cli::SessionCommand::Migrate(a)) => sessions::run_migrate(&a),
+        cli::Command::Session(cli::SessionCommand::Delete(a)) => sessions::run_delete(&a),
     }
 }

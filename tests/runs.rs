@@ -340,3 +340,88 @@ fn a_killed_agent_has_its_instance_placed_on_another_node() {
         "{instances:#}"
     );
 }
+
+/// Two sessions on the tiny model say the same two things; one of them moves to the
+/// other node between its turns. Its second reply, from a new engine process there,
+/// equals the unmoved session's: the new instance was given the whole history. (Moves
+/// between GPUs, with engines recording what they are sent, are in
+/// orchestrator/tests/sessions.rs: here the real built-in engine runs on CPUs.)
+#[test]
+fn a_session_moves_to_another_node_and_continues_with_its_history() {
+    let lab = Lab::new();
+    let _server = lab.server();
+    let _a = lab.agent("node-a");
+    let _b = lab.agent("node-b");
+    lab.nodes_up(2);
+
+    let create = || {
+        let created = lab.cli(&[
+            "session",
+            "create",
+            "--model",
+            "skein-test/tiny-llama",
+            "--system",
+            "Be brief.",
+        ]);
+        assert!(created.status.success(), "{}", stderr(&created));
+        stdout(&created).trim().to_owned()
+    };
+    let (moving, staying) = (create(), create());
+    let say = |id: &str, text: &str| {
+        let said = lab.cli(&["session", "chat", id, "--message", text]);
+        assert!(said.status.success(), "{}\n{}", stdout(&said), stderr(&said));
+        stdout(&said).trim().to_owned()
+    };
+    let first = say(&moving, "hello there");
+    assert_eq!(say(&staying, "hello there"), first, "seeded: the same reply");
+
+    let show = |id: &str| -> Value {
+        let shown = lab.cli(&["session", "show", id, "--output", "json"]);
+        assert!(shown.status.success(), "{}", stderr(&shown));
+        serde_json::from_str(&stdout(&shown)).unwrap()
+    };
+    let before = show(&moving)["binding"].clone();
+    let other = if before["node"] == "node-a" { "node-b" } else { "node-a" };
+    let moved = lab.cli(&["session", "migrate", &moving, "--to", other]);
+    assert!(moved.status.success(), "{}", stderr(&moved));
+    assert!(
+        stdout(&moved).contains(&format!("to {other} (CPU)")),
+        "{}",
+        stdout(&moved)
+    );
+
+    let second = say(&moving, "and again");
+    assert_eq!(
+        say(&staying, "and again"),
+        second,
+        "the moved session saw the same history"
+    );
+    let after = show(&moving);
+    assert_eq!(after["binding"]["node"], other);
+    assert_ne!(after["binding"]["instance"], before["instance"]);
+    assert_eq!(after["migrations"], 1);
+    let history: Vec<(&str, &str)> = after["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| (m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        history,
+        [
+            ("user", "hello there"),
+            ("assistant", first.as_str()),
+            ("user", "and again"),
+            ("assistant", second.as_str())
+        ]
+    );
+    assert_eq!(after["history"][3]["instance"], after["binding"]["instance"]);
+    let listed = lab.cli(&["sessions"]);
+    assert_eq!(
+        stdout(&listed)
+            .lines()
+            .filter(|l| l.contains("skein-test/tiny-llama"))
+            .count(),
+        2
+    );
+}

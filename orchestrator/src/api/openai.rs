@@ -149,6 +149,7 @@ async fn completions(
                     tokens,
                     temperature: sampling.temperature,
                     max_tokens: sampling.max_tokens,
+                    reply: true,
                 };
                 sessions.send(&principal, &id, turn).await.map(|reply| Answer {
                     content: reply.message.content,

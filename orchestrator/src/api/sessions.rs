@@ -7,11 +7,13 @@
 //! - `GET /v1/sessions/{id}`; `DELETE /v1/sessions/{id}` → `204`.
 //! - `GET /v1/sessions/{id}/messages?from=&limit=` → `{"data": [...], "next": seq | null}`.
 //! - `POST /v1/sessions/{id}/messages` `{"content": "…"}` or `{"messages": [...]}`,
-//!   optional `stream`, `temperature`, `max_tokens`, header `Idempotency-Key` → the
+//!   optional `stream`, `temperature`, `max_tokens`, `reply` (false: only store the
+//!   messages), header `Idempotency-Key` → the
 //!   reply (`{"message", "replayed", "session"}`), or with `stream: true` server-sent
 //!   events: `token` (`{"delta": "…"}`) as generated, then `message` (the same body as
 //!   without streaming) or `error`.
-//! - `POST /v1/sessions/{id}/migrate` `{"to": "auto" | {"node": "rtx-1", "gpu": 2}}` →
+//! - `POST /v1/sessions/{id}/migrate` `{"to": "auto" | {"node": "rtx-1", "gpu": 2} |
+//!   {"node": "rtx-1"}}` →
 //!   `{"session", "from", "to", "downtime_ms", "waited_ms"}`.
 
 use std::collections::BTreeMap;
@@ -217,6 +219,12 @@ struct SendMessages {
     temperature: Option<f64>,
     #[serde(default)]
     max_tokens: Option<u32>,
+    #[serde(default = "yes")]
+    reply: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// The answer to a turn.
@@ -275,6 +283,7 @@ async fn send(
         tokens: None,
         temperature: request.temperature,
         max_tokens: request.max_tokens,
+        reply: request.reply,
     };
     if !request.stream {
         let reply = state.sessions.send(&principal, &id, turn).await?;
@@ -337,7 +346,11 @@ struct MigrateRequest {
 #[serde(untagged)]
 enum MigrateTarget {
     Named(String),
-    Gpu { node: String, gpu: u32 },
+    Place {
+        node: String,
+        #[serde(default)]
+        gpu: Option<u32>,
+    },
 }
 
 /// A finished move.
@@ -358,7 +371,7 @@ async fn migrate(
 ) -> Result<Json<Moved>, ApiError> {
     let request: MigrateRequest = body(
         &bytes,
-        r#"a move: {"to": "auto"} or {"to": {"node": "NODE", "gpu": N}}"#,
+        r#"a move: {"to": "auto"}, {"to": {"node": "NODE", "gpu": N}} or {"to": {"node": "NODE"}}"#,
     )?;
     let to = match request.to {
         MigrateTarget::Named(name) if name == "auto" => MoveTo::Auto,
@@ -368,7 +381,8 @@ async fn migrate(
                 format!(r#"`to` is "{other}"; write "auto" or {{"node": "NODE", "gpu": N}}"#),
             ));
         }
-        MigrateTarget::Gpu { node, gpu } => MoveTo::Gpu { node, gpu },
+        MigrateTarget::Place { node, gpu: Some(gpu) } => MoveTo::Gpu { node, gpu },
+        MigrateTarget::Place { node, gpu: None } => MoveTo::Node(node),
     };
     let moved = state.sessions.migrate(&principal, &id, to).await?;
     Ok(Json(Moved {

@@ -318,11 +318,24 @@ impl Executor {
         if matches!(definition.backend, Backend::Endpoint(_)) {
             return Err(ProvideError::Endpoint(agent.to_owned()));
         }
+
+        // A model's own agent is named after its repository: instance names (and so
+        // log files) get it without the characters a file name cannot hold.
+        let agent: String = agent
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .collect();
         let workflow = Workflow {
             name: "serve".to_owned(),
             description: None,
             inputs: BTreeMap::new(),
-            agents: BTreeMap::from([(agent.to_owned(), definition.clone())]),
+            agents: BTreeMap::from([(agent.clone(), definition.clone())]),
             steps: Vec::new(),
             reflexes: Vec::new(),
             placement: skein_dsl::ir::Placement::default(),
@@ -951,6 +964,11 @@ enum Readiness {
 pub enum Pin {
     /// Wherever the planner likes.
     Anywhere,
+    /// On this node (its GPUs or its CPU, as the planner likes).
+    Node {
+        /// The node's name.
+        node: String,
+    },
     /// On this GPU of this node, alone.
     Gpu {
         /// The node's name.
@@ -973,6 +991,7 @@ impl Pin {
     fn restrict(&self, snapshot: crate::graph::GraphSnapshot) -> crate::graph::GraphSnapshot {
         match self {
             Pin::Anywhere => snapshot,
+            Pin::Node { node } => snapshot.restricted(|n| n.inventory.name == *node, |_, _| true),
             Pin::Gpu { node, gpu } => snapshot.restricted(|n| n.inventory.name == *node, |_, g| g.facts.index == *gpu),
             Pin::Avoid { node, gpus } if gpus.is_empty() => {
                 snapshot.restricted(|n| n.inventory.name != *node, |_, _| true)
@@ -988,6 +1007,7 @@ impl Pin {
     fn admits(&self, view: &InstanceView) -> bool {
         match self {
             Pin::Anywhere => true,
+            Pin::Node { node } => view.node_name == *node,
             Pin::Gpu { node, gpu } => view.node_name == *node && view.gpus == [*gpu],
             Pin::Avoid { node, gpus } if gpus.is_empty() => view.node_name != *node,
             Pin::Avoid { node, gpus } => view.node_name != *node || !view.gpus.iter().any(|g| gpus.contains(g)),

@@ -128,6 +128,9 @@ pub struct Turn {
     pub temperature: Option<f64>,
     /// Overrides of the agent's reply length for this turn.
     pub max_tokens: Option<u32>,
+    /// Whether the agent answers; false only stores the messages (context a client
+    /// adds without asking for a reply).
+    pub reply: bool,
 }
 
 /// Sampling a client asks for, over the agent's.
@@ -167,7 +170,7 @@ fn instance_route(view: InstanceView) -> Result<Route, SessionError> {
 pub struct Reply {
     /// The session after it.
     pub session: SessionRecord,
-    /// The reply, as stored.
+    /// The reply, as stored (without a reply: the turn's last message).
     pub message: MessageRecord,
     /// True when the idempotency key was seen before: nothing new was generated.
     pub replayed: bool,
@@ -178,6 +181,8 @@ pub struct Reply {
 pub enum MoveTo {
     /// Wherever the planner likes, off the session's current GPUs.
     Auto,
+    /// Anywhere on this node.
+    Node(String),
     /// This GPU of this node.
     Gpu {
         /// The node's name.
@@ -526,6 +531,18 @@ impl Sessions {
             .append(id, turn.messages.clone(), turn.idempotency_key.clone())
             .await?;
         let mut session = appended.session;
+        if !turn.reply {
+            let message = appended
+                .messages
+                .into_iter()
+                .last()
+                .ok_or_else(|| SessionError::Store("the messages were not stored".to_owned()))?;
+            return Ok(Reply {
+                session,
+                message,
+                replayed: appended.replayed,
+            });
+        }
         let history = store.messages(id, 0, usize::MAX)?;
         let body = self.request_body(&session.definition, &history, &turn);
         let (mut route, bound) = self.route(&session, &Pin::Anywhere).await?;
@@ -580,6 +597,7 @@ impl Sessions {
             )));
         }
         let pin = match (&to, &session.binding) {
+            (MoveTo::Node(node), _) => Pin::Node { node: node.clone() },
             (MoveTo::Gpu { node, gpu }, _) => Pin::Gpu {
                 node: node.clone(),
                 gpu: *gpu,
