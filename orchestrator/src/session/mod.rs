@@ -156,6 +156,22 @@ mod tests {
         assert!(matches!(log.delete("s3").await, Err(LogError::NotFound(_))));
         // The other sessions keep their messages.
         assert_eq!(store.messages("s4", 0, 10).unwrap().len(), 1);
+        // The recent messages that fit a budget, oldest first; the last always.
+        for text in ["0123456789", "abcdefghij", "klmnopqrst"] {
+            log.append("s4", vec![user(text)], None).await.unwrap();
+        }
+        let recent = |budget| {
+            store
+                .recent("s4", budget)
+                .unwrap()
+                .iter()
+                .map(|m| m.seq)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(recent(25), [2, 3]);
+        assert_eq!(recent(1000), [0, 1, 2, 3]);
+        assert_eq!(recent(0), [3]);
+        assert!(store.recent("s3", 100).unwrap().is_empty());
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -250,21 +250,6 @@ fn binding_of(view: &InstanceView) -> Binding {
     }
 }
 
-/// The most recent messages that fit in `budget` bytes (the last one always).
-pub fn window(messages: &[MessageRecord], budget: usize) -> &[MessageRecord] {
-    let mut used = 0usize;
-    let mut start = messages.len();
-    while start > 0 {
-        let size = messages[start - 1].content.len();
-        if start < messages.len() && used + size > budget {
-            break;
-        }
-        used += size;
-        start -= 1;
-    }
-    &messages[start..]
-}
-
 impl Sessions {
     /// Sessions over `log`, served by instances the `executor` provides.
     pub fn new(log: SessionLog, executor: Executor, instances: Arc<Instances>, config: SessionsConfig) -> Sessions {
@@ -543,7 +528,7 @@ impl Sessions {
                 replayed: appended.replayed,
             });
         }
-        let history = store.messages(id, 0, usize::MAX)?;
+        let history = store.recent(id, history_budget(&session.definition, turn.max_tokens))?;
         let body = self.request_body(&session.definition, &history, &turn);
         let (mut route, bound) = self.route(&session, &Pin::Anywhere).await?;
         session = bound.unwrap_or(session);
@@ -695,22 +680,15 @@ impl Sessions {
         }
     }
 
-    /// The chat request of a turn: the agent's system prompt, then the most recent
-    /// messages that fit the model's context.
+    /// The chat request of a turn: the agent's system prompt, then `history` (the most
+    /// recent messages that fit the model's context, [`history_budget`]).
     fn request_body(&self, agent: &Agent, history: &[MessageRecord], turn: &Turn) -> serde_json::Value {
         let max_tokens = turn.max_tokens.or(agent.max_tokens);
-        let context = match &agent.backend {
-            Backend::Model(requirement) => requirement.context as usize,
-            Backend::Endpoint(_) => 32_768,
-        };
-        let budget = context
-            .saturating_sub(max_tokens.unwrap_or(0) as usize)
-            .saturating_mul(BYTES_PER_TOKEN);
         let mut messages = Vec::new();
         if let Some(system) = &agent.system {
             messages.push(serde_json::json!({"role": "system", "content": system}));
         }
-        for message in window(history, budget) {
+        for message in history {
             messages.push(serde_json::json!({"role": message.role.name(), "content": message.content}));
         }
         let mut body = serde_json::json!({ "messages": messages });
@@ -722,6 +700,17 @@ impl Sessions {
         }
         body
     }
+}
+
+/// The bytes of history a turn may send: the model's context less the reply's tokens, at
+/// [`BYTES_PER_TOKEN`] (a remote endpoint's context is not known: 32k tokens).
+pub fn history_budget(agent: &Agent, max_tokens: Option<u32>) -> usize {
+    let context = match &agent.backend {
+        Backend::Model(requirement) => requirement.context as usize,
+        Backend::Endpoint(_) => 32_768,
+    };
+    let reply = max_tokens.or(agent.max_tokens).unwrap_or(0) as usize;
+    context.saturating_sub(reply).saturating_mul(BYTES_PER_TOKEN)
 }
 
 fn provide_error(e: ProvideError) -> SessionError {
@@ -761,20 +750,6 @@ pub fn model_agent(model: &str) -> Result<Agent, SessionError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn message(seq: u64, content: &str) -> MessageRecord {
-        MessageRecord::new(seq, NewMessage::new(Role::User, content), None, unix_ms())
-    }
-
-    #[test]
-    fn the_window_keeps_the_latest_messages_that_fit() {
-        let all: Vec<MessageRecord> = (0..5).map(|i| message(i, "0123456789")).collect();
-        assert_eq!(window(&all, 25).len(), 2);
-        assert_eq!(window(&all, 25)[0].seq, 3);
-        assert_eq!(window(&all, 1000).len(), 5);
-        assert_eq!(window(&all, 0).len(), 1, "the last message always goes");
-        assert!(window(&[], 10).is_empty());
-    }
 
     #[test]
     fn model_names_are_read_with_the_language_defaults() {

@@ -90,6 +90,10 @@ pub trait SessionStore: Send + Sync + 'static {
     /// Messages of a session from sequence number `from`, at most `limit`.
     fn messages(&self, session: &str, from: u64, limit: usize) -> Result<Vec<MessageRecord>, StoreError>;
 
+    /// The most recent messages of a session whose contents fit in `budget` bytes (the
+    /// last one always), oldest first: what a turn sends its engine.
+    fn recent(&self, session: &str, budget: usize) -> Result<Vec<MessageRecord>, StoreError>;
+
     /// What an idempotent append with `key` wrote, if one was committed.
     fn idempotent(&self, session: &str, key: &str) -> Result<Option<Appended>, StoreError>;
 
@@ -249,6 +253,23 @@ impl SessionStore for SledSessions {
                 self.read(&key, &value)
             })
             .collect()
+    }
+
+    fn recent(&self, session: &str, budget: usize) -> Result<Vec<MessageRecord>, StoreError> {
+        let mut used = 0usize;
+        let mut recent: Vec<MessageRecord> = Vec::new();
+        // Newest first, until the next would not fit.
+        for item in self.tree.scan_prefix(message_prefix(session)).rev() {
+            let (key, value) = item?;
+            let message: MessageRecord = self.read(&key, &value)?;
+            if !recent.is_empty() && used + message.content.len() > budget {
+                break;
+            }
+            used += message.content.len();
+            recent.push(message);
+        }
+        recent.reverse();
+        Ok(recent)
     }
 
     fn idempotent(&self, session: &str, key: &str) -> Result<Option<Appended>, StoreError> {
