@@ -6,17 +6,15 @@
 //! (after the first iteration, every run reuses the instance the first one started),
 //! from the submission to the first step's start.
 
-use std::net::SocketAddr;
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::{Value, json};
-use skein_orchestrator::agents::Secret;
-use skein_orchestrator::graph::GraphConfig;
 use skein_orchestrator::run::ExecutorConfig;
-use skein_orchestrator::server::ServerConfig;
 use skein_testkit::agent::{EngineBehaviour, TestAgent, fake_engine};
-use skein_testkit::mock_hub::MockHub;
 
 const STEPS: usize = 20;
 
@@ -40,41 +38,28 @@ fn bench(c: &mut Criterion) {
         .enable_all()
         .build()
         .unwrap();
-    let data = tempfile::tempdir().unwrap();
-    let cache = tempfile::tempdir().unwrap();
-    let (server, _hub, _agent) = runtime.block_on(async {
-        let hub = MockHub::start(skein_testkit::models::reference_hub_repos()).await;
-        let client = skein_model_registry::hub::HubClientBuilder::from_config(
-            skein_model_registry::hub::HubConfig::from_lookup(|_| None),
-        )
-        .endpoint(hub.url.clone())
-        .cache_dir(cache.path())
-        .build()
-        .unwrap();
-        let server = skein_orchestrator::server::start(ServerConfig {
-            api_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            grpc_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            join_token: Secret::new("j").unwrap(),
-            api_token: Secret::new("a").unwrap(),
-            graph: GraphConfig {
-                sample_interval_ms: 100,
-                ..GraphConfig::default()
-            },
-            tls: None,
-            hub: client,
-            db_dir: Some(data.path().join("db")),
-            executor: ExecutorConfig {
+    let (setup, _agent) = runtime.block_on(async {
+        let setup = common::setup(
+            ExecutorConfig {
                 admission_interval: Duration::from_millis(100),
                 ..ExecutorConfig::default()
             },
-        })
-        .await
-        .unwrap();
-        let agent = TestAgent::join(server.grpc_addr, "j", "box", 2, EngineBehaviour::default()).await;
+            None,
+        )
+        .await;
+        let agent = TestAgent::join(
+            setup.server.grpc_addr,
+            common::TOKEN,
+            "box",
+            2,
+            EngineBehaviour::default(),
+        )
+        .await;
         // Let the node's telemetry arrive so the first plan places.
         tokio::time::sleep(Duration::from_millis(500)).await;
-        (server, hub, agent)
+        (setup, agent)
     });
+    let server = &setup.server;
     let http = reqwest::Client::new();
     let base = format!("http://{}", server.api_addr);
     let text = workflow();
@@ -83,7 +68,7 @@ fn bench(c: &mut Criterion) {
             let submitted = Instant::now();
             let run: Value = http
                 .post(format!("{base}/v1/runs"))
-                .bearer_auth("a")
+                .bearer_auth(common::API)
                 .json(&json!({"workflow": text}))
                 .send()
                 .await

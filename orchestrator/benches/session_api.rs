@@ -11,18 +11,15 @@
 //!
 //! `cargo bench -p skein-orchestrator --bench session_api` (`-- --quick` for a short run).
 
-use std::net::SocketAddr;
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::API as TOKEN;
 use serde_json::{Value, json};
-use skein_orchestrator::agents::Secret;
-use skein_orchestrator::graph::GraphConfig;
 use skein_orchestrator::run::ExecutorConfig;
-use skein_orchestrator::server::ServerConfig;
 use skein_testkit::agent::{EngineBehaviour, TestAgent, fake_engine};
-use skein_testkit::mock_hub::MockHub;
-
-const TOKEN: &str = "a";
 const MODEL: &str = "Qwen/Qwen2.5-0.5B-Instruct";
 
 fn percentile(sorted: &[Duration], q: f64) -> f64 {
@@ -65,34 +62,10 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let data = tempfile::tempdir().unwrap();
-    let cache = tempfile::tempdir().unwrap();
     runtime.block_on(async {
-        let hub = MockHub::start(skein_testkit::models::reference_hub_repos()).await;
-        let client = skein_model_registry::hub::HubClientBuilder::from_config(
-            skein_model_registry::hub::HubConfig::from_lookup(|_| None),
-        )
-        .endpoint(hub.url.clone())
-        .cache_dir(cache.path())
-        .build()
-        .unwrap();
-        let server = skein_orchestrator::server::start(ServerConfig {
-            api_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            grpc_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-            join_token: Secret::new("j").unwrap(),
-            api_token: Secret::new(TOKEN).unwrap(),
-            graph: GraphConfig {
-                sample_interval_ms: 100,
-                ..GraphConfig::default()
-            },
-            tls: None,
-            hub: client,
-            db_dir: Some(data.path().join("db")),
-            executor: ExecutorConfig::default(),
-        })
-        .await
-        .unwrap();
-        let _agent = TestAgent::join(server.grpc_addr, "j", "box", 2, EngineBehaviour::default()).await;
+        let setup = common::setup(ExecutorConfig::default(), None).await;
+        let server = &setup.server;
+        let _agent = TestAgent::join(server.grpc_addr, common::TOKEN, "box", 2, EngineBehaviour::default()).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let http = reqwest::Client::new();
         let base = format!("http://{}", server.api_addr);
@@ -232,6 +205,5 @@ fn main() {
             println!("{label:<20} {p50:>8.3} {p99:>8.3}");
         }
         println!("10 MB / 1 KB at p50: {:.2}x", rows[1].1 / rows[0].1);
-        drop(hub);
     });
 }

@@ -285,18 +285,7 @@ impl Sessions {
         record::check_metadata(&new.metadata)?;
         let (agent, run, mut definition, binding) = match &new.target {
             Target::RunAgent { run, agent } => {
-                let found = self
-                    .inner
-                    .executor
-                    .get(run)?
-                    .filter(|r| principal.may_see(&r.owner))
-                    .ok_or_else(|| SessionError::NotFound(format!("no run `{run}`; GET /v1/runs lists them")))?;
-                let definition = found.workflow.agents.get(agent).cloned().ok_or_else(|| {
-                    SessionError::Invalid(format!(
-                        "run `{run}` has no agent `{agent}`; its agents: {}",
-                        found.workflow.agents.keys().cloned().collect::<Vec<_>>().join(", ")
-                    ))
-                })?;
+                let definition = self.run_agent(principal, run, agent)?;
                 let serving = self.inner.instances.find(|v| {
                     v.run.as_deref() == Some(run.as_str())
                         && v.agents.contains(agent)
@@ -330,6 +319,22 @@ impl Sessions {
             migrations: 0,
         };
         Ok(self.inner.log.create(session).await?)
+    }
+
+    /// The definition of `agent` in `run`, a run `principal` may see.
+    fn run_agent(&self, principal: &Principal, run: &str, agent: &str) -> Result<Agent, SessionError> {
+        let found = self
+            .inner
+            .executor
+            .get(run)?
+            .filter(|r| principal.may_see(&r.owner))
+            .ok_or_else(|| SessionError::NotFound(format!("no run `{run}`; GET /v1/runs lists them")))?;
+        found.workflow.agents.get(agent).cloned().ok_or_else(|| {
+            SessionError::Invalid(format!(
+                "run `{run}` has no agent `{agent}`; its agents: {}",
+                found.workflow.agents.keys().cloned().collect::<Vec<_>>().join(", ")
+            ))
+        })
     }
 
     /// The ready instance a run started for its agent, if there is one.
@@ -377,18 +382,7 @@ impl Sessions {
     ) -> Result<Answer, SessionError> {
         let (agent, definition, run) = match target {
             Target::RunAgent { run, agent } => {
-                let found = self
-                    .inner
-                    .executor
-                    .get(run)?
-                    .filter(|r| principal.may_see(&r.owner))
-                    .ok_or_else(|| SessionError::NotFound(format!("no run `{run}`")))?;
-                let definition = found
-                    .workflow
-                    .agents
-                    .get(agent)
-                    .cloned()
-                    .ok_or_else(|| SessionError::Invalid(format!("run `{run}` has no agent `{agent}`")))?;
+                let definition = self.run_agent(principal, run, agent)?;
                 (agent.clone(), definition, Some(run.clone()))
             }
             Target::Model(model) => (model.clone(), model_agent(model)?, None),
