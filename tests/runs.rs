@@ -425,3 +425,110 @@ fn a_session_moves_to_another_node_and_continues_with_its_history() {
         2
     );
 }
+
+/// A Python virtual environment in the target directory with `packages` installed (once;
+/// later runs reuse it). The test needs `python3` with `venv` and the package index.
+fn python_with(packages: &[&str]) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("python-openai");
+    let python = dir.join("bin").join("python");
+    let marker = dir.join("installed.txt");
+    let wanted = packages.join("\n");
+    if std::fs::read_to_string(&marker).is_ok_and(|m| m == wanted) {
+        return python;
+    }
+    let venv = Command::new("python3")
+        .args(["-m", "venv"])
+        .arg(&dir)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        venv.status.success(),
+        "python3 -m venv: {}",
+        String::from_utf8_lossy(&venv.stderr)
+    );
+    let pip = Command::new(&python)
+        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+        .args(packages)
+        .output()
+        .unwrap();
+    assert!(
+        pip.status.success(),
+        "pip install {packages:?}: {}",
+        String::from_utf8_lossy(&pip.stderr)
+    );
+    std::fs::write(&marker, wanted).unwrap();
+    python
+}
+
+/// The official `openai` Python client, unchanged, against a Skein server: a model by
+/// its hub id, whole and streamed (greedy, so both give the same text), and a session
+/// continued through `extra_body`.
+#[test]
+fn the_official_openai_python_client_chats_with_skein() {
+    let python = python_with(&["openai==3.57.0"]);
+    let lab = Lab::new();
+    let _server = lab.server();
+    let _agent = lab.agent("laptop");
+    lab.nodes_up(1);
+    let created = lab.cli(&["session", "create", "--model", "skein-test/tiny-llama"]);
+    assert!(created.status.success(), "{}", stderr(&created));
+    let session = stdout(&created).trim().to_owned();
+    let token = std::fs::read_to_string(lab.data.path().join("api-token")).unwrap();
+    let script = r#"
+import json, os
+from openai import OpenAI
+
+client = OpenAI(base_url=os.environ["SKEIN"] + "/v1", api_key=os.environ["TOKEN"], max_retries=0)
+ask = [{"role": "user", "content": "hello there"}]
+whole = client.chat.completions.create(model="skein-test/tiny-llama", messages=ask, max_tokens=8, temperature=0)
+text = whole.choices[0].message.content
+assert whole.object == "chat.completion" and whole.usage.completion_tokens > 0, whole
+stream = client.chat.completions.create(model="skein-test/tiny-llama", messages=ask, max_tokens=8,
+                                        temperature=0, stream=True, stream_options={"include_usage": True})
+pieces, usage = [], None
+for chunk in stream:
+    if chunk.choices:
+        pieces.append(chunk.choices[0].delta.content or "")
+    if chunk.usage:
+        usage = chunk.usage
+assert "".join(pieces) == text, (pieces, text)
+assert usage is not None and usage.completion_tokens > 0
+turns = []
+for content in ["first turn", "second turn"]:
+    reply = client.chat.completions.create(model="skein-test/tiny-llama", max_tokens=8, temperature=0,
+        messages=[{"role": "user", "content": content}], extra_body={"session_id": os.environ["SESSION"]})
+    turns.append(reply.choices[0].message.content)
+models = [m.id for m in client.models.list()]
+print(json.dumps({"text": text, "turns": turns, "models": models}))
+"#;
+    let output = Command::new(&python)
+        .args(["-c", script])
+        .env("SKEIN", lab.api())
+        .env("TOKEN", token.trim())
+        .env("SESSION", &session)
+        .env("NO_PROXY", "127.0.0.1")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}\n{}", stdout(&output), stderr(&output));
+    let result: Value = serde_json::from_str(stdout(&output).trim()).unwrap();
+    assert!(!result["text"].as_str().unwrap().is_empty(), "{result}");
+    // The session holds both turns and both replies, in order.
+    let shown = lab.cli(&["session", "show", &session, "--output", "json"]);
+    let shown: Value = serde_json::from_str(&stdout(&shown)).unwrap();
+    let history: Vec<&str> = shown["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    let turns = &result["turns"];
+    assert_eq!(
+        history,
+        [
+            "first turn",
+            turns[0].as_str().unwrap(),
+            "second turn",
+            turns[1].as_str().unwrap()
+        ]
+    );
+}
