@@ -41,11 +41,7 @@ struct Lab {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    skein_agent::engine::free_port("127.0.0.1").unwrap()
 }
 
 impl Lab {

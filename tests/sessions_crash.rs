@@ -27,11 +27,7 @@ impl Drop for Server {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    skein_agent::engine::free_port("127.0.0.1").unwrap()
 }
 
 fn start(data: &Path, api: u16, grpc: u16) -> Server {
