@@ -138,17 +138,7 @@ impl ApiClient {
             if status.is_success() {
                 return Ok(Ok(body));
             }
-            let message = serde_json::from_str::<serde_json::Value>(&body)
-                .ok()
-                .and_then(|v| {
-                    let error = v.get("error")?;
-                    error
-                        .get("message")
-                        .or(Some(error))
-                        .and_then(|m| m.as_str())
-                        .map(str::to_owned)
-                })
-                .unwrap_or_else(|| body.trim().to_owned());
+            let message = server_message(&body);
             Ok(Err(Refused {
                 status,
                 retry_after,
@@ -188,11 +178,7 @@ impl ApiClient {
             if !response.status().is_success() {
                 let status = response.status();
                 let body = response.text().await.unwrap_or_default();
-                let message = serde_json::from_str::<serde_json::Value>(&body)
-                    .ok()
-                    .and_then(|v| v.pointer("/error/message").and_then(|m| m.as_str()).map(str::to_owned))
-                    .unwrap_or(body);
-                bail!("the server answered {status}: {message}");
+                bail!("the server answered {status}: {}", server_message(&body));
             }
             let mut buffer = String::new();
             while let Some(chunk) = response.chunk().await.context("the event stream broke")? {
@@ -218,6 +204,22 @@ impl ApiClient {
             Ok(())
         })
     }
+}
+
+/// What the server said in an error body (`{"error": {"message"}}`, or an older
+/// `{"error": "…"}`), else the body itself.
+fn server_message(body: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| {
+            let error = v.get("error")?;
+            error
+                .get("message")
+                .or(Some(error))
+                .and_then(|m| m.as_str())
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| body.trim().to_owned())
 }
 
 /// The error of a refused request.

@@ -167,6 +167,12 @@ pub(crate) fn error_with_code(status: StatusCode, code: &str, message: &str) -> 
         .into_response()
 }
 
+/// A JSON body, or 400 saying what was expected.
+pub(crate) fn body<T: serde::de::DeserializeOwned>(bytes: &[u8], expected: &str) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("the body is not {expected} ({e})")))
+}
+
 /// Finds who presents the request's bearer token and hands them to the route as an
 /// extension ([`Principal`]); 401 without a live token.
 async fn authorize(State(state): State<ApiState>, mut request: Request, next: Next) -> Response {

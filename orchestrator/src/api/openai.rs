@@ -23,8 +23,8 @@ use skein_dsl::ir::Backend;
 use skein_proto::openai::{self, ChatCompletionRequest, ResponseMeta};
 use tokio::sync::mpsc;
 
-use super::sessions::{body, idempotency_key};
-use super::{ApiError, ApiState, Principal};
+use super::sessions::idempotency_key;
+use super::{ApiError, ApiState, Principal, body};
 use crate::engine_client::Answer;
 use crate::session::{NewMessage, Role, Sampling, SessionError, Turn};
 

@@ -28,7 +28,7 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
-use super::{ApiError, ApiState, Principal};
+use super::{ApiError, ApiState, Principal, body};
 use crate::session::{
     Binding, MessageRecord, MoveTo, NewMessage, NewSession, Reply, Role, SessionError, SessionRecord, Target, Turn,
 };
@@ -61,12 +61,6 @@ impl From<SessionError> for ApiError {
             error
         }
     }
-}
-
-/// A JSON body, or 400 saying what was expected.
-pub(super) fn body<T: serde::de::DeserializeOwned>(bytes: &[u8], expected: &str) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes)
-        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("the body is not {expected} ({e})")))
 }
 
 /// The body of `POST /v1/sessions`.

@@ -65,14 +65,9 @@ async fn create(
     if let Err(e) = admin_only(&principal) {
         return e.into_response();
     }
-    let request: CreateToken = match serde_json::from_slice(&body) {
+    let request: CreateToken = match super::body(&body, r#"a token request: {"user": "NAME"}"#) {
         Ok(request) => request,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &format!("the body is not a token request ({e}); send {{\"user\": \"NAME\"}}"),
-            );
-        }
+        Err(e) => return e.into_response(),
     };
     match state.tokens.create(&request.user).await {
         Ok((record, secret)) => (

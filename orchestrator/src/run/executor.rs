@@ -139,6 +139,13 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// A new id: `prefix`, the time in milliseconds (hex, so ids sort by creation), and
+/// three hex digits of `counter` for ids made in the same millisecond.
+pub(crate) fn new_id(prefix: char, counter: &AtomicU64) -> String {
+    let sequence = counter.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}{:011x}{:03x}", unix_ms().0, sequence & 0xfff)
+}
+
 /// Now, Unix milliseconds.
 pub fn unix_ms() -> UnixMs {
     UnixMs(
@@ -239,8 +246,7 @@ impl Executor {
             });
         }
         let now = unix_ms();
-        let sequence = self.inner.ids.fetch_add(1, Ordering::Relaxed);
-        let id = format!("r{:011x}{:03x}", now.0, sequence & 0xfff);
+        let id = new_id('r', &self.inner.ids);
         let mut run = RunRecord::new(id, owner.to_owned(), workflow, inputs, now);
         run.reason = Some("waiting for admission".to_owned());
         self.inner.runs.put(&run.id, &run).await?;
@@ -361,8 +367,7 @@ impl Executor {
                     .unwrap_or_else(|| "no GPU or host has room for it now".to_owned()),
             ));
         }
-        let sequence = self.inner.ids.fetch_add(1, Ordering::Relaxed);
-        let prefix = format!("i{:011x}{:03x}", unix_ms().0, sequence & 0xfff);
+        let prefix = new_id('i', &self.inner.ids);
         let names = self
             .start_planned(&prefix, &workflow, None, &plan, &models)
             .map_err(ProvideError::Failed)?;

@@ -304,9 +304,8 @@ impl Sessions {
             definition.system = Some(system);
         }
         let now = unix_ms();
-        let sequence = self.inner.ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let session = SessionRecord {
-            id: format!("s{:011x}{:03x}", now.0, sequence & 0xfff),
+            id: crate::run::executor::new_id('s', &self.inner.ids),
             owner: principal.user.clone(),
             agent,
             run,
