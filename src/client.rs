@@ -91,6 +91,37 @@ impl ApiClient {
         self.send(request)?.map_err(|r| refused_error(&r))
     }
 
+    /// Every item of a paged list (`{"data": [...], "next": cursor | null}`), following
+    /// `next` as the query parameter `cursor` (`after` or `from`) from `path`.
+    pub fn all_pages(&self, path: &str, cursor: &str) -> anyhow::Result<Vec<serde_json::Value>> {
+        let mut items = Vec::new();
+        let mut next: Option<String> = None;
+        loop {
+            let separator = if path.contains('?') { '&' } else { '?' };
+            let page_path = match &next {
+                Some(at) => format!("{path}{separator}limit=1000&{cursor}={at}"),
+                None => format!("{path}{separator}limit=1000"),
+            };
+            let body = self.get(&page_path)?;
+            let mut page: serde_json::Value = serde_json::from_str(&body)
+                .with_context(|| format!("the server's answer to GET {page_path} is not JSON"))?;
+            match page.get_mut("data").map(serde_json::Value::take) {
+                Some(serde_json::Value::Array(data)) => items.extend(data),
+                _ => bail!(
+                    "the server's answer to GET {page_path} is not a page of a list; is it a Skein server of this version?"
+                ),
+            }
+            next = match page.get("next") {
+                Some(serde_json::Value::String(at)) => Some(at.clone()),
+                Some(serde_json::Value::Number(at)) => Some(at.to_string()),
+                _ => None,
+            };
+            if next.is_none() {
+                return Ok(items);
+            }
+        }
+    }
+
     /// `POST path` with a JSON body: the body of a success, or the refusal.
     pub fn post(&self, path: &str, body: &serde_json::Value) -> anyhow::Result<Result<String, Refused>> {
         let request = self

@@ -200,9 +200,9 @@ fn print_outputs(run: &Run) {
 /// `skein runs`.
 pub fn run_list(args: &ListArgs) -> anyhow::Result<ExitCode> {
     let client = ApiClient::new(&args.remote.server, &args.remote.client)?;
-    let body = client.get("/v1/runs")?;
+    let runs = serde_json::Value::Array(client.all_pages("/v1/runs", "after")?);
     if args.output == OutputFormat::Json {
-        println!("{body}");
+        println!("{runs}");
         return Ok(ExitCode::from(EXIT_OK));
     }
     #[derive(Deserialize)]
@@ -216,7 +216,7 @@ pub fn run_list(args: &ListArgs) -> anyhow::Result<ExitCode> {
         submitted_at: String,
     }
     let runs: Vec<Summary> =
-        serde_json::from_str(&body).context("the server's runs are not what this skein expects")?;
+        serde_json::from_value(runs).context("the server's runs are not what this skein expects")?;
     if runs.is_empty() {
         println!("(no run yet; `skein submit WORKFLOW` starts one)");
         return Ok(ExitCode::from(EXIT_OK));

@@ -65,33 +65,13 @@ fn parse<T: serde::de::DeserializeOwned>(body: &str) -> anyhow::Result<T> {
 /// `skein sessions`.
 pub fn run_list(args: &ListArgs) -> anyhow::Result<ExitCode> {
     let client = ApiClient::new(&args.remote.server, &args.remote.client)?;
-    #[derive(Deserialize)]
-    struct Page {
-        data: Vec<Session>,
-        next: Option<String>,
-    }
-    let mut sessions = Vec::new();
-    let mut raw = Vec::new();
-    let mut after: Option<String> = None;
-    loop {
-        let path = match &after {
-            Some(id) => format!("/v1/sessions?limit=1000&after={id}"),
-            None => "/v1/sessions?limit=1000".to_owned(),
-        };
-        let body = client.get(&path)?;
-        let value: serde_json::Value = parse(&body)?;
-        raw.extend(value["data"].as_array().cloned().unwrap_or_default());
-        let page: Page = parse(&body)?;
-        sessions.extend(page.data);
-        match page.next {
-            Some(next) => after = Some(next),
-            None => break,
-        }
-    }
+    let raw = serde_json::Value::Array(client.all_pages("/v1/sessions", "after")?);
     if args.output == OutputFormat::Json {
-        println!("{}", serde_json::Value::Array(raw));
+        println!("{raw}");
         return Ok(ExitCode::from(EXIT_OK));
     }
+    let sessions: Vec<Session> =
+        serde_json::from_value(raw).context("the server's sessions are not what this skein expects")?;
     if sessions.is_empty() {
         println!("(no session yet; `skein session create --model REPO` starts one)");
         return Ok(ExitCode::from(EXIT_OK));
@@ -157,17 +137,7 @@ pub fn run_create(args: &SessionCreateArgs) -> anyhow::Result<ExitCode> {
 pub fn run_show(args: &SessionIdArgs) -> anyhow::Result<ExitCode> {
     let client = ApiClient::new(&args.remote.server, &args.remote.client)?;
     let body = client.get(&format!("/v1/sessions/{}", args.id))?;
-    let mut messages = Vec::new();
-    let mut from = 0u64;
-    loop {
-        let page: serde_json::Value =
-            parse(&client.get(&format!("/v1/sessions/{}/messages?from={from}&limit=1000", args.id))?)?;
-        messages.extend(page["data"].as_array().cloned().unwrap_or_default());
-        match page["next"].as_u64() {
-            Some(next) => from = next,
-            None => break,
-        }
-    }
+    let messages = client.all_pages(&format!("/v1/sessions/{}/messages", args.id), "from")?;
     if args.output == OutputFormat::Json {
         let mut session: serde_json::Value = parse(&body)?;
         session["history"] = serde_json::Value::Array(messages);

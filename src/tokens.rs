@@ -57,13 +57,13 @@ pub fn run_revoke(args: &TokenRevokeArgs) -> anyhow::Result<ExitCode> {
 /// `skein tokens`.
 pub fn run_list(args: &ListArgs) -> anyhow::Result<ExitCode> {
     let client = ApiClient::new(&args.remote.server, &args.remote.client)?;
-    let body = client.get("/v1/tokens")?;
+    let tokens = serde_json::Value::Array(client.all_pages("/v1/tokens", "after")?);
     if args.output == OutputFormat::Json {
-        println!("{body}");
+        println!("{tokens}");
         return Ok(ExitCode::from(EXIT_OK));
     }
     let rows: Vec<TokenRow> =
-        serde_json::from_str(&body).context("the server's tokens are not what this skein expects")?;
+        serde_json::from_value(tokens).context("the server's tokens are not what this skein expects")?;
     let rows: Vec<Vec<String>> = rows
         .into_iter()
         .map(|t| {

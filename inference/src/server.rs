@@ -356,10 +356,11 @@ async fn health(State(shared): State<Arc<Shared>>) -> Response {
 }
 
 async fn models(State(shared): State<Arc<Shared>>) -> Response {
-    axum::Json(json!({
-        "object": "list",
-        "data": [{ "id": shared.served_name, "object": "model", "created": 0, "owned_by": "skein" }],
-    }))
+    axum::Json(openai::ModelList::new(vec![openai::ModelCard::new(
+        shared.served_name.as_str(),
+        0,
+        "skein",
+    )]))
     .into_response()
 }
 

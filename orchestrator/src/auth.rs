@@ -36,7 +36,7 @@ impl Principal {
 }
 
 /// A stored token (never the token itself).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct TokenRecord {
     /// Its public id (`t-…`), for revoking it.
     pub id: String,

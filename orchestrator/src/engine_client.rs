@@ -30,12 +30,15 @@ pub enum CallError {
     Unreachable(String),
     /// The engine answered with an error, or too late, or nonsense.
     Engine(String),
+    /// The engine refused the request as given (a 4xx: too long for its context, a
+    /// parameter it does not take).
+    Refused(String),
 }
 
 impl std::fmt::Display for CallError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            CallError::Unreachable(m) | CallError::Engine(m) => f.write_str(m),
+            CallError::Unreachable(m) | CallError::Engine(m) | CallError::Refused(m) => f.write_str(m),
         }
     }
 }
@@ -133,7 +136,12 @@ async fn send(
                 .and_then(|m| m.as_str().map(str::to_owned))
         })
         .unwrap_or_else(|| text.chars().take(500).collect());
-    Err(CallError::Engine(format!("the engine answered {status}: {message}")))
+    let message = format!("the engine answered {status}: {message}");
+    if status.is_client_error() {
+        Err(CallError::Refused(message))
+    } else {
+        Err(CallError::Engine(message))
+    }
 }
 
 /// One chat completion (`body` without `model`; the route's is set); the error says what

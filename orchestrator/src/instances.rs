@@ -18,7 +18,7 @@ use crate::graph::NodeId;
 use crate::store::Tree;
 
 /// What an instance is doing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum InstanceState {
     /// Asked for; the agent has not answered yet.
@@ -68,7 +68,7 @@ impl InstanceState {
 }
 
 /// One instance as the orchestrator knows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct InstanceView {
     /// Its name, unique in the fleet.
     pub name: String,
@@ -89,6 +89,7 @@ pub struct InstanceView {
     /// Bytes the plan reserved, in total.
     pub estimated_bytes: u64,
     /// Bytes the plan reserved on each GPU (`[gpu, bytes]`).
+    #[schema(value_type = Vec<Vec<u64>>)]
     pub held: Vec<(u32, u64)>,
     /// State.
     pub state: InstanceState,
@@ -99,6 +100,7 @@ pub struct InstanceView {
     /// Memory really used once loaded: host RSS, and bytes per GPU.
     pub measured_host_rss: Option<u64>,
     /// Bytes per GPU, measured.
+    #[schema(value_type = Vec<Vec<u64>>)]
     pub measured_gpu: Vec<(u32, u64)>,
     /// Download progress, bytes.
     pub downloaded: u64,
@@ -171,7 +173,7 @@ pub struct Instances {
 /// Memory an instance really used once loaded, beside the plan's estimate: the record
 /// `skein models measured` shows, one per variant, engine, GPU count, context and
 /// concurrency (the latest wins).
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct Measurement {
     /// The variant.
     pub variant: String,

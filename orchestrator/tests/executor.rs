@@ -59,7 +59,7 @@ async fn a_two_agent_run_starts_its_instances_and_passes_outputs_along() {
         assert_eq!(vllm.reserved.len(), 1);
         assert_eq!(vllm.total, vec![24 << 30]);
     }
-    let runs = s.get("/v1/runs").await;
+    let runs = &s.get("/v1/runs").await["data"];
     assert_eq!(runs[0]["id"], id.as_str());
     assert_eq!(runs[0]["steps_done"], 2);
     // The memory the engines really used is recorded beside the plan's estimate.
@@ -148,7 +148,7 @@ async fn a_full_queue_answers_429_with_retry_after_and_bad_submissions_say_why()
         "{body}"
     );
     let runs = s.get("/v1/runs").await;
-    let queued = &runs[0];
+    let queued = &runs["data"][0];
     assert_eq!(queued["state"], "queued");
     let run = s
         .wait_run(queued["id"].as_str().unwrap(), |r| {

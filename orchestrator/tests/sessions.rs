@@ -275,6 +275,32 @@ async fn bad_session_requests_say_what_is_wrong() {
         )
         .await;
     assert_eq!(status, 400, "{answer}");
+    // A move with nowhere to go is a conflict; to a place the fleet lacks, not found;
+    // either way the session stays as it was.
+    let cases = [
+        (json!("auto"), 409, "no_room"),
+        (json!({"node": "nowhere"}), 404, "not_found"),
+        (json!({"node": "x", "gpu": 0, "extra": 1}), 400, "bad_request"),
+    ];
+    for (to, status, code) in cases {
+        let (got, answer) = s
+            .call(
+                Method::POST,
+                &format!("/v1/sessions/{id}/migrate"),
+                Some(API),
+                Some(json!({ "to": to })),
+            )
+            .await;
+        assert_eq!(
+            (got, answer["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{to} → {answer}"
+        );
+    }
+    let (_, after) = s
+        .call(Method::GET, &format!("/v1/sessions/{id}"), Some(API), None)
+        .await;
+    assert_eq!(after["migrations"], 0, "{after}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -374,4 +400,81 @@ async fn the_openai_routes_serve_agents_models_and_sessions() {
         .call(Method::GET, &format!("/v1/sessions/{id}/messages"), Some(&ada), None)
         .await;
     assert_eq!(history["data"].as_array().unwrap().len(), 4);
+}
+
+/// An engine that refuses a prompt longer than its context (history whose bytes
+/// under-promised its tokens): the turn is sent again with less history and succeeds,
+/// the newest message always included; a message that alone does not fit is the
+/// client's error (400, with the engine's reason), and sampling out of bounds is refused
+/// before any engine sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_the_engine_finds_too_long_is_sent_with_less_history() {
+    let s = setup(quick(), None).await;
+    let engines = EngineBehaviour {
+        context_bytes: Some(120),
+        ..EngineBehaviour::default()
+    };
+    let _a = TestAgent::join(s.server.grpc_addr, TOKEN, "node-a", 1, engines.clone()).await;
+    s.wait_nodes(1).await;
+    let (_, session) = s
+        .call(Method::POST, "/v1/sessions", Some(API), Some(json!({"model": MODEL})))
+        .await;
+    let path = format!("/v1/sessions/{}/messages", session["id"].as_str().unwrap());
+    for i in 0..6 {
+        let content = format!("message {i} {}", "x".repeat(30));
+        let (status, answer) = s
+            .call(Method::POST, &path, Some(API), Some(json!({ "content": content })))
+            .await;
+        assert_eq!(status, 200, "turn {i}: {answer}");
+        assert_eq!(answer["message"]["content"], format!("echo: {content}"));
+    }
+    let seen = engines.seen.lock().unwrap().clone();
+    let (_, last) = seen.last().unwrap();
+    let sent = last["messages"].as_array().unwrap();
+    let bytes: usize = sent.iter().map(|m| m["content"].as_str().unwrap().len()).sum();
+    assert!(bytes <= 120, "{last}");
+    assert!(
+        sent.last().unwrap()["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("message 5")
+    );
+    assert!(
+        seen.len() > 6,
+        "some turns were refused and sent again: {} requests",
+        seen.len()
+    );
+
+    let (status, answer) = s
+        .call(
+            Method::POST,
+            &path,
+            Some(API),
+            Some(json!({ "content": "y".repeat(200) })),
+        )
+        .await;
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (400, Some("bad_request")),
+        "{answer}"
+    );
+    assert!(
+        answer["error"]["message"].as_str().unwrap().contains("context"),
+        "{answer}"
+    );
+
+    let requests = engines.seen.lock().unwrap().len();
+    for bad in [
+        json!({"content": "hi", "temperature": 3}),
+        json!({"content": "hi", "max_tokens": 0}),
+    ] {
+        let (status, answer) = s.call(Method::POST, &path, Some(API), Some(bad.clone())).await;
+        assert_eq!(status, 400, "{bad} → {answer}");
+    }
+    let completion = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "top_p": 0});
+    let (status, answer) = s
+        .call(Method::POST, "/v1/chat/completions", Some(API), Some(completion))
+        .await;
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(engines.seen.lock().unwrap().len(), requests, "no engine saw them");
 }

@@ -29,7 +29,7 @@ async fn users_see_only_their_own_runs_and_only_the_admin_manages_tokens() {
     let id = run["id"].as_str().unwrap();
 
     let (status, runs) = s.call(Method::GET, "/v1/runs", Some(&bob), None).await;
-    assert_eq!((status, runs.as_array().unwrap().len()), (200, 0));
+    assert_eq!((status, runs["data"].as_array().unwrap().len()), (200, 0));
     for (method, path) in [
         (Method::GET, format!("/v1/runs/{id}")),
         (Method::POST, format!("/v1/runs/{id}/cancel")),
@@ -40,9 +40,13 @@ async fn users_see_only_their_own_runs_and_only_the_admin_manages_tokens() {
         assert_eq!(body["error"]["code"], "not_found");
     }
     let (status, runs) = s.call(Method::GET, "/v1/runs", Some(&ada), None).await;
-    assert_eq!((status, runs.as_array().unwrap().len()), (200, 1));
+    assert_eq!((status, runs["data"].as_array().unwrap().len()), (200, 1));
     let (status, runs) = s.call(Method::GET, "/v1/runs", Some(API), None).await;
-    assert_eq!((status, runs.as_array().unwrap().len()), (200, 1), "the admin sees all");
+    assert_eq!(
+        (status, runs["data"].as_array().unwrap().len()),
+        (200, 1),
+        "the admin sees all"
+    );
 
     // Missing, wrong and revoked tokens: 401 with a message that says what to do.
     let (status, body) = s.call(Method::GET, "/v1/runs", None, None).await;
@@ -71,7 +75,8 @@ async fn users_see_only_their_own_runs_and_only_the_admin_manages_tokens() {
         .await;
     assert_eq!(status, 400, "{body}");
     let (_, tokens) = s.call(Method::GET, "/v1/tokens", Some(API), None).await;
-    let tokens = tokens.as_array().unwrap();
+    assert!(tokens["next"].is_null(), "{tokens}");
+    let tokens = tokens["data"].as_array().unwrap();
     assert_eq!(tokens.len(), 3);
     assert!(
         !tokens.iter().any(|t| t.to_string().contains(&ada)),
@@ -86,4 +91,50 @@ async fn users_see_only_their_own_runs_and_only_the_admin_manages_tokens() {
     assert_eq!(status, 200);
     let (status, _) = s.call(Method::GET, "/v1/runs", Some(&ada), None).await;
     assert_eq!(status, 401, "a revoked token stops working at once");
+}
+
+/// Runs list newest first, a page at a time: `next` is the `after=` of the next page,
+/// null on the last; pages never repeat or skip a run, and skip other users' runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_are_listed_a_page_at_a_time() {
+    let s = setup(quick(), None).await;
+    let ada = s.token_for("ada").await;
+    let bob = s.token_for("bob").await;
+    let mut submitted = Vec::new();
+    for (i, token) in [&ada, &bob, &ada, &ada, &bob, &ada, &ada].into_iter().enumerate() {
+        let (status, run) = s
+            .call(
+                Method::POST,
+                "/v1/runs",
+                Some(token),
+                Some(json!({"workflow": WORKFLOW})),
+            )
+            .await;
+        assert_eq!(status, 202, "run {i}: {run}");
+        if token == &ada {
+            submitted.push(run["id"].as_str().unwrap().to_owned());
+        }
+    }
+    submitted.reverse();
+    let mut seen = Vec::new();
+    let mut path = "/v1/runs?limit=2".to_owned();
+    loop {
+        let (status, page) = s.call(Method::GET, &path, Some(&ada), None).await;
+        assert_eq!(status, 200, "{page}");
+        let data = page["data"].as_array().unwrap();
+        assert!(data.len() <= 2, "{page}");
+        seen.extend(data.iter().map(|r| r["id"].as_str().unwrap().to_owned()));
+        match page["next"].as_str() {
+            Some(next) => path = format!("/v1/runs?limit=2&after={next}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, submitted, "ada's five runs, newest first, each once");
+
+    let (status, body) = s.call(Method::GET, "/v1/runs?limit=many", Some(&ada), None).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("bad_request")),
+        "{body}"
+    );
 }

@@ -2,11 +2,16 @@
 //! OpenAI-compatible routes too: the request as clients send it, and the response, stream
 //! chunk and error bodies as clients expect them.
 
+//!
+//! With the `openapi` feature the types also describe themselves for OpenAPI documents
+//! (utoipa).
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 /// `POST /v1/chat/completions`: the fields Skein honours; others are ignored.
 #[derive(Debug, Clone, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ChatCompletionRequest {
     /// The served model name.
     pub model: String,
@@ -19,12 +24,16 @@ pub struct ChatCompletionRequest {
     #[serde(default)]
     pub stream_options: Option<StreamOptions>,
     /// The most tokens to generate.
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub max_tokens: Option<usize>,
     /// The newer name of `max_tokens`; wins when both are set.
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
     pub max_completion_tokens: Option<usize>,
     /// 0 to 2; 0 is greedy.
+    #[cfg_attr(feature = "openapi", schema(minimum = 0.0, maximum = 2.0))]
     pub temperature: Option<f64>,
     /// Nucleus sampling, in (0, 1].
+    #[cfg_attr(feature = "openapi", schema(exclusive_minimum = 0.0, maximum = 1.0))]
     pub top_p: Option<f64>,
     /// Overrides the server's seed.
     pub seed: Option<u64>,
@@ -34,6 +43,7 @@ pub struct ChatCompletionRequest {
 
 /// `stream_options`.
 #[derive(Debug, Clone, Default, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct StreamOptions {
     /// Send a last chunk with `usage`.
     #[serde(default)]
@@ -42,6 +52,7 @@ pub struct StreamOptions {
 
 /// `stop`: a string or a list.
 #[derive(Debug, Clone, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(untagged)]
 pub enum Stop {
     /// One stop string.
@@ -64,6 +75,7 @@ impl Stop {
 /// A message: `content` is a string, a list of parts (whose text parts are joined), or
 /// null (an assistant turn that only called tools).
 #[derive(Debug, Clone, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ChatMessage {
     /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
@@ -74,6 +86,7 @@ pub struct ChatMessage {
 
 /// A message's content.
 #[derive(Debug, Clone, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(untagged)]
 pub enum Content {
     /// Plain text.
@@ -84,6 +97,7 @@ pub enum Content {
 
 /// One content part.
 #[derive(Debug, Clone, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ContentPart {
     /// `text`, `image_url`, …
     #[serde(rename = "type")]
@@ -114,6 +128,7 @@ impl Content {
 
 /// Token counts of a completion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Usage {
     /// Tokens of the rendered prompt.
     pub prompt_tokens: usize,
@@ -135,19 +150,108 @@ pub struct ResponseMeta {
 }
 
 /// The non-streaming response body.
-pub fn response_body(meta: &ResponseMeta, text: &str, finish_reason: &str, usage: Option<Usage>) -> Value {
-    json!({
-        "id": meta.id,
-        "object": "chat.completion",
-        "created": meta.created,
-        "model": meta.model,
-        "choices": [{
-            "index": 0,
-            "message": { "role": "assistant", "content": text },
-            "finish_reason": finish_reason,
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ChatCompletion {
+    /// `chatcmpl-…`.
+    pub id: String,
+    /// Always `chat.completion`.
+    pub object: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// The served name.
+    pub model: String,
+    /// The one answer.
+    pub choices: Vec<Choice>,
+    /// Token counts, when the engine gave them.
+    pub usage: Option<Usage>,
+}
+
+/// One answer of a completion.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Choice {
+    /// Its place, from 0.
+    pub index: u32,
+    /// The assistant's message.
+    pub message: AnswerMessage,
+    /// `stop` or `length`.
+    pub finish_reason: String,
+}
+
+/// The assistant's message of a completion.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AnswerMessage {
+    /// Always `assistant`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+/// The non-streaming response body.
+pub fn response_body(meta: &ResponseMeta, text: &str, finish_reason: &str, usage: Option<Usage>) -> ChatCompletion {
+    ChatCompletion {
+        id: meta.id.clone(),
+        object: "chat.completion".to_owned(),
+        created: meta.created,
+        model: meta.model.clone(),
+        choices: vec![Choice {
+            index: 0,
+            message: AnswerMessage {
+                role: "assistant".to_owned(),
+                content: text.to_owned(),
+            },
+            finish_reason: finish_reason.to_owned(),
         }],
-        "usage": usage,
-    })
+        usage,
+    }
+}
+
+/// `GET /v1/models`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ModelList {
+    /// Always `list`.
+    pub object: String,
+    /// The models.
+    pub data: Vec<ModelCard>,
+}
+
+impl ModelList {
+    /// A list of `data`.
+    pub fn new(data: Vec<ModelCard>) -> ModelList {
+        ModelList {
+            object: "list".to_owned(),
+            data,
+        }
+    }
+}
+
+/// One model of `GET /v1/models`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ModelCard {
+    /// The name to send as `model`.
+    pub id: String,
+    /// Always `model`.
+    pub object: String,
+    /// Unix seconds.
+    pub created: i64,
+    /// Who provides it.
+    pub owned_by: String,
+}
+
+impl ModelCard {
+    /// The card of `id`.
+    pub fn new(id: impl Into<String>, created: i64, owned_by: impl Into<String>) -> ModelCard {
+        ModelCard {
+            id: id.into(),
+            object: "model".to_owned(),
+            created,
+            owned_by: owned_by.into(),
+        }
+    }
 }
 
 /// A stream chunk with `delta` and `finish_reason`.

@@ -28,6 +28,9 @@ pub struct EngineBehaviour {
     pub delay: Duration,
     /// Every chat request's body, with the engine's base URL, in arrival order.
     pub seen: Arc<std::sync::Mutex<Vec<(String, Value)>>>,
+    /// The engine's context, in bytes of message content: a longer request is refused
+    /// with 400, as engines refuse a prompt longer than their context.
+    pub context_bytes: Option<usize>,
 }
 
 #[derive(Clone)]
@@ -49,6 +52,22 @@ async fn chat(State(engine): State<Engine>, axum::Json(body): axum::Json<Value>)
             axum::Json(json!({"error": {"message": "CUDA out of memory", "type": "server_error"}})),
         )
             .into_response();
+    }
+    if let Some(context) = b.context_bytes {
+        let used: usize = body["messages"]
+            .as_array()
+            .map(|m| m.iter().filter_map(|m| m["content"].as_str()).map(str::len).sum())
+            .unwrap_or(0);
+        if used > context {
+            return (
+                axum::http::StatusCode::BAD_REQUEST,
+                axum::Json(json!({"error": {
+                    "message": format!("the prompt has {used} bytes, but the model's context is {context}"),
+                    "type": "invalid_request_error",
+                }})),
+            )
+                .into_response();
+        }
     }
     let prompt = body["messages"]
         .as_array()

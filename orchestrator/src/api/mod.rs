@@ -15,10 +15,12 @@ use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use serde::Deserialize;
 use skein_dsl::SourceKind;
 use skein_model_registry::hub::InspectOptions;
+
+use utoipa::OpenApi;
+use utoipa_axum::{router::OpenApiRouter, routes};
 
 use crate::plan::{PlanInput, PlanSettings, Planner};
 use futures::Stream;
@@ -54,35 +56,235 @@ pub struct ApiState {
     pub sessions: crate::session::Sessions,
 }
 
+/// The largest request body (bytes): a turn may carry several messages of up to
+/// [`crate::session::record::MAX_MESSAGE_BYTES`] each.
+pub const MAX_BODY_BYTES: usize = 16 << 20;
+
 /// The router.
 pub fn router(state: ApiState) -> Router {
-    let protected = Router::new()
-        .route("/v1/nodes", get(nodes))
-        .route("/v1/graph", get(graph))
-        .route("/v1/graph/events", get(events))
-        .route("/v1/plans", axum::routing::post(plans))
+    let (public, _) = public_routes().split_for_parts();
+    let (protected, _) = protected_routes().split_for_parts();
+    Router::new()
+        .merge(public)
+        .merge(protected.route_layer(middleware::from_fn_with_state(state.clone(), authorize)))
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route; see /v1/openapi.json") })
+        .layer(middleware::map_response(json_errors))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// The routes anyone may call.
+fn public_routes() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::new()
+        .routes(routes!(healthz))
+        .routes(routes!(openapi_json))
+}
+
+/// The routes behind the API token.
+fn protected_routes() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(nodes))
+        .routes(routes!(graph))
+        .routes(routes!(events))
+        .routes(routes!(plans))
         .merge(runs::routes())
         .merge(tokens::routes())
         .merge(sessions::routes())
         .merge(openai::routes())
-        .route("/metrics", get(metrics))
-        .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
-    Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .merge(protected)
-        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route; see docs/api.md") })
-        .with_state(state)
+        .routes(routes!(metrics))
+}
+
+/// The API's OpenAPI 3.1 document, made from the routes' code: every route, its
+/// parameters, bodies and answers.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    let mut document = protected_routes().into_openapi();
+    let public = public_routes().into_openapi();
+    let public_paths: Vec<String> = public.paths.paths.keys().cloned().collect();
+    document.merge(public);
+    nullable_cursors(&mut document);
+    for (path, item) in document.paths.paths.iter_mut() {
+        let public = public_paths.contains(path);
+        for operation in operations(item) {
+            if public {
+                operation.security = Some(vec![utoipa::openapi::security::SecurityRequirement::default()]);
+            } else {
+                add_error(
+                    operation,
+                    StatusCode::UNAUTHORIZED,
+                    "No token, or a wrong or revoked one.",
+                );
+            }
+            add_error(
+                operation,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "The server failed (its store).",
+            );
+        }
+    }
+    document
+}
+
+/// Marks the `next` of every page schema as nullable: the derive drops the null of an
+/// `Option` of a generic parameter, and the last page says `"next": null`.
+fn nullable_cursors(document: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::RefOr;
+    use utoipa::openapi::schema::{Object, OneOfBuilder, Schema, Type};
+    let Some(components) = document.components.as_mut() else {
+        return;
+    };
+    for (name, schema) in components.schemas.iter_mut() {
+        if !name.starts_with("Listed_") {
+            continue;
+        }
+        if let RefOr::T(Schema::Object(page)) = schema
+            && let Some(next) = page.properties.get_mut("next")
+        {
+            let cursor = std::mem::replace(next, RefOr::T(Schema::Object(Object::default())));
+            *next = OneOfBuilder::new()
+                .item(cursor)
+                .item(Object::with_type(Type::Null))
+                .description(Some("The cursor of the next page; null on the last"))
+                .into();
+        }
+    }
+}
+
+/// The operations of a path.
+fn operations(item: &mut utoipa::openapi::PathItem) -> impl Iterator<Item = &mut utoipa::openapi::path::Operation> {
+    [
+        item.get.as_mut(),
+        item.post.as_mut(),
+        item.put.as_mut(),
+        item.patch.as_mut(),
+        item.delete.as_mut(),
+    ]
+    .into_iter()
+    .flatten()
+}
+
+/// Documents an error answer of `operation` unless its route already does.
+fn add_error(operation: &mut utoipa::openapi::path::Operation, status: StatusCode, description: &str) {
+    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+    operation
+        .responses
+        .responses
+        .entry(status.as_str().to_owned())
+        .or_insert_with(|| {
+            ResponseBuilder::new()
+                .description(description)
+                .content(
+                    "application/json",
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name("ErrorBody")))
+                        .build(),
+                )
+                .into()
+        });
+}
+
+/// The document's frame: title, security scheme, tags.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Skein API",
+        description = "The orchestrator's REST API: the hardware graph, plans, runs, instances, sessions, users' tokens, and OpenAI-compatible chat completions. Every route but /healthz and /v1/openapi.json needs `Authorization: Bearer <API token>`. Errors answer `{\"error\": {\"code\", \"message\"}}`; lists answer `{\"data\": [...], \"next\": cursor | null}`; times are RFC 3339."
+    ),
+    modifiers(&BearerScheme),
+    security(("bearer" = [])),
+    components(schemas(ErrorBody, ErrorDetail)),
+    tags(
+        (name = "graph", description = "Nodes, GPUs and their telemetry"),
+        (name = "plans", description = "Placement plans of workflows on the live graph"),
+        (name = "runs", description = "Submitted workflows and the model instances serving them"),
+        (name = "sessions", description = "Durable conversations with an agent (docs/sessions.md)"),
+        (name = "openai", description = "OpenAI-compatible routes for existing clients"),
+        (name = "tokens", description = "Users' API tokens (admin only)"),
+        (name = "server", description = "Health, metrics and this document"),
+    )
+)]
+struct ApiDoc;
+
+/// The bearer-token security scheme.
+struct BearerScheme;
+
+impl utoipa::Modify for BearerScheme {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "An API token: the server's api-token file (admin), or one from `skein token create`",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// Liveness: `ok`.
+#[utoipa::path(get, operation_id = "healthz", path = "/healthz", tag = "server",
+    responses((status = 200, description = "The server is up", body = String, content_type = "text/plain")))]
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// This document.
+#[utoipa::path(get, operation_id = "openapi", path = "/v1/openapi.json", tag = "server",
+    responses((status = 200, description = "The OpenAPI 3.1 document of this API", body = Object)))]
+async fn openapi_json() -> Response {
+    static DOCUMENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let text = DOCUMENT.get_or_init(|| openapi().to_pretty_json().unwrap_or_default());
+    ([(header::CONTENT_TYPE, "application/json")], text.as_str()).into_response()
+}
+
+/// Error answers made outside the handlers (a malformed query or path, a body over
+/// [`MAX_BODY_BYTES`], a method a route does not have) in the API's error shape, so
+/// every error a client sees is `{"error": {"code", "message"}}`.
+async fn json_errors(response: Response) -> Response {
+    let status = response.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return response;
+    }
+    let content_type = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if content_type.starts_with("application/json") {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, 64 << 10).await.unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let message = match text.trim() {
+        "" => match status {
+            StatusCode::METHOD_NOT_ALLOWED => "this route does not take that method; see /v1/openapi.json".to_owned(),
+            _ => status.canonical_reason().unwrap_or("error").to_lowercase(),
+        },
+        text => text.to_owned(),
+    };
+    let mut answer = error(status, &message);
+    for (name, value) in &parts.headers {
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+            answer.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    answer
 }
 
 /// Every error answer: `{"error": {"code": "not_found", "message": "…"}}` (the shape
 /// OpenAI clients read too).
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct ErrorBody<'a> {
     pub(crate) error: ErrorDetail<'a>,
 }
 
 /// The code and message of an error answer.
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct ErrorDetail<'a> {
     /// A stable machine-readable code.
     pub(crate) code: &'a str,
@@ -97,6 +299,7 @@ fn default_code(status: StatusCode) -> &'static str {
         StatusCode::UNAUTHORIZED => "unauthorized",
         StatusCode::FORBIDDEN => "forbidden",
         StatusCode::NOT_FOUND => "not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
         StatusCode::CONFLICT => "conflict",
         StatusCode::PAYLOAD_TOO_LARGE => "too_large",
         StatusCode::UNPROCESSABLE_ENTITY => "invalid",
@@ -173,6 +376,80 @@ pub(crate) fn body<T: serde::de::DeserializeOwned>(bytes: &[u8], expected: &str)
         .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("the body is not {expected} ({e})")))
 }
 
+/// A page of a list: `{"data": [...], "next": cursor | null}`; `next` is the cursor
+/// of the following page (`after=` for runs and sessions, `from=` for messages), null
+/// on the last.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct Listed<T, C> {
+    /// The items.
+    pub data: Vec<T>,
+    /// The cursor of the next page.
+    pub next: Option<C>,
+}
+
+/// `?limit=&after=` of a list by id.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct PageQuery {
+    /// Items per page: 1 to 1000, default 100.
+    #[serde(default)]
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<usize>,
+    /// The `next` of the previous page.
+    #[serde(default)]
+    pub after: Option<String>,
+}
+
+impl PageQuery {
+    /// The page size asked for (default 100), or 400 outside 1 to 1000.
+    pub(crate) fn limit(&self) -> Result<usize, ApiError> {
+        page_size(self.limit)
+    }
+}
+
+/// A page size (default 100), or 400 outside 1 to [`MAX_PAGE`](crate::session::service::MAX_PAGE).
+pub(crate) fn page_size(limit: Option<usize>) -> Result<usize, ApiError> {
+    let max = crate::session::service::MAX_PAGE;
+    match limit {
+        None => Ok(100),
+        Some(limit) if (1..=max).contains(&limit) => Ok(limit),
+        Some(limit) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("`limit` is {limit}; ask for 1 to {max} items a page, and follow `next` for more"),
+        )),
+    }
+}
+
+/// One server-sent event as a client reads it: its name and its data line. Documents
+/// the streams (which axum's `Sse` writes); the data of each route's events is
+/// described with the route.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ServerSentEvent {
+    /// The event's name (`message` when the stream gives none).
+    event: String,
+    /// Its data: JSON text, or `[DONE]` at the end of a chat completion stream.
+    data: String,
+}
+
+/// A query string, or 400 in the API's error shape saying what is wrong with it.
+pub(crate) struct Params<T>(pub T);
+
+impl<T, S> axum::extract::FromRequestParts<S> for Params<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, state: &S) -> Result<Self, ApiError> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(value)) => Ok(Params(value)),
+            Err(rejection) => Err(ApiError::new(StatusCode::BAD_REQUEST, rejection.body_text())),
+        }
+    }
+}
+
 /// Finds who presents the request's bearer token and hands them to the route as an
 /// extension ([`Principal`]); 401 without a live token.
 async fn authorize(State(state): State<ApiState>, mut request: Request, next: Next) -> Response {
@@ -201,7 +478,7 @@ async fn authorize(State(state): State<ApiState>, mut request: Request, next: Ne
 }
 
 /// The body of `POST /v1/plans`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PlanRequest {
     /// The workflow's text, YAML or Rhai.
@@ -218,12 +495,23 @@ pub struct PlanRequest {
     pub derivatives: Option<usize>,
 }
 
-#[derive(Serialize)]
-struct InvalidWorkflow<'a> {
+/// A workflow the checker refused: the error, and every diagnostic with its place.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct InvalidWorkflow<'a> {
     error: ErrorDetail<'a>,
+    /// What is wrong, where (file, line, column) and how to fix it.
+    #[schema(value_type = Vec<Object>)]
     diagnostics: Vec<skein_dsl::diag::JsonDiagnostic>,
 }
 
+/// A placement plan of a workflow on the live graph (nothing is started).
+#[utoipa::path(post, operation_id = "create_plan", path = "/v1/plans", tag = "plans", request_body = PlanRequest,
+    responses(
+        (status = 200, description = "The plan: per agent the chosen variant, engine, GPUs and memory estimate (docs/placement.md)", body = Object),
+        (status = 400, description = "Not a plan request", body = ErrorBody),
+        (status = 422, description = "The workflow is invalid", body = InvalidWorkflow),
+        (status = 502, description = "The model hub could not be read", body = ErrorBody),
+    ))]
 async fn plans(State(state): State<ApiState>, body: axum::body::Bytes) -> Response {
     let request: PlanRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
@@ -313,7 +601,7 @@ pub(crate) fn parse_workflow(name: Option<&str>, text: &str) -> Result<skein_dsl
 }
 
 /// One row of `GET /v1/nodes`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct NodeSummary {
     /// Id.
     pub id: String,
@@ -357,15 +645,25 @@ impl From<&NodeView> for NodeSummary {
     }
 }
 
+/// The nodes, their health and GPU memory.
+#[utoipa::path(get, operation_id = "list_nodes", path = "/v1/nodes", tag = "graph",
+    responses((status = 200, description = "Every node", body = Vec<NodeSummary>)))]
 async fn nodes(State(state): State<ApiState>) -> axum::Json<Vec<NodeSummary>> {
     let snapshot = state.graph.snapshot();
     axum::Json(snapshot.nodes.iter().map(|n| NodeSummary::from(n.as_ref())).collect())
 }
 
+/// The whole hardware graph: nodes, GPUs, links, latest telemetry and health.
+#[utoipa::path(get, operation_id = "get_graph", path = "/v1/graph", tag = "graph",
+    responses((status = 200, description = "A snapshot of the graph (docs/api.md)", body = Object)))]
 async fn graph(State(state): State<ApiState>) -> axum::Json<GraphSnapshot> {
     axum::Json(state.graph.snapshot())
 }
 
+/// Graph changes as server-sent events: `node_registered`, `node_connection`,
+/// `health`, `telemetry` (and `lagged` for a slow reader), without end.
+#[utoipa::path(get, operation_id = "graph_events", path = "/v1/graph/events", tag = "graph",
+    responses((status = 200, description = "An endless event stream; each event's data is the change as JSON", body = ServerSentEvent, content_type = "text/event-stream")))]
 async fn events(State(state): State<ApiState>) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let receiver = state.events.subscribe();
     let stream = futures::stream::unfold(receiver, |mut receiver| async move {
@@ -391,6 +689,9 @@ async fn events(State(state): State<ApiState>) -> Sse<impl Stream<Item = Result<
     Sse::new(stream).keep_alive(KeepAlive::default())
 }
 
+/// GPU and node metrics in the Prometheus text format (dcgm-exporter names).
+#[utoipa::path(get, operation_id = "metrics", path = "/metrics", tag = "server",
+    responses((status = 200, description = "Prometheus text", body = String, content_type = "text/plain")))]
 async fn metrics(State(state): State<ApiState>) -> Response {
     let body = prometheus_text(&state.graph.snapshot());
     (

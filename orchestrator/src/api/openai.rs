@@ -12,29 +12,42 @@
 use std::collections::BTreeSet;
 use std::convert::Infallible;
 
+use axum::Json;
 use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use serde::Deserialize;
 use serde_json::{Value, json};
 use skein_dsl::ir::Backend;
-use skein_proto::openai::{self, ChatCompletionRequest, ResponseMeta};
+use skein_proto::openai::{self, ChatCompletion, ChatCompletionRequest, ModelCard, ModelList, ResponseMeta};
 use tokio::sync::mpsc;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::sessions::idempotency_key;
-use super::{ApiError, ApiState, Principal, body};
+use super::{ApiError, ApiState, ErrorBody, Principal, ServerSentEvent, body};
 use crate::engine_client::Answer;
 use crate::session::{NewMessage, Role, Sampling, SessionError, Turn};
 
 /// Text pieces of a streamed completion that may wait for a slow reader.
 const STREAM_BUFFER: usize = 256;
 
-pub(super) fn routes() -> Router<ApiState> {
-    Router::new()
-        .route("/v1/chat/completions", post(completions))
-        .route("/v1/models", get(models))
+pub(super) fn routes() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::new()
+        .routes(routes!(completions))
+        .routes(routes!(models))
+}
+
+/// `POST /v1/chat/completions`: OpenAI's request, and a session to continue.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+struct CompletionRequest {
+    #[serde(flatten)]
+    request: ChatCompletionRequest,
+    /// Continue this session (or send the `X-Skein-Session` header): the messages are
+    /// appended to it and the agent sees its whole history.
+    #[serde(default)]
+    session_id: Option<String>,
 }
 
 fn meta(model: &str) -> ResponseMeta {
@@ -96,29 +109,37 @@ fn messages(request: ChatCompletionRequest) -> Result<Vec<NewMessage>, ApiError>
         .collect()
 }
 
+/// OpenAI's chat completion: `model` is an agent of the caller's newest run that has
+/// it, or a hub model placed on demand; with a session, the turn is stored in it.
+#[utoipa::path(post, operation_id = "create_chat_completion", path = "/v1/chat/completions", tag = "openai", request_body = CompletionRequest,
+    params(
+        ("X-Skein-Session" = Option<String>, Header, description = "A session to continue"),
+        ("Idempotency-Key" = Option<String>, Header, description = "With a session: makes a retried request a no-op"),
+    ),
+    responses(
+        (status = 200, description = "The completion, or with `stream: true` chunks as server-sent events ending in `[DONE]`", content(
+            (ChatCompletion = "application/json"),
+            (ServerSentEvent = "text/event-stream"),
+        )),
+        (status = 400, description = "A bad request (a message part that is not text, a bad model name)", body = ErrorBody),
+        (status = 404, description = "No such session (or another user's)", body = ErrorBody),
+        (status = 502, description = "The engine failed", body = ErrorBody),
+        (status = 503, description = "No instance can serve the model now; see Retry-After", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+    ))]
 async fn completions(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
     headers: HeaderMap,
     bytes: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    let raw: Value = body(&bytes, "an OpenAI chat completion request")?;
-    let session = raw
-        .get("session_id")
-        .and_then(Value::as_str)
-        .map(str::to_owned)
-        .or_else(|| {
-            headers
-                .get("x-skein-session")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        });
-    let request: ChatCompletionRequest = serde_json::from_value(raw).map_err(|e| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            format!("the body is not an OpenAI chat completion request ({e})"),
-        )
-    })?;
+    let CompletionRequest { request, session_id } = body(&bytes, "an OpenAI chat completion request")?;
+    let session = session_id.or_else(|| {
+        headers
+            .get("x-skein-session")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    });
     let meta = meta(&request.model);
     let stream = request.stream;
     let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
@@ -127,7 +148,10 @@ async fn completions(
         max_tokens: request
             .max_completion_tokens
             .or(request.max_tokens)
-            .and_then(|n| u32::try_from(n).ok()),
+            .map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
+        top_p: request.top_p,
+        seed: request.seed,
+        stop: request.stop.clone().map(openai::Stop::into_vec).unwrap_or_default(),
     };
     let target = match &session {
         Some(_) => None,
@@ -147,8 +171,7 @@ async fn completions(
                     messages: turn_messages,
                     idempotency_key: key,
                     tokens,
-                    temperature: sampling.temperature,
-                    max_tokens: sampling.max_tokens,
+                    sampling,
                     reply: true,
                 };
                 sessions.send(&principal, &id, turn).await.map(|reply| Answer {
@@ -168,7 +191,8 @@ async fn completions(
     if !stream {
         let answer = work.await?;
         let finish = answer.finish_reason.clone().unwrap_or_else(|| "stop".to_owned());
-        return Ok(Json(openai::response_body(&meta, &answer.content, &finish, usage(&answer))).into_response());
+        let completion: ChatCompletion = openai::response_body(&meta, &answer.content, &finish, usage(&answer));
+        return Ok(Json(completion).into_response());
     }
     let done = tokio::spawn(work);
     let events = completion_events(meta, pieces, done, include_usage);
@@ -253,16 +277,19 @@ fn completion_events(
     )
 }
 
+/// The names `model` takes: the agents of the caller's runs and their hub models.
+#[utoipa::path(get, operation_id = "list_models", path = "/v1/models", tag = "openai",
+    responses((status = 200, description = "The models", body = ModelList)))]
 async fn models(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ModelList>, ApiError> {
     let runs = state.executor.list().map_err(ApiError::internal)?;
     let mut seen = BTreeSet::new();
     let mut data = Vec::new();
     let mut push = |id: &str, owner: &str, created: i64| {
         if seen.insert(id.to_owned()) {
-            data.push(json!({"id": id, "object": "model", "created": created / 1000, "owned_by": owner}));
+            data.push(ModelCard::new(id, created / 1000, owner));
         }
     };
     // Newest runs first: an agent name means the newest run's agent.
@@ -274,5 +301,5 @@ async fn models(
             }
         }
     }
-    Ok(Json(json!({ "object": "list", "data": data })))
+    Ok(Json(ModelList::new(data)))
 }

@@ -4,7 +4,8 @@
 //!   `202 Accepted` with the stored run (it is on disk before the answer); `429` with
 //!   `Retry-After` when the queue of its priority is full; `422` with diagnostics for
 //!   an invalid workflow; `400` for bad inputs.
-//! - `GET /v1/runs` (newest first), `GET /v1/runs/{id}`, `POST /v1/runs/{id}/cancel`.
+//! - `GET /v1/runs?limit=&after=` (newest first) → `{"data": [...], "next": id | null}`,
+//!   `GET /v1/runs/{id}`, `POST /v1/runs/{id}/cancel`.
 //! - `GET /v1/runs/{id}/events`: server-sent events, the run (`event: run`) at once and
 //!   after every change, until it ends.
 //! - `GET /v1/instances`: every model instance, its state and measured memory;
@@ -16,33 +17,37 @@
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 
-use axum::Router;
 use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use futures::Stream;
 use serde::{Deserialize, Serialize};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::{ApiError, ApiState, Principal, error, parse_workflow};
+use super::{
+    ApiError, ApiState, ErrorBody, InvalidWorkflow, Listed, PageQuery, Params, Principal, ServerSentEvent, error,
+    parse_workflow,
+};
+use crate::instances::{InstanceView, Measurement};
 use crate::run::SubmitError;
 use crate::run::record::{RunRecord, RunState, UnixMs};
 
 /// The routes of this module (behind the API token).
-pub(super) fn routes() -> Router<ApiState> {
-    Router::new()
-        .route("/v1/runs", post(submit).get(list))
-        .route("/v1/runs/{id}", get(show))
-        .route("/v1/runs/{id}/cancel", post(cancel))
-        .route("/v1/runs/{id}/events", get(events))
-        .route("/v1/instances", get(instances))
-        .route("/v1/instances/{name}/logs", get(logs))
-        .route("/v1/measurements", get(measurements))
+pub(super) fn routes() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::new()
+        .routes(routes!(submit, list))
+        .routes(routes!(show))
+        .routes(routes!(cancel))
+        .routes(routes!(events))
+        .routes(routes!(instances))
+        .routes(routes!(logs))
+        .routes(routes!(measurements))
 }
 
 /// The body of `POST /v1/runs`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitRequest {
     /// The workflow's text, YAML or Rhai.
@@ -52,9 +57,19 @@ pub struct SubmitRequest {
     pub name: Option<String>,
     /// Input values by name (strings are converted to the declared type).
     #[serde(default)]
+    #[schema(value_type = Object)]
     pub inputs: BTreeMap<String, serde_json::Value>,
 }
 
+/// Submits a workflow: it is stored before the answer, then waits for room and runs.
+#[utoipa::path(post, operation_id = "submit_run", path = "/v1/runs", tag = "runs", request_body = SubmitRequest,
+    responses(
+        (status = 202, description = "Accepted and stored", body = RunRecord),
+        (status = 400, description = "Not a run request, or bad inputs", body = ErrorBody),
+        (status = 422, description = "The workflow is invalid", body = InvalidWorkflow),
+        (status = 429, description = "The queue of its priority is full; see Retry-After", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+    ))]
 async fn submit(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -90,7 +105,7 @@ async fn submit(
 }
 
 /// One row of `GET /v1/runs`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct RunSummary {
     /// Id.
     pub id: String,
@@ -99,6 +114,7 @@ pub struct RunSummary {
     /// State.
     pub state: RunState,
     /// Why it waits or failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// Steps done (or skipped) of all.
     pub steps_done: usize,
@@ -107,6 +123,7 @@ pub struct RunSummary {
     /// Accepted.
     pub submitted_at: UnixMs,
     /// Ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<UnixMs>,
 }
 
@@ -125,17 +142,31 @@ impl From<&RunRecord> for RunSummary {
     }
 }
 
-async fn list(State(state): State<ApiState>, Extension(principal): Extension<Principal>) -> Response {
-    match state.executor.list() {
-        Ok(runs) => axum::Json(
-            runs.iter()
-                .filter(|run| principal.may_see(&run.owner))
-                .map(RunSummary::from)
-                .collect::<Vec<_>>(),
-        )
-        .into_response(),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
-    }
+/// The runs the caller may see (an admin: all), newest first, a page at a time.
+#[utoipa::path(get, operation_id = "list_runs", path = "/v1/runs", tag = "runs", params(PageQuery),
+    responses(
+        (status = 200, description = "A page of runs", body = Listed<RunSummary, String>),
+        (status = 400, description = "A bad query", body = ErrorBody),
+    ))]
+async fn list(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Params(query): Params<PageQuery>,
+) -> Result<axum::Json<Listed<RunSummary, String>>, ApiError> {
+    let runs = state.executor.list().map_err(ApiError::internal)?;
+    let limit = query.limit()?;
+    // Ids are time-ordered and the list is newest first: the page after `after` starts
+    // at the first older id.
+    let mut visible = runs
+        .iter()
+        .filter(|run| principal.may_see(&run.owner))
+        .filter(|run| query.after.as_deref().is_none_or(|after| run.id.as_str() < after));
+    let data: Vec<RunSummary> = visible.by_ref().take(limit).map(RunSummary::from).collect();
+    let next = match visible.next() {
+        Some(_) => data.last().map(|run| run.id.clone()),
+        None => None,
+    };
+    Ok(axum::Json(Listed { data, next }))
 }
 
 fn not_found(id: &str) -> ApiError {
@@ -151,6 +182,13 @@ fn visible_run(state: &ApiState, principal: &Principal, id: &str) -> Result<RunR
     }
 }
 
+/// A run: its workflow, inputs, state and every step with its output.
+#[utoipa::path(get, operation_id = "get_run", path = "/v1/runs/{id}", tag = "runs",
+    params(("id" = String, Path, description = "The run's id")),
+    responses(
+        (status = 200, description = "The run", body = RunRecord),
+        (status = 404, description = "No such run (or another user's)", body = ErrorBody),
+    ))]
 async fn show(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -162,6 +200,14 @@ async fn show(
     }
 }
 
+/// Cancels a run: queued, it never starts; running, its steps stop and its instances
+/// are stopped. Cancelling an ended run changes nothing.
+#[utoipa::path(post, operation_id = "cancel_run", path = "/v1/runs/{id}/cancel", tag = "runs",
+    params(("id" = String, Path, description = "The run's id")),
+    responses(
+        (status = 200, description = "The run after the cancellation", body = RunRecord),
+        (status = 404, description = "No such run (or another user's)", body = ErrorBody),
+    ))]
 async fn cancel(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -177,6 +223,14 @@ async fn cancel(
     }
 }
 
+/// The run as server-sent events (`event: run`, the run as data) at once and after
+/// every change, until it has ended.
+#[utoipa::path(get, operation_id = "run_events", path = "/v1/runs/{id}/events", tag = "runs",
+    params(("id" = String, Path, description = "The run's id")),
+    responses(
+        (status = 200, description = "Events `run` (the run as JSON) until the run ends", body = ServerSentEvent, content_type = "text/event-stream"),
+        (status = 404, description = "No such run (or another user's)", body = ErrorBody),
+    ))]
 async fn events(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -223,10 +277,16 @@ fn run_stream(state: ApiState, id: String) -> impl Stream<Item = Result<Event, I
     )
 }
 
+/// Every model instance, its state, placement and measured memory.
+#[utoipa::path(get, operation_id = "list_instances", path = "/v1/instances", tag = "runs",
+    responses((status = 200, description = "The instances", body = Vec<InstanceView>)))]
 async fn instances(State(state): State<ApiState>) -> Response {
     axum::Json(state.instances.list()).into_response()
 }
 
+/// Memory instances really used once loaded, beside the plan's estimate.
+#[utoipa::path(get, operation_id = "list_measurements", path = "/v1/measurements", tag = "runs",
+    responses((status = 200, description = "One per variant, engine, GPU count, context and concurrency", body = Vec<Measurement>)))]
 async fn measurements(State(state): State<ApiState>) -> Response {
     match state.instances.measurements() {
         Ok(list) => axum::Json(list).into_response(),
@@ -235,24 +295,50 @@ async fn measurements(State(state): State<ApiState>) -> Response {
 }
 
 /// The query of `GET /v1/instances/{name}/logs`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct LogsQuery {
+    /// How many of the last lines: 0 to 10000, default 200.
     #[serde(default = "default_tail")]
+    #[param(maximum = 10000)]
     tail: u32,
+}
+
+/// The most log lines one request reads.
+const MAX_TAIL: u32 = 10_000;
+
+/// The last lines an instance's engine wrote.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+struct Logs {
+    /// The instance.
+    instance: String,
+    /// Oldest first.
+    lines: Vec<String>,
 }
 
 fn default_tail() -> u32 {
     200
 }
 
-async fn logs(
-    State(state): State<ApiState>,
-    Path(name): Path<String>,
-    axum::extract::Query(query): axum::extract::Query<LogsQuery>,
-) -> Response {
+/// The last lines an instance's engine wrote, from its agent.
+#[utoipa::path(get, operation_id = "instance_logs", path = "/v1/instances/{name}/logs", tag = "runs",
+    params(("name" = String, Path, description = "The instance's name"), LogsQuery),
+    responses(
+        (status = 200, description = "The lines", body = Logs),
+        (status = 400, description = "A bad query", body = ErrorBody),
+        (status = 404, description = "No such instance", body = ErrorBody),
+        (status = 502, description = "Its agent did not answer", body = ErrorBody),
+    ))]
+async fn logs(State(state): State<ApiState>, Path(name): Path<String>, Params(query): Params<LogsQuery>) -> Response {
     use crate::instances::InstanceError;
+    if query.tail > MAX_TAIL {
+        return error(
+            StatusCode::BAD_REQUEST,
+            &format!("`tail` is {}; ask for at most {MAX_TAIL} lines", query.tail),
+        );
+    }
     match state.instances.logs(&name, query.tail).await {
-        Ok(lines) => axum::Json(serde_json::json!({ "instance": name, "lines": lines })).into_response(),
+        Ok(lines) => axum::Json(Logs { instance: name, lines }).into_response(),
         Err(e @ InstanceError::Unknown(_)) => error(StatusCode::NOT_FOUND, &e.to_string()),
         Err(e) => error(StatusCode::BAD_GATEWAY, &e.to_string()),
     }

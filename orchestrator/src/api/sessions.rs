@@ -19,29 +19,31 @@
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 
-use axum::extract::{Extension, Path, Query, State};
+use axum::Json;
+use axum::extract::{Extension, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::{ApiError, ApiState, Principal, body};
+use super::{ApiError, ApiState, ErrorBody, Listed, PageQuery, Params, Principal, ServerSentEvent, body, page_size};
 use crate::session::{
-    Binding, MessageRecord, MoveTo, NewMessage, NewSession, Reply, Role, SessionError, SessionRecord, Target, Turn,
+    Binding, MessageRecord, MoveTo, NewMessage, NewSession, Reply, Role, Sampling, SessionError, SessionRecord, Target,
+    Turn,
 };
 
 /// Text pieces of a streamed reply that may wait for a slow reader.
 const STREAM_BUFFER: usize = 256;
 
-pub(super) fn routes() -> Router<ApiState> {
-    Router::new()
-        .route("/v1/sessions", post(create).get(list))
-        .route("/v1/sessions/{id}", get(show).delete(remove))
-        .route("/v1/sessions/{id}/messages", post(send).get(messages))
-        .route("/v1/sessions/{id}/migrate", post(migrate))
+pub(super) fn routes() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::new()
+        .routes(routes!(create, list))
+        .routes(routes!(show, remove))
+        .routes(routes!(send, messages))
+        .routes(routes!(migrate))
 }
 
 impl From<SessionError> for ApiError {
@@ -63,22 +65,35 @@ impl From<SessionError> for ApiError {
     }
 }
 
-/// The body of `POST /v1/sessions`.
-#[derive(Debug, Deserialize)]
+/// The body of `POST /v1/sessions`: `model`, or `agent` (and optionally `run`).
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateSession {
+    /// A hub model (`owner/name`) served on its own.
     #[serde(default)]
     model: Option<String>,
+    /// An agent of one of the caller's runs.
     #[serde(default)]
     agent: Option<String>,
+    /// The run of `agent` (default: the caller's newest run that has it).
     #[serde(default)]
     run: Option<String>,
+    /// A system prompt (default: the agent's).
     #[serde(default)]
     system: Option<String>,
+    /// Free-form labels.
     #[serde(default)]
     metadata: BTreeMap<String, String>,
 }
 
+/// Starts a session with an agent of a run or a model on its own. Its instance is
+/// placed at the first message.
+#[utoipa::path(post, operation_id = "create_session", path = "/v1/sessions", tag = "sessions", request_body = CreateSession,
+    responses(
+        (status = 201, description = "The session", body = SessionRecord),
+        (status = 400, description = "A bad request (both model and agent, a bad model name, too much metadata)", body = ErrorBody),
+        (status = 404, description = "No run of the caller has that agent", body = ErrorBody),
+    ))]
 async fn create(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -121,38 +136,33 @@ async fn create(
     Ok((StatusCode::CREATED, Json(session)).into_response())
 }
 
-/// A page query.
-#[derive(Debug, Deserialize)]
-struct PageQuery {
-    #[serde(default)]
-    limit: Option<usize>,
-    #[serde(default)]
-    after: Option<String>,
-}
-
-/// A page of a list.
-#[derive(Debug, Serialize)]
-pub(super) struct Listed<T, C> {
-    /// The items.
-    pub data: Vec<T>,
-    /// The cursor of the next page (`after=` for sessions, `from=` for messages).
-    pub next: Option<C>,
-}
-
+/// The caller's sessions (an admin: all), oldest first, a page at a time.
+#[utoipa::path(get, operation_id = "list_sessions", path = "/v1/sessions", tag = "sessions", params(PageQuery),
+    responses(
+        (status = 200, description = "A page of sessions", body = Listed<SessionRecord, String>),
+        (status = 400, description = "A bad query", body = ErrorBody),
+    ))]
 async fn list(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
-    Query(query): Query<PageQuery>,
+    Params(query): Params<PageQuery>,
 ) -> Result<Json<Listed<SessionRecord, String>>, ApiError> {
     let page = state
         .sessions
-        .list(&principal, query.after.as_deref(), query.limit.unwrap_or(100))?;
+        .list(&principal, query.after.as_deref(), query.limit()?)?;
     Ok(Json(Listed {
         data: page.sessions,
         next: page.next,
     }))
 }
 
+/// A session: its agent, binding, metadata and message count.
+#[utoipa::path(get, operation_id = "get_session", path = "/v1/sessions/{id}", tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 200, description = "The session", body = SessionRecord),
+        (status = 404, description = "No such session (or another user's)", body = ErrorBody),
+    ))]
 async fn show(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -161,6 +171,13 @@ async fn show(
     Ok(Json(state.sessions.get(&principal, &id)?))
 }
 
+/// Deletes a session and its messages.
+#[utoipa::path(delete, operation_id = "delete_session", path = "/v1/sessions/{id}", tag = "sessions",
+    params(("id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 404, description = "No such session (or another user's)", body = ErrorBody),
+    ))]
 async fn remove(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -171,49 +188,82 @@ async fn remove(
 }
 
 /// The query of `GET /v1/sessions/{id}/messages`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct MessagesQuery {
+    /// The first sequence number (default 0): the `next` of the previous page.
     #[serde(default)]
     from: u64,
+    /// Messages per page: 1 to 1000, default 100.
     #[serde(default)]
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<usize>,
 }
 
+/// A session's messages in order, a page at a time.
+#[utoipa::path(get, operation_id = "list_messages", path = "/v1/sessions/{id}/messages", tag = "sessions",
+    params(("id" = String, Path, description = "The session's id"), MessagesQuery),
+    responses(
+        (status = 200, description = "A page of messages", body = Listed<MessageRecord, u64>),
+        (status = 400, description = "A bad query", body = ErrorBody),
+        (status = 404, description = "No such session (or another user's)", body = ErrorBody),
+    ))]
 async fn messages(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
-    Query(query): Query<MessagesQuery>,
+    Params(query): Params<MessagesQuery>,
 ) -> Result<Json<Listed<MessageRecord, u64>>, ApiError> {
-    let limit = query.limit.unwrap_or(100).clamp(1, crate::session::service::MAX_PAGE);
+    let limit = page_size(query.limit)?;
+    if i64::try_from(query.from).is_err() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "`from` is {}, past any message; start from 0 or a page's `next`",
+                query.from
+            ),
+        ));
+    }
     let data = state.sessions.messages(&principal, &id, query.from, limit)?;
     let next = (data.len() == limit).then(|| data.last().map_or(query.from, |m| m.seq + 1));
     Ok(Json(Listed { data, next }))
 }
 
 /// A message sent by a client.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ClientMessage {
+    /// Who wrote it.
     pub role: Role,
+    /// The text.
     pub content: String,
 }
 
-/// The body of `POST /v1/sessions/{id}/messages`.
-#[derive(Debug, Deserialize)]
+/// The body of `POST /v1/sessions/{id}/messages`: `content` (a user message) and/or
+/// `messages`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct SendMessages {
+    /// A user message, appended after `messages`.
     #[serde(default)]
     content: Option<String>,
+    /// Messages to append, in order.
     #[serde(default)]
     messages: Vec<ClientMessage>,
+    /// Answer with server-sent events: `token` as generated, then `message` or `error`.
     #[serde(default)]
     stream: bool,
+    /// Sampling temperature, 0 to 2 (default: the agent's).
     #[serde(default)]
+    #[schema(minimum = 0.0, maximum = 2.0)]
     temperature: Option<f64>,
+    /// The most tokens to generate (default: the agent's).
     #[serde(default)]
+    #[schema(minimum = 1)]
     max_tokens: Option<u32>,
+    /// False: only store the messages, without asking the agent.
     #[serde(default = "yes")]
+    #[schema(default = true)]
     reply: bool,
 }
 
@@ -222,10 +272,13 @@ fn yes() -> bool {
 }
 
 /// The answer to a turn.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct TurnAnswer {
+    /// The agent's reply (with `reply: false`, the last message stored).
     message: MessageRecord,
+    /// True when the Idempotency-Key was seen before: nothing new was stored or generated.
     replayed: bool,
+    /// The session after the turn.
     session: SessionRecord,
 }
 
@@ -252,6 +305,25 @@ pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Api
     }
 }
 
+/// Adds messages to a session and, unless `reply` is false, asks its agent and stores
+/// the reply. Both are durable before the answer; an `Idempotency-Key` makes a retry
+/// return the first answer.
+#[utoipa::path(post, operation_id = "send_messages", path = "/v1/sessions/{id}/messages", tag = "sessions", request_body = SendMessages,
+    params(
+        ("id" = String, Path, description = "The session's id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Makes a retried request a no-op (at most 256 bytes)"),
+    ),
+    responses(
+        (status = 200, description = "The reply; with `stream: true` server-sent events: `token` (`{\"delta\": \"…\"}`) as generated, then `message` (the reply) or `error`", content(
+            (TurnAnswer = "application/json"),
+            (ServerSentEvent = "text/event-stream"),
+        )),
+        (status = 400, description = "A bad turn", body = ErrorBody),
+        (status = 404, description = "No such session (or another user's)", body = ErrorBody),
+        (status = 502, description = "The engine failed", body = ErrorBody),
+        (status = 503, description = "No instance can serve the agent now; the messages are kept. See Retry-After", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+    ))]
 async fn send(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -275,8 +347,11 @@ async fn send(
         messages,
         idempotency_key: idempotency_key(&headers)?,
         tokens: None,
-        temperature: request.temperature,
-        max_tokens: request.max_tokens,
+        sampling: Sampling {
+            temperature: request.temperature,
+            max_tokens: request.max_tokens,
+            ..Sampling::default()
+        },
         reply: request.reply,
     };
     if !request.stream {
@@ -330,33 +405,60 @@ fn turn_events(
 }
 
 /// The body of `POST /v1/sessions/{id}/migrate`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct MigrateRequest {
+    /// `"auto"`, `{"node": "rtx-1", "gpu": 2}` or `{"node": "rtx-1"}`.
     to: MigrateTarget,
 }
 
-#[derive(Debug, Deserialize)]
+/// Where a session moves.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(untagged)]
 enum MigrateTarget {
+    /// `"auto"`: wherever the planner places it, away from its instance.
     Named(String),
-    Place {
-        node: String,
-        #[serde(default)]
-        gpu: Option<u32>,
-    },
+    /// A node, and optionally one of its GPUs.
+    Place(Place),
+}
+
+/// A node, and optionally one of its GPUs.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+struct Place {
+    /// The node's name or id.
+    node: String,
+    /// The GPU's index on the node.
+    #[serde(default)]
+    gpu: Option<u32>,
 }
 
 /// A finished move.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct Moved {
+    /// The session, bound to its new instance.
     session: SessionRecord,
+    /// Its instance before (none if it had none).
     from: Option<Binding>,
+    /// Its instance now.
     to: Binding,
+    /// How long turns could not start: the switch of the binding.
     downtime_ms: f64,
+    /// How long the switch waited for a turn in flight.
     waited_ms: f64,
 }
 
+/// Moves a session to an instance elsewhere, starting one there if needed; the next
+/// message is served there with the whole history.
+#[utoipa::path(post, operation_id = "migrate_session", path = "/v1/sessions/{id}/migrate", tag = "sessions", request_body = MigrateRequest,
+    params(("id" = String, Path, description = "The session's id")),
+    responses(
+        (status = 200, description = "Moved", body = Moved),
+        (status = 400, description = "A bad target", body = ErrorBody),
+        (status = 404, description = "No such session (or another user's), or no such node", body = ErrorBody),
+        (status = 409, description = "Nothing fits there now (code `no_room`); the session stays where it is", body = ErrorBody),
+        (status = 502, description = "The new instance failed to start", body = ErrorBody),
+    ))]
 async fn migrate(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -375,10 +477,20 @@ async fn migrate(
                 format!(r#"`to` is "{other}"; write "auto" or {{"node": "NODE", "gpu": N}}"#),
             ));
         }
-        MigrateTarget::Place { node, gpu: Some(gpu) } => MoveTo::Gpu { node, gpu },
-        MigrateTarget::Place { node, gpu: None } => MoveTo::Node(node),
+        MigrateTarget::Place(Place { node, gpu: Some(gpu) }) => MoveTo::Gpu { node, gpu },
+        MigrateTarget::Place(Place { node, gpu: None }) => MoveTo::Node(node),
     };
-    let moved = state.sessions.migrate(&principal, &id, to).await?;
+    // A target with no room is a conflict with the fleet as it is, not a failure of the
+    // server: the session stays where it was.
+    let moved = state.sessions.migrate(&principal, &id, to).await.map_err(|e| match e {
+        SessionError::Unavailable(reason) => ApiError {
+            status: StatusCode::CONFLICT,
+            code: "no_room",
+            message: format!("the session stays where it is: {reason}"),
+            retry_after: None,
+        },
+        other => ApiError::from(other),
+    })?;
     Ok(Json(Moved {
         session: moved.session,
         from: moved.from,

@@ -5,20 +5,21 @@
 //! - `GET /v1/tokens`: every token's record (never a token).
 //! - `DELETE /v1/tokens/{id}`: revokes it; it stops working at once.
 
+use axum::Json;
 use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, post};
-use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
-use super::{ApiError, ApiState, Principal, error};
+use super::{ApiError, ApiState, ErrorBody, Listed, PageQuery, Params, Principal, error};
 use crate::auth::{TokenError, TokenRecord};
 
-pub(super) fn routes() -> Router<ApiState> {
-    Router::new()
-        .route("/v1/tokens", post(create).get(list))
-        .route("/v1/tokens/{id}", delete(revoke))
+pub(super) fn routes() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::new()
+        .routes(routes!(create, list))
+        .routes(routes!(revoke))
 }
 
 /// 403 unless the principal is the admin.
@@ -34,17 +35,19 @@ pub(crate) fn admin_only(principal: &Principal) -> Result<(), ApiError> {
 }
 
 /// The body of `POST /v1/tokens`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateToken {
+    /// The user the token acts for: letters, digits, `-`, `_`, `.`.
     user: String,
 }
 
 /// A new token: its record and the token, shown once.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 struct NewToken {
     #[serde(flatten)]
     record: TokenRecord,
+    /// The token; only its hash is stored, so this is the one time it is shown.
     token: String,
 }
 
@@ -57,6 +60,13 @@ fn token_error(e: &TokenError) -> Response {
     error(status, &e.to_string())
 }
 
+/// Makes a token for a user.
+#[utoipa::path(post, operation_id = "create_token", path = "/v1/tokens", tag = "tokens", request_body = CreateToken,
+    responses(
+        (status = 201, description = "The token", body = NewToken),
+        (status = 400, description = "A bad user name", body = ErrorBody),
+        (status = 403, description = "The caller is not the admin", body = ErrorBody),
+    ))]
 async fn create(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
@@ -82,16 +92,39 @@ async fn create(
     }
 }
 
-async fn list(State(state): State<ApiState>, Extension(principal): Extension<Principal>) -> Response {
-    if let Err(e) = admin_only(&principal) {
-        return e.into_response();
-    }
-    match state.tokens.list() {
-        Ok(tokens) => Json(tokens).into_response(),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
-    }
+/// Every token's record (never the token itself), by id, a page at a time.
+#[utoipa::path(get, operation_id = "list_tokens", path = "/v1/tokens", tag = "tokens", params(PageQuery),
+    responses(
+        (status = 200, description = "A page of tokens", body = Listed<TokenRecord, String>),
+        (status = 400, description = "A bad query", body = ErrorBody),
+        (status = 403, description = "The caller is not the admin", body = ErrorBody),
+    ))]
+async fn list(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Params(query): Params<PageQuery>,
+) -> Result<Json<Listed<TokenRecord, String>>, ApiError> {
+    admin_only(&principal)?;
+    let limit = query.limit()?;
+    let mut tokens = state.tokens.list().map_err(ApiError::internal)?;
+    tokens.sort_by(|a, b| a.id.cmp(&b.id));
+    let mut rest = tokens
+        .into_iter()
+        .filter(|token| query.after.as_deref().is_none_or(|after| token.id.as_str() > after));
+    let data: Vec<TokenRecord> = rest.by_ref().take(limit).collect();
+    let next = rest.next().and(data.last().map(|token| token.id.clone()));
+    Ok(Json(Listed { data, next }))
 }
 
+/// Revokes a token: it is refused from now on.
+#[utoipa::path(delete, operation_id = "revoke_token", path = "/v1/tokens/{id}", tag = "tokens",
+    params(("id" = String, Path, description = "The token's id (`t-…`)")),
+    responses(
+        (status = 200, description = "The revoked token's record", body = TokenRecord),
+        (status = 400, description = "The server's own admin token cannot be revoked", body = ErrorBody),
+        (status = 403, description = "The caller is not the admin", body = ErrorBody),
+        (status = 404, description = "No such token", body = ErrorBody),
+    ))]
 async fn revoke(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,

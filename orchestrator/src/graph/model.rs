@@ -149,7 +149,7 @@ pub struct TelemetryBatch {
 }
 
 /// Whether something can be planned on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum HealthState {
     /// Working normally.

@@ -324,6 +324,9 @@ impl Executor {
         if matches!(definition.backend, Backend::Endpoint(_)) {
             return Err(ProvideError::Endpoint(agent.to_owned()));
         }
+        if let Some(missing) = pin.missing(&self.inner.graph.snapshot()) {
+            return Err(ProvideError::NoSuchPlace(missing));
+        }
 
         // A model's own agent is named after its repository: instance names (and so
         // log files) get it without the characters a file name cannot hold.
@@ -856,7 +859,7 @@ impl Executor {
                             *count += 1;
                             run.interrupt(&step, error, now.plus(self.inner.config.retry.backoff(*count)));
                         }
-                        Err(CallError::Unreachable(error) | CallError::Engine(error)) => {
+                        Err(CallError::Unreachable(error) | CallError::Engine(error) | CallError::Refused(error)) => {
                             unreachable.remove(&step);
                             if let AfterFailure::RetryAt(_) = run.fail_attempt(&step, error, &self.inner.config.retry, now) {
                                 tracing::info!(run = %run.id, %step, "step failed; retrying");
@@ -992,6 +995,27 @@ pub enum Pin {
 }
 
 impl Pin {
+    /// What the pin names that the graph does not have: an unknown node, or a GPU
+    /// index the node lacks.
+    fn missing(&self, snapshot: &crate::graph::GraphSnapshot) -> Option<String> {
+        let (name, gpu) = match self {
+            Pin::Node { node } => (node, None),
+            Pin::Gpu { node, gpu } => (node, Some(*gpu)),
+            Pin::Anywhere | Pin::Avoid { .. } => return None,
+        };
+        let Some(node) = snapshot.nodes.iter().find(|n| n.inventory.name == *name) else {
+            let known: Vec<&str> = snapshot.nodes.iter().map(|n| n.inventory.name.as_str()).collect();
+            return Some(format!("no node `{name}`; the nodes are: {}", known.join(", ")));
+        };
+        match gpu {
+            Some(gpu) if !node.gpus.iter().any(|g| g.facts.index == gpu) => Some(format!(
+                "node `{name}` has no GPU {gpu}; it has {} (indices from 0)",
+                node.gpus.len()
+            )),
+            _ => None,
+        }
+    }
+
     /// The snapshot with what the pin excludes marked down.
     fn restrict(&self, snapshot: crate::graph::GraphSnapshot) -> crate::graph::GraphSnapshot {
         match self {
@@ -1026,6 +1050,9 @@ pub enum ProvideError {
     /// The agent is a remote endpoint: it has no instance.
     #[error("agent `{0}` is a remote endpoint; it runs on no GPU of this fleet")]
     Endpoint(String),
+    /// The pin names a node or GPU the fleet does not have.
+    #[error("{0}")]
+    NoSuchPlace(String),
     /// The model cannot be placed where asked (the planner's reason).
     #[error("cannot place it: {0}")]
     Unplaceable(String),

@@ -13,7 +13,8 @@ use skein_dsl::expr::{Context, Evaluator};
 use skein_dsl::ir::{InputType, InputValue, Step, TemplatePart, Workflow};
 
 /// Unix time in milliseconds; written as RFC 3339 text (`2026-11-25T04:31:07.412Z`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, utoipa::ToSchema)]
+#[schema(value_type = String, format = DateTime)]
 pub struct UnixMs(pub i64);
 
 impl UnixMs {
@@ -64,7 +65,7 @@ impl<'de> Deserialize<'de> for UnixMs {
 }
 
 /// Where a run is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RunState {
     /// Accepted, waiting for admission (its instances cannot all be placed yet).
@@ -107,7 +108,7 @@ impl fmt::Display for RunState {
 }
 
 /// Where a step is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum StepState {
     /// Waiting for the steps it comes after.
@@ -150,7 +151,7 @@ impl StepState {
 }
 
 /// One step of a run, in its current pass.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StepRecord {
     /// The step id.
     pub id: String,
@@ -192,7 +193,7 @@ pub struct StepRecord {
 }
 
 /// Token counts of one answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Usage {
     /// Prompt tokens.
     pub prompt_tokens: u64,
@@ -201,15 +202,17 @@ pub struct Usage {
 }
 
 /// A submitted workflow and everything that happened to it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RunRecord {
     /// The run's id (time-ordered).
     pub id: String,
     /// Who submitted it.
     pub owner: String,
     /// The workflow as validated at submission.
+    #[schema(value_type = Object)]
     pub workflow: Workflow,
     /// The inputs, defaults filled in.
+    #[schema(value_type = Object)]
     pub inputs: BTreeMap<String, InputValue>,
     /// Its state.
     pub state: RunState,

@@ -21,7 +21,7 @@ pub const MAX_METADATA_ENTRIES: usize = 64;
 pub const MAX_METADATA_BYTES: usize = 1024;
 
 /// A conversation of one user with one agent.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SessionRecord {
     /// `s…`, ordered by creation time.
     pub id: String,
@@ -35,6 +35,7 @@ pub struct SessionRecord {
     pub run: Option<String>,
     /// How the agent is served (model requirement or endpoint, system prompt, sampling):
     /// enough to place it again anywhere.
+    #[schema(value_type = Object)]
     pub definition: Agent,
     /// The model instance serving it now (none until the first message places one, or
     /// for a remote endpoint).
@@ -55,7 +56,7 @@ pub struct SessionRecord {
 }
 
 /// The model instance a session is served by.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Binding {
     /// The instance's name.
     pub instance: String,
@@ -69,7 +70,7 @@ pub struct Binding {
 }
 
 /// Who wrote a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     /// Instructions for the model.
@@ -119,7 +120,7 @@ impl NewMessage {
 }
 
 /// A stored message.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct MessageRecord {
     /// Its place in the session, from 0.
     pub seq: u64,

@@ -124,22 +124,72 @@ pub struct Turn {
     pub idempotency_key: Option<String>,
     /// Where to send the reply's text as it is generated (a stream).
     pub tokens: Option<mpsc::Sender<String>>,
-    /// Overrides of the agent's sampling for this turn.
-    pub temperature: Option<f64>,
-    /// Overrides of the agent's reply length for this turn.
-    pub max_tokens: Option<u32>,
+    /// Overrides of the agent's sampling and reply length for this turn.
+    pub sampling: Sampling,
     /// Whether the agent answers; false only stores the messages (context a client
     /// adds without asking for a reply).
     pub reply: bool,
 }
 
 /// Sampling a client asks for, over the agent's.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Sampling {
-    /// Temperature.
+    /// Temperature (default: the agent's).
     pub temperature: Option<f64>,
-    /// The most tokens to generate.
+    /// The most tokens to generate (default: the agent's).
     pub max_tokens: Option<u32>,
+    /// Nucleus sampling, in (0, 1].
+    pub top_p: Option<f64>,
+    /// The engine's random seed.
+    pub seed: Option<u64>,
+    /// Strings that end the reply.
+    pub stop: Vec<String>,
+}
+
+impl Sampling {
+    /// The same bounds as a workflow's agents (temperature 0 to 2, at least one token),
+    /// so a bad value is refused here with its name rather than by the engine.
+    pub fn check(&self) -> Result<(), SessionError> {
+        if let Some(t) = self.temperature
+            && !(0.0..=2.0).contains(&t)
+        {
+            return Err(SessionError::Invalid(format!(
+                "`temperature` is {t}; give 0 (greedy) to 2"
+            )));
+        }
+        if self.max_tokens == Some(0) {
+            return Err(SessionError::Invalid(
+                "`max_tokens` is 0; give at least 1, or leave it out for the agent's default".to_owned(),
+            ));
+        }
+        if let Some(p) = self.top_p
+            && !(p > 0.0 && p <= 1.0)
+        {
+            return Err(SessionError::Invalid(format!(
+                "`top_p` is {p}; give more than 0, up to 1"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes the sampling fields of an engine request: these, else the agent's.
+    fn write(&self, agent: &Agent, body: &mut serde_json::Value) {
+        if let Some(t) = self.temperature.or(agent.temperature) {
+            body["temperature"] = serde_json::json!(t);
+        }
+        if let Some(m) = self.max_tokens.or(agent.max_tokens) {
+            body["max_tokens"] = serde_json::json!(m);
+        }
+        if let Some(p) = self.top_p {
+            body["top_p"] = serde_json::json!(p);
+        }
+        if let Some(seed) = self.seed {
+            body["seed"] = serde_json::json!(seed);
+        }
+        if !self.stop.is_empty() {
+            body["stop"] = serde_json::json!(self.stop);
+        }
+    }
 }
 
 /// The route to a remote endpoint (its key from the server's environment).
@@ -379,6 +429,7 @@ impl Sessions {
         sampling: Sampling,
         tokens: Option<&mpsc::Sender<String>>,
     ) -> Result<Answer, SessionError> {
+        sampling.check()?;
         let (agent, definition, run) = match target {
             Target::RunAgent { run, agent } => {
                 let definition = self.run_agent(principal, run, agent)?;
@@ -408,15 +459,8 @@ impl Sessions {
             sent.push(serde_json::json!({"role": m.role.name(), "content": m.content}));
         }
         let mut body = serde_json::json!({ "messages": sent });
-        if let Some(t) = sampling.temperature.or(definition.temperature) {
-            body["temperature"] = serde_json::json!(t);
-        }
-        if let Some(m) = sampling.max_tokens.or(definition.max_tokens) {
-            body["max_tokens"] = serde_json::json!(m);
-        }
-        self.call(&route, body, tokens)
-            .await
-            .map_err(|e| SessionError::Engine(e.to_string()))
+        sampling.write(&definition, &mut body);
+        self.call(&route, body, tokens).await.map_err(engine_error)
     }
 
     /// A session of `principal` (another user's is "not found").
@@ -476,6 +520,7 @@ impl Sessions {
     pub async fn send(&self, principal: &Principal, id: &str, turn: Turn) -> Result<Reply, SessionError> {
         self.get(principal, id)?;
         record::check_messages(&turn.messages)?;
+        turn.sampling.check()?;
         if turn.messages.is_empty() {
             return Err(SessionError::Invalid(
                 "no message to send; give `content` or `messages`".to_owned(),
@@ -521,8 +566,9 @@ impl Sessions {
                 replayed: appended.replayed,
             });
         }
-        let history = store.recent(id, history_budget(&session.definition, turn.max_tokens))?;
-        let body = self.request_body(&session.definition, &history, &turn);
+        let mut budget = history_budget(&session.definition, turn.sampling.max_tokens);
+        let mut history = store.recent(id, budget)?;
+        let mut body = self.request_body(&session.definition, &history, &turn);
         let (mut route, bound) = self.route(&session, &Pin::Anywhere).await?;
         session = bound.unwrap_or(session);
         let mut answer = self.call(&route, body.clone(), turn.tokens.as_ref()).await;
@@ -537,9 +583,24 @@ impl Sessions {
                 None => Pin::Anywhere,
             };
             (route, _) = self.route_fresh(&session, &avoid).await?;
-            answer = self.call(&route, body, turn.tokens.as_ref()).await;
+            answer = self.call(&route, body.clone(), turn.tokens.as_ref()).await;
         }
-        let answer = answer.map_err(|e| SessionError::Engine(e.to_string()))?;
+        // Refused: most likely the history is longer in tokens than its bytes promised
+        // (text of few bytes per token). Halve what is sent, a few times.
+        let mut shrunk = 0;
+        while let Err(CallError::Refused(error)) = &answer
+            && shrunk < HISTORY_SHRINKS
+            && history.len() > 1
+        {
+            tracing::info!(session = %id, %error, "the engine refused the turn; sending less history");
+            shrunk += 1;
+            let sent: usize = history.iter().map(|m| m.content.len()).sum();
+            budget = budget.min(sent) / 2;
+            history = store.recent(id, budget)?;
+            body = self.request_body(&session.definition, &history, &turn);
+            answer = self.call(&route, body.clone(), turn.tokens.as_ref()).await;
+        }
+        let answer = answer.map_err(engine_error)?;
         let reply = NewMessage {
             role: Role::Assistant,
             content: answer.content,
@@ -676,7 +737,6 @@ impl Sessions {
     /// The chat request of a turn: the agent's system prompt, then `history` (the most
     /// recent messages that fit the model's context, [`history_budget`]).
     fn request_body(&self, agent: &Agent, history: &[MessageRecord], turn: &Turn) -> serde_json::Value {
-        let max_tokens = turn.max_tokens.or(agent.max_tokens);
         let mut messages = Vec::new();
         if let Some(system) = &agent.system {
             messages.push(serde_json::json!({"role": "system", "content": system}));
@@ -685,12 +745,7 @@ impl Sessions {
             messages.push(serde_json::json!({"role": message.role.name(), "content": message.content}));
         }
         let mut body = serde_json::json!({ "messages": messages });
-        if let Some(t) = turn.temperature.or(agent.temperature) {
-            body["temperature"] = serde_json::json!(t);
-        }
-        if let Some(m) = max_tokens {
-            body["max_tokens"] = serde_json::json!(m);
-        }
+        turn.sampling.write(agent, &mut body);
         body
     }
 }
@@ -706,9 +761,22 @@ pub fn history_budget(agent: &Agent, max_tokens: Option<u32>) -> usize {
     context.saturating_sub(reply).saturating_mul(BYTES_PER_TOKEN)
 }
 
+/// A failed engine call as the client sees it: a refusal is the request's fault (400),
+/// anything else the engine's (502).
+fn engine_error(e: CallError) -> SessionError {
+    match e {
+        CallError::Refused(message) => SessionError::Invalid(message),
+        other => SessionError::Engine(other.to_string()),
+    }
+}
+
+/// How many times a refused turn is sent again with half the history.
+const HISTORY_SHRINKS: u32 = 3;
+
 fn provide_error(e: ProvideError) -> SessionError {
     match e {
         ProvideError::Endpoint(_) => SessionError::Invalid(e.to_string()),
+        ProvideError::NoSuchPlace(_) => SessionError::NotFound(e.to_string()),
         ProvideError::Unplaceable(_) => SessionError::Unavailable(e.to_string()),
         ProvideError::Failed(_) => SessionError::Engine(e.to_string()),
     }
