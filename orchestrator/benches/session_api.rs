@@ -5,6 +5,8 @@
 //!   flushed, the history read, the engine called, the reply flushed) against the same
 //!   chat request sent straight to the engine; latency at one client (p50, p99) and
 //!   throughput with 32 clients on 32 sessions.
+//! - Throughput with a fixed history: turns on sessions that each hold the same few
+//!   messages, against the engine sent the same messages directly.
 //! - Migration downtime: a session moved back and forth between two GPUs (both
 //!   instances warm after the first moves), with 1 KB and with 10 MB of history; the
 //!   downtime is the time new turns cannot start (the binding switch).
@@ -177,6 +179,67 @@ fn main() {
         }
         println!(
             "throughput, {clients} clients, {seconds} s: session turns {api_rps:.0}/s, OpenAI route {openai_rps:.0}/s, engine directly {direct_rps:.0}/s"
+        );
+
+        // Throughput with a fixed history: every turn goes to a session that holds
+        // exactly HISTORY messages (each used once), against the engine sent the same
+        // HISTORY + 1 messages directly; the conversations do not grow during the count.
+        const HISTORY: usize = 8;
+        let per_client = if quick { 10 } else { 40 };
+        let filler: Vec<Value> = (0..HISTORY)
+            .map(|i| json!({"role": "user", "content": format!("{i:02} {}", "h".repeat(125))}))
+            .collect();
+        let mut pools: Vec<Vec<String>> = Vec::new();
+        for _ in 0..clients {
+            let mut pool = Vec::new();
+            for _ in 0..per_client {
+                let id = new_session(&http, &base).await;
+                let seeded = json!({"messages": filler, "reply": false});
+                post(&http, &format!("{base}/v1/sessions/{id}/messages"), &seeded).await;
+                pool.push(id);
+            }
+            pools.push(pool);
+        }
+        let fixed = |direct: bool| {
+            let http = http.clone();
+            let base = base.clone();
+            let direct_url = direct_url.clone();
+            let pools = pools.clone();
+            let filler = filler.clone();
+            async move {
+                let started = Instant::now();
+                let mut tasks = tokio::task::JoinSet::new();
+                for pool in pools {
+                    let http = http.clone();
+                    let base = base.clone();
+                    let direct_url = direct_url.clone();
+                    let filler = filler.clone();
+                    tasks.spawn(async move {
+                        for id in &pool {
+                            if direct {
+                                let mut messages = filler.clone();
+                                messages.push(json!({"role": "user", "content": "x"}));
+                                post(&http, &direct_url, &json!({"model": "m", "messages": messages})).await;
+                            } else {
+                                post(&http, &format!("{base}/v1/sessions/{id}/messages"), &json!({"content": "x"})).await;
+                            }
+                        }
+                        pool.len()
+                    });
+                }
+                let mut total = 0;
+                while let Some(n) = tasks.join_next().await {
+                    total += n.unwrap();
+                }
+                total as f64 / started.elapsed().as_secs_f64()
+            }
+        };
+        let fixed_direct = fixed(true).await;
+        let fixed_api = fixed(false).await;
+        println!(
+            "throughput, {clients} clients, history fixed at {HISTORY} messages of 128 B ({} turns): session turns {fixed_api:.0}/s, engine directly {fixed_direct:.0}/s ({:.2}x)",
+            clients * per_client,
+            fixed_api / fixed_direct
         );
 
         // Migration downtime with a small and a large history.

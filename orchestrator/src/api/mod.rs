@@ -387,6 +387,16 @@ pub(crate) struct Listed<T, C> {
     pub next: Option<C>,
 }
 
+impl<T> Listed<T, String> {
+    /// A page: the first `limit` of `rest` (the items past the cursor, in list order),
+    /// with `next` (the last item's `cursor`) when more remain.
+    pub(crate) fn cut(mut rest: impl Iterator<Item = T>, limit: usize, cursor: impl Fn(&T) -> String) -> Self {
+        let data: Vec<T> = rest.by_ref().take(limit).collect();
+        let next = rest.next().and(data.last().map(cursor));
+        Listed { data, next }
+    }
+}
+
 /// `?limit=&after=` of a list by id.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]

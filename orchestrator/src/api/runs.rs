@@ -157,16 +157,12 @@ async fn list(
     let limit = query.limit()?;
     // Ids are time-ordered and the list is newest first: the page after `after` starts
     // at the first older id.
-    let mut visible = runs
+    let rest = runs
         .iter()
         .filter(|run| principal.may_see(&run.owner))
-        .filter(|run| query.after.as_deref().is_none_or(|after| run.id.as_str() < after));
-    let data: Vec<RunSummary> = visible.by_ref().take(limit).map(RunSummary::from).collect();
-    let next = match visible.next() {
-        Some(_) => data.last().map(|run| run.id.clone()),
-        None => None,
-    };
-    Ok(axum::Json(Listed { data, next }))
+        .filter(|run| query.after.as_deref().is_none_or(|after| run.id.as_str() < after))
+        .map(RunSummary::from);
+    Ok(axum::Json(Listed::cut(rest, limit, |run| run.id.clone())))
 }
 
 fn not_found(id: &str) -> ApiError {

@@ -108,12 +108,10 @@ async fn list(
     let limit = query.limit()?;
     let mut tokens = state.tokens.list().map_err(ApiError::internal)?;
     tokens.sort_by(|a, b| a.id.cmp(&b.id));
-    let mut rest = tokens
+    let rest = tokens
         .into_iter()
         .filter(|token| query.after.as_deref().is_none_or(|after| token.id.as_str() > after));
-    let data: Vec<TokenRecord> = rest.by_ref().take(limit).collect();
-    let next = rest.next().and(data.last().map(|token| token.id.clone()));
-    Ok(Json(Listed { data, next }))
+    Ok(Json(Listed::cut(rest, limit, |token| token.id.clone())))
 }
 
 /// Revokes a token: it is refused from now on.
