@@ -185,7 +185,7 @@ fn main() {
         // exactly HISTORY messages (each used once), against the engine sent the same
         // HISTORY + 1 messages directly; the conversations do not grow during the count.
         const HISTORY: usize = 8;
-        let per_client = if quick { 10 } else { 40 };
+        let per_client = if quick { 10 } else { 100 };
         let filler: Vec<Value> = (0..HISTORY)
             .map(|i| json!({"role": "user", "content": format!("{i:02} {}", "h".repeat(125))}))
             .collect();
