@@ -451,6 +451,9 @@ pub struct ServerArgs {
     /// PEM private key of --tls-cert.
     #[arg(long, value_name = "FILE")]
     pub tls_key: Option<PathBuf>,
+    /// Memory the database (runs, sessions, tokens) may cache, in MiB.
+    #[arg(long, default_value_t = 64, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub db_cache_mib: u64,
 }
 
 /// `skein nodes`.

@@ -131,6 +131,7 @@ pub fn server_config(args: &ServerArgs) -> anyhow::Result<(ServerConfig, PathBuf
                 .build()
                 .context("cannot set up the Hugging Face hub client (HF_ENDPOINT, HF_HOME, HF_TOKEN)")?,
             db_dir: Some(dir.join("db")),
+            db_cache_bytes: args.db_cache_mib << 20,
             executor: skein_orchestrator::run::ExecutorConfig::default(),
         },
         dir,

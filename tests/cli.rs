@@ -104,4 +104,8 @@ fn unreadable_files_and_bad_usage_exit_2() {
     assert_eq!(out.status.code(), Some(2));
     let out = skein(&["frobnicate"]);
     assert_eq!(out.status.code(), Some(2));
+
+    let out = skein(&["server", "--db-cache-mib", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("--db-cache-mib"), "{}", text(&out.stderr));
 }

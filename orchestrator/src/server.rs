@@ -37,6 +37,8 @@ pub struct ServerConfig {
     pub hub: skein_model_registry::hub::HubClient,
     /// Where runs are stored (a sled database); `None`: in memory, lost at exit.
     pub db_dir: Option<PathBuf>,
+    /// The database's page cache, bytes ([`crate::store::CACHE_BYTES`] by default).
+    pub db_cache_bytes: u64,
     /// Queues, timeouts and retries of the executor.
     pub executor: ExecutorConfig,
 }
@@ -130,7 +132,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let grpc_addr = grpc_listener.local_addr().unwrap_or(config.grpc_addr);
 
     let db = match &config.db_dir {
-        Some(dir) => Db::open(dir)?,
+        Some(dir) => Db::open_with_cache(dir, config.db_cache_bytes)?,
         None => Db::temporary()?,
     };
     let tokens = crate::auth::Tokens::open(&db, &config.api_token)?;

@@ -13,7 +13,8 @@ use serde::de::DeserializeOwned;
 /// The record format written today.
 pub const RECORD_VERSION: u8 = 1;
 
-/// Page cache sled may use (its default is 1 GiB).
+/// Page cache sled may use by default (sled's own default is 1 GiB); a server sets its
+/// own with `--db-cache-mib`.
 pub const CACHE_BYTES: u64 = 64 << 20;
 
 /// A storage failure.
@@ -63,9 +64,14 @@ impl Db {
     ///
     /// Errors: [`StoreError::Open`] (e.g. another process holds it).
     pub fn open(dir: &Path) -> Result<Db, StoreError> {
+        Db::open_with_cache(dir, CACHE_BYTES)
+    }
+
+    /// The database in `dir`, with a page cache of `cache_bytes`.
+    pub fn open_with_cache(dir: &Path, cache_bytes: u64) -> Result<Db, StoreError> {
         let db = sled::Config::new()
             .path(dir)
-            .cache_capacity(CACHE_BYTES)
+            .cache_capacity(cache_bytes)
             .open()
             .map_err(|source| StoreError::Open {
                 path: dir.to_owned(),

@@ -47,6 +47,7 @@ pub async fn setup(executor: ExecutorConfig, db: Option<&std::path::Path>) -> Se
         tls: None,
         hub: client,
         db_dir: Some(db.map_or_else(|| data.path().join("db"), std::path::Path::to_owned)),
+        db_cache_bytes: skein_orchestrator::store::CACHE_BYTES,
         executor,
     })
     .await
