@@ -35,6 +35,7 @@ pub mod engine_client;
 pub mod graph;
 pub mod instances;
 pub mod plan;
+pub mod reflex;
 pub mod run;
 pub mod server;
 pub mod session;
