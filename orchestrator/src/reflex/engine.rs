@@ -175,6 +175,7 @@ struct Live {
 }
 
 /// The reflexes of every running workflow, indexed by what they watch.
+#[derive(Default)]
 pub struct Engine {
     evaluator: Evaluator,
     reflexes: Vec<Option<Live>>,
@@ -182,18 +183,6 @@ pub struct Engine {
     by_node: HashMap<String, Vec<ReflexId>>,
     /// `(run, agent)` → reflexes reading that agent's figures.
     by_agent: HashMap<(String, String), Vec<ReflexId>>,
-}
-
-impl Default for Engine {
-    fn default() -> Self {
-        Engine {
-            evaluator: Evaluator::default(),
-            reflexes: Vec::new(),
-            by_gpu: HashMap::new(),
-            by_node: HashMap::new(),
-            by_agent: HashMap::new(),
-        }
-    }
 }
 
 impl std::fmt::Debug for Engine {
