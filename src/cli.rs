@@ -76,6 +76,8 @@ pub enum Command {
     Tokens(ListArgs),
     /// List your sessions (everyone's for the admin), oldest first.
     Sessions(ListArgs),
+    /// What the reflexes of your runs did (everyone's for the admin), newest first.
+    Events(EventsArgs),
     /// Start, show, chat in, move or delete a session.
     #[command(subcommand)]
     Session(SessionCommand),
@@ -245,6 +247,16 @@ pub struct ListArgs {
     /// Output format: a table, or JSON.
     #[arg(long, value_enum, default_value_t = OutputFormat::Human)]
     pub output: OutputFormat,
+}
+
+/// `skein events`.
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    #[command(flatten)]
+    pub list: ListArgs,
+    /// Keep printing events as they happen.
+    #[arg(long)]
+    pub follow: bool,
 }
 
 /// `skein run …`.

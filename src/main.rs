@@ -11,6 +11,7 @@ mod cli;
 mod client;
 mod cluster;
 mod engine;
+mod events;
 mod models;
 mod plan;
 mod runs;
@@ -56,6 +57,7 @@ fn try_main(args: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Token(cli::TokenCommand::Revoke(a)) => tokens::run_revoke(&a),
         cli::Command::Tokens(a) => tokens::run_list(&a),
         cli::Command::Sessions(a) => sessions::run_list(&a),
+        cli::Command::Events(a) => events::run(&a),
         cli::Command::Session(cli::SessionCommand::Create(a)) => sessions::run_create(&a),
         cli::Command::Session(cli::SessionCommand::Show(a)) => sessions::run_show(&a),
         cli::Command::Session(cli::SessionCommand::Chat(a)) => sessions::run_chat(&a),

@@ -588,8 +588,8 @@ fn the_api_holds_to_its_openapi_document_under_schemathesis() {
             "not_a_server_error,status_code_conformance,content_type_conformance,\
              response_headers_conformance,response_schema_conformance,negative_data_rejection",
         ])
-        // The graph's event stream never ends by design.
-        .args(["--exclude-path", "/v1/graph/events"])
+        // The graph's and the reflexes' event streams never end, by design.
+        .args(["--exclude-path-regex", "^/v1/(graph/events|events/stream)$"])
         .args(["--phases", "examples,coverage,fuzzing"])
         // One worker: Python 3.11's parser is not safe across the fuzzer's threads.
         .args(["--max-examples", "30", "--seed", "7", "--workers", "1"])
@@ -606,5 +606,13 @@ fn the_api_holds_to_its_openapi_document_under_schemathesis() {
         "schemathesis found failures:\n{}\n{}",
         stdout(&output),
         stderr(&output)
+    );
+    // No reflex in these workflows: the event log is empty, and says so.
+    let events = lab.cli(&["events"]);
+    assert!(events.status.success(), "{}", stderr(&events));
+    assert!(
+        stdout(&events).contains("no reflex has fired yet"),
+        "{}",
+        stdout(&events)
     );
 }

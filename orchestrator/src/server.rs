@@ -94,6 +94,8 @@ pub struct RunningServer {
     pub executor: Executor,
     /// The model instances.
     pub instances: Arc<Instances>,
+    /// What reflexes did.
+    pub reflex_events: crate::reflex::Events,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -156,6 +158,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         Arc::clone(&instances),
         crate::session::SessionsConfig::default(),
     );
+    let reflex_events = crate::reflex::Events::open(&db)?;
     let gateway = AgentGateway::new(
         Arc::clone(&graph),
         config.join_token.clone(),
@@ -200,6 +203,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         executor: executor.clone(),
         instances: Arc::clone(&instances),
         sessions,
+        reflex_events: reflex_events.clone(),
     });
     let api_task = tokio::spawn(async move {
         if let Err(error) = axum::serve(api_listener, app).await {
@@ -241,6 +245,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         events,
         executor,
         instances,
+        reflex_events,
         tasks: vec![grpc_task, api_task, sweep_task, executor_task],
     })
 }

@@ -170,6 +170,19 @@ impl<T: Serialize + DeserializeOwned> Tree<T> {
             .collect()
     }
 
+    /// Records newest (last key) first, from just before the key `before` (or the
+    /// end), read as they are iterated.
+    pub fn newest_first(&self, before: Option<&str>) -> impl Iterator<Item = Result<T, StoreError>> + '_ {
+        let range = match before {
+            Some(key) => self.tree.range(..key.as_bytes().to_vec()),
+            None => self.tree.range::<Vec<u8>, _>(..),
+        };
+        range.rev().map(|item| {
+            let (key, value) = item?;
+            self.decode(&key, &value)
+        })
+    }
+
     /// How many records there are.
     pub fn len(&self) -> usize {
         self.tree.len()

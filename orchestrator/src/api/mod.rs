@@ -29,6 +29,7 @@ use tokio::sync::broadcast;
 
 pub use crate::auth::Principal;
 
+mod events;
 mod openai;
 mod runs;
 mod sessions;
@@ -54,6 +55,8 @@ pub struct ApiState {
     pub instances: Arc<crate::instances::Instances>,
     /// Sessions.
     pub sessions: crate::session::Sessions,
+    /// What reflexes did.
+    pub reflex_events: crate::reflex::Events,
 }
 
 /// The largest request body (bytes): a turn may carry several messages of up to
@@ -91,6 +94,7 @@ fn protected_routes() -> OpenApiRouter<ApiState> {
         .merge(tokens::routes())
         .merge(sessions::routes())
         .merge(openai::routes())
+        .merge(events::routes())
         .routes(routes!(metrics))
 }
 
@@ -199,6 +203,7 @@ fn add_error(operation: &mut utoipa::openapi::path::Operation, status: StatusCod
         (name = "sessions", description = "Durable conversations with an agent (docs/sessions.md)"),
         (name = "openai", description = "OpenAI-compatible routes for existing clients"),
         (name = "tokens", description = "Users' API tokens (admin only)"),
+        (name = "reflexes", description = "What the workflows' reflexes did (docs/reflexes.md)"),
         (name = "server", description = "Health, metrics and this document"),
     )
 )]

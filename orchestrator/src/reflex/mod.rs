@@ -7,7 +7,11 @@
 //! its condition has held), cooldown and hysteresis, and answers with [`Decision`]s
 //! (fire, release) carrying the values that made them. It does no IO and reads no
 //! clock: time is passed in, so tests replay load patterns exactly.
+//!
+//! [`events`] is the durable log of what reflexes did, with the values that made them.
 
 pub mod engine;
+pub mod events;
 
 pub use engine::{AgentReading, Decision, DecisionKind, Engine, GpuKey, GpuReading, ReflexId};
+pub use events::{ActionRecord, EventKind, EventRecord, Events, Outcome};

@@ -1,0 +1,112 @@
+//! `skein events`: what the workflows' reflexes did, newest first, or as it happens.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use serde::Deserialize;
+
+use crate::cli::{EXIT_OK, EventsArgs, OutputFormat};
+use crate::client::ApiClient;
+
+#[derive(Deserialize)]
+struct Event {
+    at: String,
+    run: String,
+    reflex: String,
+    kind: String,
+    #[serde(default)]
+    values: std::collections::BTreeMap<String, f64>,
+    #[serde(default)]
+    actions: Vec<Action>,
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+#[derive(Deserialize)]
+struct Action {
+    action: serde_json::Value,
+    outcome: String,
+    detail: String,
+}
+
+impl Event {
+    /// The table row: time, run, reflex, what happened, the values, the actions.
+    fn row(&self) -> Vec<String> {
+        let kind = if self.dry_run {
+            format!("{} (dry run)", self.kind)
+        } else {
+            self.kind.clone()
+        };
+        let values = self
+            .values
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let mut actions: Vec<String> = self
+            .actions
+            .iter()
+            .map(|a| {
+                let name = a
+                    .action
+                    .as_object()
+                    .and_then(|o| o.keys().next().cloned())
+                    .or_else(|| a.action.as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                format!("{name}: {} ({})", a.outcome, a.detail)
+            })
+            .collect();
+        if let Some(error) = &self.error {
+            actions.push(error.clone());
+        }
+        vec![
+            self.at.clone(),
+            self.run.clone(),
+            self.reflex.clone(),
+            kind,
+            values,
+            actions.join("; "),
+        ]
+    }
+}
+
+const HEADER: [&str; 6] = ["TIME", "RUN", "REFLEX", "EVENT", "VALUES", "ACTIONS"];
+
+/// `skein events`.
+pub fn run(args: &EventsArgs) -> anyhow::Result<ExitCode> {
+    let client = ApiClient::new(&args.list.remote.server, &args.list.remote.client)?;
+    let style = crate::table::Style {
+        indent: "",
+        gap: 3,
+        right_aligned: &[],
+    };
+    if args.follow {
+        client.follow("/v1/events/stream", |name, data| {
+            if name == "reflex" {
+                if args.list.output == OutputFormat::Json {
+                    println!("{data}");
+                } else if let Ok(event) = serde_json::from_str::<Event>(data) {
+                    println!("{}", event.row().join("   "));
+                }
+            }
+            true
+        })?;
+        return Ok(ExitCode::from(EXIT_OK));
+    }
+    let events = serde_json::Value::Array(client.all_pages("/v1/events", "after")?);
+    if args.list.output == OutputFormat::Json {
+        println!("{events}");
+        return Ok(ExitCode::from(EXIT_OK));
+    }
+    let events: Vec<Event> =
+        serde_json::from_value(events).context("the server's events are not what this skein expects")?;
+    if events.is_empty() {
+        println!("(no reflex has fired yet)");
+        return Ok(ExitCode::from(EXIT_OK));
+    }
+    let rows: Vec<Vec<String>> = events.iter().map(Event::row).collect();
+    print!("{}", crate::table::render(&style, &HEADER, &rows));
+    Ok(ExitCode::from(EXIT_OK))
+}
