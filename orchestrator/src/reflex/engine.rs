@@ -393,7 +393,7 @@ impl Engine {
         if readings.is_empty() && live.agent_reading.is_none() && live.nodes.is_empty() {
             return None;
         }
-        let (vars, values) = variables(live, &readings);
+        let vars = variables(live, &readings);
         let held = evaluator.eval_bool(&live.when, &vars);
         let released = match (&live.release, &held) {
             (Some(release), _) => evaluator.eval_bool(release, &vars),
@@ -410,7 +410,7 @@ impl Engine {
                 _ => Vec::new(),
             },
             kind,
-            values: values.clone(),
+            values: values_read(live, &vars),
             dry_run: live.reflex.dry_run,
         };
         let (held, released) = match (held, released) {
@@ -472,9 +472,24 @@ fn millis(duration: std::time::Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// The condition's variables (`gpu`, `node`, `agent` maps) from the latest readings,
-/// and the values of the metrics the reflex reads.
-fn variables(live: &Live, readings: &[GpuReading]) -> (BTreeMap<String, Dynamic>, BTreeMap<String, f64>) {
+/// The values of the metrics the reflex's conditions read (`gpu.util`), for a decision.
+fn values_read(live: &Live, vars: &BTreeMap<String, Dynamic>) -> BTreeMap<String, f64> {
+    live.reads
+        .iter()
+        .filter_map(|path| {
+            let (map, metric) = path.split_once('.')?;
+            let value = vars.get(map)?.read_lock::<rhai::Map>()?.get(metric)?.clone();
+            let value = value
+                .as_float()
+                .ok()
+                .or_else(|| value.as_bool().ok().map(|b| f64::from(u8::from(b))))?;
+            Some((path.clone(), value))
+        })
+        .collect()
+}
+
+/// The condition's variables (`gpu`, `node`, `agent` maps) from the latest readings.
+fn variables(live: &Live, readings: &[GpuReading]) -> BTreeMap<String, Dynamic> {
     let combine = |f: fn(&GpuReading) -> f64| -> f64 {
         let values = readings.iter().map(f);
         match live.reflex.aggregate {
@@ -516,28 +531,17 @@ fn variables(live: &Live, readings: &[GpuReading]) -> (BTreeMap<String, Dynamic>
         ("agent", "sessions", agent.sessions),
     ]);
     let mut maps: BTreeMap<&str, rhai::Map> = BTreeMap::new();
-    let mut values = BTreeMap::new();
     for (map, metric, value) in numbers {
         maps.entry(map)
             .or_default()
             .insert(metric.into(), Dynamic::from_float(value));
-        let path = format!("{map}.{metric}");
-        if live.reads.contains(&path) {
-            values.insert(path, value);
-        }
     }
     for (map, metric, flag) in flags {
         maps.entry(map)
             .or_default()
             .insert(metric.into(), Dynamic::from_bool(flag));
-        let path = format!("{map}.{metric}");
-        if live.reads.contains(&path) {
-            values.insert(path, f64::from(u8::from(flag)));
-        }
     }
-    let vars = maps
-        .into_iter()
+    maps.into_iter()
         .map(|(name, map)| (name.to_owned(), Dynamic::from_map(map)))
-        .collect();
-    (vars, values)
+        .collect()
 }

@@ -324,9 +324,6 @@ impl Executor {
         if matches!(definition.backend, Backend::Endpoint(_)) {
             return Err(ProvideError::Endpoint(agent.to_owned()));
         }
-        if let Some(missing) = pin.missing(&self.inner.graph.snapshot()) {
-            return Err(ProvideError::NoSuchPlace(missing));
-        }
 
         // A model's own agent is named after its repository: instance names (and so
         // log files) get it without the characters a file name cannot hold.
@@ -359,6 +356,13 @@ impl Executor {
         let live = |v: &InstanceView| v.warm_key == key && v.state == InstanceState::Ready && pin.admits(v);
         if let Some(view) = self.inner.instances.find(live) {
             return Ok(self.inner.instances.touch(&view.name).unwrap_or(view));
+        }
+        // Nothing serves it where pinned: say so if the place does not exist, before
+        // planning (the graph is read only for a pin that names a place).
+        if matches!(pin, Pin::Node { .. } | Pin::Gpu { .. })
+            && let Some(missing) = pin.missing(&self.inner.graph.snapshot())
+        {
+            return Err(ProvideError::NoSuchPlace(missing));
         }
         let cache_key = format!("provide {key}");
         let planned = self.plan_workflow(&cache_key, &workflow, &[], pin).await;
