@@ -23,6 +23,18 @@ pub struct Route {
     pub api_key: Option<String>,
 }
 
+impl Route {
+    /// The route to a ready instance (`None` until it has an address).
+    pub fn to_instance(view: &crate::instances::InstanceView) -> Option<Route> {
+        Some(Route {
+            instance: Some(view.name.clone()),
+            base_url: view.base_url.clone()?,
+            model: view.name.clone(),
+            api_key: None,
+        })
+    }
+}
+
 /// Why a call failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CallError {

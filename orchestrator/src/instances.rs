@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tonic::Status;
 
 use crate::graph::NodeId;
+use crate::reflex::load::Load;
 use crate::store::Tree;
 
 /// What an instance is doing.
@@ -108,6 +109,12 @@ pub struct InstanceView {
     pub download_total: u64,
     /// Restarts so far.
     pub restarts: u32,
+    /// The reflex that added it as a replica, if one did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clone_of: Option<String>,
+    /// Its share of the new sessions and requests for its agents among their replicas
+    /// (1 unless a reflex rerouted or decayed it; 0: it takes nothing new).
+    pub share: f64,
     /// What it serves (model, requirement, constraints): a later run whose agents need
     /// exactly this may use it while it is warm.
     #[serde(skip)]
@@ -138,6 +145,8 @@ pub struct InstanceRequest {
     pub held: Vec<(u32, u64)>,
     /// What it serves, for reuse by later runs (see [`InstanceView::warm_key`]).
     pub warm_key: String,
+    /// The reflex adding it as a replica, if one is.
+    pub clone_of: Option<String>,
     /// The command.
     pub start: pb::StartInstance,
 }
@@ -150,6 +159,8 @@ struct Entry {
     start: Option<pb::StartInstance>,
     /// When an unclaimed instance was first reported.
     orphan_since: Option<std::time::Instant>,
+    /// Smooth weighted round robin among replicas ([`Instances::pick`]).
+    credit: f64,
 }
 
 /// How long an instance nobody claims may run after a restart of the orchestrator
@@ -168,6 +179,8 @@ pub struct Instances {
     next_request: AtomicU64,
     /// Where measured memory is recorded beside its estimate.
     measurements: Mutex<Option<Tree<Measurement>>>,
+    /// Serving figures.
+    load: Load,
 }
 
 /// Memory an instance really used once loaded, beside the plan's estimate: the record
@@ -204,6 +217,7 @@ impl Default for Instances {
             logs: Mutex::default(),
             next_request: AtomicU64::new(1),
             measurements: Mutex::default(),
+            load: Load::default(),
         }
     }
 }
@@ -375,6 +389,8 @@ impl Instances {
             downloaded: 0,
             download_total: 0,
             restarts: previous.as_ref().map_or(0, |p| p.view.restarts),
+            clone_of: request.clone_of,
+            share: 1.0,
             warm_key: request.warm_key,
             idle_since: None,
         };
@@ -385,6 +401,7 @@ impl Instances {
                 node: request.node.clone(),
                 start: Some(request.start.clone()),
                 orphan_since: None,
+                credit: 0.0,
             },
         );
         self.bump();
@@ -397,6 +414,7 @@ impl Instances {
         let Some(entry) = entry else {
             return Err(InstanceError::Unknown(name.to_owned()));
         };
+        self.load.forget(name);
         self.bump();
         let message = OrchestratorMessage {
             kind: Some(orchestrator_message::Kind::StopInstance(pb::StopInstance {
@@ -500,6 +518,66 @@ impl Instances {
         Some(entry.view.clone())
     }
 
+    /// The serving figures of every instance.
+    pub fn load(&self) -> &Load {
+        &self.load
+    }
+
+    /// Every instance `wanted` accepts, in name order.
+    pub fn filter(&self, wanted: impl Fn(&InstanceView) -> bool) -> Vec<InstanceView> {
+        lock(&self.entries)
+            .values()
+            .map(|e| &e.view)
+            .filter(|v| wanted(v))
+            .cloned()
+            .collect()
+    }
+
+    /// The replica of `agent` of `run` that takes the next new session or request: among
+    /// the ready ones, by their shares (smooth weighted round robin, so that shares of
+    /// 1 and 3 send every fourth to the first); when every share is 0, any ready one.
+    pub fn pick(&self, run: &str, agent: &str) -> Option<InstanceView> {
+        let mut entries = lock(&self.entries);
+        let mut ready: Vec<&mut Entry> = entries
+            .values_mut()
+            .filter(|e| {
+                e.view.run.as_deref() == Some(run)
+                    && e.view.agents.iter().any(|a| a == agent)
+                    && e.view.state == InstanceState::Ready
+                    && e.view.base_url.is_some()
+            })
+            .collect();
+        let total: f64 = ready.iter().map(|e| e.view.share.max(0.0)).sum();
+        if total <= 0.0 {
+            return ready.first().map(|e| e.view.clone());
+        }
+        for entry in &mut ready {
+            entry.credit += entry.view.share.max(0.0);
+        }
+        let chosen = ready
+            .into_iter()
+            .filter(|e| e.view.share > 0.0)
+            .max_by(|a, b| a.credit.total_cmp(&b.credit))?;
+        chosen.credit -= total;
+        Some(chosen.view.clone())
+    }
+
+    /// Sets an instance's [`InstanceView::share`]; returns whether it exists.
+    pub fn set_share(&self, name: &str, share: f64) -> bool {
+        let found = match lock(&self.entries).get_mut(name) {
+            Some(entry) => {
+                entry.view.share = share;
+                entry.credit = 0.0;
+                true
+            }
+            None => false,
+        };
+        if found {
+            self.bump();
+        }
+        found
+    }
+
     /// The first instance (in name order) `wanted` accepts.
     pub fn find(&self, wanted: impl Fn(&InstanceView) -> bool) -> Option<InstanceView> {
         lock(&self.entries)
@@ -587,6 +665,8 @@ impl Instances {
                     downloaded: 0,
                     download_total: 0,
                     restarts: 0,
+                    clone_of: None,
+                    share: 1.0,
                     warm_key: String::new(),
                     idle_since: None,
                 };
@@ -597,6 +677,7 @@ impl Instances {
                         node: node.clone(),
                         start: None,
                         orphan_since: Some(std::time::Instant::now()),
+                        credit: 0.0,
                     },
                 );
             }

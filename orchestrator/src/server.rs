@@ -96,6 +96,8 @@ pub struct RunningServer {
     pub instances: Arc<Instances>,
     /// What reflexes did.
     pub reflex_events: crate::reflex::Events,
+    /// The live reflexes.
+    pub reflexes: crate::reflex::Reflexes,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -159,6 +161,14 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         crate::session::SessionsConfig::default(),
     );
     let reflex_events = crate::reflex::Events::open(&db)?;
+    let (reflexes, reflex_task) = crate::reflex::Reflexes::start(
+        Arc::clone(&graph),
+        &events,
+        Arc::clone(&instances),
+        executor.clone(),
+        sessions.clone(),
+        reflex_events.clone(),
+    );
     let gateway = AgentGateway::new(
         Arc::clone(&graph),
         config.join_token.clone(),
@@ -246,6 +256,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         executor,
         instances,
         reflex_events,
-        tasks: vec![grpc_task, api_task, sweep_task, executor_task],
+        reflexes,
+        tasks: vec![grpc_task, api_task, sweep_task, executor_task, reflex_task],
     })
 }

@@ -136,10 +136,35 @@ fn auth<T>(token: &str, mut request: tonic::Request<T>) -> tonic::Request<T> {
     request
 }
 
+/// What a simulated GPU of a test agent reports in its next samples.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuLoad {
+    /// Busy percentage.
+    pub utilization_pct: u32,
+    /// Degrees Celsius.
+    pub temperature_c: i32,
+    /// Corrected ECC errors since the driver loaded.
+    pub ecc_corrected: u64,
+    /// NVML throttle-reason bits.
+    pub throttle_reasons: u64,
+}
+
+impl Default for GpuLoad {
+    fn default() -> Self {
+        GpuLoad {
+            utilization_pct: 0,
+            temperature_c: 40,
+            ecc_corrected: 0,
+            throttle_reasons: 0,
+        }
+    }
+}
+
 /// A test agent: one node with `gpus` simulated 24 GB GPUs.
 pub struct TestAgent {
     tasks: Tasks,
     started: Arc<std::sync::Mutex<Vec<pb::StartInstance>>>,
+    loads: Arc<std::sync::Mutex<Vec<GpuLoad>>>,
 }
 
 impl TestAgent {
@@ -149,6 +174,8 @@ impl TestAgent {
         let token = token.to_owned();
         let started = Arc::new(std::sync::Mutex::new(Vec::new()));
         let record = Arc::clone(&started);
+        let loads = Arc::new(std::sync::Mutex::new(vec![GpuLoad::default(); gpus as usize]));
+        let reported = Arc::clone(&loads);
         let name = name.to_owned();
         let tasks: Tasks = Arc::default();
         let own = Arc::clone(&tasks);
@@ -205,17 +232,26 @@ impl TestAgent {
             let telemetry = tx.clone();
             let beat = tokio::spawn(async move {
                 for seq in 1.. {
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as i64);
+                    let loads = reported.lock().unwrap().clone();
                     let batch = pb::Telemetry {
                         seq,
-                        unix_ms: 0,
+                        unix_ms: now,
                         gpus: (0..gpus)
-                            .map(|i| pb::GpuSample {
-                                index: i,
-                                memory_used: 1 << 30,
-                                memory_free: 23 << 30,
-                                utilization_pct: Some(0),
-                                temperature_c: Some(40),
-                                ..pb::GpuSample::default()
+                            .map(|i| {
+                                let load = loads[i as usize];
+                                pb::GpuSample {
+                                    index: i,
+                                    memory_used: 1 << 30,
+                                    memory_free: 23 << 30,
+                                    utilization_pct: Some(load.utilization_pct),
+                                    temperature_c: Some(load.temperature_c),
+                                    ecc_corrected: Some(load.ecc_corrected),
+                                    throttle_reasons: load.throttle_reasons,
+                                    ..pb::GpuSample::default()
+                                }
                             })
                             .collect(),
                         host: Some(pb::HostSample {
@@ -281,7 +317,12 @@ impl TestAgent {
             }
         });
         tasks.lock().unwrap().push(task);
-        TestAgent { tasks, started }
+        TestAgent { tasks, started, loads }
+    }
+
+    /// What GPU `index` reports from its next sample on (samples go every 100 ms).
+    pub fn set_gpu(&self, index: u32, load: GpuLoad) {
+        self.loads.lock().unwrap()[index as usize] = load;
     }
 
     /// Every start command received.

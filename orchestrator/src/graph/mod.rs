@@ -83,6 +83,8 @@ struct NodeState {
     host: Option<HostSample>,
     down: bool,
     gpu_health: Vec<Health>,
+    /// Why each GPU is drained (nothing new is placed on it), if it is.
+    drained: Vec<Option<String>>,
 }
 
 struct NodeCell {
@@ -162,6 +164,7 @@ impl HardwareGraph {
                 if state.inventory.gpus != inventory.gpus {
                     state.windows = vec![VecDeque::new(); gpus];
                     state.gpu_health = vec![Health::OK; gpus];
+                    state.drained = vec![None; gpus];
                     state.links = links(&inventory.gpus);
                 }
                 state.inventory = inventory;
@@ -184,6 +187,7 @@ impl HardwareGraph {
                     host: None,
                     down: false,
                     gpu_health: vec![Health::OK; gpus],
+                    drained: vec![None; gpus],
                 };
                 let view = Arc::new(build_view(&id, &state, version));
                 let cell = Arc::new(NodeCell {
@@ -408,6 +412,12 @@ impl HardwareGraph {
         }
     }
 
+    /// One node's view now.
+    pub fn node(&self, id: &NodeId) -> Option<Arc<NodeView>> {
+        let cell = self.cell_by_id(id).ok()?;
+        Some(Arc::clone(&lock(&cell.view)))
+    }
+
     /// The current version: it changes with every registration, connection, sample and
     /// health change.
     pub fn version(&self) -> u64 {
@@ -427,6 +437,30 @@ impl HardwareGraph {
         Ok(window.iter().copied().collect())
     }
 
+    /// Drains GPU `gpu` of node `id` (`reason`: why; nothing new is placed on it) or,
+    /// with `None`, lifts the drain. Returns whether anything changed.
+    ///
+    /// Errors: [`GraphError::UnknownNode`], [`GraphError::UnknownGpu`].
+    pub fn set_drained(&self, id: &NodeId, gpu: u32, reason: Option<String>) -> Result<bool, GraphError> {
+        let cell = self.cell_by_id(id)?;
+        {
+            let mut state = lock(&cell.state);
+            let count = state.drained.len();
+            let slot = state.drained.get_mut(gpu as usize).ok_or(GraphError::UnknownGpu {
+                node: id.clone(),
+                index: gpu,
+                count,
+            })?;
+            if *slot == reason {
+                return Ok(false);
+            }
+            *slot = reason;
+        }
+        let version = self.bump();
+        self.publish(&cell, version);
+        Ok(true)
+    }
+
     /// The node id registered under `name`.
     pub fn id_of(&self, name: &str) -> Option<NodeId> {
         let nodes = self.nodes.read().unwrap_or_else(|p| p.into_inner());
@@ -442,9 +476,11 @@ fn build_view(id: &NodeId, state: &NodeState, version: u64) -> NodeView {
         .iter()
         .zip(&state.windows)
         .zip(&state.gpu_health)
-        .map(|((facts, window), health)| GpuView {
+        .zip(&state.drained)
+        .map(|(((facts, window), health), drained)| GpuView {
             facts: facts.clone(),
             latest: window.back().copied(),
+            drained: drained.clone(),
             health: if down {
                 Health {
                     state: HealthState::Down,

@@ -217,6 +217,9 @@ pub struct GpuView {
     pub latest: Option<GpuSample>,
     /// Health, with reasons.
     pub health: Health,
+    /// Why it is drained (a reflex's `drain`): nothing new is placed on it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drained: Option<String>,
 }
 
 impl GpuView {
@@ -338,6 +341,11 @@ impl GraphSnapshot {
             })
             .collect();
         GraphSnapshot { nodes, ..self.clone() }
+    }
+
+    /// The snapshot with drained GPUs marked down, so that plans leave them out.
+    pub fn without_drained(&self) -> GraphSnapshot {
+        self.restricted(|_| true, |_, g| g.drained.is_none())
     }
 
     /// Estimated round trip between two nodes: the sum of their measured round trips to

@@ -168,7 +168,7 @@ struct Live {
     gpus: BTreeMap<GpuKey, Option<GpuReading>>,
     /// The scope's nodes and whether each is down.
     nodes: BTreeMap<String, bool>,
-    /// The agent whose figures `agent.*` are, if the scope has one.
+    /// Whose figures `agent.*` are, if the scope has one ([`figures_of`]).
     agent: Option<String>,
     agent_reading: Option<AgentReading>,
     window: Window,
@@ -214,10 +214,7 @@ impl Engine {
         reads.sort();
         reads.dedup();
         let id = ReflexId(self.reflexes.len());
-        let agent = match &reflex.scope {
-            Scope::Agent(agent) => Some(agent.clone()),
-            _ => None,
-        };
+        let agent = figures_of(&reflex.scope);
         if let Some(agent) = &agent {
             self.by_agent
                 .entry((run.to_owned(), agent.clone()))
@@ -319,6 +316,17 @@ impl Engine {
         }
     }
 
+    /// Whether any reflex watches `gpu`.
+    pub fn watches(&self, gpu: &GpuKey) -> bool {
+        self.by_gpu.contains_key(gpu)
+    }
+
+    /// The `(run, subject)` pairs whose serving figures some reflex reads (feed them
+    /// with [`Engine::agent_sample`]; [`figures_of`] says what a subject is).
+    pub fn subjects(&self) -> impl Iterator<Item = &(String, String)> + '_ {
+        self.by_agent.keys()
+    }
+
     /// A GPU's new reading at `now_ms`: the reflexes watching it are evaluated.
     pub fn gpu_sample(&mut self, gpu: &GpuKey, reading: GpuReading, now_ms: i64) -> Vec<Decision> {
         self.gpu_batch(&[(gpu.clone(), reading)], now_ms)
@@ -358,7 +366,8 @@ impl Engine {
         decisions
     }
 
-    /// An agent's serving figures at `now_ms`.
+    /// The serving figures of `subject` (an agent, or `@instance`: [`figures_of`]) of
+    /// `run` at `now_ms`.
     pub fn agent_sample(&mut self, run: &str, agent: &str, reading: AgentReading, now_ms: i64) -> Vec<Decision> {
         let Some(ids) = self.by_agent.get(&(run.to_owned(), agent.to_owned())) else {
             return Vec::new();
@@ -489,6 +498,16 @@ fn values_read(live: &Live, vars: &BTreeMap<String, Dynamic>) -> BTreeMap<String
 }
 
 /// The condition's variables (`gpu`, `node`, `agent` maps) from the latest readings.
+/// Whose serving figures a scope's `agent.*` read: an agent's name, or `@` and an
+/// instance's name for an instance scope; none for nodes and zones.
+pub fn figures_of(scope: &Scope) -> Option<String> {
+    match scope {
+        Scope::Agent(agent) => Some(agent.clone()),
+        Scope::Instance(instance) => Some(format!("@{instance}")),
+        Scope::Node(_) | Scope::Zone(_) => None,
+    }
+}
+
 fn variables(live: &Live, readings: &[GpuReading]) -> BTreeMap<String, Dynamic> {
     let combine = |f: fn(&GpuReading) -> f64| -> f64 {
         let values = readings.iter().map(f);

@@ -36,6 +36,8 @@ pub enum Outcome {
     Done,
     /// A dry run: recorded, not done.
     WouldDo,
+    /// Nothing to do (the detail says why: at `max_replicas`, no clone to reroute to).
+    Skipped,
     /// Tried, and failed (the detail says why).
     Failed,
 }

@@ -12,6 +12,9 @@
 
 pub mod engine;
 pub mod events;
+pub mod load;
+pub mod runtime;
 
 pub use engine::{AgentReading, Decision, DecisionKind, Engine, GpuKey, GpuReading, ReflexId};
 pub use events::{ActionRecord, EventKind, EventRecord, Events, Outcome};
+pub use runtime::Reflexes;

@@ -219,6 +219,11 @@ impl Executor {
         Ok(tokio::spawn(async move { executor.admission().await }))
     }
 
+    /// The runs being driven now (starting or running), by id.
+    pub fn active_runs(&self) -> Vec<String> {
+        lock(&self.inner.active).keys().cloned().collect()
+    }
+
     /// A receiver of run changes: `(counter, run id)`.
     pub fn subscribe(&self) -> watch::Receiver<(u64, String)> {
         self.inner.changes.subscribe()
@@ -354,7 +359,13 @@ impl Executor {
         let gate = Arc::clone(lock(&self.inner.provides).entry(key.clone()).or_default());
         let _turn = gate.lock().await;
         let live = |v: &InstanceView| v.warm_key == key && v.state == InstanceState::Ready && pin.admits(v);
-        if let Some(view) = self.inner.instances.find(live) {
+        let found = self
+            .inner
+            .instances
+            .filter(live)
+            .into_iter()
+            .find(|v| !self.on_drained(v));
+        if let Some(view) = found {
             return Ok(self.inner.instances.touch(&view.name).unwrap_or(view));
         }
         // Nothing serves it where pinned: say so if the place does not exist, before
@@ -376,36 +387,9 @@ impl Executor {
         }
         let prefix = new_id('i', &self.inner.ids);
         let names = self
-            .start_planned(&prefix, &workflow, None, &plan, &models)
+            .start_planned(&prefix, &workflow, None, None, &plan, &models)
             .map_err(ProvideError::Failed)?;
-        let mut changes = self.inner.instances.subscribe();
-        let deadline = tokio::time::Instant::now() + self.inner.config.ready_timeout;
-        loop {
-            match self.readiness(&workflow, &names) {
-                Readiness::Ready(_) => break,
-                Readiness::Failed(reason) | Readiness::Lost(reason) => {
-                    for name in &names {
-                        let _ = self.inner.instances.stop(name);
-                    }
-                    return Err(ProvideError::Failed(reason));
-                }
-                Readiness::Waiting(waiting) => {
-                    tokio::select! {
-                        _ = changes.changed() => {}
-                        _ = tokio::time::sleep_until(deadline) => {
-                            for name in &names {
-                                let _ = self.inner.instances.stop(name);
-                            }
-                            return Err(ProvideError::Failed(format!(
-                                "not ready after {}s: {}",
-                                self.inner.config.ready_timeout.as_secs(),
-                                waiting.join(", ")
-                            )));
-                        }
-                    }
-                }
-            }
-        }
+        self.await_ready(&workflow, &names).await?;
         for name in &names {
             self.inner.instances.release(name);
         }
@@ -413,6 +397,88 @@ impl Executor {
             .first()
             .and_then(|name| self.inner.instances.get(name))
             .ok_or_else(|| ProvideError::Failed("the instance disappeared".to_owned()))
+    }
+
+    /// Waits until the instances `names` (of `workflow`) are all ready; stops them all
+    /// when one fails or they are not ready within the ready timeout.
+    async fn await_ready(&self, workflow: &Workflow, names: &[String]) -> Result<(), ProvideError> {
+        let mut changes = self.inner.instances.subscribe();
+        let deadline = tokio::time::Instant::now() + self.inner.config.ready_timeout;
+        loop {
+            let failure = match self.readiness(workflow, names) {
+                Readiness::Ready(_) => return Ok(()),
+                Readiness::Failed(reason) | Readiness::Lost(reason) => reason,
+                Readiness::Waiting(waiting) => {
+                    tokio::select! {
+                        _ = changes.changed() => continue,
+                        _ = tokio::time::sleep_until(deadline) => format!(
+                            "not ready after {}s: {}",
+                            self.inner.config.ready_timeout.as_secs(),
+                            waiting.join(", ")
+                        ),
+                    }
+                }
+            };
+            self.stop_instances(names);
+            return Err(ProvideError::Failed(failure));
+        }
+    }
+
+    /// Starts one more replica of the instance serving `agent` in `run`, for reflex
+    /// `reflex`: planned on the live graph off `avoid` (the same variant, or a smaller
+    /// one if that is all that fits), started, and waited for. It belongs to the run.
+    ///
+    /// Errors: [`ProvideError`]; [`ProvideError::NoSuchPlace`] when the run is gone or has
+    /// no such agent.
+    pub async fn add_replica(
+        &self,
+        run: &str,
+        agent: &str,
+        reflex: &str,
+        avoid: &Pin,
+    ) -> Result<InstanceView, ProvideError> {
+        let record = self
+            .get(run)
+            .ok()
+            .flatten()
+            .filter(|r| !r.state.is_final())
+            .ok_or_else(|| ProvideError::NoSuchPlace(format!("run `{run}` is not running")))?;
+        // The replica serves what the agent's instance serves (agents that share a model
+        // share an instance).
+        let serving = crate::plan::demand::instances(&record.workflow)
+            .into_iter()
+            .find(|i| i.agents.iter().any(|a| a == agent))
+            .ok_or_else(|| ProvideError::NoSuchPlace(format!("run `{run}` has no model agent `{agent}`")))?;
+        let mut workflow = record.workflow.clone();
+        workflow.agents.retain(|name, _| serving.agents.contains(name));
+        workflow.steps.clear();
+        workflow.reflexes.clear();
+        let cache_key = format!("replica {run} {agent}");
+        let planned = self.plan_workflow(&cache_key, &workflow, &[], avoid).await;
+        lock(&self.inner.catalogs).remove(&cache_key);
+        let (plan, models) = planned.map_err(ProvideError::Unplaceable)?;
+        if !plan.admitted {
+            return Err(ProvideError::Unplaceable(plan.queued_reason.unwrap_or_else(|| {
+                "no GPU or host has room for another replica now".to_owned()
+            })));
+        }
+        let prefix = format!("{run}-{}", new_id('c', &self.inner.ids));
+        let names = self
+            .start_planned(&prefix, &workflow, Some(run), Some(reflex), &plan, &models)
+            .map_err(ProvideError::Failed)?;
+        self.await_ready(&workflow, &names).await?;
+        names
+            .first()
+            .and_then(|name| self.inner.instances.get(name))
+            .ok_or_else(|| ProvideError::Failed("the replica disappeared".to_owned()))
+    }
+
+    /// Whether `view` runs on a GPU that is drained.
+    fn on_drained(&self, view: &InstanceView) -> bool {
+        let snapshot = self.inner.graph.snapshot();
+        snapshot.gpus().any(|(n, g)| {
+            n.inventory.name == view.node_name && view.gpus.contains(&g.facts.index) && g.drained.is_some()
+        })
     }
 
     /// Plans queued runs whenever something changes (a submission, a run ending, an
@@ -561,7 +627,8 @@ impl Executor {
             self.inner
                 .graph
                 .snapshot()
-                .with_held(&self.inner.instances.unaccounted()),
+                .with_held(&self.inner.instances.unaccounted())
+                .without_drained(),
         );
         let mut planner = lock(&self.inner.planner);
         let plan = planner
@@ -673,16 +740,18 @@ impl Executor {
         plan: &Plan,
         models: &BTreeMap<String, ModelInfo>,
     ) -> Result<Vec<String>, String> {
-        self.start_planned(&run.id, &run.workflow, Some(&run.id), plan, models)
+        self.start_planned(&run.id, &run.workflow, Some(&run.id), None, plan, models)
     }
 
     /// Sends a start for every placed replica of `plan` (of `workflow`), named
-    /// `{prefix}-{instance}`, serving `run` if any; returns their names.
+    /// `{prefix}-{instance}`, serving `run` if any (as a replica a reflex adds:
+    /// `clone_of`); returns their names.
     fn start_planned(
         &self,
         prefix: &str,
         workflow: &Workflow,
         run: Option<&str>,
+        clone_of: Option<&str>,
         plan: &Plan,
         models: &BTreeMap<String, ModelInfo>,
     ) -> Result<Vec<String>, String> {
@@ -708,6 +777,7 @@ impl Executor {
                 node,
                 node_name,
                 run: run.map(str::to_owned),
+                clone_of: clone_of.map(str::to_owned),
                 agents: planned.agents.clone(),
                 engine: planned.engine.clone(),
                 variant: planned.variant.clone(),
@@ -820,8 +890,11 @@ impl Executor {
         let mut unreachable: HashMap<String, u32> = HashMap::new();
         let mut attempts: JoinSet<()> = JoinSet::new();
         let mut changes = self.inner.instances.subscribe();
-        if run.reason.is_some() {
-            run.reason = None;
+        run.reason = None;
+        if run.workflow.steps.is_empty() {
+            run.state = RunState::Running;
+            run.started_at.get_or_insert(unix_ms());
+            run.reason = Some("serving its agents until cancelled".to_owned());
         }
         loop {
             let starts = run.advance(evaluator, unix_ms());
@@ -832,14 +905,29 @@ impl Executor {
                     self.save(run).await?;
                     return Ok(Stop::Ended);
                 };
+                // Among the agent's replicas (a reflex may have added some), by share.
+                let route = match &route.instance {
+                    Some(_) => self
+                        .inner
+                        .instances
+                        .pick(&run.id, &agent)
+                        .and_then(|view| Route::to_instance(&view))
+                        .unwrap_or(route),
+                    None => route,
+                };
                 if let Some(record) = run.steps.iter_mut().find(|s| s.id == step) {
                     record.instance = route.instance.clone();
                 }
                 let request = self.chat_request(&run.workflow, &step, &agent, prompt);
                 let http = self.inner.http.clone();
                 let results = results.clone();
+                let load = self.inner.instances.load().clone();
                 attempts.spawn(async move {
+                    let flight = route.instance.as_deref().map(|i| load.begin(i, None));
                     let answer = call(&http, &route, request.0, request.1).await;
+                    if let (Some(flight), Ok(answer)) = (flight, &answer) {
+                        flight.done(answer.usage.map_or(0, |u| u.completion_tokens));
+                    }
                     let _ = results.send((step, answer)).await;
                 });
             }
@@ -988,17 +1076,22 @@ pub enum Pin {
         /// The GPU's index.
         gpu: u32,
     },
-    /// Anywhere but on these GPUs of this node (moving off them; no GPU: off the node's
-    /// CPU, i.e. to another node).
+    /// Anywhere but on these places: GPUs of a node (moving off them), or a whole node
+    /// (no GPU named: off the node, its CPU included).
     Avoid {
-        /// The node's name.
-        node: String,
-        /// The GPUs to leave.
-        gpus: Vec<u32>,
+        /// `(node name, GPU indices)`.
+        places: Vec<(String, Vec<u32>)>,
     },
 }
 
 impl Pin {
+    /// Off these GPUs of `node` (off the whole node when `gpus` is empty).
+    pub fn avoid(node: &str, gpus: &[u32]) -> Pin {
+        Pin::Avoid {
+            places: vec![(node.to_owned(), gpus.to_vec())],
+        }
+    }
+
     /// What the pin names that the graph does not have: an unknown node, or a GPU
     /// index the node lacks.
     fn missing(&self, snapshot: &crate::graph::GraphSnapshot) -> Option<String> {
@@ -1026,12 +1119,17 @@ impl Pin {
             Pin::Anywhere => snapshot,
             Pin::Node { node } => snapshot.restricted(|n| n.inventory.name == *node, |_, _| true),
             Pin::Gpu { node, gpu } => snapshot.restricted(|n| n.inventory.name == *node, |_, g| g.facts.index == *gpu),
-            Pin::Avoid { node, gpus } if gpus.is_empty() => {
-                snapshot.restricted(|n| n.inventory.name != *node, |_, _| true)
-            }
-            Pin::Avoid { node, gpus } => snapshot.restricted(
-                |_| true,
-                |n, g| n.inventory.name != *node || !gpus.contains(&g.facts.index),
+            Pin::Avoid { places } => snapshot.restricted(
+                |n| {
+                    !places
+                        .iter()
+                        .any(|(node, gpus)| gpus.is_empty() && n.inventory.name == *node)
+                },
+                |n, g| {
+                    !places
+                        .iter()
+                        .any(|(node, gpus)| n.inventory.name == *node && gpus.contains(&g.facts.index))
+                },
             ),
         }
     }
@@ -1042,8 +1140,9 @@ impl Pin {
             Pin::Anywhere => true,
             Pin::Node { node } => view.node_name == *node,
             Pin::Gpu { node, gpu } => view.node_name == *node && view.gpus == [*gpu],
-            Pin::Avoid { node, gpus } if gpus.is_empty() => view.node_name != *node,
-            Pin::Avoid { node, gpus } => view.node_name != *node || !view.gpus.iter().any(|g| gpus.contains(g)),
+            Pin::Avoid { places } => !places.iter().any(|(node, gpus)| {
+                view.node_name == *node && (gpus.is_empty() || view.gpus.iter().any(|g| gpus.contains(g)))
+            }),
         }
     }
 }

@@ -705,7 +705,9 @@ impl RunRecord {
 
     /// Ends the run when every step has finished.
     fn settle(&mut self, now: UnixMs) {
-        if !self.state.is_final() && self.steps.iter().all(|s| s.state.is_finished()) {
+        // A workflow without steps serves its agents (sessions, the OpenAI routes)
+        // until it is cancelled.
+        if !self.state.is_final() && !self.steps.is_empty() && self.steps.iter().all(|s| s.state.is_finished()) {
             self.state = RunState::Succeeded;
             self.reason = None;
             self.finished_at = Some(now);

@@ -204,15 +204,8 @@ fn endpoint_route(endpoint: &skein_dsl::ir::Endpoint) -> Route {
 
 /// The route to a ready instance.
 fn instance_route(view: InstanceView) -> Result<Route, SessionError> {
-    let base_url = view
-        .base_url
-        .ok_or_else(|| SessionError::Unavailable(format!("instance {} has no address yet", view.name)))?;
-    Ok(Route {
-        instance: Some(view.name.clone()),
-        base_url,
-        model: view.name,
-        api_key: None,
-    })
+    Route::to_instance(&view)
+        .ok_or_else(|| SessionError::Unavailable(format!("instance {} has no address yet", view.name)))
 }
 
 /// The answer to a turn.
@@ -240,6 +233,8 @@ pub enum MoveTo {
         /// The GPU's index.
         gpu: u32,
     },
+    /// This ready instance (a reflex moving sessions between an agent's replicas).
+    Instance(String),
 }
 
 /// A finished move.
@@ -336,11 +331,7 @@ impl Sessions {
         let (agent, run, mut definition, binding) = match &new.target {
             Target::RunAgent { run, agent } => {
                 let definition = self.run_agent(principal, run, agent)?;
-                let serving = self.inner.instances.find(|v| {
-                    v.run.as_deref() == Some(run.as_str())
-                        && v.agents.contains(agent)
-                        && v.state == InstanceState::Ready
-                });
+                let serving = self.inner.instances.pick(run, agent);
                 (
                     agent.clone(),
                     Some(run.clone()),
@@ -386,11 +377,10 @@ impl Sessions {
         })
     }
 
-    /// The ready instance a run started for its agent, if there is one.
+    /// The ready instance of the run for its agent that takes the next request, if
+    /// there is one (among the agent's replicas, by their shares).
     fn run_instance(&self, run: &str, agent: &str) -> Option<InstanceView> {
-        self.inner.instances.find(|v| {
-            v.run.as_deref() == Some(run) && v.agents.iter().any(|a| a == agent) && v.state == InstanceState::Ready
-        })
+        self.inner.instances.pick(run, agent)
     }
 
     /// What `name` (an OpenAI `model`) means to `principal`: an agent of their newest
@@ -460,7 +450,7 @@ impl Sessions {
         }
         let mut body = serde_json::json!({ "messages": sent });
         sampling.write(&definition, &mut body);
-        self.call(&route, body, tokens).await.map_err(engine_error)
+        self.call(&route, None, body, tokens).await.map_err(engine_error)
     }
 
     /// A session of `principal` (another user's is "not found").
@@ -571,19 +561,16 @@ impl Sessions {
         let mut body = self.request_body(&session.definition, &history, &turn);
         let (mut route, bound) = self.route(&session, &Pin::Anywhere).await?;
         session = bound.unwrap_or(session);
-        let mut answer = self.call(&route, body.clone(), turn.tokens.as_ref()).await;
+        let mut answer = self.call(&route, Some(id), body.clone(), turn.tokens.as_ref()).await;
         if let Err(CallError::Unreachable(error)) = &answer {
             // The instance went away mid-turn: once more, elsewhere.
             tracing::warn!(session = %id, %error, "the session's instance is unreachable; moving it");
             let avoid = match &session.binding {
-                Some(b) => Pin::Avoid {
-                    node: b.node.clone(),
-                    gpus: b.gpus.clone(),
-                },
+                Some(b) => Pin::avoid(&b.node, &b.gpus),
                 None => Pin::Anywhere,
             };
             (route, _) = self.route_fresh(&session, &avoid).await?;
-            answer = self.call(&route, body.clone(), turn.tokens.as_ref()).await;
+            answer = self.call(&route, Some(id), body.clone(), turn.tokens.as_ref()).await;
         }
         // Refused: most likely the history is longer in tokens than its bytes promised
         // (text of few bytes per token). Halve what is sent, a few times.
@@ -598,7 +585,7 @@ impl Sessions {
             budget = budget.min(sent) / 2;
             history = store.recent(id, budget)?;
             body = self.request_body(&session.definition, &history, &turn);
-            answer = self.call(&route, body.clone(), turn.tokens.as_ref()).await;
+            answer = self.call(&route, Some(id), body.clone(), turn.tokens.as_ref()).await;
         }
         let answer = answer.map_err(engine_error)?;
         let reply = NewMessage {
@@ -641,18 +628,24 @@ impl Sessions {
                 node: node.clone(),
                 gpu: *gpu,
             },
-            (MoveTo::Auto, Some(b)) => Pin::Avoid {
-                node: b.node.clone(),
-                gpus: b.gpus.clone(),
-            },
-            (MoveTo::Auto, None) => Pin::Anywhere,
+            (MoveTo::Auto, Some(b)) => Pin::avoid(&b.node, &b.gpus),
+            (MoveTo::Auto | MoveTo::Instance(_), None) => Pin::Anywhere,
+            (MoveTo::Instance(_), Some(b)) => Pin::avoid(&b.node, &b.gpus),
         };
-        let view = self
-            .inner
-            .executor
-            .provide(&session.agent, &session.definition, &pin)
-            .await
-            .map_err(provide_error)?;
+        let view = match &to {
+            MoveTo::Instance(name) => self
+                .inner
+                .instances
+                .get(name)
+                .filter(|v| v.state == InstanceState::Ready && v.base_url.is_some())
+                .ok_or_else(|| SessionError::Unavailable(format!("instance {name} is not ready")))?,
+            _ => self
+                .inner
+                .executor
+                .provide(&session.agent, &session.definition, &pin)
+                .await
+                .map_err(provide_error)?,
+        };
         let asked = Instant::now();
         let gate = self.turn_lock(id);
         let _turn = gate.lock().await;
@@ -721,16 +714,48 @@ impl Sessions {
         ))
     }
 
+    /// Calls the engine of `route` (for `session`'s turn), counted in the instance's
+    /// serving figures.
     async fn call(
         &self,
         route: &Route,
+        session: Option<&str>,
         body: serde_json::Value,
         tokens: Option<&mpsc::Sender<String>>,
     ) -> Result<Answer, CallError> {
         let timeout = self.inner.config.reply_timeout;
-        match tokens {
+        let flight = route
+            .instance
+            .as_deref()
+            .map(|i| self.inner.instances.load().begin(i, session));
+        let answer = match tokens {
             Some(tokens) => engine_client::call_streaming(&self.inner.http, route, body, timeout, tokens).await,
             None => engine_client::call(&self.inner.http, route, body, timeout).await,
+        };
+        if let (Some(flight), Ok(answer)) = (flight, &answer) {
+            flight.done(answer.usage.map_or(0, |u| u.completion_tokens));
+        }
+        answer
+    }
+
+    /// Every session bound to one of `instances` (of any user), oldest first.
+    ///
+    /// Errors: the store failed.
+    pub fn bound_to(&self, instances: &[String]) -> Result<Vec<SessionRecord>, SessionError> {
+        let store = self.inner.log.store();
+        let mut bound = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let page = store.sessions(None, after.as_deref(), MAX_PAGE)?;
+            bound.extend(
+                page.sessions
+                    .into_iter()
+                    .filter(|s| s.binding.as_ref().is_some_and(|b| instances.contains(&b.instance))),
+            );
+            match page.next {
+                Some(next) => after = Some(next),
+                None => return Ok(bound),
+            }
         }
     }
 

@@ -1,0 +1,318 @@
+//! Reflexes live, in a real server with test agents at the edge (simulated GPUs whose
+//! telemetry the test sets, in-process OpenAI fakes): a load spike on the agent's GPU
+//! clones it, sends new sessions to the clone, halves the original's sessions, and
+//! scales in once the load is gone; rising ECC errors drain the GPU and move its
+//! sessions off while they chat, losing no message; a square-wave load acts at most
+//! once per cooldown; a dry run only records.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{API, PATIENCE, Setup, TOKEN, quick, setup};
+use reqwest::Method;
+use serde_json::{Value, json};
+use skein_orchestrator::run::record::UnixMs;
+use skein_testkit::agent::{EngineBehaviour, GpuLoad, TestAgent};
+
+const MODEL: &str = "Qwen/Qwen2.5-0.5B-Instruct";
+
+/// A serving workflow (no steps) of one agent on the tiny model, with `reflexes`.
+fn workflow(reflexes: &str) -> String {
+    format!("name: reflexes\nagents:\n  coder:\n    model: {{ repo: {MODEL}, context: 2048 }}\nreflexes:\n{reflexes}")
+}
+
+/// Submits `workflow` and waits until it serves; returns the run id.
+async fn serve(s: &Setup, workflow: &str) -> String {
+    let response = s.submit(workflow, json!({})).await;
+    assert_eq!(response.status(), 202, "{}", response.text().await.unwrap());
+    let run: Value = response.json().await.unwrap();
+    let id = run["id"].as_str().unwrap().to_owned();
+    let run = s
+        .wait_run(&id, |r| r["state"] == "running" || r["state"] == "failed")
+        .await;
+    assert_eq!(run["state"], "running", "{run:#}");
+    id
+}
+
+/// A server, a node of two simulated GPUs, and a serving run of `reflexes`: the
+/// server, the node, the run's id and its one instance.
+async fn serving(reflexes: &str) -> (Setup, TestAgent, String, Value) {
+    let s = setup(quick(), None).await;
+    let agent = TestAgent::join(s.server.grpc_addr, TOKEN, "node-a", 2, EngineBehaviour::default()).await;
+    s.wait_nodes(1).await;
+    let run = serve(&s, &workflow(reflexes)).await;
+    let original = instances(&s, &run).await;
+    assert_eq!(original.len(), 1, "{original:#?}");
+    let first = original[0].clone();
+    (s, agent, run, first)
+}
+
+/// The live instances of `run`.
+async fn instances(s: &Setup, run: &str) -> Vec<Value> {
+    let listed = s.get("/v1/instances").await;
+    listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|i| i["run"] == run)
+        .cloned()
+        .collect()
+}
+
+/// Waits until `done` holds for the reflex events (newest first).
+async fn wait_events(s: &Setup, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let page = s.get("/v1/events?limit=100").await;
+        let events = page["data"].as_array().unwrap().clone();
+        if done(&events) {
+            return events;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {events:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn of_kind<'a>(events: &'a [Value], reflex: &str, kind: &str) -> Vec<&'a Value> {
+    events
+        .iter()
+        .filter(|e| e["reflex"] == reflex && e["kind"] == kind)
+        .collect()
+}
+
+async fn session(s: &Setup, run: &str) -> (String, String) {
+    let (status, session) = s
+        .call(
+            Method::POST,
+            "/v1/sessions",
+            Some(API),
+            Some(json!({"run": run, "agent": "coder"})),
+        )
+        .await;
+    assert_eq!(status, 201, "{session}");
+    let id = session["id"].as_str().unwrap().to_owned();
+    let instance = session["binding"]["instance"].as_str().unwrap_or_default().to_owned();
+    (id, instance)
+}
+
+async fn say(s: &Setup, id: &str, text: &str) -> Value {
+    let (status, reply) = s
+        .call(
+            Method::POST,
+            &format!("/v1/sessions/{id}/messages"),
+            Some(API),
+            Some(json!({ "content": text })),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    reply
+}
+
+async fn binding(s: &Setup, id: &str) -> String {
+    let session = s.get(&format!("/v1/sessions/{id}")).await;
+    session["binding"]["instance"].as_str().unwrap_or_default().to_owned()
+}
+
+fn hot(util: u32) -> GpuLoad {
+    GpuLoad {
+        utilization_pct: util,
+        ..GpuLoad::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spike_on_the_agents_gpu_clones_reroutes_decays_and_scales_in_after() {
+    let (s, agent, run, original) = serving(
+        "  - name: hot-coder\n    when: 'gpu.util > 0.8'\n    for: 500ms\n    scope: { agent: coder }\n    do: [ { clone: 1 }, { reroute: new }, { decay: { target: original, capacity: 0.5 } } ]\n    cooldown: 2s\n    max_replicas: 2\n",
+    )
+    .await;
+    let original_name = original["name"].as_str().unwrap().to_owned();
+    let hot_gpu = original["gpus"][0].as_u64().unwrap() as u32;
+
+    // Four conversations on the original.
+    let mut sessions = Vec::new();
+    for n in 0..4 {
+        let (id, bound) = session(&s, &run).await;
+        assert_eq!(bound, original_name);
+        say(&s, &id, &format!("hello {n}")).await;
+        sessions.push(id);
+    }
+
+    // The spike.
+    agent.set_gpu(hot_gpu, hot(95));
+    let events = wait_events(&s, |e| !of_kind(e, "hot-coder", "fire").is_empty()).await;
+    let fire = of_kind(&events, "hot-coder", "fire")[0].clone();
+    assert!(fire["values"]["gpu.util"].as_f64().unwrap() > 0.8, "{fire:#}");
+    let actions = fire["actions"].as_array().unwrap();
+    assert_eq!(actions.len(), 3, "{fire:#}");
+    for action in actions {
+        assert_eq!(action["outcome"], "done", "{fire:#}");
+    }
+    let replicas = instances(&s, &run).await;
+    assert_eq!(replicas.len(), 2, "{replicas:#?}");
+    let clone = replicas.iter().find(|i| i["clone_of"] == "hot-coder").unwrap();
+    let clone_name = clone["name"].as_str().unwrap().to_owned();
+    assert_ne!(
+        clone["gpus"][0].as_u64().unwrap() as u32,
+        hot_gpu,
+        "the clone avoids the hot GPU"
+    );
+    assert!(actions[0]["detail"].as_str().unwrap().contains(&clone_name), "{fire:#}");
+
+    // Decay: half the original's sessions moved to the clone, their histories with them.
+    let mut on_clone = 0;
+    for id in &sessions {
+        if binding(&s, id).await == clone_name {
+            on_clone += 1;
+        }
+    }
+    assert_eq!(on_clone, 2, "{fire:#}");
+    for id in &sessions {
+        let reply = say(&s, id, "still there?").await;
+        assert_eq!(reply["message"]["seq"], 3, "no message lost: {reply:#}");
+    }
+    // Reroute new: new sessions go to the clone.
+    for _ in 0..3 {
+        let (_, bound) = session(&s, &run).await;
+        assert_eq!(bound, clone_name);
+    }
+
+    // The load goes; after the cooldown the reflex lets go and the clone is scaled in,
+    // its sessions back on the original.
+    agent.set_gpu(hot_gpu, hot(10));
+    let events = wait_events(&s, |e| !of_kind(e, "hot-coder", "release").is_empty()).await;
+    let release = of_kind(&events, "hot-coder", "release")[0].clone();
+    assert!(
+        release["actions"][0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("scaled in {clone_name}")),
+        "{release:#}"
+    );
+    let left = instances(&s, &run).await;
+    assert_eq!(left.len(), 1, "{left:#?}");
+    assert_eq!(left[0]["share"], 1.0, "shares restored: {left:#?}");
+    for id in &sessions {
+        assert_eq!(binding(&s, id).await, original_name);
+        let reply = say(&s, id, "back home").await;
+        assert_eq!(reply["message"]["seq"], 5, "{reply:#}");
+    }
+    assert_eq!(of_kind(&events, "hot-coder", "fire").len(), 1, "{events:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rising_ecc_errors_drain_the_gpu_and_move_its_sessions_while_they_chat_losing_nothing() {
+    let (s, agent, run, original) = serving(
+        "  - name: failing-memory\n    when: 'gpu.ecc_rate > 0'\n    scope: { agent: coder }\n    do: [ drain, { notify: \"ECC errors: draining\" } ]\n    cooldown: 10m\n",
+    )
+    .await;
+    let original_name = original["name"].as_str().unwrap().to_owned();
+    let failing = original["gpus"][0].as_u64().unwrap() as u32;
+    let mut sessions = Vec::new();
+    for _ in 0..3 {
+        let (id, _) = session(&s, &run).await;
+        sessions.push(id);
+    }
+
+    // Each session chats without pause while the GPU fails under it.
+    let chatting: Vec<_> = sessions
+        .iter()
+        .map(|id| {
+            let http = s.http.clone();
+            let url = s.url(&format!("/v1/sessions/{id}/messages"));
+            tokio::spawn(async move {
+                let mut turns = 0u64;
+                let until = tokio::time::Instant::now() + Duration::from_secs(3);
+                while tokio::time::Instant::now() < until {
+                    let response = http
+                        .post(&url)
+                        .bearer_auth(API)
+                        .json(&json!({"content": format!("turn {turns}")}))
+                        .send()
+                        .await
+                        .unwrap();
+                    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+                    turns += 1;
+                    tokio::time::sleep(Duration::from_millis(40)).await;
+                }
+                turns
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    agent.set_gpu(
+        failing,
+        GpuLoad {
+            ecc_corrected: 12,
+            ..GpuLoad::default()
+        },
+    );
+    let mut turns = Vec::new();
+    for task in chatting {
+        turns.push(task.await.unwrap());
+    }
+
+    let events = wait_events(&s, |e| !of_kind(e, "failing-memory", "fire").is_empty()).await;
+    let fire = of_kind(&events, "failing-memory", "fire")[0].clone();
+    assert!(fire["values"]["gpu.ecc_rate"].as_f64().unwrap() > 0.0, "{fire:#}");
+    assert_eq!(fire["actions"][0]["outcome"], "done", "{fire:#}");
+    assert_eq!(fire["actions"][1]["detail"], "ECC errors: draining");
+    // The graph says the GPU is drained, and why.
+    let graph = s.get("/v1/graph").await;
+    let gpu = &graph["nodes"][0]["gpus"][failing as usize];
+    assert!(gpu["drained"].as_str().unwrap().contains("failing-memory"), "{gpu:#}");
+    // Every session left the failing GPU, and every message it sent is there with its reply.
+    for (id, turns) in sessions.iter().zip(turns) {
+        let bound = binding(&s, id).await;
+        assert_ne!(bound, original_name, "{fire:#}");
+        let messages = s.get(&format!("/v1/sessions/{id}/messages?limit=1000")).await;
+        let messages = messages["data"].as_array().unwrap();
+        assert_eq!(messages.len() as u64, 2 * turns, "no message lost");
+        for (n, pair) in messages.chunks(2).enumerate() {
+            assert_eq!(pair[0]["content"], format!("turn {n}"));
+            assert_eq!(pair[1]["content"], format!("echo: turn {n}"));
+        }
+    }
+    // Nothing new is placed on the drained GPU.
+    let replicas = instances(&s, &run).await;
+    for replica in replicas.iter().filter(|i| i["name"] != original_name.as_str()) {
+        assert_ne!(replica["gpus"][0].as_u64().unwrap() as u32, failing, "{replicas:#?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_square_wave_acts_at_most_once_per_cooldown_and_a_dry_run_only_records() {
+    let (s, agent, run, original) = serving(
+        "  - name: wave\n    when: 'gpu.util > 0.8'\n    scope: { agent: coder }\n    do: [ notify ]\n    cooldown: 2s\n  - name: shadow\n    when: 'gpu.util > 0.8'\n    scope: { agent: coder }\n    do: [ { clone: 2 } ]\n    cooldown: 2s\n    dry_run: true\n",
+    )
+    .await;
+    let gpu = original["gpus"][0].as_u64().unwrap() as u32;
+    // 300 ms high, 300 ms low, for 5 s.
+    let started = tokio::time::Instant::now();
+    let mut high = true;
+    while started.elapsed() < Duration::from_secs(5) {
+        agent.set_gpu(gpu, hot(if high { 95 } else { 5 }));
+        high = !high;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    agent.set_gpu(gpu, hot(5));
+    let events = wait_events(&s, |e| !of_kind(e, "wave", "fire").is_empty()).await;
+    let fires: Vec<i64> = of_kind(&events, "wave", "fire")
+        .iter()
+        .map(|e| serde_json::from_value::<UnixMs>(e["at"].clone()).unwrap().0)
+        .collect();
+    // 5 s at a 2 s cooldown: at most 3 fires, at least 2 s apart.
+    assert!(fires.len() <= 3, "{events:#?}");
+    for pair in fires.windows(2) {
+        assert!(pair[0] - pair[1] >= 2000, "{fires:?}");
+    }
+    // The dry run decided as often, and did nothing.
+    let shadow = of_kind(&events, "shadow", "fire");
+    assert!(!shadow.is_empty());
+    for event in &shadow {
+        assert_eq!(event["dry_run"], true);
+        assert_eq!(event["actions"][0]["outcome"], "would_do", "{event:#}");
+    }
+    assert_eq!(instances(&s, &run).await.len(), 1, "a dry run starts nothing");
+}
