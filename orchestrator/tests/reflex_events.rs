@@ -16,6 +16,7 @@ fn event(owner: &str, reflex: &str, at: i64) -> EventRecord {
     EventRecord {
         id: String::new(),
         at: UnixMs(at),
+        sampled_at: None,
         run: format!("r-{owner}"),
         owner: owner.to_owned(),
         reflex: reflex.to_owned(),

@@ -165,6 +165,7 @@ pub struct TestAgent {
     tasks: Tasks,
     started: Arc<std::sync::Mutex<Vec<pb::StartInstance>>>,
     loads: Arc<std::sync::Mutex<Vec<GpuLoad>>>,
+    sample_now: Arc<tokio::sync::Notify>,
 }
 
 impl TestAgent {
@@ -176,6 +177,8 @@ impl TestAgent {
         let record = Arc::clone(&started);
         let loads = Arc::new(std::sync::Mutex::new(vec![GpuLoad::default(); gpus as usize]));
         let reported = Arc::clone(&loads);
+        let sample_now = Arc::new(tokio::sync::Notify::new());
+        let next_sample = Arc::clone(&sample_now);
         let name = name.to_owned();
         let tasks: Tasks = Arc::default();
         let own = Arc::clone(&tasks);
@@ -265,7 +268,10 @@ impl TestAgent {
                     if telemetry.send(message).await.is_err() {
                         return;
                     }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                        _ = next_sample.notified() => {}
+                    }
                 }
             });
             own.lock().unwrap().push(beat);
@@ -317,12 +323,22 @@ impl TestAgent {
             }
         });
         tasks.lock().unwrap().push(task);
-        TestAgent { tasks, started, loads }
+        TestAgent {
+            tasks,
+            started,
+            loads,
+            sample_now,
+        }
     }
 
     /// What GPU `index` reports from its next sample on (samples go every 100 ms).
     pub fn set_gpu(&self, index: u32, load: GpuLoad) {
         self.loads.lock().unwrap()[index as usize] = load;
+    }
+
+    /// Sends the next sample now instead of at the end of its 100 ms.
+    pub fn sample_now(&self) {
+        self.sample_now.notify_one();
     }
 
     /// Every start command received.

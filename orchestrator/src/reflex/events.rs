@@ -59,8 +59,12 @@ pub struct ActionRecord {
 pub struct EventRecord {
     /// `e…`, ordered by time.
     pub id: String,
-    /// When the deciding sample was taken.
+    /// When the engine decided (on the orchestrator's clock).
     pub at: UnixMs,
+    /// When the GPU sample that decided it was taken, on its agent's clock (a decision
+    /// on telemetry); `at` less this is the reaction time, transport included.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampled_at: Option<UnixMs>,
     /// The run whose workflow declares the reflex.
     pub run: String,
     /// Who submitted that run.

@@ -70,8 +70,9 @@ struct Watched {
 
 /// Work for a run's actor.
 enum Job {
-    /// Carry out a decision and record it.
-    Decide(Decision),
+    /// Carry out a decision and record it (with when its GPU sample was taken, if a
+    /// sample decided it).
+    Decide(Decision, Option<i64>),
     /// Record an event that needs no action (a scope that cannot be resolved).
     Record(EventRecord),
     /// The run ended: undo what its reflexes added, then stop.
@@ -136,7 +137,7 @@ impl Reflexes {
                     Ok(GraphEvent::Telemetry { node, .. }) => self.telemetry(&node),
                     Ok(GraphEvent::Health { node, gpu: None, to, .. }) => {
                         let decisions = lock(&self.inner.engine).node_state(&node.0, to.state == HealthState::Down, unix_ms().0);
-                        self.dispatch(decisions);
+                        self.dispatch(decisions, None);
                     }
                     Ok(GraphEvent::NodeRegistered { .. }) => self.rescope(),
                     Ok(_) => {}
@@ -226,6 +227,7 @@ impl Reflexes {
         EventRecord {
             id: String::new(),
             at: unix_ms(),
+            sampled_at: None,
             run: run.to_owned(),
             owner: owner.to_owned(),
             reflex: reflex.to_owned(),
@@ -278,7 +280,7 @@ impl Reflexes {
     /// A node's telemetry arrived: the reflexes watching its GPUs see their readings.
     fn telemetry(&self, node: &NodeId) {
         let now = unix_ms().0;
-        let decisions = {
+        let (decisions, sampled) = {
             let mut engine = lock(&self.inner.engine);
             let watched: Vec<u32> = match self.inner.graph.node(node) {
                 Some(view) => view
@@ -296,6 +298,7 @@ impl Reflexes {
                 return;
             };
             let mut previous = lock(&self.inner.previous);
+            let sampled = view.gpus.iter().filter_map(|g| g.latest.map(|s| s.unix_ms)).max();
             let readings: Vec<(GpuKey, GpuReading)> = view
                 .gpus
                 .iter()
@@ -311,9 +314,9 @@ impl Reflexes {
                     Some((key, GpuReading::of(&g.facts, &sample, before.as_ref())))
                 })
                 .collect();
-            engine.gpu_batch(&readings, now)
+            (engine.gpu_batch(&readings, now), sampled)
         };
-        self.dispatch(decisions);
+        self.dispatch(decisions, sampled);
     }
 
     /// The serving figures of every agent and instance a reflex reads, and the time.
@@ -339,10 +342,10 @@ impl Reflexes {
             decisions.extend(lock(&self.inner.engine).agent_sample(&run, &subject, reading, now_ms));
         }
         decisions.extend(lock(&self.inner.engine).tick(now_ms));
-        self.dispatch(decisions);
+        self.dispatch(decisions, None);
     }
 
-    fn dispatch(&self, decisions: Vec<Decision>) {
+    fn dispatch(&self, decisions: Vec<Decision>, sampled_at: Option<i64>) {
         if decisions.is_empty() {
             return;
         }
@@ -350,7 +353,7 @@ impl Reflexes {
         for decision in decisions {
             tracing::info!(run = %decision.run, reflex = %decision.reflex, kind = ?decision.kind, values = ?decision.values, "reflex decision");
             if let Some(watched) = runs.get(&decision.run) {
-                let _ = watched.jobs.send(Job::Decide(decision));
+                let _ = watched.jobs.send(Job::Decide(decision, sampled_at));
             }
         }
     }
@@ -399,8 +402,9 @@ impl Actor {
     async fn serve(mut self, mut jobs: mpsc::UnboundedReceiver<Job>) {
         while let Some(job) = jobs.recv().await {
             match job {
-                Job::Decide(decision) => {
-                    let event = self.decide(decision).await;
+                Job::Decide(decision, sampled_at) => {
+                    let mut event = self.decide(decision).await;
+                    event.sampled_at = sampled_at.map(UnixMs);
                     self.record(event).await;
                 }
                 Job::Record(event) => self.record(event).await,
@@ -429,6 +433,7 @@ impl Actor {
         let mut event = EventRecord {
             id: String::new(),
             at: UnixMs(decision.at_ms),
+            sampled_at: None,
             run: decision.run.clone(),
             owner: self.owner.clone(),
             reflex: decision.reflex.clone(),
