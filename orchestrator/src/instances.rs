@@ -507,11 +507,14 @@ impl Instances {
     }
 
     /// Claims for `run` a ready instance no run uses whose [`InstanceView::warm_key`]
-    /// is `warm_key`.
-    pub fn claim(&self, warm_key: &str, run: &str) -> Option<InstanceView> {
+    /// is `warm_key` and that `usable` accepts (one off drained GPUs).
+    pub fn claim(&self, warm_key: &str, run: &str, usable: impl Fn(&InstanceView) -> bool) -> Option<InstanceView> {
         let mut entries = lock(&self.entries);
         let entry = entries.values_mut().find(|e| {
-            e.view.idle_since.is_some() && e.view.state == InstanceState::Ready && e.view.warm_key == warm_key
+            e.view.idle_since.is_some()
+                && e.view.state == InstanceState::Ready
+                && e.view.warm_key == warm_key
+                && usable(&e.view)
         })?;
         entry.view.run = Some(run.to_owned());
         entry.view.idle_since = None;

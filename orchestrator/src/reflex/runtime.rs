@@ -15,7 +15,7 @@
 //! (replicas, changed shares, drains) is undone when it is released, and when its run
 //! ends.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -56,6 +56,8 @@ struct Inner {
     events: Events,
     /// The runs whose reflexes are live.
     runs: Mutex<HashMap<String, Watched>>,
+    /// Runs being driven that declare no reflex (not read again while they run).
+    without: Mutex<HashSet<String>>,
     /// Each watched GPU's sample before the latest (for the ECC error rate).
     previous: Mutex<HashMap<GpuKey, GpuSample>>,
 }
@@ -110,6 +112,7 @@ impl Reflexes {
                 sessions,
                 events,
                 runs: Mutex::default(),
+                without: Mutex::default(),
                 previous: Mutex::default(),
             }),
         };
@@ -170,15 +173,20 @@ impl Reflexes {
                 let _ = watched.jobs.send(Job::End);
             }
         }
+        lock(&self.inner.without).retain(|id| active.contains(id));
         let mut added = false;
         for id in active {
-            if lock(&self.inner.runs).contains_key(&id) {
+            if lock(&self.inner.runs).contains_key(&id) || lock(&self.inner.without).contains(&id) {
                 continue;
             }
             let Ok(Some(run)) = self.inner.executor.get(&id) else {
                 continue;
             };
-            if run.state.is_final() || run.workflow.reflexes.is_empty() {
+            if run.workflow.reflexes.is_empty() {
+                lock(&self.inner.without).insert(id);
+                continue;
+            }
+            if run.state.is_final() {
                 continue;
             }
             let (jobs, queue) = mpsc::unbounded_channel();

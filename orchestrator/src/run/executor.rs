@@ -568,7 +568,11 @@ impl Executor {
     fn claim_warm(&self, run: &RunRecord) -> Vec<String> {
         crate::plan::demand::instances(&run.workflow)
             .iter()
-            .filter_map(|instance| self.inner.instances.claim(&warm_key(instance), &run.id))
+            .filter_map(|instance| {
+                self.inner
+                    .instances
+                    .claim(&warm_key(instance), &run.id, |v| !self.on_drained(v))
+            })
             .map(|view| view.name)
             .collect()
     }
