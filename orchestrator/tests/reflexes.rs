@@ -316,3 +316,68 @@ async fn a_square_wave_acts_at_most_once_per_cooldown_and_a_dry_run_only_records
     }
     assert_eq!(instances(&s, &run).await.len(), 1, "a dry run starts nothing");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_on_the_agent_moves_some_of_its_sessions_to_another_gpu() {
+    let s = setup(quick(), None).await;
+    let slow = EngineBehaviour {
+        delay: Duration::from_millis(600),
+        ..EngineBehaviour::default()
+    };
+    let _agent = TestAgent::join(s.server.grpc_addr, TOKEN, "node-a", 2, slow).await;
+    s.wait_nodes(1).await;
+    let run = serve(
+        &s,
+        &workflow(
+            "  - name: queue\n    when: 'agent.queue_depth >= 3'\n    scope: { agent: coder }\n    do: [ { migrate: { sessions: 2, to: auto } } ]\n    cooldown: 1m\n",
+        ),
+    )
+    .await;
+    let original = instances(&s, &run).await[0].clone();
+    let original_name = original["name"].as_str().unwrap().to_owned();
+    let mut sessions = Vec::new();
+    for _ in 0..4 {
+        sessions.push(session(&s, &run).await.0);
+    }
+    // Four turns at once queue on the slow engine.
+    let turns: Vec<_> = sessions
+        .iter()
+        .map(|id| {
+            let http = s.http.clone();
+            let url = s.url(&format!("/v1/sessions/{id}/messages"));
+            tokio::spawn(async move {
+                let response = http
+                    .post(&url)
+                    .bearer_auth(API)
+                    .json(&json!({"content": "first"}))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(response.status(), 200);
+            })
+        })
+        .collect();
+    for turn in turns {
+        turn.await.unwrap();
+    }
+    let events = wait_events(&s, |e| !of_kind(e, "queue", "fire").is_empty()).await;
+    let fire = of_kind(&events, "queue", "fire")[0].clone();
+    assert!(fire["values"]["agent.queue_depth"].as_f64().unwrap() >= 3.0, "{fire:#}");
+    assert_eq!(fire["actions"][0]["outcome"], "done", "{fire:#}");
+    assert!(
+        fire["actions"][0]["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("moved 2 sessions"),
+        "{fire:#}"
+    );
+    let mut moved = 0;
+    for id in &sessions {
+        if binding(&s, id).await != original_name {
+            moved += 1;
+        }
+        let reply = say(&s, id, "second").await;
+        assert_eq!(reply["message"]["seq"], 3, "no message lost: {reply:#}");
+    }
+    assert_eq!(moved, 2);
+}
