@@ -57,12 +57,7 @@ fn load(util: u32) -> GpuLoad {
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let rounds = if quick { 30 } else { 300 };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    common::bench_runtime().block_on(async {
         let setup = common::setup(ExecutorConfig::default(), None).await;
         let server = &setup.server;
         let agent = TestAgent::join(server.grpc_addr, common::TOKEN, "box", 1, EngineBehaviour::default()).await;

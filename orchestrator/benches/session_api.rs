@@ -59,12 +59,7 @@ where
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let (turns, seconds, moves): (usize, u64, u32) = if quick { (200, 1, 10) } else { (2000, 5, 60) };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    common::bench_runtime().block_on(async {
         let setup = common::setup(ExecutorConfig::default(), None).await;
         let server = &setup.server;
         let _agent = TestAgent::join(server.grpc_addr, common::TOKEN, "box", 2, EngineBehaviour::default()).await;

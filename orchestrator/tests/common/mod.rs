@@ -60,6 +60,15 @@ pub async fn setup(executor: ExecutorConfig, db: Option<&std::path::Path>) -> Se
     }
 }
 
+/// The runtime benchmarks run the server on: two workers, as the machine has two cores.
+pub fn bench_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 pub fn quick() -> ExecutorConfig {
     ExecutorConfig {
         retry: RetryPolicy {
