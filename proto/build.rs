@@ -8,6 +8,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // Labels in key order, so that they serialize and compare the same everywhere.
+        .btree_map(".skein.agent.v1.Inventory.labels")
         .compile_fds(descriptors)?;
     Ok(())
 }

@@ -378,6 +378,7 @@ pub fn inventory(source: &dyn GpuSource, host: &HostInventory) -> pb::Inventory 
         }),
         gpus: source.inventory().iter().map(gpu_to_wire).collect(),
         gpu_source: source.describe(),
+        labels: Default::default(),
     }
 }
 

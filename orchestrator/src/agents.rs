@@ -414,6 +414,7 @@ mod tests {
                 host: Some(host),
                 gpus: Vec::new(),
                 gpu_source: "none".to_owned(),
+                labels: Default::default(),
             }),
         }
     }

@@ -1,7 +1,7 @@
 //! Skein's wire protocols: the gRPC service between agents and the orchestrator,
 //! generated from `skein/agent/v1/agent.proto` at build time, and the OpenAI
 //! chat-completions format engines and the orchestrator's compatible routes speak
-//! ([`openai`]).
+//! ([`openai`]), and the rules of node labels both sides check ([`labels`]).
 //!
 //! The `.proto` file is the contract; read its comments for the meaning of each field.
 //! Both sides depend on this crate and on nothing of each other.
@@ -19,6 +19,7 @@ pub mod agent {
     }
 }
 
+pub mod labels;
 pub mod openai;
 
 /// The metadata key that carries the join token (`Bearer <token>`).

@@ -205,6 +205,7 @@ impl TestAgent {
                     })
                     .collect(),
                 gpu_source: "test".to_owned(),
+                labels: Default::default(),
             };
             let registration = client
                 .register(auth(
