@@ -391,6 +391,17 @@ pub struct AgentArgs {
     /// Present the GPUs of a node of this fleet file instead of the real ones.
     #[arg(long, value_name = "FLEET.yaml")]
     pub simulate: Option<PathBuf>,
+    /// A label for this node, repeatable: `--label zone=lab-a` (keys and values of letters,
+    /// digits, `.`, `_`, `-`, `/`; in $SKEIN_NODE_LABELS, comma-separated). Added to a
+    /// simulated node's `labels:`, replacing those of the same key.
+    #[arg(
+        long = "label",
+        value_name = "KEY=VALUE",
+        env = "SKEIN_NODE_LABELS",
+        value_delimiter = ',',
+        value_parser = skein_proto::labels::parse
+    )]
+    pub labels: Vec<(String, String)>,
     /// PEM CA certificate to trust for an `https://` server.
     #[arg(long, value_name = "FILE")]
     pub ca: Option<PathBuf>,

@@ -1,6 +1,7 @@
 //! `skein server` and `skein nodes`: the orchestrator's hardware graph, and a table of
 //! it for people.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -330,9 +331,19 @@ pub fn run_nodes(args: &NodesArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-/// What an agent reports: its GPUs, its name, its host, and where the host's live
-/// figures come from (`None` for a simulated node).
-type AgentParts = (Box<dyn GpuSource>, String, HostInventory, Option<HostSampler>);
+/// What an agent reports.
+struct AgentParts {
+    /// Its GPUs.
+    source: Box<dyn GpuSource>,
+    /// Its node's name.
+    node_name: String,
+    /// Its host.
+    host: HostInventory,
+    /// Where the host's live figures come from (`None` for a simulated node).
+    live: Option<HostSampler>,
+    /// A simulated node's labels (`labels:` in its fleet file); none for a real one.
+    labels: BTreeMap<String, String>,
+}
 
 /// A machine's GPU source and node name: a simulated fleet node, or NVML (a CPU-only
 /// node when there is no NVIDIA driver).
@@ -347,8 +358,7 @@ fn gpu_source(simulate: Option<&Path>, node: Option<&str>) -> anyhow::Result<Age
             );
         };
         let source = fleet.node(name).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let host = source.host_inventory(host);
-        return Ok((Box::new(source), name.to_owned(), host, None));
+        return Ok(simulated_parts(source, host));
     }
     let name = match node {
         Some(name) => name.to_owned(),
@@ -371,7 +381,39 @@ fn gpu_source(simulate: Option<&Path>, node: Option<&str>) -> anyhow::Result<Age
             Box::new(NoGpus)
         }
     };
-    Ok((source, name, host, Some(HostSampler::new())))
+    Ok(AgentParts {
+        source,
+        node_name: name,
+        host,
+        live: Some(HostSampler::new()),
+        labels: BTreeMap::new(),
+    })
+}
+
+/// The parts of simulated node `source`, on a machine whose host is `host`.
+fn simulated_parts(source: skein_agent::SimulatedSource, host: HostInventory) -> AgentParts {
+    AgentParts {
+        node_name: source.node_name().to_owned(),
+        host: source.host_inventory(host),
+        labels: source.node().labels.clone(),
+        source: Box::new(source),
+        live: None,
+    }
+}
+
+/// A node's labels: its fleet file's (`fleet`), with those of the command line
+/// (`--label KEY=VALUE`, each checked by clap) added over them. Errors: a key given
+/// twice on the command line with different values; more labels than a node may carry.
+fn node_labels(
+    fleet: BTreeMap<String, String>,
+    command_line: &[(String, String)],
+) -> anyhow::Result<BTreeMap<String, String>> {
+    use skein_proto::labels;
+    let given = labels::collect(command_line.iter().cloned()).map_err(|e| anyhow::anyhow!("--label: {e}"))?;
+    let mut merged = fleet;
+    merged.extend(given);
+    labels::check_all(&merged).map_err(|e| anyhow::anyhow!("--label and the fleet file's labels together: {e}"))?;
+    Ok(merged)
 }
 
 /// An agent's engines: a supervisor logging to `logs_dir`, and the host that downloads
@@ -427,13 +469,22 @@ pub fn run_agent(args: &AgentArgs) -> anyhow::Result<ExitCode> {
             "no join token: pass --token TOKEN or --token-file FILE (the server keeps it in <data dir>/join-token)"
         ),
     };
-    let (source, node_name, host, live) = gpu_source(args.simulate.as_deref(), args.node.as_deref())?;
+    // The command line's own mistakes first, before looking at the machine.
+    node_labels(BTreeMap::new(), &args.labels)?;
+    let AgentParts {
+        source,
+        node_name,
+        host,
+        live,
+        labels,
+    } = gpu_source(args.simulate.as_deref(), args.node.as_deref())?;
     let config = AgentConfig {
         join: args.join.clone(),
         token,
         node_name,
         tls_ca: args.ca.clone(),
         version: env!("CARGO_PKG_VERSION").to_owned(),
+        labels: node_labels(labels, &args.labels)?,
     };
     let logs_dir = data_dir(args.data_dir.as_deref())?.join("logs").join(&config.node_name);
     let simulated = args.simulate.is_some();
@@ -463,8 +514,7 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<ExitCode> {
             let mut agents = Vec::new();
             for name in fleet.node_names() {
                 let source = fleet.node(name).map_err(|e| anyhow::anyhow!("{e}"))?;
-                let host = source.host_inventory(host.clone());
-                agents.push((Box::new(source) as Box<dyn GpuSource>, name.to_owned(), host, None));
+                agents.push(simulated_parts(source, host.clone()));
             }
             agents
         }
@@ -475,10 +525,17 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<ExitCode> {
         let server = skein_orchestrator::server::start(config).await?;
         let join = format!("http://{}", loopback(server.grpc_addr));
         let nodes = agents.len();
-        let gpus: usize = agents.iter().map(|(source, ..)| source.inventory().len()).sum();
+        let gpus: usize = agents.iter().map(|agent| agent.source.inventory().len()).sum();
         let mut tasks = Vec::new();
         let simulated = args.fleet.is_some();
-        for (source, node_name, host, live) in agents {
+        for AgentParts {
+            source,
+            node_name,
+            host,
+            live,
+            labels,
+        } in agents
+        {
             let (engines, reports) = engine_host(&args.engines, dir.join("logs").join(&node_name), simulated)?;
             let config = AgentConfig {
                 join: join.clone(),
@@ -486,6 +543,7 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<ExitCode> {
                 node_name,
                 tls_ca: None,
                 version: env!("CARGO_PKG_VERSION").to_owned(),
+                labels,
             };
             tasks.push(tokio::spawn(skein_agent::daemon::run(
                 config, source, host, live, engines, reports,

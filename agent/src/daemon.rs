@@ -2,6 +2,7 @@
 //! (telemetry up, pings and later commands down), reconnecting with backoff for as long
 //! as the agent runs.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -49,6 +50,10 @@ pub struct AgentConfig {
     pub tls_ca: Option<PathBuf>,
     /// The agent's version, sent at registration.
     pub version: String,
+    /// The node's labels (`--label zone=lab-a`, over a simulated node's `labels:`), sent
+    /// at registration; checked by [`skein_proto::labels::check_all`] before [`run`]
+    /// connects.
+    pub labels: BTreeMap<String, String>,
 }
 
 /// Why the agent stopped for good (a transient failure only causes a reconnect).
@@ -65,6 +70,9 @@ pub enum AgentError {
     /// The orchestrator refused the token: retrying would not help.
     #[error("the orchestrator refused this agent: {0}")]
     Refused(String),
+    /// A label the orchestrator would refuse.
+    #[error(transparent)]
+    BadLabel(#[from] skein_proto::labels::LabelError),
     /// The CA file could not be read.
     #[error("cannot read the CA certificate {}", .path.display())]
     TlsCa {
@@ -130,8 +138,9 @@ pub trait InstanceHost: Send + Sync {
 /// The host's load and free memory come from `live` each tick; a simulated node passes
 /// `None` and reports the figures of its inventory.
 ///
-/// Errors: [`AgentError::BadJoinUrl`], [`AgentError::TlsCa`], [`AgentError::Refused`]
-/// (a wrong or missing token); never for a server that is down or restarting.
+/// Errors: [`AgentError::BadJoinUrl`], [`AgentError::TlsCa`], [`AgentError::BadLabel`],
+/// [`AgentError::Refused`] (a wrong or missing token, or an inventory the orchestrator
+/// refuses); never for a server that is down or restarting.
 pub async fn run(
     config: AgentConfig,
     mut source: Box<dyn GpuSource>,
@@ -141,6 +150,7 @@ pub async fn run(
     mut reports: mpsc::Receiver<pb::InstanceStatus>,
 ) -> Result<(), AgentError> {
     let endpoint = endpoint(&config)?;
+    skein_proto::labels::check_all(&config.labels)?;
     let mut clock = Sequence {
         started: Instant::now(),
         seq: 0,
@@ -239,7 +249,10 @@ async fn session(
             RegisterRequest {
                 node_name: config.node_name.clone(),
                 agent_version: config.version.clone(),
-                inventory: Some(inventory(source, host)),
+                inventory: Some(pb::Inventory {
+                    labels: config.labels.clone(),
+                    ..inventory(source, host)
+                }),
             },
             &config.token,
         )?)
@@ -351,7 +364,8 @@ pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
-/// The inventory as the protocol carries it.
+/// The inventory as the protocol carries it, without labels (which come from the
+/// agent's configuration, or a simulated node's `labels:`).
 pub fn inventory(source: &dyn GpuSource, host: &HostInventory) -> pb::Inventory {
     pb::Inventory {
         host: Some(pb::Host {
@@ -449,9 +463,9 @@ fn sample_to_wire(s: &GpuSample) -> pb::GpuSample {
 /// What every node of a fleet file sends when it joins: its registration and its
 /// telemetry at time `t` (seconds into the file's signals), in file order. This is
 /// what `skein plan --fleet` builds its graph from, through the same messages a live
-/// agent sends. The host side is only what the file gives (cores, memory, network);
-/// nothing is read from the machine running the command, so a plan is the same
-/// everywhere.
+/// agent sends. The host side is only what the file gives (cores, memory, network),
+/// and the labels are the file's; nothing is read from the machine running the
+/// command, so a plan is the same everywhere.
 pub fn fleet_messages(fleet: &crate::fleet::Fleet, t: f64) -> Vec<(RegisterRequest, pb::Telemetry)> {
     fleet
         .nodes()
@@ -462,7 +476,10 @@ pub fn fleet_messages(fleet: &crate::fleet::Fleet, t: f64) -> Vec<(RegisterReque
             let register = RegisterRequest {
                 node_name: node.name.clone(),
                 agent_version: env!("CARGO_PKG_VERSION").to_owned(),
-                inventory: Some(inventory(&source, &host)),
+                inventory: Some(pb::Inventory {
+                    labels: node.labels.clone(),
+                    ..inventory(&source, &host)
+                }),
             };
             let live = HostLive {
                 load1: None,

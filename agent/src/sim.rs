@@ -7,6 +7,8 @@
 //! temperature from power (between idle and load temperature), SM clock and throttle
 //! reasons from load, temperature and power. See `docs/fleets.md`.
 
+use std::collections::BTreeMap;
+
 use crate::HostInventory;
 use crate::fleet::catalog::CardModel;
 use crate::gpu::{GpuInfo, GpuSample, GpuSource, SampleError, ThrottleReasons};
@@ -92,6 +94,8 @@ pub struct SimNode {
     pub gpus: Vec<SimGpu>,
     /// Its CPU side.
     pub host: SimHost,
+    /// The labels the file gives it (`labels: { zone: lab-a }`), checked.
+    pub labels: BTreeMap<String, String>,
 }
 
 /// A simulated node as a [`GpuSource`].

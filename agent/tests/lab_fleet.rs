@@ -1,6 +1,7 @@
 //! The reference fleet file, `workflows/fleets/lab.yaml`: its inventory, identities
 //! and the node lookup.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use skein_agent::{Fleet, FleetError, GpuSource, HostInventory, load_fleet};
@@ -171,4 +172,75 @@ fn missing_file_names_it() {
     let error = load_fleet("no/such/fleet.yaml").unwrap_err();
     assert_eq!(error.to_string(), "cannot read fleet file `no/such/fleet.yaml`");
     assert!(std::error::Error::source(&error).is_some());
+}
+
+fn tiny(text: &str) -> Result<Fleet, FleetError> {
+    skein_agent::fleet::parse_fleet("tiny.yaml", text, Path::new(""), &mut |_| unreachable!())
+}
+
+#[test]
+fn labels_are_read_and_reach_the_wire_inventory() {
+    let text = "fleet: tiny\nnodes:\n  cpu-1:\n    labels: { zone: lab-a, topology.kubernetes.io/rack: \"12\" }\n  \
+                cpu-2:\n    host: { cpu_cores: 8 }\n";
+    let fleet = tiny(text).unwrap_or_else(|e| panic!("{e}"));
+    let labels = |name: &str| fleet.node(name).unwrap().node().labels.clone();
+    let expected: BTreeMap<String, String> = [("zone", "lab-a"), ("topology.kubernetes.io/rack", "12")]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    assert_eq!(labels("cpu-1"), expected);
+    assert!(labels("cpu-2").is_empty());
+
+    // What `skein plan --fleet` registers, as a live agent of the node would.
+    let wire: Vec<(String, BTreeMap<String, String>)> = skein_agent::daemon::fleet_messages(&fleet, 0.0)
+        .into_iter()
+        .map(|(register, _)| (register.node_name, register.inventory.unwrap().labels))
+        .collect();
+    assert_eq!(
+        wire,
+        [("cpu-1".to_owned(), expected), ("cpu-2".to_owned(), BTreeMap::new())]
+    );
+}
+
+#[test]
+fn bad_labels_are_each_reported_where_they_are() {
+    let text = "fleet: tiny\nnodes:\n  cpu-1:\n    labels: { zone: , rack: 12, -x: a, gpu: y, ok: [a, b] }\n";
+    let error = tiny(text).unwrap_err();
+    let found: Vec<(String, Option<String>)> = error
+        .diagnostics()
+        .iter()
+        .map(|d| (d.one_line(), d.help.clone()))
+        .collect();
+    let help = |text: &str| Some(text.to_owned());
+    let quote = |key: &str| {
+        help(&format!(
+            "quote the value (`{key}: \"…\"`): unquoted, YAML reads numbers and words such as `true`, `yes` or \
+             `y` as numbers and booleans"
+        ))
+    };
+    assert_eq!(
+        found,
+        [
+            (
+                "tiny.yaml:4:19: label `zone` has an empty value".to_owned(),
+                help("give it a value (such as `lab-a`), or leave the label out")
+            ),
+            (
+                "tiny.yaml:4:29: the value of label `rack` must be text, found 12".to_owned(),
+                quote("rack")
+            ),
+            (
+                "tiny.yaml:4:33: label key `-x` begins or ends with a symbol".to_owned(),
+                help("begin and end it with a letter or a digit")
+            ),
+            (
+                "tiny.yaml:4:45: the value of label `gpu` must be text, found true".to_owned(),
+                quote("gpu")
+            ),
+            (
+                "tiny.yaml:4:52: the value of label `ok` must be one word, found [\"a\", \"b\"]".to_owned(),
+                help("a label has one value: `labels: { zone: lab-a }`")
+            ),
+        ]
+    );
 }

@@ -171,17 +171,10 @@ impl LabelError {
             LabelError::NotKeyValue { .. } => "write KEY=VALUE, such as `zone=lab-a`".to_owned(),
             LabelError::EmptyKey { value } if value.is_empty() => "write KEY=VALUE, such as `zone=lab-a`".to_owned(),
             LabelError::EmptyKey { value } => format!("write KEY=VALUE, such as `zone={}`", shown(value)),
-            LabelError::EmptyValue { key } => {
-                format!(
-                    "give it a value, such as `{}=lab-a`, or leave the label out",
-                    shown(key)
-                )
-            }
+            LabelError::EmptyValue { .. } => "give it a value (such as `lab-a`), or leave the label out".to_owned(),
             LabelError::TooLong { .. } => "shorten it".to_owned(),
-            LabelError::BadCharacter { .. } => {
-                "use only ASCII letters, digits, `.`, `_`, `-` and `/` (`zone=lab-a`)".to_owned()
-            }
-            LabelError::BadEdge { .. } => "begin and end it with a letter or a digit (`zone=lab-a`)".to_owned(),
+            LabelError::BadCharacter { .. } => "use only ASCII letters, digits, `.`, `_`, `-` and `/`".to_owned(),
+            LabelError::BadEdge { .. } => "begin and end it with a letter or a digit".to_owned(),
             LabelError::Duplicate { .. } => "give each key once".to_owned(),
             LabelError::TooMany { .. } => "leave some out".to_owned(),
         }
@@ -312,6 +305,8 @@ mod tests {
     #[test]
     fn bad_labels_say_what_is_wrong_and_how_to_fix_it() {
         let message = |text: &str| parse(text).unwrap_err().to_string();
+        let charset = "use only ASCII letters, digits, `.`, `_`, `-` and `/`";
+        let edges = "begin and end it with a letter or a digit";
         assert_eq!(
             message("zone"),
             "`zone` is not a label: write KEY=VALUE, such as `zone=lab-a`"
@@ -321,26 +316,25 @@ mod tests {
             "label `=lab-a` has no key: write KEY=VALUE, such as `zone=lab-a`"
         );
         assert_eq!(
+            message("="),
+            "label `=` has no key: write KEY=VALUE, such as `zone=lab-a`"
+        );
+        assert_eq!(
             message("zone="),
-            "label `zone` has an empty value: give it a value, such as `zone=lab-a`, or leave the label out"
+            "label `zone` has an empty value: give it a value (such as `lab-a`), or leave the label out"
         );
         assert_eq!(
             message("zone=lab a"),
-            "the value `lab a` of label `zone` contains ' ': use only ASCII letters, digits, `.`, `_`, `-` \
-             and `/` (`zone=lab-a`)"
+            format!("the value `lab a` of label `zone` contains ' ': {charset}")
         );
-        assert_eq!(
-            message("zöne=a"),
-            "label key `zöne` contains 'ö': use only ASCII letters, digits, `.`, `_`, `-` and `/` (`zone=lab-a`)"
-        );
+        assert_eq!(message("zöne=a"), format!("label key `zöne` contains 'ö': {charset}"));
         assert_eq!(
             message("-zone=a"),
-            "label key `-zone` begins or ends with a symbol: begin and end it with a letter or a digit (`zone=lab-a`)"
+            format!("label key `-zone` begins or ends with a symbol: {edges}")
         );
         assert_eq!(
             message("zone=lab-"),
-            "the value `lab-` of label `zone` begins or ends with a symbol: begin and end it with a letter or a \
-             digit (`zone=lab-a`)"
+            format!("the value `lab-` of label `zone` begins or ends with a symbol: {edges}")
         );
         assert_eq!(
             message(&format!("zone={}", "a".repeat(64))),
@@ -358,6 +352,10 @@ mod tests {
             check("zone", "a\nb").unwrap_err().problem(),
             "the value `a\\nb` of label `zone` contains '\\n'"
         );
+        // Which part is wrong, for pointing at it.
+        assert!(check("zone", "a b").unwrap_err().in_value());
+        assert!(check("zone", "").unwrap_err().in_value());
+        assert!(!check("zo ne", "a").unwrap_err().in_value());
     }
 
     #[test]

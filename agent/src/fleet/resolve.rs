@@ -10,7 +10,7 @@ use serde_saphyr::Spanned;
 
 use super::catalog::{self, CardModel};
 use super::diag::Diagnostic;
-use super::schema::{GpuGroups, RawFleet, RawGpus, RawHost, RawModel, RawNode, RawScalar, RawTelemetry};
+use super::schema::{Entries, GpuGroups, RawFleet, RawGpus, RawHost, RawModel, RawNode, RawScalar, RawTelemetry};
 use crate::gpu::{GpuInfo, PcieLink, ThrottleReasons, format_uuid};
 use crate::sim::{GpuTelemetry, SimGpu, SimHost, SimNode};
 use crate::telemetry::{AfterEnd, Interpolation, Model, Series, Signal};
@@ -254,6 +254,11 @@ impl<'a, 'r> Resolver<'a, 'r> {
             return None;
         }
         let host = raw.host.as_ref().map(|host| self.host(&host.value)).unwrap_or_default();
+        let labels = raw
+            .labels
+            .as_ref()
+            .map(|labels| self.labels(labels))
+            .unwrap_or_default();
 
         // Build the inventory group by group: indices run on across groups, NVLink stays
         // within a group (cards of one model bridged together).
@@ -326,6 +331,7 @@ impl<'a, 'r> Resolver<'a, 'r> {
             name: name.to_owned(),
             gpus: sim_gpus,
             host,
+            labels,
         })
     }
 
@@ -626,6 +632,68 @@ impl<'a, 'r> Resolver<'a, 'r> {
             memory_bytes,
             network_bits_per_second,
         }
+    }
+
+    /// A node's `labels`, each checked by the rules the orchestrator applies
+    /// ([`skein_proto::labels`]); the good ones (the caller drops them on any problem).
+    fn labels(&mut self, raw: &Spanned<Entries<Spanned<String>, Spanned<RawScalar>>>) -> BTreeMap<String, String> {
+        use skein_proto::labels::{self, MAX_LABELS};
+        let entries = &raw.value.0;
+        if entries.len() > MAX_LABELS {
+            self.error(
+                at(raw),
+                format!(
+                    "the node has {} labels; a node carries at most {MAX_LABELS}",
+                    entries.len()
+                ),
+                Some("leave some out".to_owned()),
+            );
+        }
+        let mut checked = BTreeMap::new();
+        for (key, value) in entries {
+            let text = match &value.value {
+                RawScalar::Text(text) => text.clone(),
+                RawScalar::Null => String::new(),
+                RawScalar::Number(_) | RawScalar::Bool(_) => {
+                    self.error(
+                        at(value),
+                        format!(
+                            "the value of label `{}` must be text, found {}",
+                            key.value,
+                            value.value.shown()
+                        ),
+                        Some(format!(
+                            "quote the value (`{}: \"…\"`): unquoted, YAML reads numbers and words such as \
+                             `true`, `yes` or `y` as numbers and booleans",
+                            key.value
+                        )),
+                    );
+                    continue;
+                }
+                RawScalar::List(_) => {
+                    self.error(
+                        at(value),
+                        format!(
+                            "the value of label `{}` must be one word, found {}",
+                            key.value,
+                            value.value.shown()
+                        ),
+                        Some("a label has one value: `labels: { zone: lab-a }`".to_owned()),
+                    );
+                    continue;
+                }
+            };
+            match labels::check(&key.value, &text) {
+                Ok(()) => {
+                    checked.insert(key.value.clone(), text);
+                }
+                Err(problem) => {
+                    let position = if problem.in_value() { at(value) } else { at(key) };
+                    self.error(position, problem.problem(), Some(problem.help()));
+                }
+            }
+        }
+        checked
     }
 
     /// The host's `network`: a link speed in bits per second, more than zero.

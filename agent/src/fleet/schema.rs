@@ -34,6 +34,9 @@ pub(super) struct RawNode {
     pub telemetry: Option<S<RawTelemetry>>,
     #[serde(default)]
     pub host: Option<S<RawHost>>,
+    /// `labels: { zone: lab-a }`.
+    #[serde(default)]
+    pub labels: Option<S<Entries<S<String>, S<RawScalar>>>>,
 }
 
 /// `gpus:` — one group (a mapping) or several (a list of mappings).
