@@ -279,6 +279,23 @@ async fn rising_ecc_errors_drain_the_gpu_and_move_its_sessions_while_they_chat_l
     for replica in replicas.iter().filter(|i| i["name"] != original_name.as_str()) {
         assert_ne!(replica["gpus"][0].as_u64().unwrap() as u32, failing, "{replicas:#?}");
     }
+
+    // The run ends: the replica the drain started stops and the drain is lifted.
+    let (status, _) = s
+        .call(Method::POST, &format!("/v1/runs/{run}/cancel"), Some(API), None)
+        .await;
+    assert_eq!(status, 200);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let left = instances(&s, &run).await;
+        let graph = s.get("/v1/graph").await;
+        let drained = graph["nodes"][0]["gpus"][failing as usize].get("drained").cloned();
+        if left.is_empty() && drained.is_none() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{left:#?} {drained:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -858,26 +858,28 @@ impl Actor {
                         .collect(),
                     None => Vec::new(),
                 };
-                let bound = self
-                    .inner
-                    .sessions
-                    .bound_to(std::slice::from_ref(clone))
-                    .unwrap_or_default();
                 let moved = if stays.is_empty() {
-                    // No replica stays: its sessions go wherever the planner says.
-                    self.move_sessions(bound.into_iter().map(|s| s.id), |_| MoveTo::Auto)
-                        .await
+                    // No replica stays (the run ended): its sessions are placed again at
+                    // their next turn.
+                    "its sessions are placed again at their next turn".to_owned()
                 } else {
-                    self.move_sessions(bound.into_iter().map(|s| s.id), |i| {
-                        MoveTo::Instance(stays[i % stays.len()].clone())
-                    })
-                    .await
+                    let bound = self
+                        .inner
+                        .sessions
+                        .bound_to(std::slice::from_ref(clone))
+                        .unwrap_or_default();
+                    let moved = self
+                        .move_sessions(bound.into_iter().map(|s| s.id), |i| {
+                            MoveTo::Instance(stays[i % stays.len()].clone())
+                        })
+                        .await;
+                    if moved.outcome() == Outcome::Failed {
+                        outcome = Outcome::Failed;
+                    }
+                    moved.say()
                 };
-                if moved.outcome() == Outcome::Failed {
-                    outcome = Outcome::Failed;
-                }
                 let _ = self.inner.instances.stop(clone);
-                said.push(format!("scaled in {clone} ({})", moved.say()));
+                said.push(format!("scaled in {clone} ({moved})"));
             }
             let action = find(|a| matches!(a, Action::Clone { .. } | Action::Drain)).unwrap_or(Action::Clone {
                 count: applied.clones.len() as u32,

@@ -559,6 +559,8 @@ impl Executor {
                 tracing::error!(run = %id, %error, "a run stopped: the store failed");
             }
             lock(&executor.inner.active).remove(&id);
+            // Its driving ended: watchers of the active runs see it gone.
+            executor.changed(&id);
             executor.inner.wake.notify_one();
         });
         Ok(())
