@@ -45,6 +45,7 @@ fn inventory(n: usize) -> NodeInventory {
                 simulated: true,
             })
             .collect(),
+        labels: Default::default(),
     }
 }
 

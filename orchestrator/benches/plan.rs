@@ -184,6 +184,7 @@ fn live_fleet(nodes: usize) -> LiveFleet {
                 ..HostFacts::default()
             },
             gpus: gpus.clone(),
+            labels: Default::default(),
         };
         let (registration, _) = graph.register(inventory, 0);
         graph.connected(&registration.id, 0).expect("registered");

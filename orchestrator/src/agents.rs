@@ -327,6 +327,9 @@ fn inventory_from_wire(request: RegisterRequest) -> Result<NodeInventory, Status
             gpu.index
         )));
     }
+    if let Err(problem) = skein_proto::labels::check_all(&inventory.labels) {
+        return Err(Status::invalid_argument(format!("node `{name}`: {problem}")));
+    }
     let host = inventory.host.unwrap_or_default();
     Ok(NodeInventory {
         name,
@@ -345,6 +348,7 @@ fn inventory_from_wire(request: RegisterRequest) -> Result<NodeInventory, Status
             network_bps: host.network_bits_per_second,
         },
         gpus,
+        labels: inventory.labels,
     })
 }
 
@@ -436,5 +440,45 @@ mod tests {
         // An agent that predates the field, or cannot read its links, sends 0.
         let facts = inventory_from_wire(registration(pb::Host::default())).unwrap().host;
         assert_eq!(facts.network_bps, 0);
+    }
+
+    fn labelled(labels: &[(&str, &str)]) -> RegisterRequest {
+        let mut request = registration(pb::Host::default());
+        if let Some(inventory) = request.inventory.as_mut() {
+            inventory.labels = labels.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
+        }
+        request
+    }
+
+    #[test]
+    fn labels_are_kept_and_bad_ones_refused_saying_which() {
+        let inventory = inventory_from_wire(labelled(&[("zone", "lab-a"), ("rack", "r12")])).unwrap();
+        assert_eq!(inventory.label("zone"), Some("lab-a"));
+        assert_eq!(inventory.labels.len(), 2);
+        // An agent that predates labels sends none.
+        assert!(inventory_from_wire(labelled(&[])).unwrap().labels.is_empty());
+
+        let refused = |labels: &[(&str, &str)]| {
+            let status = inventory_from_wire(labelled(labels)).unwrap_err();
+            assert_eq!(status.code(), tonic::Code::InvalidArgument);
+            status.message().to_owned()
+        };
+        assert_eq!(
+            refused(&[("zone", "lab a")]),
+            "node `rtx-1`: the value `lab a` of label `zone` contains ' ': use only ASCII letters, digits, `.`, `_`, \
+             `-` and `/`"
+        );
+        assert_eq!(
+            refused(&[("zone", "")]),
+            "node `rtx-1`: label `zone` has an empty value: give it a value (such as `lab-a`), or leave the label out"
+        );
+        let long = "x".repeat(64);
+        assert!(refused(&[("zone", &long)]).contains("is 64 characters long; a value has at most 63"));
+        let many: Vec<(String, String)> = (0..65).map(|i| (format!("k{i}"), "v".to_owned())).collect();
+        let many: Vec<(&str, &str)> = many.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(
+            refused(&many),
+            "node `rtx-1`: 65 labels; a node carries at most 64: leave some out"
+        );
     }
 }

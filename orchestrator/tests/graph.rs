@@ -1,5 +1,10 @@
 //! The hardware graph as a pure state machine: registration, telemetry, health, down
-//! detection, snapshots and the metrics text. Times are passed in (milliseconds).
+//! detection, snapshots, labels and the metrics text. Times are passed in
+//! (milliseconds). And labels end to end: a test agent's, over gRPC, in the REST API.
+
+mod common;
+
+use std::collections::BTreeMap;
 
 use skein_orchestrator::api::prometheus_text;
 use skein_orchestrator::graph::{
@@ -34,6 +39,7 @@ fn node(name: &str, gpus: Vec<GpuFacts>) -> NodeInventory {
             ..HostFacts::default()
         },
         gpus,
+        labels: BTreeMap::new(),
     }
 }
 
@@ -277,4 +283,140 @@ fn metrics_use_the_gpu_exporter_names() {
     g.ingest(&r.id, batch(1, vec![(0, sample(8, 42))]), 1000).unwrap();
     let text = prometheus_text(&g.snapshot());
     insta::assert_snapshot!(text);
+}
+
+fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+}
+
+#[test]
+fn labels_are_in_the_snapshot_and_select_the_nodes_of_a_zone() {
+    let g = graph();
+    let rtx = |name: &str, zone: Option<&str>| {
+        let mut inventory = node(name, vec![gpu(0, "NVIDIA GeForce RTX 4090", 24, &[])]);
+        inventory.labels = zone.map_or_else(BTreeMap::new, |zone| labels(&[("zone", zone)]));
+        inventory
+    };
+    let mut a100 = a100_box();
+    a100.labels = labels(&[("zone", "lab-a"), ("rack", "r1")]);
+    g.register(a100, 0);
+    g.register(rtx("rtx-1", Some("lab-b")), 0);
+    g.register(rtx("rtx-2", Some("lab-a")), 0);
+    g.register(rtx("old-1", None), 0);
+
+    let snapshot = g.snapshot();
+    let labelled = |key: &str, value: &str| -> Vec<String> {
+        snapshot
+            .nodes_labelled(key, value)
+            .map(|n| n.inventory.name.clone())
+            .collect()
+    };
+    assert_eq!(labelled("zone", "lab-a"), ["a100-box", "rtx-2"]);
+    assert_eq!(labelled("zone", "lab-b"), ["rtx-1"]);
+    assert_eq!(labelled("rack", "r1"), ["a100-box"]);
+    assert!(labelled("zone", "lab-c").is_empty());
+    // Exact: case matters, and a value is not a key.
+    assert!(labelled("zone", "LAB-A").is_empty());
+    assert!(labelled("lab-a", "zone").is_empty());
+
+    // GET /v1/graph serializes the inventory: labels in key order, `{}` for none.
+    let json = serde_json::to_value(&snapshot).unwrap();
+    let inventory = |name: &str| {
+        json["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["inventory"]["name"] == name)
+            .unwrap()["inventory"]
+            .clone()
+    };
+    assert_eq!(
+        inventory("a100-box")["labels"].to_string(),
+        r#"{"rack":"r1","zone":"lab-a"}"#
+    );
+    assert_eq!(inventory("old-1")["labels"], serde_json::json!({}));
+
+    // An agent that restarts with other labels replaces them.
+    g.register(rtx("rtx-1", Some("lab-a")), 10);
+    let snapshot = g.snapshot();
+    let names: Vec<&str> = snapshot
+        .nodes_labelled("zone", "lab-a")
+        .map(|n| n.inventory.name.as_str())
+        .collect();
+    assert_eq!(names, ["a100-box", "rtx-1", "rtx-2"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_labels_reach_the_nodes_and_the_graph_and_bad_ones_are_refused() {
+    use skein_proto::agent::v1 as pb;
+    use skein_testkit::agent::{EngineBehaviour, TestAgent};
+
+    let s = common::setup(common::quick(), None).await;
+    let grpc = s.server.grpc_addr;
+    let behaviour = EngineBehaviour::default();
+    let _a = TestAgent::join_labelled(
+        grpc,
+        common::TOKEN,
+        "node-a",
+        1,
+        behaviour.clone(),
+        &[("zone", "lab-a")],
+    )
+    .await;
+    let _b = TestAgent::join(grpc, common::TOKEN, "node-b", 1, behaviour).await;
+    s.wait_nodes(2).await;
+
+    let nodes = s.get("/v1/nodes").await;
+    let listed = |name: &str| nodes.as_array().unwrap().iter().find(|n| n["name"] == name).unwrap()["labels"].clone();
+    assert_eq!(listed("node-a"), serde_json::json!({ "zone": "lab-a" }));
+    assert_eq!(listed("node-b"), serde_json::json!({}));
+    let graph = s.get("/v1/graph").await;
+    let in_graph: Vec<(String, serde_json::Value)> = graph["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                n["inventory"]["name"].as_str().unwrap().to_owned(),
+                n["inventory"]["labels"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        in_graph,
+        [
+            ("node-a".to_owned(), serde_json::json!({ "zone": "lab-a" })),
+            ("node-b".to_owned(), serde_json::json!({})),
+        ]
+    );
+    let snapshot = s.server.graph.snapshot();
+    let zone: Vec<&str> = snapshot
+        .nodes_labelled("zone", "lab-a")
+        .map(|n| n.inventory.name.as_str())
+        .collect();
+    assert_eq!(zone, ["node-a"]);
+
+    // An agent with a label the rules refuse is told which, and does not join.
+    let mut client = pb::agent_service_client::AgentServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    let mut request = tonic::Request::new(pb::RegisterRequest {
+        node_name: "node-c".to_owned(),
+        agent_version: "test".to_owned(),
+        inventory: Some(pb::Inventory {
+            labels: labels(&[("zone", "lab a")]),
+            ..pb::Inventory::default()
+        }),
+    });
+    request
+        .metadata_mut()
+        .insert("authorization", format!("Bearer {}", common::TOKEN).parse().unwrap());
+    let status = client.register(request).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert_eq!(
+        status.message(),
+        "node `node-c`: the value `lab a` of label `zone` contains ' ': use only ASCII letters, digits, `.`, `_`, \
+         `-` and `/`"
+    );
+    assert_eq!(s.get("/v1/nodes").await.as_array().unwrap().len(), 2);
 }

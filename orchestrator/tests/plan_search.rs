@@ -138,6 +138,7 @@ fn snapshot(nodes: &[NodeSpec]) -> GraphSnapshot {
                 ..HostFacts::default()
             },
             gpus,
+            labels: Default::default(),
         };
         let (registration, _) = graph.register(inventory, 0);
         graph.connected(&registration.id, 0).expect("connects");

@@ -4,6 +4,7 @@
 //! and can fail or be slow on request). Dropping it is a machine dying: its node goes
 //! silent and its engines stop answering.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -172,6 +173,24 @@ impl TestAgent {
     /// Joins the orchestrator at `grpc` with join token `token` as node `name` with
     /// `gpus` simulated RTX 4090s, its engines behaving as `behaviour`.
     pub async fn join(grpc: SocketAddr, token: &str, name: &str, gpus: u32, behaviour: EngineBehaviour) -> TestAgent {
+        Self::join_labelled(grpc, token, name, gpus, behaviour, &[]).await
+    }
+
+    /// [`join`](TestAgent::join), the node carrying `labels` (`[("zone", "lab-a")]`),
+    /// sent as given: the orchestrator checks them (a refused registration panics the
+    /// agent's task, and the node never appears).
+    pub async fn join_labelled(
+        grpc: SocketAddr,
+        token: &str,
+        name: &str,
+        gpus: u32,
+        behaviour: EngineBehaviour,
+        labels: &[(&str, &str)],
+    ) -> TestAgent {
+        let labels: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+            .collect();
         let token = token.to_owned();
         let started = Arc::new(std::sync::Mutex::new(Vec::new()));
         let record = Arc::clone(&started);
@@ -205,7 +224,7 @@ impl TestAgent {
                     })
                     .collect(),
                 gpu_source: "test".to_owned(),
-                labels: Default::default(),
+                labels,
             };
             let registration = client
                 .register(auth(

@@ -5,6 +5,7 @@
 //!
 //! Every route but `/healthz` needs `Authorization: Bearer <API token>`.
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -640,6 +641,8 @@ pub struct NodeSummary {
     pub gpu_source: String,
     /// Agent version.
     pub agent_version: String,
+    /// The node's labels (`zone`, …), as its agent gave them.
+    pub labels: BTreeMap<String, String>,
 }
 
 impl From<&NodeView> for NodeSummary {
@@ -656,6 +659,7 @@ impl From<&NodeView> for NodeSummary {
             rtt_ms: node.rtt_ms,
             gpu_source: node.inventory.gpu_source.clone(),
             agent_version: node.inventory.agent_version.clone(),
+            labels: node.inventory.labels.clone(),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The values the hardware graph holds and hands out: inventory, telemetry samples,
 //! health, and the immutable views a snapshot is made of.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde::Serialize;
@@ -34,6 +35,16 @@ pub struct NodeInventory {
     pub host: HostFacts,
     /// Its GPUs, by index.
     pub gpus: Vec<GpuFacts>,
+    /// The operator's labels (`skein agent --label zone=lab-a`, a fleet file's
+    /// `labels:`), checked by [`skein_proto::labels`]; empty when none were given.
+    pub labels: BTreeMap<String, String>,
+}
+
+impl NodeInventory {
+    /// The value of label `key`, if the node carries it.
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels.get(key).map(String::as_str)
+    }
 }
 
 /// The machine's static facts.
@@ -271,6 +282,16 @@ pub struct GraphSnapshot {
 }
 
 impl GraphSnapshot {
+    /// The nodes whose label `key` is `value` (exactly), in name order: with `key`
+    /// `zone`, the nodes of a reflex scoped to `{ zone: VALUE }`. Connected or not, and
+    /// whatever their health: callers filter for what they need.
+    pub fn nodes_labelled<'a>(&'a self, key: &'a str, value: &'a str) -> impl Iterator<Item = &'a NodeView> + 'a {
+        self.nodes
+            .iter()
+            .map(Arc::as_ref)
+            .filter(move |node| node.inventory.label(key) == Some(value))
+    }
+
     /// Every GPU with its node.
     pub fn gpus(&self) -> impl Iterator<Item = (&NodeView, &GpuView)> {
         self.nodes
