@@ -200,6 +200,9 @@ struct Node {
 #[derive(Debug, Deserialize)]
 struct Inventory {
     name: String,
+    /// Absent from servers that predate labels.
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -233,10 +236,13 @@ fn gib(bytes: u64) -> String {
     format!("{:.1}", bytes as f64 / (1u64 << 30) as f64)
 }
 
-/// The table `skein nodes` prints: one row per GPU, one per GPU-less node.
+/// The table `skein nodes` prints: one row per GPU, one per GPU-less node; when any node
+/// has labels, a last column with each node's (`zone=lab-a,rack=r1`) on its first row.
 fn render_nodes(graph: &Graph) -> String {
+    let labelled = graph.nodes.iter().any(|node| !node.inventory.labels.is_empty());
     let mut rows: Vec<Vec<String>> = Vec::new();
     for node in &graph.nodes {
+        let first_row = rows.len();
         let node_health = if node.connected || node.health.state == "down" {
             node.health.state.clone()
         } else {
@@ -276,6 +282,22 @@ fn render_nodes(graph: &Graph) -> String {
                 health,
             ]);
         }
+        if labelled {
+            let labels = node
+                .inventory
+                .labels
+                .iter()
+                .map(|(key, value)| format!("{key}={value}"))
+                .collect::<Vec<_>>()
+                .join(",");
+            for (i, row) in rows.iter_mut().enumerate().skip(first_row) {
+                row.push(match (i == first_row, labels.is_empty()) {
+                    (true, true) => "-".to_owned(),
+                    (true, false) => labels.clone(),
+                    (false, _) => String::new(),
+                });
+            }
+        }
     }
     // Figures right-aligned under their headers, text left-aligned.
     let style = crate::table::Style {
@@ -283,7 +305,10 @@ fn render_nodes(graph: &Graph) -> String {
         gap: 3,
         right_aligned: &[3, 4, 5],
     };
-    let header = ["NODE", "GPU", "MODEL", "MEMORY (GiB)", "UTIL", "TEMP", "HEALTH"];
+    let mut header = vec!["NODE", "GPU", "MODEL", "MEMORY (GiB)", "UTIL", "TEMP", "HEALTH"];
+    if labelled {
+        header.push("LABELS");
+    }
     crate::table::render(&style, &header, &rows)
 }
 
@@ -577,5 +602,64 @@ fn loopback(addr: SocketAddr) -> SocketAddr {
         SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port())
     } else {
         addr
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn graph(nodes: serde_json::Value) -> Graph {
+        serde_json::from_value(serde_json::json!({ "nodes": nodes })).unwrap()
+    }
+
+    fn node(name: &str, labels: serde_json::Value, gpus: u32) -> serde_json::Value {
+        let gpus: Vec<serde_json::Value> = (0..gpus)
+            .map(|index| {
+                serde_json::json!({
+                    "facts": { "index": index, "name": "NVIDIA GeForce RTX 4090", "memory_total": 24u64 << 30 },
+                    "latest": null,
+                    "health": { "state": "ok", "reasons": [] },
+                })
+            })
+            .collect();
+        let mut inventory = serde_json::json!({ "name": name });
+        if !labels.is_null() {
+            inventory["labels"] = labels;
+        }
+        serde_json::json!({
+            "inventory": inventory,
+            "connected": true,
+            "health": { "state": "ok", "reasons": [] },
+            "gpus": gpus,
+        })
+    }
+
+    #[test]
+    fn labels_show_on_each_nodes_first_row_only_when_some_node_has_them() {
+        let table = render_nodes(&graph(serde_json::json!([
+            node("a100-box", serde_json::json!({ "zone": "lab-a", "rack": "r1" }), 2),
+            node("cpu-1", serde_json::json!({}), 0),
+            // A server that predates labels sends none.
+            node("old-1", serde_json::Value::Null, 1),
+        ])));
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[0].ends_with("HEALTH   LABELS"), "{table}");
+        assert!(
+            lines[1].starts_with("a100-box") && lines[1].ends_with("ok       rack=r1,zone=lab-a"),
+            "{table}"
+        );
+        assert!(lines[2].starts_with("a100-box") && lines[2].ends_with("ok"), "{table}");
+        assert!(
+            lines[3].starts_with("cpu-1") && lines[3].ends_with("ok       -"),
+            "{table}"
+        );
+        assert!(
+            lines[4].starts_with("old-1") && lines[4].ends_with("ok       -"),
+            "{table}"
+        );
+
+        let unlabelled = render_nodes(&graph(serde_json::json!([node("rtx-1", serde_json::Value::Null, 1)])));
+        assert!(!unlabelled.contains("LABELS"), "{unlabelled}");
     }
 }
