@@ -41,6 +41,19 @@ fn lab_has_the_reference_fleet() {
 }
 
 #[test]
+fn rtx_1_is_the_one_labelled_node() {
+    let fleet = lab();
+    let labelled: Vec<(&str, BTreeMap<String, String>)> = fleet
+        .nodes()
+        .iter()
+        .filter(|node| !node.labels.is_empty())
+        .map(|node| (node.name.as_str(), node.labels.clone()))
+        .collect();
+    let zone = BTreeMap::from([("zone".to_owned(), "lab-a".to_owned())]);
+    assert_eq!(labelled, [("rtx-1", zone)]);
+}
+
+#[test]
 fn a100_box_is_nvlinked_all_to_all_and_the_rest_is_pcie() {
     let fleet = lab();
     let a100 = fleet.node("a100-box").unwrap();
