@@ -109,3 +109,48 @@ fn unreadable_files_and_bad_usage_exit_2() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("--db-cache-mib"), "{}", text(&out.stderr));
 }
+
+#[test]
+fn bad_node_labels_are_refused_before_the_agent_starts() {
+    let agent = |labels: &[&str]| {
+        let mut args = vec!["agent", "--join", "http://127.0.0.1:1", "--token", "t"];
+        for label in labels {
+            args.extend(["--label", label]);
+        }
+        skein(&args)
+    };
+    // Usage: clap refuses the value, saying what is wrong and how to fix it.
+    let out = agent(&["zone"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains(
+            "invalid value 'zone' for '--label <KEY=VALUE>': `zone` is not a label: write KEY=VALUE, such as \
+             `zone=lab-a`"
+        ),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = agent(&["zone=lab a"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("the value `lab a` of label `zone` contains ' '"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = agent(&["zone="]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("label `zone` has an empty value"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Each label alone is fine, together they disagree.
+    let out = agent(&["zone=lab-a", "zone=lab-b"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr)
+            .contains("--label: label `zone` is given twice, as `lab-a` and as `lab-b`: give each key once"),
+        "{}",
+        text(&out.stderr)
+    );
+}

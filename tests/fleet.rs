@@ -259,6 +259,64 @@ fn a_wrong_or_missing_token_is_refused() {
 }
 
 #[test]
+fn labels_from_the_fleet_file_and_the_command_line_reach_the_graph_and_skein_nodes() {
+    let server = server();
+    let fleet = workspace_file("workflows/fleets/lab.yaml");
+    // rtx-1 has `labels: { zone: lab-a }` in the file; the command line adds to them and
+    // replaces those of the same key (the variable as well as the flag).
+    let mut relabelled = skein()
+        .args(["agent", "--join", &server.grpc, "--node", "rtx-1", "--simulate"])
+        .arg(&fleet)
+        .arg("--token-file")
+        .arg(server.token_file())
+        .args(["--label", "zone=lab-b", "--label", "topology.kubernetes.io/rack=r1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut from_env = skein()
+        .args(["agent", "--join", &server.grpc, "--node", "old-1", "--simulate"])
+        .arg(&fleet)
+        .arg("--token-file")
+        .arg(server.token_file())
+        .env("SKEIN_NODE_LABELS", "zone=lab-c,gpu=v100")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut plain = server.agent(&fleet, "rtx-2");
+    let graph = server.wait_for("three nodes reporting", |g| all_reporting(g, 3));
+    let labels = |name: &str| node(&graph, name).unwrap()["inventory"]["labels"].clone();
+    assert_eq!(
+        labels("rtx-1"),
+        serde_json::json!({ "zone": "lab-b", "topology.kubernetes.io/rack": "r1" })
+    );
+    assert_eq!(labels("old-1"), serde_json::json!({ "zone": "lab-c", "gpu": "v100" }));
+    assert_eq!(labels("rtx-2"), serde_json::json!({}));
+
+    let out = skein()
+        .args(["nodes", "--server", &server.api, "--data-dir"])
+        .arg(server.data.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8_lossy(&out.stdout);
+    let first_row = |name: &str| table.lines().find(|l| l.starts_with(name)).unwrap().to_owned();
+    assert!(table.lines().next().unwrap().ends_with("LABELS"), "{table}");
+    assert!(
+        first_row("rtx-1").ends_with("topology.kubernetes.io/rack=r1,zone=lab-b"),
+        "{table}"
+    );
+    assert!(first_row("old-1").ends_with("gpu=v100,zone=lab-c"), "{table}");
+    assert!(first_row("rtx-2").ends_with(" -"), "{table}");
+
+    for agent in [&mut relabelled, &mut from_env, &mut plain] {
+        let _ = agent.kill();
+        let _ = agent.wait();
+    }
+}
+
+#[test]
 fn a_load_spike_shows_in_the_graph_within_two_intervals() {
     let server = server();
     let mut agent = server.agent(&workspace_file("tests/data/spike-fleet.yaml"), "spiky");
