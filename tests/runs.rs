@@ -5,185 +5,11 @@
 //! `skein logs`). The server is killed with SIGKILL mid-run and restarted; an agent is
 //! killed and its instance placed on another node.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use serde_json::Value;
-use skein_testkit::mock_hub::MockHub;
-use skein_testkit::tiny_llama;
-
-/// Longest wait for anything (a debug build loads the tiny model in well under this).
-const PATIENCE: Duration = Duration::from_secs(120);
-
-/// Kills the child when dropped, however the test ends.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// One lab on loopback: a mock hub serving the tiny model, a server's data directory
-/// and fixed ports (so a restarted server is found by its agents), and a Hugging Face
-/// cache per node.
-struct Lab {
-    hub: MockHub,
-    data: tempfile::TempDir,
-    api_port: u16,
-    grpc_port: u16,
-    nodes: tempfile::TempDir,
-    runtime: tokio::runtime::Runtime,
-}
-
-fn free_port() -> u16 {
-    skein_agent::engine::free_port("127.0.0.1").unwrap()
-}
-
-impl Lab {
-    fn new() -> Lab {
-        Lab {
-            hub: MockHub::start_in_background(vec![tiny_llama::repo()]),
-            data: tempfile::tempdir().unwrap(),
-            api_port: free_port(),
-            grpc_port: free_port(),
-            nodes: tempfile::tempdir().unwrap(),
-            runtime: tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap(),
-        }
-    }
-
-    fn api(&self) -> String {
-        format!("http://127.0.0.1:{}", self.api_port)
-    }
-
-    fn skein(&self, cache: &Path) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_skein"));
-        self.hub.environment(&mut command, cache);
-        command.env("RUST_LOG", "info").env("NO_COLOR", "1");
-        command
-    }
-
-    /// `skein server`, returned once it listens.
-    fn server(&self) -> Killed {
-        let cache = self.nodes.path().join("server-cache");
-        let mut child = self
-            .skein(&cache)
-            .args(["server", "--listen", &format!("127.0.0.1:{}", self.api_port)])
-            .args(["--agent-listen", &format!("127.0.0.1:{}", self.grpc_port)])
-            .args(["--sample-interval", "200ms", "--data-dir"])
-            .arg(self.data.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        wait_for_line(&mut child, "REST API on");
-        Killed(child)
-    }
-
-    /// `skein agent` as node `name` (CPU-only), its own HF cache and logs.
-    fn agent(&self, name: &str) -> Killed {
-        let dir = self.nodes.path().join(name);
-        let child = self
-            .skein(&dir.join("cache"))
-            .args(["agent", "--join", &format!("http://127.0.0.1:{}", self.grpc_port)])
-            .args(["--node", name, "--token-file"])
-            .arg(self.data.path().join("join-token"))
-            .arg("--data-dir")
-            .arg(&dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        Killed(child)
-    }
-
-    /// A CLI command against the server.
-    fn cli(&self, args: &[&str]) -> Output {
-        self.skein(&self.nodes.path().join("cli-cache"))
-            .args(args)
-            .args(["--server", &self.api(), "--data-dir"])
-            .arg(self.data.path())
-            .output()
-            .unwrap()
-    }
-
-    fn get(&self, path: &str) -> Value {
-        let output = self.cli_json(path);
-        serde_json::from_str(&output).unwrap_or_else(|e| panic!("{path}: {e}: {output}"))
-    }
-
-    /// `GET path` with the API token; empty when the server does not answer (yet).
-    fn cli_json(&self, path: &str) -> String {
-        let token = std::fs::read_to_string(self.data.path().join("api-token")).unwrap_or_default();
-        let url = format!("{}{path}", self.api());
-        self.runtime.block_on(async {
-            let response = reqwest::Client::new()
-                .get(&url)
-                .bearer_auth(token.trim())
-                .timeout(Duration::from_secs(10))
-                .send()
-                .await;
-            match response {
-                Ok(response) if response.status().is_success() => response.text().await.unwrap_or_default(),
-                _ => String::new(),
-            }
-        })
-    }
-
-    fn nodes_up(&self, count: usize) {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            let nodes = self.get_or_null("/v1/nodes");
-            let up = nodes
-                .as_array()
-                .map_or(0, |n| n.iter().filter(|n| n["connected"] == true).count());
-            if up >= count {
-                return;
-            }
-            assert!(Instant::now() < deadline, "{count} nodes did not join: {nodes:#}");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn get_or_null(&self, path: &str) -> Value {
-        serde_json::from_str(&self.cli_json(path)).unwrap_or(Value::Null)
-    }
-
-    fn wait_run(&self, id: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            let run = self.get_or_null(&format!("/v1/runs/{id}"));
-            if done(&run) {
-                return run;
-            }
-            assert!(Instant::now() < deadline, "timed out waiting for {what}: {run:#}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-fn wait_for_line(child: &mut Child, needle: &str) {
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    let needle = needle.to_owned();
-    std::thread::spawn(move || {
-        let mut told = false;
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if !told && line.contains(&needle) {
-                let _ = tx.send(());
-                told = true;
-            }
-        }
-    });
-    rx.recv_timeout(PATIENCE).expect("the server starts");
-}
+use skein_testkit::lab::{Lab, stderr, stdout};
 
 fn workflow_file(dir: &Path, text: &str) -> PathBuf {
     let path = dir.join("story.yaml");
@@ -205,21 +31,13 @@ steps:
   - { id: title, agent: writer, after: [edit], prompt: "Title for: {{ steps.edit.output }}" }
 "#;
 
-fn stdout(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
-}
-
 #[test]
 fn a_workflow_runs_on_the_built_in_engine_and_its_outputs_are_deterministic() {
-    let lab = Lab::new();
+    let lab = Lab::new(env!("CARGO_BIN_EXE_skein"));
     let _server = lab.server();
     let _agent = lab.agent("laptop");
     lab.nodes_up(1);
-    let file = workflow_file(lab.nodes.path(), STORY);
+    let file = workflow_file(lab.dir(), STORY);
     let file = file.to_str().unwrap();
 
     let first = lab.cli(&["submit", file, "--input", "topic=GPUs", "--wait"]);
@@ -263,13 +81,13 @@ fn a_workflow_runs_on_the_built_in_engine_and_its_outputs_are_deterministic() {
 
 #[test]
 fn a_run_survives_a_killed_server_and_no_recorded_step_runs_twice() {
-    let lab = Lab::new();
+    let lab = Lab::new(env!("CARGO_BIN_EXE_skein"));
     let mut server = lab.server();
     let _agent = lab.agent("laptop");
     lab.nodes_up(1);
     // Long answers, so that the server dies with steps still to run.
     let slow = STORY.replace("max_tokens: 12", "max_tokens: 200");
-    let file = workflow_file(lab.nodes.path(), &slow);
+    let file = workflow_file(lab.dir(), &slow);
     let submitted = lab.cli(&["submit", file.to_str().unwrap(), "--input", "topic=GPUs"]);
     assert!(submitted.status.success(), "{}", stderr(&submitted));
     let id = stdout(&submitted).trim().to_owned();
@@ -308,12 +126,12 @@ fn a_run_survives_a_killed_server_and_no_recorded_step_runs_twice() {
 
 #[test]
 fn a_killed_agent_has_its_instance_placed_on_another_node() {
-    let lab = Lab::new();
+    let lab = Lab::new(env!("CARGO_BIN_EXE_skein"));
     let _server = lab.server();
     let mut first = lab.agent("node-a");
     lab.nodes_up(1);
     let slow = STORY.replace("max_tokens: 12", "max_tokens: 200");
-    let file = workflow_file(lab.nodes.path(), &slow);
+    let file = workflow_file(lab.dir(), &slow);
     let submitted = lab.cli(&["submit", file.to_str().unwrap(), "--input", "topic=GPUs"]);
     assert!(submitted.status.success(), "{}", stderr(&submitted));
     let id = stdout(&submitted).trim().to_owned();
@@ -344,7 +162,7 @@ fn a_killed_agent_has_its_instance_placed_on_another_node() {
 /// orchestrator/tests/sessions.rs: here the real built-in engine runs on CPUs.)
 #[test]
 fn a_session_moves_to_another_node_and_continues_with_its_history() {
-    let lab = Lab::new();
+    let lab = Lab::new(env!("CARGO_BIN_EXE_skein"));
     let _server = lab.server();
     let _a = lab.agent("node-a");
     let _b = lab.agent("node-b");
@@ -463,14 +281,14 @@ fn python_with(packages: &[&str]) -> PathBuf {
 #[test]
 fn the_official_openai_python_client_chats_with_skein() {
     let python = python_with(&["openai==3.57.0"]);
-    let lab = Lab::new();
+    let lab = Lab::new(env!("CARGO_BIN_EXE_skein"));
     let _server = lab.server();
     let _agent = lab.agent("laptop");
     lab.nodes_up(1);
     let created = lab.cli(&["session", "create", "--model", "skein-test/tiny-llama"]);
     assert!(created.status.success(), "{}", stderr(&created));
     let session = stdout(&created).trim().to_owned();
-    let token = std::fs::read_to_string(lab.data.path().join("api-token")).unwrap();
+    let token = std::fs::read_to_string(lab.data_dir().join("api-token")).unwrap();
     let script = r#"
 import json, os
 from openai import OpenAI
@@ -539,7 +357,7 @@ print(json.dumps({"text": text, "turns": turns, "models": models}))
 fn the_api_holds_to_its_openapi_document_under_schemathesis() {
     let python = python_with(&["schemathesis==4.32.5"]);
     let schemathesis = python.with_file_name("schemathesis");
-    let lab = Lab::new();
+    let lab = Lab::new(env!("CARGO_BIN_EXE_skein"));
     let _server = lab.server();
     let _agent = lab.agent("laptop");
     lab.nodes_up(1);
@@ -551,12 +369,12 @@ fn the_api_holds_to_its_openapi_document_under_schemathesis() {
     assert!(chat.status.success(), "{}", stderr(&chat));
     let doomed = lab.cli(&["session", "create", "--model", "skein-test/tiny-llama"]);
     let doomed = stdout(&doomed).trim().to_owned();
-    let file = workflow_file(lab.nodes.path(), STORY);
+    let file = workflow_file(lab.dir(), STORY);
     let submitted = lab.cli(&["submit", file.to_str().unwrap(), "--input", "topic=GPUs", "--wait"]);
     assert!(submitted.status.success(), "{}", stderr(&submitted));
     let runs = lab.get("/v1/runs");
     let run = runs["data"][0]["id"].as_str().unwrap();
-    let token = std::fs::read_to_string(lab.data.path().join("api-token")).unwrap();
+    let token = std::fs::read_to_string(lab.data_dir().join("api-token")).unwrap();
     // The operations on one session or run get a real id, so the fuzzer reaches past the
     // 404 into turns (the real engine), moves and a finished run's event stream.
     let reports = tempfile::tempdir().unwrap();

@@ -20,9 +20,13 @@
 //!   ([`models::reference_hub_repos`]) that `inspect` lists identically.
 //! - [`tiny_llama`]: a tiny but complete Llama checkpoint (weights, tokenizer, chat
 //!   template) that the built-in engine really runs.
+//! - [`lab`]: real `skein server` and `skein agent` processes on loopback (CPU-only or
+//!   simulated nodes) with the mock hub serving the tiny Llama, and the CLI against them,
+//!   for the root package's end-to-end tests and benchmarks.
 
 pub mod agent;
 pub mod fake_engine;
+pub mod lab;
 pub mod mock_hub;
 pub mod models;
 pub mod tensors;
