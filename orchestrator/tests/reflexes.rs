@@ -398,3 +398,47 @@ async fn a_queue_on_the_agent_moves_some_of_its_sessions_to_another_gpu() {
     }
     assert_eq!(moved, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zone_scope_watches_the_nodes_labelled_with_it_and_no_other() {
+    let s = setup(quick(), None).await;
+    let engines = EngineBehaviour::default();
+    let inside = TestAgent::join_labelled(
+        s.server.grpc_addr,
+        TOKEN,
+        "node-a",
+        2,
+        engines.clone(),
+        &[("zone", "lab-a")],
+    )
+    .await;
+    let outside = TestAgent::join(s.server.grpc_addr, TOKEN, "node-b", 2, engines).await;
+    s.wait_nodes(2).await;
+    let run = serve(
+        &s,
+        &workflow("  - name: hot-zone\n    when: 'gpu.temp > 85'\n    scope: { zone: lab-a }\n    do: [ drain ]\n    cooldown: 1m\n"),
+    )
+    .await;
+    let hot = GpuLoad {
+        temperature_c: 92,
+        ..GpuLoad::default()
+    };
+    // Heat outside the zone: nothing happens.
+    outside.set_gpu(1, hot);
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let page = s.get("/v1/events").await;
+    assert_eq!(page["data"], json!([]), "{page:#}");
+    // Heat inside: the zone's GPUs are drained, the other node's are not.
+    inside.set_gpu(1, hot);
+    let events = wait_events(&s, |e| !of_kind(e, "hot-zone", "fire").is_empty()).await;
+    let fire = of_kind(&events, "hot-zone", "fire")[0].clone();
+    assert_eq!(fire["run"], run.as_str());
+    assert_eq!(fire["values"]["gpu.temp"], 92.0, "{fire:#}");
+    let graph = s.get("/v1/graph").await;
+    for node in graph["nodes"].as_array().unwrap() {
+        let zoned = node["inventory"]["name"] == "node-a";
+        for gpu in node["gpus"].as_array().unwrap() {
+            assert_eq!(gpu.get("drained").is_some(), zoned, "{node:#}");
+        }
+    }
+}

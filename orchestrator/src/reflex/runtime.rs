@@ -26,7 +26,7 @@ use super::{
     ActionRecord, Decision, DecisionKind, Engine, EventKind, EventRecord, Events, GpuKey, GpuReading, Outcome,
 };
 use crate::auth::Principal;
-use crate::graph::{GpuSample, GraphEvent, HardwareGraph, HealthState, NodeId};
+use crate::graph::{GpuSample, GraphEvent, GraphSnapshot, HardwareGraph, HealthState, NodeId, NodeView};
 use crate::instances::{InstanceView, Instances};
 use crate::run::executor::{Executor, Pin, unix_ms};
 use crate::run::record::UnixMs;
@@ -207,14 +207,6 @@ impl Reflexes {
                     }
                 }
             }
-            for (_, reflex) in &reflexes {
-                if let Scope::Zone(zone) = &reflex.scope {
-                    let reason = format!(
-                        "scope `zone: {zone}` watches nothing: no node carries zone labels yet; scope the reflex to a node or an agent"
-                    );
-                    let _ = jobs.send(Job::Record(self.error_event(&id, &run.owner, &reflex.name, reason)));
-                }
-            }
             tracing::info!(run = %id, reflexes = reflexes.len(), "reflexes live");
             let actor = Actor {
                 inner: Arc::clone(&self.inner),
@@ -255,21 +247,20 @@ impl Reflexes {
         for (run, watched) in runs.iter() {
             for (id, reflex) in &watched.reflexes {
                 let (gpus, nodes) = match &reflex.scope {
-                    Scope::Node(name) => match snapshot.nodes.iter().find(|n| n.inventory.name == *name) {
-                        Some(node) => (
-                            node.gpus
+                    scope @ (Scope::Node(_) | Scope::Zone(_)) => {
+                        let nodes = scope_nodes(&snapshot, scope);
+                        (
+                            nodes
                                 .iter()
-                                .map(|g| GpuKey::new(node.id.0.clone(), g.facts.index))
+                                .flat_map(|n| n.gpus.iter().map(|g| GpuKey::new(n.id.0.clone(), g.facts.index)))
                                 .collect(),
-                            vec![node.id.0.clone()],
-                        ),
-                        None => (Vec::new(), Vec::new()),
-                    },
-                    Scope::Zone(_) => (Vec::new(), Vec::new()),
+                            nodes.iter().map(|n| n.id.0.clone()).collect(),
+                        )
+                    }
                     scope => {
                         let mut gpus = Vec::new();
                         let mut nodes = Vec::new();
-                        for view in scope_instances(&self.inner.instances, run, scope) {
+                        for view in scope_instances(&self.inner.instances, &self.inner.graph, run, scope) {
                             gpus.extend(view.gpus.iter().map(|&g| GpuKey::new(view.node.clone(), g)));
                             nodes.push(view.node.clone());
                         }
@@ -338,7 +329,7 @@ impl Reflexes {
                 Some(instance) => Scope::Instance(instance.to_owned()),
                 None => Scope::Agent(subject.clone()),
             };
-            let names: Vec<String> = scope_instances(&self.inner.instances, &run, &scope)
+            let names: Vec<String> = scope_instances(&self.inner.instances, &self.inner.graph, &run, &scope)
                 .into_iter()
                 .map(|v| v.name)
                 .collect();
@@ -367,9 +358,10 @@ impl Reflexes {
     }
 }
 
-/// The live instances a scope of `run` holds: an agent's replicas, or one instance
-/// (by its workflow name, `writer+editor`, or its full name).
-fn scope_instances(instances: &Instances, run: &str, scope: &Scope) -> Vec<InstanceView> {
+/// The live instances a scope of `run` holds: an agent's replicas, one instance (by its
+/// workflow name, `writer+editor`, or its full name), or every instance on the scope's
+/// nodes.
+fn scope_instances(instances: &Instances, graph: &HardwareGraph, run: &str, scope: &Scope) -> Vec<InstanceView> {
     match scope {
         Scope::Agent(agent) => instances
             .filter(|v| v.run.as_deref() == Some(run) && v.agents.iter().any(|a| a == agent) && !v.state.is_gone()),
@@ -378,8 +370,29 @@ fn scope_instances(instances: &Instances, run: &str, scope: &Scope) -> Vec<Insta
             instances
                 .filter(|v| v.run.as_deref() == Some(run) && (v.name == full || v.name == *name) && !v.state.is_gone())
         }
-        Scope::Node(node) => instances.filter(|v| v.node_name == *node && !v.state.is_gone()),
-        Scope::Zone(_) => Vec::new(),
+        Scope::Node(_) | Scope::Zone(_) => {
+            let snapshot = graph.snapshot();
+            let nodes: Vec<&str> = scope_nodes(&snapshot, scope)
+                .iter()
+                .map(|n| n.inventory.name.as_str())
+                .collect();
+            instances.filter(|v| nodes.contains(&v.node_name.as_str()) && !v.state.is_gone())
+        }
+    }
+}
+
+/// The nodes a node or zone scope names (a zone: the nodes labelled `zone=NAME`, as
+/// they join); none for agent and instance scopes.
+fn scope_nodes<'a>(snapshot: &'a GraphSnapshot, scope: &'a Scope) -> Vec<&'a NodeView> {
+    match scope {
+        Scope::Node(name) => snapshot
+            .nodes
+            .iter()
+            .filter(|n| n.inventory.name == *name)
+            .map(AsRef::as_ref)
+            .collect(),
+        Scope::Zone(zone) => snapshot.nodes_labelled("zone", zone).collect(),
+        Scope::Agent(_) | Scope::Instance(_) => Vec::new(),
     }
 }
 
@@ -499,7 +512,7 @@ impl Actor {
     fn agent_of(&self, reflex: &Reflex) -> Option<String> {
         match &reflex.scope {
             Scope::Agent(agent) => Some(agent.clone()),
-            scope @ Scope::Instance(_) => scope_instances(&self.inner.instances, &self.run, scope)
+            scope @ Scope::Instance(_) => scope_instances(&self.inner.instances, &self.inner.graph, &self.run, scope)
                 .first()
                 .and_then(|v| v.agents.first().cloned()),
             Scope::Node(_) | Scope::Zone(_) => None,
@@ -509,9 +522,14 @@ impl Actor {
     /// The ready replicas of `agent` in this run, split into those that existed before
     /// any reflex added some, and the added ones.
     fn replicas(&self, agent: &str) -> (Vec<InstanceView>, Vec<InstanceView>) {
-        scope_instances(&self.inner.instances, &self.run, &Scope::Agent(agent.to_owned()))
-            .into_iter()
-            .partition(|v| v.clone_of.is_none())
+        scope_instances(
+            &self.inner.instances,
+            &self.inner.graph,
+            &self.run,
+            &Scope::Agent(agent.to_owned()),
+        )
+        .into_iter()
+        .partition(|v| v.clone_of.is_none())
     }
 
     /// Sets an instance's share, remembering the first value this reflex changed.
@@ -692,7 +710,7 @@ impl Actor {
     }
 
     async fn migrate(&mut self, reflex: &Reflex, count: SessionCount, to: &MigrateTarget) -> Done {
-        let mut views = scope_instances(&self.inner.instances, &self.run, &reflex.scope);
+        let mut views = scope_instances(&self.inner.instances, &self.inner.graph, &self.run, &reflex.scope);
         if views.is_empty() {
             return (Outcome::Skipped, "no instance runs in the scope".to_owned());
         }
@@ -734,17 +752,15 @@ impl Actor {
     async fn drain(&mut self, reflex: &Reflex) -> Done {
         let snapshot = self.inner.graph.snapshot();
         let gpus: Vec<(NodeId, String, u32)> = match &reflex.scope {
-            Scope::Node(name) => snapshot
-                .nodes
+            scope @ (Scope::Node(_) | Scope::Zone(_)) => scope_nodes(&snapshot, scope)
                 .iter()
-                .filter(|n| n.inventory.name == *name)
                 .flat_map(|n| {
                     n.gpus
                         .iter()
                         .map(|g| (n.id.clone(), n.inventory.name.clone(), g.facts.index))
                 })
                 .collect(),
-            scope => scope_instances(&self.inner.instances, &self.run, scope)
+            scope => scope_instances(&self.inner.instances, &self.inner.graph, &self.run, scope)
                 .iter()
                 .flat_map(|v| v.gpus.iter().map(|&g| (NodeId(v.node.clone()), v.node_name.clone(), g)))
                 .collect(),
@@ -777,9 +793,14 @@ impl Actor {
         let mut replaced: Vec<String> = Vec::new();
         for view in affected.iter().filter(|v| v.run.as_deref() == Some(self.run.as_str())) {
             let Some(agent) = view.agents.first() else { continue };
-            let elsewhere = scope_instances(&self.inner.instances, &self.run, &Scope::Agent(agent.clone()))
-                .iter()
-                .any(|v| !on(v));
+            let elsewhere = scope_instances(
+                &self.inner.instances,
+                &self.inner.graph,
+                &self.run,
+                &Scope::Agent(agent.clone()),
+            )
+            .iter()
+            .any(|v| !on(v));
             if elsewhere || replaced.contains(agent) {
                 continue;
             }
