@@ -42,7 +42,7 @@ impl Event {
         let values = self
             .values
             .iter()
-            .map(|(k, v)| format!("{k}={v}"))
+            .map(|(k, v)| format!("{k}={}", figure(*v)))
             .collect::<Vec<_>>()
             .join(" ");
         let mut actions: Vec<String> = self
@@ -109,4 +109,26 @@ pub fn run(args: &EventsArgs) -> anyhow::Result<ExitCode> {
     let rows: Vec<Vec<String>> = events.iter().map(Event::row).collect();
     print!("{}", crate::table::render(&style, &HEADER, &rows));
     Ok(ExitCode::from(EXIT_OK))
+}
+
+/// A metric's value for people: at most three decimals, without trailing zeros
+/// (`0.97`, not `0.969999999996894`; `92`, not `92.000`).
+fn figure(value: f64) -> String {
+    let text = format!("{value:.3}");
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    if text == "-0" { "0".to_owned() } else { text.to_owned() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::figure;
+
+    #[test]
+    fn figures_are_short() {
+        assert_eq!(figure(0.969_999_999_996_894), "0.97");
+        assert_eq!(figure(92.0), "92");
+        assert_eq!(figure(9.950_248_756_218_905), "9.95");
+        assert_eq!(figure(-0.0001), "0");
+        assert_eq!(figure(25.876_424), "25.876");
+    }
 }

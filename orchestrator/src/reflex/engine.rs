@@ -316,6 +316,23 @@ impl Engine {
         }
     }
 
+    /// The GPUs of reflex `id`'s scope on which its condition holds by their own
+    /// reading alone (the hot or failing ones), in key order.
+    pub fn holding(&self, id: ReflexId) -> Vec<GpuKey> {
+        let Some(live) = self.live(id) else {
+            return Vec::new();
+        };
+        live.gpus
+            .iter()
+            .filter_map(|(key, reading)| Some((key, (*reading)?)))
+            .filter(|(_, reading)| {
+                let vars = variables(live, std::slice::from_ref(reading));
+                self.evaluator.eval_bool(&live.when, &vars).unwrap_or(false)
+            })
+            .map(|(key, _)| key.clone())
+            .collect()
+    }
+
     /// Whether any reflex watches `gpu`.
     pub fn watches(&self, gpu: &GpuKey) -> bool {
         self.by_gpu.contains_key(gpu)

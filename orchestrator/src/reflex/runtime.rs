@@ -479,7 +479,7 @@ impl Actor {
                     let (outcome, detail) = if decision.dry_run {
                         (Outcome::WouldDo, describe(action, &reflex))
                     } else {
-                        self.act(&reflex, action).await
+                        self.act(decision.id, &reflex, action).await
                     };
                     tracing::info!(run = %self.run, reflex = %reflex.name, ?outcome, %detail, "reflex action");
                     event.actions.push(ActionRecord {
@@ -543,7 +543,7 @@ impl Actor {
         self.inner.instances.set_share(&view.name, share);
     }
 
-    async fn act(&mut self, reflex: &Reflex, action: &Action) -> Done {
+    async fn act(&mut self, id: super::ReflexId, reflex: &Reflex, action: &Action) -> Done {
         let needs_agent = || {
             (
                 Outcome::Skipped,
@@ -564,7 +564,7 @@ impl Actor {
                 Some(agent) => self.decay(reflex, &agent, *target, *capacity).await,
                 None => needs_agent(),
             },
-            Action::Migrate { sessions, to } => self.migrate(reflex, *sessions, to).await,
+            Action::Migrate { sessions, to } => self.migrate(id, reflex, *sessions, to).await,
             Action::Drain => self.drain(reflex).await,
         }
     }
@@ -679,7 +679,7 @@ impl Actor {
             let now = self.inner.instances.get(&view.name).map_or(base, |v| v.share);
             let share = now.min(base) * capacity;
             self.share(&reflex.name, view, share);
-            said.push(format!("{} share {share}", view.name));
+            said.push(format!("{} share {now} → {share}", view.name));
         }
         // Its sessions shrink to the capacity too: the rest move to the other replicas.
         let names: Vec<String> = shrink.iter().map(|v| v.name.clone()).collect();
@@ -709,22 +709,29 @@ impl Actor {
         (moved.outcome(), format!("{}; {}", said.join(", "), moved.say()))
     }
 
-    async fn migrate(&mut self, reflex: &Reflex, count: SessionCount, to: &MigrateTarget) -> Done {
+    async fn migrate(&mut self, id: super::ReflexId, reflex: &Reflex, count: SessionCount, to: &MigrateTarget) -> Done {
         let mut views = scope_instances(&self.inner.instances, &self.inner.graph, &self.run, &reflex.scope);
         if views.is_empty() {
             return (Outcome::Skipped, "no instance runs in the scope".to_owned());
         }
-        // Off the hottest GPUs first.
+        // Off the GPUs where the condition holds first (the hot or failing ones), then
+        // the busiest.
+        let holding = lock(&self.inner.engine).holding(id);
         let snapshot = self.inner.graph.snapshot();
-        let heat = |v: &InstanceView| -> u32 {
-            snapshot
+        let rank = |v: &InstanceView| -> (bool, u32) {
+            let held = v
+                .gpus
+                .iter()
+                .any(|&g| holding.contains(&GpuKey::new(v.node.clone(), g)));
+            let busy = snapshot
                 .gpus()
                 .filter(|(n, g)| n.inventory.name == v.node_name && v.gpus.contains(&g.facts.index))
                 .filter_map(|(_, g)| g.latest.and_then(|s| s.utilization_pct))
                 .max()
-                .unwrap_or(0)
+                .unwrap_or(0);
+            (held, busy)
         };
-        views.sort_by_key(|v| std::cmp::Reverse(heat(v)));
+        views.sort_by_key(|v| std::cmp::Reverse(rank(v)));
         let mut sessions = Vec::new();
         for view in &views {
             match self.inner.sessions.bound_to(std::slice::from_ref(&view.name)) {
@@ -736,17 +743,65 @@ impl Actor {
             SessionCount::All => sessions.len(),
             SessionCount::Count(n) => n as usize,
         };
+        let sessions: Vec<String> = sessions.into_iter().take(limit).collect();
+        let mut said = Vec::new();
         let to = match to {
-            MigrateTarget::Auto => MoveTo::Auto,
             MigrateTarget::Gpu { node, gpu } => MoveTo::Gpu {
                 node: node.clone(),
                 gpu: *gpu,
             },
+            // An agent's sessions stay with the run: on a replica off the GPUs they
+            // leave, started for the reflex (and scaled in at its release) if there is
+            // none.
+            MigrateTarget::Auto if !sessions.is_empty() => match self.agent_of(reflex) {
+                Some(agent) => {
+                    let leaving: Vec<&InstanceView> = views.iter().filter(|v| rank(v).0).collect();
+                    let leaving = if leaving.is_empty() {
+                        views.iter().take(1).collect()
+                    } else {
+                        leaving
+                    };
+                    let places: Vec<(String, Vec<u32>)> =
+                        leaving.iter().map(|v| (v.node_name.clone(), v.gpus.clone())).collect();
+                    let avoid = Pin::Avoid { places };
+                    let (originals, clones) = self.replicas(&agent);
+                    let elsewhere = originals
+                        .into_iter()
+                        .chain(clones)
+                        .find(|v| v.state == crate::instances::InstanceState::Ready && avoid.admits(v));
+                    match elsewhere {
+                        Some(replica) => MoveTo::Instance(replica.name),
+                        None => match self
+                            .inner
+                            .executor
+                            .add_replica(&self.run, &agent, &reflex.name, &avoid)
+                            .await
+                        {
+                            Ok(replica) => {
+                                said.push(format!("started {} on {}", replica.name, place(&replica)));
+                                self.applied
+                                    .entry(reflex.name.clone())
+                                    .or_default()
+                                    .clones
+                                    .push(replica.name.clone());
+                                MoveTo::Instance(replica.name)
+                            }
+                            Err(error) => {
+                                return (
+                                    Outcome::Failed,
+                                    format!("no replica of `{agent}` could start elsewhere: {error}"),
+                                );
+                            }
+                        },
+                    }
+                }
+                None => MoveTo::Auto,
+            },
+            MigrateTarget::Auto => MoveTo::Auto,
         };
-        let moved = self
-            .move_sessions(sessions.into_iter().take(limit), |_| to.clone())
-            .await;
-        (moved.outcome(), moved.say())
+        let moved = self.move_sessions(sessions.into_iter(), |_| to.clone()).await;
+        said.push(moved.say());
+        (moved.outcome(), said.join("; "))
     }
 
     async fn drain(&mut self, reflex: &Reflex) -> Done {

@@ -1141,7 +1141,7 @@ impl Pin {
     }
 
     /// Whether a running instance is where the pin allows.
-    fn admits(&self, view: &InstanceView) -> bool {
+    pub fn admits(&self, view: &InstanceView) -> bool {
         match self {
             Pin::Anywhere => true,
             Pin::Node { node } => view.node_name == *node,
