@@ -569,6 +569,23 @@ impl Actor {
         }
     }
 
+    /// Starts one more replica of `agent` off `avoid` for `reflex`, remembered so that
+    /// its release scales it in.
+    async fn start_replica(&mut self, reflex: &Reflex, agent: &str, avoid: &Pin) -> Result<InstanceView, String> {
+        let replica = self
+            .inner
+            .executor
+            .add_replica(&self.run, agent, &reflex.name, avoid)
+            .await
+            .map_err(|error| error.to_string())?;
+        self.applied
+            .entry(reflex.name.clone())
+            .or_default()
+            .clones
+            .push(replica.name.clone());
+        Ok(replica)
+    }
+
     async fn clone_replicas(&mut self, reflex: &Reflex, agent: &str, count: u32) -> Done {
         let (originals, clones) = self.replicas(agent);
         let have = (originals.len() + clones.len()) as u32;
@@ -592,24 +609,14 @@ impl Actor {
         let mut failed = Vec::new();
         for _ in 0..room {
             let avoid = Pin::Avoid { places: places.clone() };
-            match self
-                .inner
-                .executor
-                .add_replica(&self.run, agent, &reflex.name, &avoid)
-                .await
-            {
+            match self.start_replica(reflex, agent, &avoid).await {
                 Ok(view) => {
                     if !view.gpus.is_empty() {
                         places.push((view.node_name.clone(), view.gpus.clone()));
                     }
                     started.push(format!("{} on {}", view.name, place(&view)));
-                    self.applied
-                        .entry(reflex.name.clone())
-                        .or_default()
-                        .clones
-                        .push(view.name);
                 }
-                Err(error) => failed.push(error.to_string()),
+                Err(error) => failed.push(error),
             }
         }
         match (started.is_empty(), failed.is_empty()) {
@@ -771,19 +778,9 @@ impl Actor {
                         .find(|v| v.state == crate::instances::InstanceState::Ready && avoid.admits(v));
                     match elsewhere {
                         Some(replica) => MoveTo::Instance(replica.name),
-                        None => match self
-                            .inner
-                            .executor
-                            .add_replica(&self.run, &agent, &reflex.name, &avoid)
-                            .await
-                        {
+                        None => match self.start_replica(reflex, &agent, &avoid).await {
                             Ok(replica) => {
                                 said.push(format!("started {} on {}", replica.name, place(&replica)));
-                                self.applied
-                                    .entry(reflex.name.clone())
-                                    .or_default()
-                                    .clones
-                                    .push(replica.name.clone());
                                 MoveTo::Instance(replica.name)
                             }
                             Err(error) => {
@@ -846,7 +843,8 @@ impl Actor {
         }
         // This run's agents keep a replica off the drained GPUs.
         let mut replaced: Vec<String> = Vec::new();
-        for view in affected.iter().filter(|v| v.run.as_deref() == Some(self.run.as_str())) {
+        let run = self.run.clone();
+        for view in affected.iter().filter(|v| v.run.as_deref() == Some(run.as_str())) {
             let Some(agent) = view.agents.first() else { continue };
             let elsewhere = scope_instances(
                 &self.inner.instances,
@@ -859,19 +857,9 @@ impl Actor {
             if elsewhere || replaced.contains(agent) {
                 continue;
             }
-            match self
-                .inner
-                .executor
-                .add_replica(&self.run, agent, &reflex.name, &Pin::Anywhere)
-                .await
-            {
+            match self.start_replica(reflex, agent, &Pin::Anywhere).await {
                 Ok(replica) => {
                     said.push(format!("started {} on {} for `{agent}`", replica.name, place(&replica)));
-                    self.applied
-                        .entry(reflex.name.clone())
-                        .or_default()
-                        .clones
-                        .push(replica.name);
                     replaced.push(agent.clone());
                 }
                 Err(error) => said.push(format!("no replica of `{agent}` could start elsewhere: {error}")),
