@@ -196,6 +196,38 @@ pub fn suggestions(name: &str) -> Vec<&'static str> {
     close.into_iter().map(|(_, name)| name).collect()
 }
 
+/// A PCIe link's bandwidth in one direction, GB/s (decimal): the lane rate of its
+/// generation after line coding (gen 1–2: 8b/10b, gen 3 on: 128b/130b) times its width.
+/// `None` for a generation this table does not know.
+pub fn pcie_gbs(generation: u32, width: u32) -> Option<f64> {
+    let lane = match generation {
+        1 => 0.25,
+        2 => 0.5,
+        3 => 0.985,
+        4 => 1.969,
+        5 => 3.938,
+        6 => 7.563,
+        _ => return None,
+    };
+    Some(lane * f64::from(width))
+}
+
+/// The NVLink bandwidth of a card of compute capability `cc`, both directions of all its
+/// links together, GB/s (decimal), as NVIDIA gives it per generation: Volta (NVLink 2,
+/// 300), Ampere data-centre cards (NVLink 3, 600), Ampere workstation bridges (112.5),
+/// Hopper (NVLink 4, 900), Blackwell (NVLink 5, 1800). `None` for an architecture without
+/// NVLink or one this table does not know.
+pub fn nvlink_gbs(cc: (u32, u32)) -> Option<f64> {
+    match cc {
+        (7, 0) => Some(300.0),
+        (8, 0) => Some(600.0),
+        (8, 6) => Some(112.5),
+        (9, 0) => Some(900.0),
+        (10, 0) => Some(1800.0),
+        _ => None,
+    }
+}
+
 /// Every catalog name, comma-separated, for messages.
 pub fn names() -> String {
     CARDS.iter().map(|card| card.name).collect::<Vec<_>>().join(", ")
@@ -204,6 +236,15 @@ pub fn names() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn link_bandwidths() {
+        assert_eq!(pcie_gbs(4, 16).map(|g| (g * 10.0).round()), Some(315.0));
+        assert_eq!(pcie_gbs(3, 16).map(|g| (g * 10.0).round()), Some(158.0));
+        assert_eq!(pcie_gbs(9, 16), None);
+        assert_eq!(nvlink_gbs((8, 0)), Some(600.0));
+        assert_eq!(nvlink_gbs((8, 9)), None, "Ada has no NVLink");
+    }
 
     #[test]
     fn names_resolve_loosely() {

@@ -6,8 +6,8 @@
 //! their runs can place them elsewhere.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 use skein_proto::agent::v1::{self as pb, OrchestratorMessage, orchestrator_message};
@@ -115,6 +115,13 @@ pub struct InstanceView {
     /// Its share of the new sessions and requests for its agents among their replicas
     /// (1 unless a reflex rerouted or decayed it; 0: it takes nothing new).
     pub share: f64,
+    /// The plan it was started from: precision, split (layout and each device's share),
+    /// modelled speed, why the planner chose it and what it turned down
+    /// (docs/placement.md); absent for an instance an agent reported that no plan of
+    /// this server started.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Object)]
+    pub placement: Option<Arc<crate::plan::PlannedInstance>>,
     /// What it serves (model, requirement, constraints): a later run whose agents need
     /// exactly this may use it while it is warm.
     #[serde(skip)]
@@ -147,6 +154,8 @@ pub struct InstanceRequest {
     pub warm_key: String,
     /// The reflex adding it as a replica, if one is.
     pub clone_of: Option<String>,
+    /// The plan it is started from.
+    pub placement: Option<Arc<crate::plan::PlannedInstance>>,
     /// The command.
     pub start: pb::StartInstance,
 }
@@ -391,6 +400,7 @@ impl Instances {
             restarts: previous.as_ref().map_or(0, |p| p.view.restarts),
             clone_of: request.clone_of,
             share: 1.0,
+            placement: request.placement,
             warm_key: request.warm_key,
             idle_since: None,
         };
@@ -670,6 +680,7 @@ impl Instances {
                     restarts: 0,
                     clone_of: None,
                     share: 1.0,
+                    placement: None,
                     warm_key: String::new(),
                     idle_since: None,
                 };

@@ -66,9 +66,17 @@ impl Lab {
     /// A lab running the `skein` binary at `skein`; its server asks agents for a sample
     /// every 200 ms.
     pub fn new(skein: impl Into<PathBuf>) -> Lab {
+        Lab::with_repos(skein, Vec::new())
+    }
+
+    /// A lab whose hub also serves `repos` (the reference models of
+    /// [`crate::models::reference_hub_repos`], say).
+    pub fn with_repos(skein: impl Into<PathBuf>, repos: Vec<crate::mock_hub::MockRepo>) -> Lab {
+        let mut all = vec![tiny_llama::repo()];
+        all.extend(repos);
         Lab {
             skein: skein.into(),
-            hub: MockHub::start_in_background(vec![tiny_llama::repo()]),
+            hub: MockHub::start_in_background(all),
             data: tempfile::tempdir().unwrap(),
             api_port: free_port(),
             grpc_port: free_port(),
@@ -86,6 +94,11 @@ impl Lab {
     pub fn sample_interval(mut self, interval: &str) -> Lab {
         interval.clone_into(&mut self.sample_interval);
         self
+    }
+
+    /// The lab's hub.
+    pub fn hub(&self) -> &MockHub {
+        &self.hub
     }
 
     /// The REST API's base URL.
@@ -134,6 +147,30 @@ impl Lab {
             .spawn()
             .unwrap();
         wait_for_line(&mut child, "REST API on", &self.nodes.path().join("server.log"));
+        Killed(child)
+    }
+
+    /// `skein up --fleet FLEET`: the server and one simulated agent per node of the
+    /// fleet file, in one process, returned once it is up (its vLLM is
+    /// [`Lab::vllm_stand_in`]). It logs to `server.log` in [`Lab::dir`].
+    pub fn up(&self, fleet: &Path) -> Killed {
+        let vllm = self.vllm_stand_in();
+        let mut child = self
+            .skein(&self.nodes.path().join("up-cache"))
+            .arg("up")
+            .arg("--fleet")
+            .arg(fleet)
+            .args(["--listen", &format!("127.0.0.1:{}", self.api_port)])
+            .args(["--agent-listen", &format!("127.0.0.1:{}", self.grpc_port)])
+            .args(["--sample-interval", &self.sample_interval, "--data-dir"])
+            .arg(self.data.path())
+            .arg("--vllm")
+            .arg(&vllm)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for_line(&mut child, "skein is up", &self.nodes.path().join("server.log"));
         Killed(child)
     }
 

@@ -117,6 +117,8 @@ struct HubState {
     bytes_served: AtomicU64,
     log: Mutex<Vec<String>>,
     authorizations: Mutex<Vec<String>>,
+    /// Whether transfers of large virtual files hang after their headers.
+    hold_large: std::sync::atomic::AtomicBool,
 }
 
 impl HubState {
@@ -225,6 +227,14 @@ impl MockHub {
         let mut hub = runtime.block_on(MockHub::start(repos));
         hub.runtime = Some(runtime);
         hub
+    }
+
+    /// From now on, a transfer of a large virtual file (more than a single response
+    /// may hold: a model's weights) answers its headers and then sends nothing, like a
+    /// hub that stalls: the download stays in progress for as long as the test runs,
+    /// and no disk fills with zeros. Header reads are not held.
+    pub fn hold_large_downloads(&self) {
+        self.state.hold_large.store(true, Ordering::SeqCst);
     }
 
     /// Requests received so far.
@@ -391,6 +401,27 @@ async fn resolve(
         return state.body(StatusCode::OK, meta, Vec::new());
     }
     let range = headers.get(header::RANGE).and_then(|v| v.to_str().ok());
+    let span = range.and_then(|r| parse_range(r, total));
+    let requested = span.map_or(total, |(start, end)| end - start);
+    if requested > MAX_RESPONSE_BYTES && state.hold_large.load(Ordering::SeqCst) {
+        let mut response = Response::new(axum::body::Body::from_stream(futures::stream::pending::<
+            Result<Vec<u8>, std::io::Error>,
+        >()));
+        if let Some((start, end)) = span {
+            *response.status_mut() = StatusCode::PARTIAL_CONTENT;
+            meta.push((header::CONTENT_RANGE, format!("bytes {start}-{}/{total}", end - 1)));
+        }
+        for (name, value) in meta {
+            response
+                .headers_mut()
+                .insert(name, HeaderValue::from_str(&value).unwrap());
+        }
+        response.headers_mut().insert(
+            header::CONTENT_LENGTH,
+            HeaderValue::from_str(&requested.to_string()).unwrap(),
+        );
+        return response;
+    }
     let Some(range) = range else {
         if total > MAX_RESPONSE_BYTES {
             return state.body(

@@ -31,10 +31,12 @@ use tokio::sync::broadcast;
 pub use crate::auth::Principal;
 
 mod events;
+mod live;
 mod openai;
 mod runs;
 mod sessions;
 mod tokens;
+mod web;
 use crate::graph::{GraphEvent, GraphSnapshot, HardwareGraph, HealthState, NodeView};
 
 /// What the routes share.
@@ -71,6 +73,8 @@ pub fn router(state: ApiState) -> Router {
     Router::new()
         .merge(public)
         .merge(protected.route_layer(middleware::from_fn_with_state(state.clone(), authorize)))
+        .route("/", axum::routing::get(web::index))
+        .route("/web/{*path}", axum::routing::get(web::file))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route; see /v1/openapi.json") })
         .layer(middleware::map_response(json_errors))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -90,7 +94,9 @@ fn protected_routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(nodes))
         .routes(routes!(graph))
         .routes(routes!(events))
+        .routes(routes!(gpu_samples))
         .routes(routes!(plans))
+        .merge(live::routes())
         .merge(runs::routes())
         .merge(tokens::routes())
         .merge(sessions::routes())
@@ -677,6 +683,53 @@ async fn nodes(State(state): State<ApiState>) -> axum::Json<Vec<NodeSummary>> {
     responses((status = 200, description = "A snapshot of the graph (docs/api.md)", body = Object)))]
 async fn graph(State(state): State<ApiState>) -> axum::Json<GraphSnapshot> {
     axum::Json(state.graph.snapshot())
+}
+
+/// A GPU's recent samples, as `GET /v1/graph/nodes/{node}/gpus/{index}/samples`
+/// answers them.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct GpuSamples {
+    /// The node's name.
+    pub node: String,
+    /// The GPU's index on it.
+    pub gpu: u32,
+    /// Its samples, oldest first: the window the graph keeps (120 samples by default).
+    #[schema(value_type = Vec<Object>)]
+    pub samples: Vec<crate::graph::GpuSample>,
+}
+
+/// A GPU's recent telemetry, oldest first (what the graph keeps of it: the history the
+/// web page draws when a GPU is opened).
+#[utoipa::path(get, operation_id = "gpu_samples", path = "/v1/graph/nodes/{node}/gpus/{index}/samples", tag = "graph",
+    params(("node" = String, Path, description = "The node's name (or id)"), ("index" = u32, Path, description = "The GPU's index on the node")),
+    responses(
+        (status = 200, description = "The GPU's samples, oldest first", body = GpuSamples),
+        (status = 400, description = "The index is not a GPU index (a whole number from 0)", body = ErrorBody),
+        (status = 404, description = "No such node or GPU", body = ErrorBody),
+    ))]
+async fn gpu_samples(
+    State(state): State<ApiState>,
+    axum::extract::Path((node, index)): axum::extract::Path<(String, u32)>,
+) -> Result<axum::Json<GpuSamples>, ApiError> {
+    let id = state
+        .graph
+        .id_of(&node)
+        .unwrap_or_else(|| crate::graph::NodeId(node.clone()));
+    let Some(view) = state.graph.node(&id) else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no node `{node}`; GET /v1/nodes lists them"),
+        ));
+    };
+    let samples = state
+        .graph
+        .window(&id, index)
+        .map_err(|e| ApiError::new(StatusCode::NOT_FOUND, e.to_string()))?;
+    Ok(axum::Json(GpuSamples {
+        node: view.inventory.name.clone(),
+        gpu: index,
+        samples,
+    }))
 }
 
 /// Graph changes as server-sent events: `node_registered`, `node_connection`,

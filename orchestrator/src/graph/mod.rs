@@ -481,6 +481,7 @@ fn build_view(id: &NodeId, state: &NodeState, version: u64) -> NodeView {
             facts: facts.clone(),
             latest: window.back().copied(),
             drained: drained.clone(),
+            pcie_gbytes_per_s: pcie_gbs(facts),
             health: if down {
                 Health {
                     state: HealthState::Down,
@@ -526,6 +527,12 @@ fn build_view(id: &NodeId, state: &NodeState, version: u64) -> NodeView {
     }
 }
 
+/// One direction of a GPU's PCIe link, GB/s, when its generation and width are known.
+fn pcie_gbs(gpu: &GpuFacts) -> Option<f64> {
+    gpu.pcie
+        .and_then(|(generation, width)| skein_gpu_catalog::pcie_gbs(generation, width))
+}
+
 /// Every pair of GPUs of a node: NVLink where either lists the other as a peer, PCIe
 /// otherwise.
 fn links(gpus: &[GpuFacts]) -> Vec<Link> {
@@ -533,10 +540,17 @@ fn links(gpus: &[GpuFacts]) -> Vec<Link> {
     for (i, a) in gpus.iter().enumerate() {
         for b in &gpus[i + 1..] {
             let nvlink = a.nvlink_peers.contains(&b.uuid) || b.nvlink_peers.contains(&a.uuid);
+            let (kind, gbytes_per_s) = if nvlink {
+                let of = |g: &GpuFacts| g.compute_capability.and_then(skein_gpu_catalog::nvlink_gbs);
+                (LinkKind::Nvlink, of(a).zip(of(b)).map(|(x, y)| x.min(y)))
+            } else {
+                (LinkKind::Pcie, pcie_gbs(a).zip(pcie_gbs(b)).map(|(x, y)| x.min(y)))
+            };
             links.push(Link {
                 a: a.index,
                 b: b.index,
-                kind: if nvlink { LinkKind::Nvlink } else { LinkKind::Pcie },
+                kind,
+                gbytes_per_s,
             });
         }
     }

@@ -209,7 +209,7 @@ pub enum LinkKind {
 }
 
 /// A link between two GPUs of one node.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Link {
     /// One GPU's index.
     pub a: u32,
@@ -217,6 +217,10 @@ pub struct Link {
     pub b: u32,
     /// NVLink or PCIe.
     pub kind: LinkKind,
+    /// Its bandwidth, GB/s (decimal), when known: for NVLink the cards' NVLink bandwidth
+    /// ([`skein_gpu_catalog::nvlink_gbs`]), for PCIe one direction of the slower card's
+    /// link ([`skein_gpu_catalog::pcie_gbs`]).
+    pub gbytes_per_s: Option<f64>,
 }
 
 /// One GPU in a snapshot.
@@ -231,6 +235,9 @@ pub struct GpuView {
     /// Why it is drained (a reflex's `drain`): nothing new is placed on it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drained: Option<String>,
+    /// One direction of its PCIe link to the host, GB/s (decimal), when known
+    /// ([`skein_gpu_catalog::pcie_gbs`]).
+    pub pcie_gbytes_per_s: Option<f64>,
 }
 
 impl GpuView {

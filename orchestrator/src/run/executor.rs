@@ -784,6 +784,7 @@ impl Executor {
                 node_name,
                 run: run.map(str::to_owned),
                 clone_of: clone_of.map(str::to_owned),
+                placement: Some(Arc::new(planned.clone())),
                 agents: planned.agents.clone(),
                 engine: planned.engine.clone(),
                 variant: planned.variant.clone(),

@@ -14,7 +14,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use super::record::{Binding, MessageRecord, NewMessage, SessionRecord};
 use super::store::{Appended, SessionStore, Write};
@@ -101,6 +101,9 @@ impl Default for LogConfig {
 pub struct SessionLog {
     requests: mpsc::Sender<Request>,
     store: Arc<dyn SessionStore>,
+    /// Counts the writes acknowledged (a session created, messages appended, a session
+    /// rebound or deleted), for readers that follow the sessions (the live page).
+    changes: Arc<watch::Sender<u64>>,
 }
 
 impl std::fmt::Debug for SessionLog {
@@ -122,7 +125,16 @@ impl SessionLog {
         std::thread::Builder::new()
             .name("session-log".to_owned())
             .spawn(move || writer.run(receiver))?;
-        Ok(SessionLog { requests, store })
+        Ok(SessionLog {
+            requests,
+            store,
+            changes: Arc::new(watch::channel(0).0),
+        })
+    }
+
+    /// A receiver that wakes after each acknowledged write (its value counts them).
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
     /// The store, for reads.
@@ -136,7 +148,9 @@ impl SessionLog {
             .send(Request { op, reply })
             .await
             .map_err(|_| LogError::Closed)?;
-        answer.await.map_err(|_| LogError::Closed)?
+        let outcome = answer.await.map_err(|_| LogError::Closed)??;
+        self.changes.send_modify(|n| *n += 1);
+        Ok(outcome)
     }
 
     /// Stores a new session.

@@ -314,6 +314,12 @@ impl Sessions {
         }
     }
 
+    /// A receiver that wakes after every change to any session (created, a message
+    /// stored, moved, deleted).
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.inner.log.subscribe()
+    }
+
     fn turn_lock(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut turns = lock(&self.inner.turns);
         // Locks of sessions nobody waits on are dropped as new ones come.

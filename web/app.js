@@ -1,0 +1,1088 @@
+// Skein's fleet page: the live hardware graph (nodes, GPUs, links, the model shards on
+// each GPU), runs, sessions and reflex events, from one server-sent event stream
+// (`GET /v1/live`). Layout by ELK, drawing by D3; no build step (docs/web.md).
+"use strict";
+
+(() => {
+  const TOKEN_KEY = "skein.token";
+  const HISTORY = 120; // samples kept per GPU for the sparklines (the server keeps as many)
+  const GPU_W = 212;
+  const GPU_H = 124;
+  const COLLAPSED_W = 300;
+  const COLLAPSED_H = 96;
+  const AUTO_COLLAPSE_GPUS = 256; // beyond this, nodes open collapsed
+  const STALL_MS = 20000; // no byte for this long (keep-alives come every 15 s): reconnect
+  const GONE = new Set(["stopped", "lost", "failed"]);
+
+  const state = {
+    token: sessionStorage.getItem(TOKEN_KEY) || "",
+    user: "",
+    admin: false,
+    sampleIntervalMs: 1000,
+    nodes: new Map(), // id -> node view (as /v1/graph gives it)
+    history: new Map(), // "node:gpu" -> [{t, util, temp, used}]
+    instances: [],
+    runs: [],
+    sessions: { data: [], more: false },
+    reflexes: [],
+    collapsed: new Set(),
+    expanded: new Set(),
+    selected: null, // {kind: "gpu", node, index} | {kind: "instance", name}
+    openRun: null,
+    migrating: null, // session id whose migrate form is open
+    layout: null, // the last ELK result
+    topology: "",
+    dirty: new Set(), // GPU keys to redraw
+    allDirty: false,
+    frame: 0,
+    connection: null, // AbortController of the live stream
+  };
+
+  // ---------------------------------------------------------------- helpers
+  const $ = (id) => document.getElementById(id);
+  const GiB = 1024 ** 3;
+  const gib = (b) => (b / GiB).toFixed(1);
+  const fmtBytes = (b) => (b >= GiB ? `${gib(b)} GiB` : `${(b / 1024 ** 2).toFixed(0)} MiB`);
+  const fmtTime = (t) => (t ? new Date(t).toLocaleTimeString() : "");
+  const gpuKey = (nodeName, index) => `${nodeName}:${index}`;
+
+  /** An element with attributes and children (strings become text: never HTML). */
+  function h(tag, attrs, ...children) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === undefined || v === null || v === false) continue;
+      if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+      else if (k === "class") e.className = v;
+      else e.setAttribute(k, v === true ? "" : String(v));
+    }
+    for (const c of children.flat(Infinity)) {
+      if (c === undefined || c === null || c === false) continue;
+      e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return e;
+  }
+
+  /** Children for `replaceChildren`: arrays flattened, nothing for null or false. */
+  const kids = (...children) => children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false);
+
+  /** A colour per model instance: the ten of Tableau's palette (d3.schemeTableau10)
+   *  in the order instances first appear, then hues from the name's hash. */
+  const colours = new Map();
+  function colourOf(name) {
+    let colour = colours.get(name);
+    if (!colour) {
+      if (colours.size < d3.schemeTableau10.length) colour = d3.schemeTableau10[colours.size];
+      else {
+        let hash = 2166136261;
+        for (let i = 0; i < name.length; i++) hash = Math.imul(hash ^ name.charCodeAt(i), 16777619);
+        colour = `hsl(${(hash >>> 0) % 360}, 60%, 42%)`;
+      }
+      colours.set(name, colour);
+    }
+    return colour;
+  }
+
+  async function api(path, options = {}) {
+    const response = await fetch(path, {
+      ...options,
+      headers: { Authorization: `Bearer ${state.token}`, "Content-Type": "application/json", ...(options.headers || {}) },
+    });
+    const text = await response.text();
+    let body = null;
+    try { body = text ? JSON.parse(text) : null; } catch { body = null; }
+    if (!response.ok) {
+      if (response.status === 401) signIn("The token was refused: " + (body?.error?.message || "sign in again."));
+      const message = body?.error?.message || `${response.status} ${response.statusText}`;
+      throw new Error(message);
+    }
+    return body;
+  }
+
+  // ---------------------------------------------------------------- sign in
+  function signIn(message) {
+    if (state.connection) state.connection.abort();
+    state.connection = null;
+    setConnection("idle", "not connected");
+    $("login-error").textContent = message || "";
+    const dialog = $("login");
+    if (!dialog.open) dialog.showModal();
+    $("token").focus();
+  }
+
+  $("login-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    state.token = $("token").value.trim();
+    if (!state.token) return;
+    sessionStorage.setItem(TOKEN_KEY, state.token);
+    $("token").value = "";
+    $("login").close();
+    connect();
+  });
+  $("login").addEventListener("cancel", (e) => e.preventDefault());
+  $("sign-out").addEventListener("click", () => {
+    sessionStorage.removeItem(TOKEN_KEY);
+    state.token = "";
+    $("who").textContent = "";
+    $("sign-out").hidden = true;
+    signIn("");
+  });
+
+  // ---------------------------------------------------------------- live stream
+  function setConnection(kind, text) {
+    const e = $("connection");
+    e.dataset.state = kind;
+    e.textContent = text;
+  }
+
+  /** Reads `/v1/live` (fetch, so the token travels in a header), and reconnects by
+   *  itself after a loss, waiting longer each time (up to 10 s). */
+  async function connect() {
+    if (state.connection) state.connection.abort();
+    const controller = new AbortController();
+    state.connection = controller;
+    let wait = 500;
+    while (!controller.signal.aborted) {
+      setConnection("connecting", "connecting…");
+      let received = false;
+      try {
+        const response = await fetch("/v1/live", {
+          headers: { Authorization: `Bearer ${state.token}`, Accept: "text/event-stream" },
+          signal: controller.signal,
+          cache: "no-store",
+        });
+        if (response.status === 401) {
+          const body = await response.json().catch(() => null);
+          signIn("The token was refused: " + (body?.error?.message || "sign in again."));
+          return;
+        }
+        if (!response.ok) throw new Error(`${response.status} ${response.statusText}`);
+        await readEvents(response.body, controller, () => {
+          if (!received) {
+            received = true;
+            wait = 500;
+            setConnection("live", "live");
+          }
+        });
+        if (!controller.signal.aborted) throw new Error("the server closed the stream");
+      } catch (error) {
+        if (controller.signal.aborted) return;
+        const seconds = Math.round(wait / 100) / 10;
+        setConnection("lost", `connection lost (${error.message}); retrying in ${seconds} s`);
+        await new Promise((resolve) => setTimeout(resolve, wait));
+        wait = Math.min(wait * 2, 10000);
+      }
+    }
+  }
+
+  /** Parses a server-sent event stream and dispatches each event. */
+  async function readEvents(body, controller, onData) {
+    const reader = body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    let timer = null;
+    const stalled = () => {
+      clearTimeout(timer);
+      timer = setTimeout(() => reader.cancel(new Error("no data for 20 s")), STALL_MS);
+    };
+    stalled();
+    try {
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) return;
+        stalled();
+        onData();
+        buffer += value;
+        let end;
+        while ((end = buffer.search(/\r?\n\r?\n/)) >= 0) {
+          const block = buffer.slice(0, end);
+          buffer = buffer.slice(end + buffer.slice(end).match(/^\r?\n\r?\n/)[0].length);
+          let name = "message";
+          const data = [];
+          for (const line of block.split(/\r?\n/)) {
+            if (line.startsWith(":")) continue;
+            const colon = line.indexOf(":");
+            const field = colon < 0 ? line : line.slice(0, colon);
+            const rest = colon < 0 ? "" : line.slice(colon + 1).replace(/^ /, "");
+            if (field === "event") name = rest;
+            else if (field === "data") data.push(rest);
+          }
+          if (data.length) dispatch(name, JSON.parse(data.join("\n")));
+        }
+      }
+    } finally {
+      clearTimeout(timer);
+      if (controller.signal.aborted) reader.cancel().catch(() => {});
+    }
+  }
+
+  function dispatch(name, data) {
+    switch (name) {
+      case "hello":
+        state.user = data.user;
+        state.admin = data.admin;
+        state.sampleIntervalMs = data.sample_interval_ms;
+        $("who").textContent = `${data.user}${data.admin ? " (admin)" : ""}`;
+        $("sign-out").hidden = false;
+        break;
+      case "graph":
+        state.nodes = new Map(data.nodes.map((n) => [n.id, n]));
+        for (const node of data.nodes) recordSamples(node.inventory.name, node.gpus.map((g) => [g.facts.index, g.latest]));
+        graphChanged();
+        break;
+      case "node":
+        state.nodes.set(data.id, data);
+        recordSamples(data.inventory.name, data.gpus.map((g) => [g.facts.index, g.latest]));
+        graphChanged();
+        break;
+      case "telemetry":
+        for (const update of data) applyTelemetry(update);
+        break;
+      case "instances":
+        state.instances = data;
+        state.allDirty = true;
+        scheduleDraw();
+        renderDetails();
+        break;
+      case "runs":
+        state.runs = data;
+        renderRuns(true);
+        break;
+      case "sessions":
+        state.sessions = data;
+        renderSessions();
+        if (state.selected) renderDetails();
+        break;
+      case "reflexes":
+        state.reflexes = data;
+        renderEvents();
+        break;
+      case "reflex":
+        state.reflexes.unshift(data);
+        state.reflexes.length = Math.min(state.reflexes.length, 500);
+        renderEvents();
+        break;
+      case "lagged":
+        api("/v1/events?limit=100").then((page) => { state.reflexes = page.data; renderEvents(); }).catch(() => {});
+        break;
+      default:
+        break;
+    }
+  }
+
+  function recordSamples(nodeName, samples) {
+    for (const [index, s] of samples) {
+      if (!s) continue;
+      const key = gpuKey(nodeName, index);
+      let ring = state.history.get(key);
+      if (!ring) state.history.set(key, (ring = []));
+      const last = ring[ring.length - 1];
+      if (last && last.t >= s.unix_ms) continue;
+      ring.push({ t: s.unix_ms, util: s.utilization_pct, temp: s.temperature_c, used: s.memory_used });
+      if (ring.length > HISTORY) ring.splice(0, ring.length - HISTORY);
+    }
+  }
+
+  function applyTelemetry(update) {
+    const node = state.nodes.get(update.node);
+    if (!node) return;
+    node.last_seen_ms = update.last_seen_ms;
+    node.host = update.host;
+    let healthChanged = false;
+    for (const g of update.gpus) {
+      const gpu = node.gpus[g.index];
+      if (!gpu) continue;
+      if (gpu.health.state !== g.health.state || (gpu.drained || null) !== (g.drained || null)) healthChanged = true;
+      gpu.latest = g.latest;
+      gpu.health = g.health;
+      gpu.drained = g.drained;
+      state.dirty.add(gpuKey(node.inventory.name, g.index));
+    }
+    recordSamples(node.inventory.name, update.gpus.map((g) => [g.index, g.latest]));
+    if (healthChanged || state.collapsed.has(node.id)) state.allDirty = true;
+    scheduleDraw();
+    const sel = state.selected;
+    if (sel && sel.kind === "gpu" && sel.node === node.inventory.name) renderDetails(true);
+  }
+
+  // ---------------------------------------------------------------- the graph
+  /** How long layouts and redraws took, milliseconds, the last 500 of each (read by
+   *  the benchmark, web/tests/bench.mjs). */
+  const timings = { layout: [], draw: [] };
+  window.skeinTimings = timings;
+  function timing(kind, started) {
+    const list = timings[kind];
+    list.push(performance.now() - started);
+    if (list.length > 500) list.shift();
+  }
+
+  const svg = d3.select("#graph");
+  const viewport = svg.append("g").attr("class", "viewport");
+  const zoom = d3.zoom().scaleExtent([0.05, 4]).on("zoom", (e) => viewport.attr("transform", e.transform));
+  svg.call(zoom).on("dblclick.zoom", null);
+  const elk = new ELK();
+
+  function nodesInOrder() {
+    return [...state.nodes.values()].sort((a, b) => a.inventory.name.localeCompare(b.inventory.name));
+  }
+
+  function isCollapsed(node) {
+    if (state.collapsed.has(node.id)) return true;
+    if (state.expanded.has(node.id)) return false;
+    let gpus = 0;
+    for (const n of state.nodes.values()) gpus += n.gpus.length;
+    return gpus > AUTO_COLLAPSE_GPUS;
+  }
+
+  /** NVLink islands of a node: sets of GPU indices joined by NVLink. */
+  function nvlinkGroups(node) {
+    const parent = new Map(node.gpus.map((g) => [g.facts.index, g.facts.index]));
+    const find = (x) => (parent.get(x) === x ? x : find(parent.get(x)));
+    for (const l of node.links) if (l.kind === "nvlink") parent.set(find(l.a), find(l.b));
+    const groups = new Map();
+    for (const l of node.links) {
+      if (l.kind !== "nvlink") continue;
+      const root = find(l.a);
+      if (!groups.has(root)) groups.set(root, { members: new Set(), gbps: l.gbytes_per_s });
+      const g = groups.get(root);
+      g.members.add(l.a);
+      g.members.add(l.b);
+      if (l.gbytes_per_s != null) g.gbps = Math.min(g.gbps ?? Infinity, l.gbytes_per_s);
+    }
+    return [...groups.values()];
+  }
+
+  function pcieLabel(node) {
+    const first = node.gpus.find((g) => g.facts.pcie);
+    if (!first) return "PCIe";
+    const [gen, width] = first.facts.pcie;
+    const bw = first.pcie_gbytes_per_s;
+    return `PCIe ${gen}.0 ×${width}${bw ? ` · ${bw.toFixed(1)} GB/s` : ""}`;
+  }
+
+  function networkLabel(node) {
+    const bps = node.inventory.host.network_bps;
+    if (!bps) return "network: speed unknown";
+    return bps >= 1e9 ? `${Math.round(bps / 1e9)} Gb/s` : `${Math.round(bps / 1e6)} Mb/s`;
+  }
+
+  const textWidth = (text, px = 11) => Math.ceil(text.length * px * 0.6) + 8;
+
+  function elkGraph() {
+    const children = [{ id: "net", width: 130, height: 54 }];
+    const edges = [];
+    for (const node of nodesInOrder()) {
+      const label = networkLabel(node);
+      edges.push({ id: `net>${node.id}`, sources: ["net"], targets: [node.id], labels: [{ text: label, width: textWidth(label), height: 16 }] });
+      if (isCollapsed(node)) {
+        children.push({ id: node.id, width: COLLAPSED_W, height: COLLAPSED_H });
+        continue;
+      }
+      const inner = [];
+      const innerEdges = [];
+      const bridge = `${node.id}|pcie`;
+      const bridgeText = pcieLabel(node);
+      inner.push({ id: bridge, width: Math.max(170, textWidth(bridgeText) + 16), height: 26 });
+      nvlinkGroups(node).forEach((group, i) => {
+        const hub = `${node.id}|nvlink|${i}`;
+        inner.push({ id: hub, width: 170, height: 26 });
+        for (const m of group.members) innerEdges.push({ id: `${hub}>${m}`, sources: [hub], targets: [`${node.id}|gpu|${m}`] });
+      });
+      for (const gpu of node.gpus) {
+        const id = `${node.id}|gpu|${gpu.facts.index}`;
+        inner.push({ id, width: GPU_W, height: GPU_H });
+        innerEdges.push({ id: `${bridge}>${gpu.facts.index}`, sources: [bridge], targets: [id] });
+      }
+      children.push({
+        id: node.id,
+        layoutOptions: {
+          "elk.algorithm": "layered",
+          "elk.direction": "DOWN",
+          "elk.padding": "[top=48,left=14,bottom=14,right=14]",
+          "elk.spacing.nodeNode": "14",
+          "elk.layered.spacing.nodeNodeBetweenLayers": "28",
+          "elk.edgeRouting": "ORTHOGONAL",
+          "elk.layered.considerModelOrder.strategy": "NODES_AND_EDGES",
+          "elk.nodeSize.constraints": "MINIMUM_SIZE",
+          "elk.nodeSize.minimum": "(300,100)",
+        },
+        children: inner,
+        edges: innerEdges,
+      });
+    }
+    return {
+      id: "root",
+      layoutOptions: {
+        "elk.algorithm": "layered",
+        "elk.direction": "RIGHT",
+        "elk.spacing.nodeNode": "30",
+        "elk.layered.spacing.nodeNodeBetweenLayers": "110",
+        "elk.edgeRouting": "ORTHOGONAL",
+        "elk.layered.considerModelOrder.strategy": "NODES_AND_EDGES",
+        "elk.edgeLabels.placement": "CENTER",
+        "elk.padding": "[top=40,left=20,bottom=60,right=20]",
+      },
+      children,
+      edges,
+    };
+  }
+
+  function topologyKey() {
+    return nodesInOrder()
+      .map((n) => `${n.id}/${n.gpus.length}/${isCollapsed(n) ? "c" : "e"}/${n.links.map((l) => l.kind[0]).join("")}`)
+      .join(";");
+  }
+
+  let layoutRunning = false;
+  let layoutAgain = false;
+  let firstFit = true;
+
+  function graphChanged() {
+    updateFleetLine();
+    const key = topologyKey();
+    if (key !== state.topology) {
+      state.topology = key;
+      relayout();
+    } else {
+      state.allDirty = true;
+      scheduleDraw();
+    }
+    renderDetails();
+  }
+
+  async function relayout() {
+    if (layoutRunning) {
+      layoutAgain = true;
+      return;
+    }
+    layoutRunning = true;
+    try {
+      const started = performance.now();
+      state.layout = await elk.layout(elkGraph());
+      drawStructure();
+      state.allDirty = true;
+      drawGpus();
+      timing("layout", started);
+      if (firstFit && state.nodes.size) {
+        firstFit = false;
+        fit();
+      }
+    } catch (error) {
+      $("graph-note").textContent = `layout failed: ${error.message}`;
+    } finally {
+      layoutRunning = false;
+      if (layoutAgain) {
+        layoutAgain = false;
+        relayout();
+      }
+    }
+  }
+
+  function edgePath(edge) {
+    const s = edge.sections && edge.sections[0];
+    if (!s) return "";
+    const pts = [s.startPoint, ...(s.bendPoints || []), s.endPoint];
+    return "M" + pts.map((p) => `${p.x},${p.y}`).join("L");
+  }
+
+  function onKeyActivate(handler) {
+    return function (event) {
+      if (event.key === "Enter" || event.key === " ") {
+        event.preventDefault();
+        handler.call(this, event);
+      }
+    };
+  }
+
+  /** Draws what the layout decides: node boxes, hubs, links, GPU cards (empty). */
+  function drawStructure() {
+    const layout = state.layout;
+    const nodes = new Map(nodesInOrder().map((n) => [n.id, n]));
+    viewport.selectAll("*").remove();
+    const edgeLayer = viewport.append("g").attr("class", "edges");
+    for (const e of layout.edges || []) {
+      edgeLayer.append("path").attr("class", "edge network").attr("d", edgePath(e));
+      for (const l of e.labels || []) {
+        edgeLayer.append("text").attr("class", "edge-label").attr("x", l.x + 4).attr("y", l.y + 12).text(l.text);
+      }
+    }
+    const net = layout.children.find((c) => c.id === "net");
+    const netG = viewport.append("g").attr("class", "net").attr("transform", `translate(${net.x},${net.y})`);
+    netG.append("rect").attr("width", net.width).attr("height", net.height).attr("rx", 8);
+    netG.append("text").attr("x", 12).attr("y", 22).attr("class", "node-title").text("network");
+    netG.append("text").attr("x", 12).attr("y", 40).attr("class", "node-sub").text(`${nodes.size} node${nodes.size === 1 ? "" : "s"}`);
+
+    for (const box of layout.children) {
+      const node = nodes.get(box.id);
+      if (!node) continue;
+      const g = viewport.append("g").attr("class", "node").attr("data-node", node.inventory.name).attr("transform", `translate(${box.x},${box.y})`);
+      g.append("rect").attr("class", `node-box${node.connected ? "" : " down"}`).attr("width", box.width).attr("height", box.height).attr("rx", 8);
+      const collapsed = isCollapsed(node);
+      const toggle = g.append("g").attr("class", "node-toggle").attr("role", "button").attr("tabindex", 0)
+        .attr("aria-expanded", String(!collapsed))
+        .attr("aria-label", `${collapsed ? "Expand" : "Collapse"} node ${node.inventory.name}`)
+        .attr("transform", `translate(${box.width - 34},10)`);
+      toggle.append("rect").attr("width", 24).attr("height", 24).attr("rx", 4);
+      toggle.append("text").attr("x", 12).attr("y", 17).attr("text-anchor", "middle").text(collapsed ? "+" : "−");
+      const flip = () => {
+        if (isCollapsed(node)) { state.collapsed.delete(node.id); state.expanded.add(node.id); }
+        else { state.expanded.delete(node.id); state.collapsed.add(node.id); }
+        graphChanged();
+      };
+      toggle.on("click", flip).on("keydown", onKeyActivate(flip));
+      g.append("text").attr("class", "node-title").attr("x", 14).attr("y", 22).text(node.inventory.name);
+      g.append("text").attr("class", "node-sub node-line").attr("x", 14).attr("y", 38);
+      if (collapsed) {
+        g.append("text").attr("class", "node-sub node-summary").attr("x", 14).attr("y", 58);
+        g.append("text").attr("class", "node-sub node-summary2").attr("x", 14).attr("y", 76);
+        continue;
+      }
+      for (const e of box.edges || []) {
+        const kind = e.id.includes("|nvlink|") ? "nvlink" : "pcie";
+        g.append("path").attr("class", `edge ${kind}`).attr("d", edgePath(e));
+      }
+      for (const child of box.children || []) {
+        const parts = child.id.split("|");
+        if (parts[1] === "pcie" || parts[1] === "nvlink") {
+          const hub = g.append("g").attr("class", "hub").attr("transform", `translate(${child.x},${child.y})`);
+          hub.append("rect").attr("width", child.width).attr("height", child.height).attr("rx", 4);
+          let text = pcieLabel(node);
+          if (parts[1] === "nvlink") {
+            const group = nvlinkGroups(node)[Number(parts[2])];
+            text = `NVLink${group?.gbps ? ` · ${group.gbps} GB/s` : ""}`;
+          }
+          hub.append("text").attr("x", 8).attr("y", 17).text(text);
+          continue;
+        }
+        const index = Number(parts[2]);
+        const gpu = node.gpus[index];
+        const key = gpuKey(node.inventory.name, index);
+        const card = g.append("g").attr("class", "gpu").attr("data-gpu", key).attr("transform", `translate(${child.x},${child.y})`)
+          .attr("tabindex", 0).attr("role", "button");
+        card.append("rect").attr("class", "card").attr("width", GPU_W).attr("height", GPU_H).attr("rx", 6);
+        card.append("text").attr("class", "title").attr("x", 8).attr("y", 16).text(`GPU ${index} · ${shortName(gpu.facts.name)}`);
+        const badge = card.append("g").attr("class", "badge").attr("transform", `translate(${GPU_W - 66},22)`);
+        badge.append("rect").attr("class", "badge-bg").attr("width", 58).attr("height", 15).attr("rx", 7);
+        badge.append("text").attr("class", "badge-text").attr("x", 29).attr("y", 11).attr("text-anchor", "middle");
+        card.append("text").attr("class", "sub mem-text").attr("x", 8).attr("y", 33);
+        card.append("g").attr("class", "bar").attr("transform", "translate(8,39)");
+        card.append("text").attr("class", "sub shard-text").attr("x", 8).attr("y", 68);
+        card.append("text").attr("class", "sub util-text").attr("x", 8).attr("y", 86);
+        card.append("text").attr("class", "sub temp-text").attr("x", 108).attr("y", 86);
+        card.append("path").attr("class", "spark util").attr("transform", "translate(8,92)");
+        card.append("path").attr("class", "spark temp").attr("transform", "translate(108,92)");
+        card.append("title");
+        const select = () => selectItem({ kind: "gpu", node: node.inventory.name, index });
+        card.on("click", select).on("keydown", onKeyActivate(select));
+      }
+    }
+    markSelection();
+  }
+
+  const shortName = (name) => name.replace(/^NVIDIA\s+/, "").replace(/^GeForce\s+/, "").replace(/^Tesla\s+/, "");
+
+  function updateFleetLine() {
+    let gpus = 0, total = 0, used = 0, down = 0;
+    for (const n of state.nodes.values()) {
+      if (!n.connected) down++;
+      for (const g of n.gpus) {
+        gpus++;
+        total += g.facts.memory_total;
+        used += g.latest ? g.latest.memory_used : 0;
+      }
+    }
+    $("fleet").textContent = `${state.nodes.size} nodes${down ? ` (${down} down)` : ""} · ${gpus} GPUs · ${gib(used)} of ${gib(total)} GiB in use`;
+    $("graph-note").textContent = state.nodes.size ? "" : "No node has joined yet: start `skein agent` on a GPU server.";
+  }
+
+  /** The memory of the GPU `key` as the bar shows it: each instance's shard (measured
+   *  once loaded, reserved before), what others use, and what is free. */
+  function memoryOf(node, gpu) {
+    const total = gpu.facts.memory_total;
+    const used = gpu.latest ? gpu.latest.memory_used : 0;
+    const shards = [];
+    let measured = 0;
+    for (const inst of state.instances) {
+      if (inst.node_name !== node.inventory.name || GONE.has(inst.state)) continue;
+      const m = inst.measured_gpu.find(([i]) => i === gpu.facts.index);
+      const held = inst.held.find(([i]) => i === gpu.facts.index);
+      if (!m && !held) continue;
+      const bytes = m ? m[1] : held[1];
+      if (m) measured += m[1];
+      shards.push({ name: inst.name, agents: inst.agents, bytes, measured: !!m });
+    }
+    const skein = shards.reduce((a, s) => a + s.bytes, 0);
+    const other = Math.max(0, used - measured);
+    const free = Math.max(0, total - skein - other);
+    return { total, used, shards, other, free };
+  }
+
+  function healthOf(gpu) {
+    if (gpu.drained) return "drained";
+    return gpu.health.state;
+  }
+
+  function scheduleDraw() {
+    if (state.frame) return;
+    state.frame = requestAnimationFrame(() => {
+      state.frame = 0;
+      drawGpus();
+    });
+  }
+
+  function sparkPath(points, field, lo, hi, width, height) {
+    if (points.length < 2) return "";
+    const t0 = points[0].t, t1 = points[points.length - 1].t || t0 + 1;
+    const x = (t) => ((t - t0) / Math.max(1, t1 - t0)) * width;
+    const y = (v) => height - (Math.min(hi, Math.max(lo, v)) - lo) / (hi - lo) * height;
+    let d = "";
+    for (const p of points) {
+      if (p[field] == null) continue;
+      d += (d ? "L" : "M") + x(p.t).toFixed(1) + "," + y(p[field]).toFixed(1);
+    }
+    return d;
+  }
+
+  /** Updates the GPUs whose data changed: bars, figures, sparklines, badges. */
+  function drawGpus() {
+    if (!state.layout) return;
+    const started = performance.now();
+    const all = state.allDirty;
+    const dirty = state.dirty;
+    state.allDirty = false;
+    state.dirty = new Set();
+    for (const node of state.nodes.values()) {
+      const name = node.inventory.name;
+      const group = viewport.select(`g.node[data-node="${CSS.escape(name)}"]`);
+      if (group.empty()) continue;
+      group.select(".node-line").text(`${node.gpus.length} GPUs · ${node.connected ? "connected" : "disconnected"} · ${node.health.state}${node.health.reasons.length ? ": " + node.health.reasons.join("; ") : ""}`);
+      if (isCollapsed(node)) {
+        drawCollapsed(group, node);
+        continue;
+      }
+      for (const gpu of node.gpus) {
+        const key = gpuKey(name, gpu.facts.index);
+        if (!all && !dirty.has(key)) continue;
+        drawGpu(group.select(`g.gpu[data-gpu="${CSS.escape(key)}"]`), node, gpu, key);
+      }
+    }
+    timing("draw", started);
+  }
+
+  function drawCollapsed(group, node) {
+    let total = 0, used = 0, util = 0, temp = -Infinity;
+    const states = { ok: 0, degraded: 0, down: 0, drained: 0 };
+    for (const g of node.gpus) {
+      total += g.facts.memory_total;
+      if (g.latest) {
+        used += g.latest.memory_used;
+        util = Math.max(util, g.latest.utilization_pct ?? 0);
+        if (g.latest.temperature_c != null) temp = Math.max(temp, g.latest.temperature_c);
+      }
+      states[healthOf(g)]++;
+    }
+    const health = Object.entries(states).filter(([, n]) => n).map(([s, n]) => `${n} ${s}`).join(", ");
+    group.select(".node-summary").text(`${gib(used)} of ${gib(total)} GiB in use · busiest ${util}% · hottest ${temp === -Infinity ? "–" : temp + " °C"}`);
+    group.select(".node-summary2").text(`GPUs: ${health}`);
+  }
+
+  function drawGpu(card, node, gpu, key) {
+    if (card.empty()) return;
+    const s = gpu.latest;
+    const mem = memoryOf(node, gpu);
+    const health = healthOf(gpu);
+    const util = s?.utilization_pct;
+    const temp = s?.temperature_c;
+    card.attr("data-util", util ?? "").attr("data-temp", temp ?? "").attr("data-mem-used", mem.used)
+      .attr("data-mem-total", mem.total).attr("data-health", health).attr("data-sampled-at", s ? s.unix_ms : "");
+    card.select(".badge-bg").attr("class", `badge-bg ${health}`);
+    card.select(".badge-text").text(health);
+    card.select(".mem-text").text(`${gib(mem.used)} / ${gib(mem.total)} GiB used`);
+    const width = GPU_W - 16;
+    const scale = width / Math.max(mem.total, mem.shards.reduce((a, x) => a + x.bytes, 0) + mem.other);
+    const segments = [
+      ...mem.shards.map((x) => ({ kind: "shard", ...x })),
+      { kind: "other", bytes: mem.other, name: "other" },
+      { kind: "free", bytes: mem.free, name: "free" },
+    ];
+    let x = 0;
+    const bar = card.select(".bar");
+    const rects = bar.selectAll("rect").data(segments, (d) => d.kind + d.name);
+    rects.exit().remove();
+    rects.enter().append("rect").attr("height", 14)
+      .each(function (d) {
+        const r = d3.select(this);
+        if (d.kind === "shard") {
+          r.attr("tabindex", 0).attr("role", "button")
+            .on("click", (e) => { e.stopPropagation(); selectItem({ kind: "instance", name: d.name }); })
+            .on("keydown", onKeyActivate((e) => { e.stopPropagation(); selectItem({ kind: "instance", name: d.name }); }));
+          r.append("title");
+        }
+      })
+      .merge(rects)
+      .attr("class", (d) => d.kind)
+      .attr("data-instance", (d) => (d.kind === "shard" ? d.name : null))
+      .attr("data-bytes", (d) => d.bytes)
+      .attr("fill", (d) => (d.kind === "shard" ? colourOf(d.name) : null))
+      .attr("aria-label", (d) => (d.kind === "shard" ? `instance ${d.name}: ${fmtBytes(d.bytes)} ${d.measured ? "measured" : "reserved"}` : null))
+      .attr("x", (d) => { const at = x; x += d.bytes * scale; return at; })
+      .attr("width", (d) => Math.max(0, d.bytes * scale))
+      .each(function (d) {
+        if (d.kind === "shard") d3.select(this).select("title").text(`${d.name} (${d.agents.join(", ")}): ${fmtBytes(d.bytes)} ${d.measured ? "measured" : "reserved"}`);
+      });
+    const names = mem.shards.map((x) => `${x.agents.join("+")} ${gib(x.bytes)}`);
+    card.select(".shard-text").text(names.length ? names.join(" · ") : "no model placed");
+    card.select(".util-text").text(`busy ${util ?? "–"}%`);
+    card.select(".temp-text").text(`${temp ?? "–"} °C`);
+    const ring = state.history.get(key) || [];
+    card.select(".spark.util").attr("d", sparkPath(ring, "util", 0, 100, 90, 24));
+    card.select(".spark.temp").attr("d", sparkPath(ring, "temp", 20, 100, 90, 24));
+    const label = `${node.inventory.name} GPU ${gpu.facts.index}, ${shortName(gpu.facts.name)}: ${gib(mem.used)} of ${gib(mem.total)} GiB used, busy ${util ?? "unknown"}%, ${temp ?? "unknown"} °C, ${health}${mem.shards.length ? ", models: " + names.join(", ") : ""}`;
+    card.attr("aria-label", label);
+    card.select(":scope > title").text(label);
+  }
+
+  function fit() {
+    const bounds = viewport.node().getBBox();
+    const box = $("graph").getBoundingClientRect();
+    if (!bounds.width || !bounds.height) return;
+    const k = Math.min(2, 0.95 * Math.min(box.width / bounds.width, box.height / bounds.height));
+    const tx = (box.width - bounds.width * k) / 2 - bounds.x * k;
+    const ty = (box.height - bounds.height * k) / 2 - bounds.y * k;
+    svg.transition().duration(0).call(zoom.transform, d3.zoomIdentity.translate(tx, ty).scale(k));
+  }
+  $("fit").addEventListener("click", fit);
+  $("collapse-all").addEventListener("click", () => {
+    for (const n of state.nodes.values()) { state.collapsed.add(n.id); state.expanded.delete(n.id); }
+    graphChanged();
+  });
+  $("expand-all").addEventListener("click", () => {
+    for (const n of state.nodes.values()) { state.expanded.add(n.id); state.collapsed.delete(n.id); }
+    graphChanged();
+  });
+  window.addEventListener("resize", () => { if (state.layout) fit(); });
+
+  // ---------------------------------------------------------------- side panel
+  const TABS = ["details", "runs", "sessions", "events"];
+  function showTab(name) {
+    for (const t of TABS) {
+      const on = t === name;
+      $(`tab-${t}`).setAttribute("aria-selected", String(on));
+      $(`tab-${t}`).tabIndex = on ? 0 : -1;
+      $(`view-${t}`).hidden = !on;
+    }
+  }
+  TABS.forEach((t, i) => {
+    const tab = $(`tab-${t}`);
+    tab.addEventListener("click", () => showTab(t));
+    tab.addEventListener("keydown", (e) => {
+      const step = e.key === "ArrowRight" ? 1 : e.key === "ArrowLeft" ? -1 : 0;
+      if (!step) return;
+      const next = TABS[(i + step + TABS.length) % TABS.length];
+      showTab(next);
+      $(`tab-${next}`).focus();
+    });
+  });
+
+  function selectItem(item) {
+    state.selected = item;
+    markSelection();
+    showTab("details");
+    renderDetails();
+    if (item.kind === "gpu") loadHistory(item.node, item.index);
+  }
+
+  function markSelection() {
+    const sel = state.selected;
+    viewport.selectAll("g.gpu").classed("selected", function () {
+      return !!sel && sel.kind === "gpu" && this.dataset.gpu === gpuKey(sel.node, sel.index);
+    });
+  }
+
+  /** The GPU's history as the server keeps it (the sparkline holds what arrived since
+   *  the page opened; the server has the minutes before). */
+  async function loadHistory(nodeName, index) {
+    try {
+      const answer = await api(`/v1/graph/nodes/${encodeURIComponent(nodeName)}/gpus/${index}/samples`);
+      const key = gpuKey(nodeName, index);
+      const ring = answer.samples.map((s) => ({ t: s.unix_ms, util: s.utilization_pct, temp: s.temperature_c, used: s.memory_used }));
+      const live = (state.history.get(key) || []).filter((p) => !ring.length || p.t > ring[ring.length - 1].t);
+      state.history.set(key, ring.concat(live).slice(-HISTORY));
+      state.dirty.add(key);
+      scheduleDraw();
+      renderDetails(true);
+    } catch (error) {
+      // The details say what the stream knows; the history is a bonus.
+    }
+  }
+
+  function findGpu(nodeName, index) {
+    for (const n of state.nodes.values()) if (n.inventory.name === nodeName) return [n, n.gpus[index]];
+    return [null, null];
+  }
+
+  function chart(points, field, lo, hi, colour, label) {
+    const ns = "http://www.w3.org/2000/svg";
+    const s = document.createElementNS(ns, "svg");
+    s.setAttribute("class", "chart");
+    s.setAttribute("viewBox", "0 0 360 64");
+    s.setAttribute("preserveAspectRatio", "none");
+    s.setAttribute("role", "img");
+    const last = [...points].reverse().find((p) => p[field] != null);
+    s.setAttribute("aria-label", `${label}: ${points.length} samples, latest ${last ? last[field] : "unknown"}`);
+    const p = document.createElementNS(ns, "path");
+    p.setAttribute("d", sparkPath(points, field, lo, hi, 360, 60));
+    p.setAttribute("stroke", colour);
+    p.setAttribute("transform", "translate(0,2)");
+    s.append(p);
+    return s;
+  }
+
+  function sessionsOn(predicate) {
+    return state.sessions.data.filter((s) => s.binding && predicate(s.binding));
+  }
+
+  let detailsTimer = 0;
+  /** Redraws the details of the selection (`soon`: at most twice a second, for
+   *  telemetry). */
+  function renderDetails(soon) {
+    if (soon) {
+      if (!detailsTimer) detailsTimer = setTimeout(() => { detailsTimer = 0; renderDetails(); }, 500);
+      return;
+    }
+    const view = $("view-details");
+    const sel = state.selected;
+    if (!sel) return;
+    const parts = [];
+    if (sel.kind === "gpu") {
+      const [node, gpu] = findGpu(sel.node, sel.index);
+      if (!gpu) {
+        view.replaceChildren(...kids(h("p", { class: "hint" }, `GPU ${sel.node}:${sel.index} is no longer in the graph.`)));
+        return;
+      }
+      const f = gpu.facts;
+      const s = gpu.latest;
+      const health = healthOf(gpu);
+      const mem = memoryOf(node, gpu);
+      const ring = state.history.get(gpuKey(sel.node, sel.index)) || [];
+      parts.push(
+        h("h2", {}, `${sel.node} · GPU ${f.index}`, " ", h("span", { class: `badge ${health}` }, health)),
+        gpu.health.reasons.length ? h("p", { class: "error" }, gpu.health.reasons.join("; ")) : null,
+        gpu.drained ? h("p", {}, `Drained: ${gpu.drained}`) : null,
+        h("dl", { class: "facts" },
+          h("dt", {}, "model"), h("dd", {}, f.name + (f.simulated ? " (simulated)" : "")),
+          h("dt", {}, "memory"), h("dd", {}, `${gib(mem.used)} of ${gib(mem.total)} GiB used, ${gib(mem.free)} GiB free for Skein`),
+          h("dt", {}, "busy"), h("dd", {}, s?.utilization_pct != null ? `${s.utilization_pct}%` : "unknown"),
+          h("dt", {}, "temperature"), h("dd", {}, s?.temperature_c != null ? `${s.temperature_c} °C` : "unknown"),
+          h("dt", {}, "power"), h("dd", {}, s?.power_mw != null ? `${(s.power_mw / 1000).toFixed(0)} W of ${f.power_limit_mw ? (f.power_limit_mw / 1000).toFixed(0) : "?"} W` : "unknown"),
+          h("dt", {}, "compute"), h("dd", {}, f.compute_capability ? f.compute_capability.join(".") : "unknown"),
+          h("dt", {}, "PCIe"), h("dd", {}, f.pcie ? `gen ${f.pcie[0]} ×${f.pcie[1]}` : "unknown"),
+          h("dt", {}, "NVLink to"), h("dd", {}, node.links.filter((l) => l.kind === "nvlink" && (l.a === f.index || l.b === f.index)).map((l) => `GPU ${l.a === f.index ? l.b : l.a}`).join(", ") || "none"),
+          h("dt", {}, "ECC"), h("dd", {}, s?.ecc_corrected != null ? `${s.ecc_corrected} corrected, ${s.ecc_uncorrected ?? 0} uncorrected` : "not reported"),
+          h("dt", {}, "UUID"), h("dd", {}, h("code", {}, f.uuid)),
+          h("dt", {}, "sampled"), h("dd", {}, s ? fmtTime(s.unix_ms) : "never"),
+        ),
+        h("h3", {}, "Busy (%), last samples"), chart(ring, "util", 0, 100, "#0b57d0", "busy percentage"),
+        h("h3", {}, "Temperature (°C)"), chart(ring, "temp", 20, 100, "#b42318", "temperature"),
+        h("h3", {}, "Memory used (GiB)"), chart(ring, "used", 0, f.memory_total, "#2e8540", "memory used"),
+        h("h3", {}, "Models on it"),
+      );
+      const here = state.instances.filter((i) => i.node_name === sel.node && i.gpus.includes(sel.index) && !GONE.has(i.state));
+      if (!here.length) parts.push(h("p", { class: "hint" }, "None."));
+      for (const inst of here) parts.push(instanceBlock(inst, true));
+      parts.push(h("h3", {}, "Sessions on it"), sessionList(sessionsOn((b) => b.node === sel.node && b.gpus.includes(sel.index))));
+    } else {
+      const inst = state.instances.find((i) => i.name === sel.name);
+      if (!inst) {
+        view.replaceChildren(...kids(h("p", { class: "hint" }, `Instance ${sel.name} is gone.`)));
+        return;
+      }
+      parts.push(instanceBlock(inst, false));
+      parts.push(h("h3", {}, "Sessions on it"), sessionList(sessionsOn((b) => b.instance === inst.name)));
+    }
+    view.replaceChildren(...kids(...parts.filter(Boolean)));
+  }
+
+  function instanceBlock(inst, link) {
+    const p = inst.placement;
+    const split = p
+      ? `${p.layout.tensor_parallel} GPU${p.layout.tensor_parallel > 1 ? "s" : ""} per stage × ${p.layout.pipeline_stages} stage${p.layout.pipeline_stages > 1 ? "s" : ""} (${p.family})`
+      : `GPUs ${inst.gpus.join(", ")}`;
+    const title = link
+      ? h("button", { type: "button", class: "link", onclick: () => selectItem({ kind: "instance", name: inst.name }) }, inst.name)
+      : h("span", {}, inst.name);
+    return h("div", { class: "instance", "data-instance": inst.name },
+      h("h3", {}, h("span", { class: "swatch", style: `background:${colourOf(inst.name)}` }), " ", title, " ", h("span", { class: `badge ${inst.state}` }, inst.state)),
+      h("dl", { class: "facts" },
+        h("dt", {}, "agents"), h("dd", {}, inst.agents.join(", ")),
+        h("dt", {}, "run"), h("dd", {}, inst.run || "none (kept warm)"),
+        h("dt", {}, "variant"), h("dd", {}, h("code", {}, inst.variant)),
+        h("dt", {}, "engine"), h("dd", {}, inst.engine),
+        h("dt", {}, "placed on"), h("dd", { class: "placed" }, `${inst.node_name}: GPU ${inst.gpus.join(", ")}`),
+        h("dt", {}, "split"), h("dd", {}, split),
+        p ? [h("dt", {}, "precision"), h("dd", {}, `${p.precision} (${p.quantization})`)] : null,
+        p ? [h("dt", {}, "speed"), h("dd", {}, `${p.tokens_per_s.toFixed(0)} tokens/s per sequence (modelled)`)] : null,
+        h("dt", {}, "memory"), h("dd", {}, inst.held.map(([g, b]) => `GPU ${g}: ${fmtBytes(b)} reserved`).concat(inst.measured_gpu.map(([g, b]) => `GPU ${g}: ${fmtBytes(b)} measured`)).join("; ") || "none"),
+        inst.clone_of ? [h("dt", {}, "added by"), h("dd", {}, `reflex ${inst.clone_of}`)] : null,
+        h("dt", {}, "share"), h("dd", {}, `${Math.round(inst.share * 100)}% of new sessions`),
+        inst.detail ? [h("dt", {}, "detail"), h("dd", {}, inst.detail)] : null,
+      ),
+      p && p.devices?.length ? h("table", {},
+        h("thead", {}, h("tr", {}, h("th", {}, "device"), h("th", {}, "stage"), h("th", { class: "num" }, "layers"), h("th", { class: "num" }, "reserved"))),
+        h("tbody", {}, p.devices.map((d) => h("tr", {},
+          h("td", {}, d.gpu != null ? `${d.node}:${d.gpu}` : `${d.node} (host)`),
+          h("td", {}, d.stage ?? ""),
+          h("td", { class: "num" }, d.layers ?? ""),
+          h("td", { class: "num" }, fmtBytes(d.reserved))))),
+      ) : null,
+      p && p.why?.length ? [h("h3", {}, "Why the planner chose it"), h("ul", { class: "plain" }, p.why.map((w) => h("li", {}, w)))] : null,
+      p && p.rejected?.length ? [h("h3", {}, "Turned down"), h("ul", { class: "plain" }, p.rejected.map((r) => h("li", {}, `${r.option}: ${r.why}`)))] : null,
+    );
+  }
+
+  // ---------------------------------------------------------------- runs
+  async function renderRuns(changed) {
+    const view = $("view-runs");
+    const list = h("table", {},
+      h("thead", {}, h("tr", {}, h("th", {}, "run"), h("th", {}, "workflow"), h("th", {}, "state"), h("th", { class: "num" }, "steps"))),
+      h("tbody", {}, state.runs.map((r) => h("tr", { "data-run": r.id },
+        h("td", {}, h("button", { type: "button", onclick: () => openRun(r.id) }, r.id.slice(0, 10))),
+        h("td", {}, r.workflow),
+        h("td", {}, h("span", { class: `badge ${r.state}` }, r.state), r.reason ? h("div", { class: "hint" }, r.reason) : null),
+        h("td", { class: "num" }, `${r.steps_done}/${r.steps}`)))));
+    const parts = [h("h2", {}, "Runs"), state.runs.length ? list : h("p", { class: "hint" }, "No runs yet: `skein submit workflow.yaml`.")];
+    const detail = h("div", { id: "run-detail" });
+    parts.push(detail);
+    view.replaceChildren(...kids(...parts));
+    if (state.openRun && changed) await openRun(state.openRun, true);
+  }
+
+  async function openRun(id, quiet) {
+    state.openRun = id;
+    try {
+      const run = await api(`/v1/runs/${encodeURIComponent(id)}`);
+      const detail = $("run-detail");
+      if (!detail) return;
+      detail.replaceChildren(...kids(
+        h("h3", {}, `Run ${run.id}`),
+        h("p", {}, `${run.workflow.name} · `, h("span", { class: `badge ${run.state}` }, run.state), run.reason ? ` · ${run.reason}` : ""),
+        h("table", {},
+          h("thead", {}, h("tr", {}, h("th", {}, "step"), h("th", {}, "agent"), h("th", {}, "state"), h("th", {}, "instance"))),
+          h("tbody", {}, run.steps.map((s) => h("tr", { "data-step": s.id },
+            h("td", {}, s.id), h("td", {}, s.agent),
+            h("td", {}, h("span", { class: `badge ${s.state}` }, s.state), s.error ? h("div", { class: "error" }, s.error) : null),
+            h("td", {}, s.instance || ""))))),
+      ));
+      if (!quiet) detail.querySelector("h3").scrollIntoView({ block: "nearest" });
+    } catch (error) {
+      const detail = $("run-detail");
+      if (detail) detail.replaceChildren(...kids(h("p", { class: "error" }, error.message)));
+    }
+  }
+
+  // ---------------------------------------------------------------- sessions
+  function placeOf(binding) {
+    return binding ? `${binding.node}:${binding.gpus.join(",")}` : "not bound";
+  }
+
+  function sessionList(sessions) {
+    if (!sessions.length) return h("p", { class: "hint" }, "None.");
+    return h("ul", { class: "plain" }, sessions.map((s) => h("li", {}, `${s.id} (${s.owner}, ${s.agent}, ${s.messages} messages)`)));
+  }
+
+  function migrateTargets() {
+    const targets = [["auto", "anywhere it fits (auto)"]];
+    for (const node of nodesInOrder()) {
+      if (!node.connected) continue;
+      targets.push([`${node.inventory.name}`, `${node.inventory.name} (any GPU)`]);
+      for (const g of node.gpus) targets.push([`${node.inventory.name}:${g.facts.index}`, `${node.inventory.name} GPU ${g.facts.index} (${gib(g.latest ? g.latest.memory_free : 0)} GiB free)`]);
+    }
+    return targets;
+  }
+
+  function renderSessions() {
+    const view = $("view-sessions");
+    const focused = document.activeElement && view.contains(document.activeElement) ? document.activeElement.id : null;
+    const rows = state.sessions.data.map((s) => {
+      const open = state.migrating === s.id;
+      return [
+        h("tr", { "data-session": s.id },
+          h("td", {}, h("code", {}, s.id.slice(0, 12))),
+          h("td", {}, s.owner),
+          h("td", {}, s.agent || s.definition?.model?.repo || ""),
+          h("td", { class: "gpu-cell" }, placeOf(s.binding)),
+          h("td", { class: "num" }, s.messages),
+          h("td", {}, h("button", { type: "button", id: `migrate-${s.id}`, "aria-expanded": String(open), onclick: () => { state.migrating = open ? null : s.id; renderSessions(); } }, "Migrate…"))),
+        open ? h("tr", { class: "migrate-row" }, h("td", { colspan: 6 }, migrateForm(s))) : null,
+      ];
+    });
+    view.replaceChildren(...kids(
+      h("h2", {}, "Sessions"),
+      state.sessions.data.length
+        ? h("table", {},
+          h("thead", {}, h("tr", {}, h("th", {}, "id"), h("th", {}, "owner"), h("th", {}, "agent"), h("th", {}, "GPU"), h("th", { class: "num" }, "messages"), h("th", {}, ""))),
+          h("tbody", {}, rows))
+        : h("p", { class: "hint" }, "No sessions yet: `skein session create --agent NAME --run RUN`."),
+      state.sessions.more ? h("p", { class: "hint" }, "More sessions exist than are shown; `skein sessions` lists them all.") : null,
+      h("p", { id: "migrate-result", role: "status", "aria-live": "polite" }, migrateResult),
+    ));
+    if (focused && $(focused)) $(focused).focus();
+  }
+
+  let migrateResult = "";
+  function migrateForm(session) {
+    const select = h("select", { id: `migrate-to-${session.id}`, "aria-label": `Where to move session ${session.id}` },
+      migrateTargets().map(([value, label]) => h("option", { value }, label)));
+    const go = async () => {
+      const value = select.value;
+      let to = "auto";
+      if (value !== "auto") {
+        const [node, gpu] = value.split(":");
+        to = gpu === undefined ? { node } : { node, gpu: Number(gpu) };
+      }
+      button.disabled = true;
+      migrateResult = `Moving ${session.id}…`;
+      $("migrate-result").textContent = migrateResult;
+      try {
+        const moved = await api(`/v1/sessions/${encodeURIComponent(session.id)}/migrate`, { method: "POST", body: JSON.stringify({ to }) });
+        migrateResult = `Moved ${session.id} to ${placeOf(moved.to)} (${Number(moved.downtime_ms).toFixed(1)} ms without an engine).`;
+        state.migrating = null;
+      } catch (error) {
+        migrateResult = `Could not move ${session.id}: ${error.message}`;
+      }
+      renderSessions();
+    };
+    const button = h("button", { type: "button", id: `migrate-go-${session.id}`, onclick: go }, "Move");
+    return h("div", { class: "migrate-form" }, h("label", { for: select.id }, "to"), select, button);
+  }
+
+  // ---------------------------------------------------------------- events
+  /** An action as the workflow declared it: `notify`, `{"clone": 1}`, … */
+  function actionName(action) {
+    if (typeof action === "string") return action;
+    if (action && typeof action === "object") {
+      const [name, value] = Object.entries(action)[0] || ["?", null];
+      return value == null || typeof value === "object" ? name : `${name} ${value}`;
+    }
+    return String(action);
+  }
+
+  function renderEvents() {
+    const view = $("view-events");
+    const items = state.reflexes.map((e) => h("div", { class: "event", "data-event": e.id, "data-reflex": e.reflex },
+      h("div", { class: "when" }, `${fmtTime(Date.parse(e.at))} · run ${e.run}${e.dry_run ? " · dry run" : ""}`),
+      h("div", {}, h("strong", {}, e.reflex), " ", h("span", { class: `badge ${e.kind === "error" ? "failed" : e.kind === "fire" ? "degraded" : "ok"}` }, e.kind)),
+      e.values && Object.keys(e.values).length
+        ? h("div", { class: "values" }, Object.entries(e.values).map(([k, v]) => `${k} = ${typeof v === "number" ? +v.toFixed(3) : JSON.stringify(v)}`).join(", "))
+        : null,
+      e.error ? h("div", { class: "error" }, e.error) : null,
+      e.actions?.length ? h("ul", { class: "plain" }, e.actions.map((a) => h("li", {}, `${actionName(a.action)}: `, h("span", { class: `badge ${a.outcome}` }, a.outcome), a.detail ? ` ${a.detail}` : ""))) : null,
+    ));
+    view.replaceChildren(...kids(h("h2", {}, "Reflex events"), items.length ? items : h("p", { class: "hint" }, "No reflex has fired yet.")));
+  }
+
+  // ---------------------------------------------------------------- start
+  renderRuns(false);
+  renderSessions();
+  renderEvents();
+  if (state.token) connect();
+  else signIn("");
+})();
