@@ -492,11 +492,17 @@
     };
   }
 
+  /** The drawn node boxes by node name and GPU cards by "node:gpu" (D3 selections),
+   *  so that updates find them without querying the document. */
+  const drawn = { nodes: new Map(), gpus: new Map() };
+
   /** Draws what the layout decides: node boxes, hubs, links, GPU cards (empty). */
   function drawStructure() {
     const layout = state.layout;
     const nodes = new Map(nodesInOrder().map((n) => [n.id, n]));
     viewport.selectAll("*").remove();
+    drawn.nodes.clear();
+    drawn.gpus.clear();
     const edgeLayer = viewport.append("g").attr("class", "edges");
     for (const e of layout.edges || []) {
       edgeLayer.append("path").attr("class", "edge network").attr("d", edgePath(e));
@@ -514,6 +520,7 @@
       const node = nodes.get(box.id);
       if (!node) continue;
       const g = viewport.append("g").attr("class", "node").attr("data-node", node.inventory.name).attr("transform", `translate(${box.x},${box.y})`);
+      drawn.nodes.set(node.inventory.name, g);
       g.append("rect").attr("class", `node-box${node.connected ? "" : " down"}`).attr("width", box.width).attr("height", box.height).attr("rx", 8);
       const collapsed = isCollapsed(node);
       const toggle = g.append("g").attr("class", "node-toggle").attr("role", "button").attr("tabindex", 0)
@@ -555,7 +562,9 @@
         const index = Number(parts[2]);
         const gpu = node.gpus[index];
         const key = gpuKey(node.inventory.name, index);
-        const card = g.append("g").attr("class", "gpu").attr("data-gpu", key).attr("transform", `translate(${child.x},${child.y})`)
+        const card = g.append("g").attr("class", "gpu").attr("data-gpu", key).attr("transform", `translate(${child.x},${child.y})`);
+        drawn.gpus.set(key, card);
+        card
           .attr("tabindex", 0).attr("role", "button");
         card.append("rect").attr("class", "card").attr("width", GPU_W).attr("height", GPU_H).attr("rx", 6);
         card.append("text").attr("class", "title").attr("x", 8).attr("y", 16).text(`GPU ${index} · ${shortName(gpu.facts.name)}`);
@@ -651,8 +660,8 @@
     state.dirty = new Set();
     for (const node of state.nodes.values()) {
       const name = node.inventory.name;
-      const group = viewport.select(`g.node[data-node="${CSS.escape(name)}"]`);
-      if (group.empty()) continue;
+      const group = drawn.nodes.get(name);
+      if (!group) continue;
       group.select(".node-line").text(`${node.gpus.length} GPUs · ${node.connected ? "connected" : "disconnected"} · ${node.health.state}${node.health.reasons.length ? ": " + node.health.reasons.join("; ") : ""}`);
       if (isCollapsed(node)) {
         drawCollapsed(group, node);
@@ -661,7 +670,8 @@
       for (const gpu of node.gpus) {
         const key = gpuKey(name, gpu.facts.index);
         if (!all && !dirty.has(key)) continue;
-        drawGpu(group.select(`g.gpu[data-gpu="${CSS.escape(key)}"]`), node, gpu, key);
+        const card = drawn.gpus.get(key);
+        if (card) drawGpu(card, node, gpu, key);
       }
     }
     timing("draw", started);
