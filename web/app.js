@@ -260,6 +260,9 @@
         state.reflexes.length = Math.min(state.reflexes.length, 500);
         renderEvents();
         break;
+      case "error":
+        $("graph-note").textContent = `The server says: ${data.message}`;
+        break;
       case "lagged":
         api("/v1/events?limit=100").then((page) => { state.reflexes = page.data; renderEvents(); }).catch(() => {});
         break;

@@ -9,7 +9,8 @@
 //! (the list again after a change), and `reflex` (an event as it is recorded). Changes
 //! are gathered and sent at most every [`FLUSH`], so a fleet of a thousand GPUs that all
 //! report every second costs the page four small messages a second; reflex events go at
-//! once. A reader that falls behind the graph's changes gets the whole `graph` again.
+//! once. A reader that falls behind the graph's changes gets the whole `graph` again. A
+//! list the server cannot read (a storage error) becomes an `error` event saying so.
 //!
 //! A user sees their own runs, sessions and reflex events (the admin: everyone's); the
 //! graph and the instances are the fleet's.
@@ -120,6 +121,16 @@ struct Feed {
     sessions_changed: bool,
 }
 
+/// An `error` event: what could not be read, and why (the page shows it; the stream
+/// goes on, and the next change sends the list again).
+fn failure(what: &str, error: &impl std::fmt::Display) -> Event {
+    tracing::warn!(%error, "the live feed could not read the {what}");
+    event(
+        "error",
+        &serde_json::json!({ "about": what, "message": format!("could not read the {what}: {error}") }),
+    )
+}
+
 fn event(name: &str, data: &impl Serialize) -> Event {
     Event::default()
         .event(name)
@@ -163,10 +174,11 @@ impl Feed {
         let recent = feed
             .state
             .reflex_events
-            .page(None, REFLEX_EVENTS, |e| principal.may_see(&e.owner))
-            .map(|(events, _)| events)
-            .unwrap_or_default();
-        feed.ready.push_back(event("reflexes", &recent));
+            .page(None, REFLEX_EVENTS, |e| principal.may_see(&e.owner));
+        feed.ready.push_back(match recent {
+            Ok((events, _)) => event("reflexes", &events),
+            Err(e) => failure("reflex events", &e),
+        });
         feed
     }
 
@@ -263,31 +275,31 @@ impl Feed {
 
     /// The newest [`RUNS`] runs the reader may see.
     fn runs_event(&self) -> Event {
-        let runs: Vec<RunSummary> = self
-            .state
-            .executor
-            .list()
-            .unwrap_or_default()
-            .iter()
-            .filter(|run| self.principal.may_see(&run.owner))
-            .take(RUNS)
-            .map(RunSummary::from)
-            .collect();
-        event("runs", &runs)
+        match self.state.executor.list() {
+            Ok(runs) => {
+                let runs: Vec<RunSummary> = runs
+                    .iter()
+                    .filter(|run| self.principal.may_see(&run.owner))
+                    .take(RUNS)
+                    .map(RunSummary::from)
+                    .collect();
+                event("runs", &runs)
+            }
+            Err(e) => failure("runs", &e),
+        }
     }
 
     /// The reader's first [`SESSIONS`] sessions.
     fn sessions_event(&self) -> Event {
-        let list = match self.state.sessions.list(&self.principal, None, SESSIONS) {
-            Ok(page) => SessionList {
-                more: page.next.is_some(),
-                data: page.sessions,
-            },
-            Err(_) => SessionList {
-                data: Vec::new(),
-                more: false,
-            },
-        };
-        event("sessions", &list)
+        match self.state.sessions.list(&self.principal, None, SESSIONS) {
+            Ok(page) => event(
+                "sessions",
+                &SessionList {
+                    more: page.next.is_some(),
+                    data: page.sessions,
+                },
+            ),
+            Err(e) => failure("sessions", &e),
+        }
     }
 }
