@@ -32,6 +32,7 @@
     migrating: null, // session id whose migrate form is open
     layout: null, // the last ELK result
     topology: "",
+    gpuCount: 0, // GPUs in the graph
     dirty: new Set(), // GPU keys to redraw
     allDirty: false,
     frame: 0,
@@ -46,6 +47,9 @@
   const fmtTime = (t) => (t ? new Date(t).toLocaleTimeString() : "");
   const gpuKey = (nodeName, index) => `${nodeName}:${index}`;
 
+  /** Children as the DOM takes them: arrays flattened, nothing for null or false. */
+  const kids = (...children) => children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false);
+
   /** An element with attributes and children (strings become text: never HTML). */
   function h(tag, attrs, ...children) {
     const e = document.createElement(tag);
@@ -55,15 +59,11 @@
       else if (k === "class") e.className = v;
       else e.setAttribute(k, v === true ? "" : String(v));
     }
-    for (const c of children.flat(Infinity)) {
-      if (c === undefined || c === null || c === false) continue;
+    for (const c of kids(children)) {
       e.append(c instanceof Node ? c : document.createTextNode(String(c)));
     }
     return e;
   }
-
-  /** Children for `replaceChildren`: arrays flattened, nothing for null or false. */
-  const kids = (...children) => children.flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false);
 
   /** A colour per model instance: the ten of Tableau's palette (d3.schemeTableau10)
    *  in the order instances first appear, then hues from the name's hash. */
@@ -330,9 +330,7 @@
   function isCollapsed(node) {
     if (state.collapsed.has(node.id)) return true;
     if (state.expanded.has(node.id)) return false;
-    let gpus = 0;
-    for (const n of state.nodes.values()) gpus += n.gpus.length;
-    return gpus > AUTO_COLLAPSE_GPUS;
+    return state.gpuCount > AUTO_COLLAPSE_GPUS;
   }
 
   /** NVLink islands of a node: sets of GPU indices joined by NVLink. */
@@ -439,6 +437,8 @@
   let firstFit = true;
 
   function graphChanged() {
+    state.gpuCount = 0;
+    for (const n of state.nodes.values()) state.gpuCount += n.gpus.length;
     updateFleetLine();
     const key = topologyKey();
     if (key !== state.topology) {
@@ -911,7 +911,7 @@
       parts.push(instanceBlock(inst, false));
       parts.push(h("h3", {}, "Sessions on it"), sessionList(sessionsOn((b) => b.instance === inst.name)));
     }
-    view.replaceChildren(...kids(...parts.filter(Boolean)));
+    view.replaceChildren(...kids(...parts));
   }
 
   function instanceBlock(inst, link) {

@@ -135,42 +135,34 @@ impl Lab {
     /// `skein server`, returned once it listens. It logs to `server.log` in
     /// [`Lab::dir`] (appended to across restarts).
     pub fn server(&self) -> Killed {
-        let cache = self.nodes.path().join("server-cache");
-        let mut child = self
-            .skein(&cache)
-            .args(["server", "--listen", &format!("127.0.0.1:{}", self.api_port)])
-            .args(["--agent-listen", &format!("127.0.0.1:{}", self.grpc_port)])
-            .args(["--sample-interval", &self.sample_interval, "--data-dir"])
-            .arg(self.data.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        wait_for_line(&mut child, "REST API on", &self.nodes.path().join("server.log"));
-        Killed(child)
+        self.start_server("server-cache", &["server"], "REST API on")
     }
 
     /// `skein up --fleet FLEET`: the server and one simulated agent per node of the
     /// fleet file, in one process, returned once it is up (its vLLM is
     /// [`Lab::vllm_stand_in`]). It logs to `server.log` in [`Lab::dir`].
     pub fn up(&self, fleet: &Path) -> Killed {
+        let fleet = fleet.to_str().expect("a fleet file path in UTF-8");
         let vllm = self.vllm_stand_in();
+        let vllm = vllm.to_str().expect("a lab path in UTF-8");
+        self.start_server("up-cache", &["up", "--fleet", fleet, "--vllm", vllm], "skein is up")
+    }
+
+    /// `skein ARGS` with the lab's addresses, sample interval and data directory (a
+    /// server, alone or with its agents), returned once its log says `ready`.
+    fn start_server(&self, cache: &str, args: &[&str], ready: &str) -> Killed {
         let mut child = self
-            .skein(&self.nodes.path().join("up-cache"))
-            .arg("up")
-            .arg("--fleet")
-            .arg(fleet)
+            .skein(&self.nodes.path().join(cache))
+            .args(args)
             .args(["--listen", &format!("127.0.0.1:{}", self.api_port)])
             .args(["--agent-listen", &format!("127.0.0.1:{}", self.grpc_port)])
             .args(["--sample-interval", &self.sample_interval, "--data-dir"])
             .arg(self.data.path())
-            .arg("--vllm")
-            .arg(&vllm)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        wait_for_line(&mut child, "skein is up", &self.nodes.path().join("server.log"));
+        wait_for_line(&mut child, ready, &self.nodes.path().join("server.log"));
         Killed(child)
     }
 
