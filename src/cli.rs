@@ -438,6 +438,13 @@ pub struct EngineArgs {
     /// vLLM's program.
     #[arg(long, env = "SKEIN_VLLM", default_value = "vllm", value_name = "PATH")]
     pub vllm: PathBuf,
+    /// Ray's program, for vLLM engines split across machines (the ranks on this node).
+    #[arg(long, env = "SKEIN_RAY", default_value = "ray", value_name = "PATH")]
+    pub ray: PathBuf,
+    /// llama.cpp's RPC server, for GGUF models split across machines (one per GPU of
+    /// this node that holds layers).
+    #[arg(long, env = "SKEIN_RPC_SERVER", default_value = "rpc-server", value_name = "PATH")]
+    pub rpc_server: PathBuf,
     /// The address engines listen on and are reached at: this machine's address as the
     /// orchestrator sees it (loopback when both run here).
     #[arg(long, default_value = "127.0.0.1", value_name = "ADDR")]

@@ -473,6 +473,8 @@ fn engine_host(
             skein,
             llama_server: engines.llama_server.clone(),
             vllm: engines.vllm.clone(),
+            ray: engines.ray.clone(),
+            rpc_server: engines.rpc_server.clone(),
             listen_host: engines.engine_host.clone(),
             simulated_gpus,
         },

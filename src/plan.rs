@@ -300,3 +300,106 @@ pub fn render(plan: &Plan, explain: bool) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::path::PathBuf;
+
+    use skein_agent::engine::host::{EngineHostConfig, launch_spec};
+    use skein_orchestrator::run::launch::{Launch, start_instance};
+
+    use super::*;
+
+    /// The address each node of the fleet announces (its engines listen there).
+    fn address(node: &str) -> &'static str {
+        match node {
+            "a100-box" => "10.0.0.10",
+            "rtx-1" => "10.0.0.11",
+            "rtx-2" => "10.0.0.12",
+            "old-1" => "10.0.0.21",
+            _ => "10.0.0.99",
+        }
+    }
+
+    /// The command a node's agent runs for `start`, as `skein agent` builds it, with
+    /// the model in a Hugging Face cache at `/hf` and the engine on `port`.
+    fn command(node: &str, start: &skein_proto::agent::v1::StartInstance, port: u16) -> serde_json::Value {
+        use skein_proto::agent::v1::start_instance::Engine;
+        let files = match &start.engine {
+            Some(Engine::Vllm(e)) => e.model.clone(),
+            Some(Engine::LlamaCpp(e)) => e.model.clone(),
+            Some(Engine::RayNode(e)) => e.model.clone(),
+            _ => None,
+        };
+        let snapshot = files.map(|f| {
+            PathBuf::from(format!(
+                "/hf/models--{}/snapshots/{}",
+                f.repo.replace('/', "--"),
+                f.revision
+            ))
+        });
+        let config = EngineHostConfig {
+            skein: PathBuf::from("skein"),
+            llama_server: PathBuf::from("llama-server"),
+            vllm: PathBuf::from("vllm"),
+            ray: PathBuf::from("ray"),
+            rpc_server: PathBuf::from("rpc-server"),
+            listen_host: address(node).to_owned(),
+            simulated_gpus: false,
+        };
+        let spec = launch_spec(start, snapshot.as_deref(), &config, port).expect("a launch spec");
+        let command = spec.command().expect("a command");
+        serde_json::json!({ "node": node, "instance": start.instance, "command": command.to_string() })
+    }
+
+    /// lab-research on the busy reference fleet splits the coder (llama.cpp) and the
+    /// writer (vLLM) across nodes: the pieces each node starts, wave by wave, and then
+    /// the serving engine, as the exact command lines the agents run.
+    #[test]
+    fn split_plans_of_the_reference_fleet_start_their_pieces_in_order() {
+        let snapshot = fleet_snapshot(Path::new("workflows/fleets/lab-busy.yaml")).expect("the fleet");
+        let workflow = load_workflow(Path::new("workflows/lab-research.yaml")).expect("the workflow");
+        let models: BTreeMap<_, _> = skein_testkit::models::reference_models()
+            .into_iter()
+            .map(|m| (m.repo.to_string(), m))
+            .collect();
+        let plan = skein_orchestrator::plan::plan(&PlanInput {
+            workflow: &workflow,
+            models: &models,
+            graph: &snapshot,
+            running: &[],
+            settings: PlanSettings::default(),
+        })
+        .expect("a plan");
+        let mut report = Vec::new();
+        for planned in &plan.instances {
+            let name = format!("r1-{}", planned.instance);
+            let launch = start_instance(&name, planned, &models, &snapshot, 7).expect("a launch");
+            let Launch::Split(split) = launch else { continue };
+            let mut ready = BTreeMap::new();
+            let mut steps = Vec::new();
+            for wave in 0..split.waves() {
+                let pieces = split.wave(wave, &ready).expect("the wave");
+                let mut started = Vec::new();
+                for (i, piece) in pieces.iter().enumerate() {
+                    let port = 40_000 + (wave * 100 + i) as u16;
+                    started.push(serde_json::json!({
+                        "role": piece.role,
+                        "held": piece.held,
+                        "start": command(&piece.node, &piece.start, port),
+                    }));
+                    ready.insert(piece.name.clone(), format!("{}:{port}", address(&piece.node)));
+                }
+                steps.push(serde_json::json!({ format!("wave {wave}"): started }));
+            }
+            let serving = split.serving(&ready).expect("the serving command");
+            steps.push(
+                serde_json::json!({ "then": command(&split.node, &serving, 8000), "holds": split.serving_held() }),
+            );
+            report.push(serde_json::json!({ "instance": name, "engine": planned.engine, "steps": steps }));
+        }
+        assert_eq!(report.len(), 2, "the coder and the writer are split: {report:#?}");
+        insta::assert_yaml_snapshot!(report);
+    }
+}

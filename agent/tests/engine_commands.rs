@@ -7,7 +7,8 @@ mod common;
 use std::path::PathBuf;
 
 use skein_agent::engine::{
-    CandleLaunch, EngineLaunch, LaunchSpec, LlamaCppLaunch, RemoteLaunch, VllmLaunch, memory_fraction,
+    CandleLaunch, EngineLaunch, LaunchSpec, LlamaCppLaunch, LlamaRpcLaunch, RayNodeLaunch, RemoteLaunch, VllmLaunch,
+    memory_fraction,
 };
 
 const GIB: u64 = 1 << 30;
@@ -41,6 +42,8 @@ fn vllm(model: &str, tp: u64, partition: &[u64], reserved: &[u64], total: &[u64]
         max_num_batched_tokens: 8192,
         enforce_eager: false,
         kv_cache_dtype: None,
+        ray_address: None,
+        hub_cache: None,
     }
 }
 
@@ -54,6 +57,7 @@ fn llama(model: &str, gpu_layers: Option<u64>, split: &[u64]) -> LlamaCppLaunch 
         n_batch: 2048,
         n_ubatch: 512,
         flash_attention: true,
+        rpc_servers: Vec::new(),
     }
 }
 
@@ -152,6 +156,104 @@ fn coder_at_4_bit_split_unevenly_over_busy_4090s() {
             .command()
             .expect("a command")
     );
+}
+
+// lab-research's writer on lab-busy.yaml (`skein plan`): Llama-3-70B GPTQ-Int8 over
+// Ray, TP 2 × PP 3 (40/17/23 layers): stages 0 and 1 on rtx-2 (the head, with the
+// serving engine), stage 2 on old-1's V100s (a worker). The pieces, then the engine.
+const V100: u64 = 16_384 << 20;
+const HF: &str = "/var/cache/skein/hf";
+
+fn ray(head: Option<&str>) -> EngineLaunch {
+    EngineLaunch::RayNode(RayNodeLaunch {
+        program: PathBuf::from("ray"),
+        head_address: head.map(str::to_owned),
+        hub_cache: Some(PathBuf::from(HF)),
+    })
+}
+
+fn writer_over_ray_specs() -> Vec<LaunchSpec> {
+    let head = LaunchSpec {
+        host: "10.0.0.12".to_owned(),
+        port: 6379,
+        ..spec("r1-writer.ray-head-0", &[1, 2, 3, 0], 8192, 1, ray(None))
+    };
+    let worker = LaunchSpec {
+        host: "10.0.0.21".to_owned(),
+        port: 40123,
+        ..spec("r1-writer.ray-worker-1", &[0, 1], 8192, 1, ray(Some("10.0.0.12:6379")))
+    };
+    let mut v = vllm(
+        "meta-llama/Meta-Llama-3-70B-Instruct-GPTQ-Int8",
+        2,
+        &[40, 17, 23],
+        &[
+            21_500 << 20,
+            21_500 << 20,
+            10_300 << 20,
+            10_300 << 20,
+            14_400 << 20,
+            14_400 << 20,
+        ],
+        &[RTX4090, RTX4090, RTX4090, RTX4090, V100, V100],
+    );
+    v.quantization = Some("gptq".to_owned());
+    v.ray_address = Some("10.0.0.12:6379".to_owned());
+    v.hub_cache = Some(PathBuf::from(HF));
+    let serving = LaunchSpec {
+        host: "10.0.0.12".to_owned(),
+        ..spec("r1-writer", &[1, 2, 3, 0], 8192, 1, EngineLaunch::Vllm(v))
+    };
+    vec![head, worker, serving]
+}
+
+#[test]
+fn writer_split_across_nodes_over_ray() {
+    let commands: Vec<_> = writer_over_ray_specs()
+        .iter()
+        .map(|s| s.command().expect("a command"))
+        .collect();
+    insta::assert_yaml_snapshot!(commands);
+}
+
+// lab-research's coder on lab-busy.yaml: DeepSeek-Coder-33B Q4_K_M over llama.cpp RPC,
+// layers 9/10/9/10 on rtx-1's four 4090s (the serving node) and 24 on rtx-2 gpu 3 (an
+// RPC server): llama.cpp puts RPC devices first, so its share leads the split.
+fn coder_over_rpc_specs() -> Vec<LaunchSpec> {
+    let rpc = LaunchSpec {
+        host: "10.0.0.12".to_owned(),
+        port: 50052,
+        ..spec(
+            "r1-coder.rpc-server-1",
+            &[3],
+            16_384,
+            2,
+            EngineLaunch::LlamaRpc(LlamaRpcLaunch {
+                program: PathBuf::from("rpc-server"),
+                cache: true,
+            }),
+        )
+    };
+    let mut l = llama(
+        "/hf/models--TheBloke--deepseek-coder-33B-instruct-GGUF/snapshots/abc/deepseek-coder-33b-instruct.Q4_K_M.gguf",
+        None,
+        &[24, 9, 10, 9, 10],
+    );
+    l.rpc_servers = vec!["10.0.0.12:50052".to_owned()];
+    let serving = LaunchSpec {
+        host: "10.0.0.11".to_owned(),
+        ..spec("r1-coder", &[0, 1, 2, 3], 16_384, 2, EngineLaunch::LlamaCpp(l))
+    };
+    vec![rpc, serving]
+}
+
+#[test]
+fn coder_split_across_nodes_over_llama_cpp_rpc() {
+    let commands: Vec<_> = coder_over_rpc_specs()
+        .iter()
+        .map(|s| s.command().expect("a command"))
+        .collect();
+    insta::assert_yaml_snapshot!(commands);
 }
 
 fn vision_model_with_its_projector_and_host_offload_spec() -> LaunchSpec {
@@ -323,6 +425,29 @@ fn specs_no_engine_could_run_are_refused_with_the_reason() {
             l.n_ubatch = 4096;
             spec("c", &[0], 4096, 1, EngineLaunch::LlamaCpp(l))
         }),
+        ("split without the RPC servers' shares", {
+            let mut l = llama("/m.gguf", None, &[1, 1]);
+            l.rpc_servers = vec!["10.0.0.2:50052".to_owned()];
+            spec("c", &[0, 1], 4096, 1, EngineLaunch::LlamaCpp(l))
+        }),
+        (
+            "an RPC server on two GPUs",
+            spec(
+                "c",
+                &[0, 1],
+                4096,
+                1,
+                EngineLaunch::LlamaRpc(LlamaRpcLaunch {
+                    program: PathBuf::from("rpc-server"),
+                    cache: false,
+                }),
+            ),
+        ),
+        ("Ray ranks ≠ TP × PP", {
+            let mut v = vllm("m/m", 2, &[16, 16], &[GIB; 2], &[A100; 2]);
+            v.ray_address = Some("10.0.0.1:6379".to_owned());
+            spec("c", &[0, 1], 4096, 1, EngineLaunch::Vllm(v))
+        }),
     ];
     let report: Vec<String> = cases
         .iter()
@@ -351,7 +476,7 @@ async fn engine_processes_are_started_with_exactly_these_commands() {
 
     use skein_agent::engine::{InstanceState, RestartPolicy, Supervisor, SupervisorConfig, free_port};
 
-    let specs = [
+    let mut specs = vec![
         coder_at_bf16_on_one_a100_spec(),
         writer_tensor_parallel_over_two_nvlinked_a100s_spec(),
         awq_writer_tensor_parallel_in_two_uneven_stages_spec(),
@@ -359,7 +484,11 @@ async fn engine_processes_are_started_with_exactly_these_commands() {
         vision_model_with_its_projector_and_host_offload_spec(),
         gguf_on_the_cpu_spec(),
     ];
+    specs.extend(writer_over_ray_specs());
+    specs.extend(coder_over_rpc_specs());
     for (index, mut spec) in specs.into_iter().enumerate() {
+        // Every node is this machine here.
+        spec.host = "127.0.0.1".to_owned();
         let dir = tempfile::tempdir().expect("temp dir");
         let record = dir.path().join("record.json");
         let program = common::engine_program(
@@ -370,6 +499,8 @@ async fn engine_processes_are_started_with_exactly_these_commands() {
         match &mut spec.engine {
             EngineLaunch::Vllm(v) => v.program = program,
             EngineLaunch::LlamaCpp(l) => l.program = program,
+            EngineLaunch::RayNode(r) => r.program = program,
+            EngineLaunch::LlamaRpc(r) => r.program = program,
             other => unreachable!("only external engines are listed: {other:?}"),
         }
         let expected = spec.command().expect("a command");
@@ -400,7 +531,12 @@ async fn engine_processes_are_started_with_exactly_these_commands() {
         })
         .await
         .expect("ready in time");
-        assert_eq!(ready, format!("http://127.0.0.1:{}/v1", spec.port));
+        if spec.is_piece() {
+            // A piece is ready when its port opens, and says where it is.
+            assert_eq!(ready, format!("127.0.0.1:{}", spec.port));
+        } else {
+            assert_eq!(ready, format!("http://127.0.0.1:{}/v1", spec.port));
+        }
 
         let recorded: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(&record).expect("record")).expect("JSON");

@@ -122,6 +122,17 @@ pub struct InstanceView {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Object)]
     pub placement: Option<Arc<crate::plan::PlannedInstance>>,
+    /// For a piece of a replica split across nodes (a Ray node, an RPC server): that
+    /// replica. A piece serves no requests; it is started, stopped and failed with it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub part_of: Option<String>,
+    /// For a replica split across nodes: its pieces, in start order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub pieces: Vec<String>,
+    /// Where it failed, when a piece of its split failed on a node that is still up:
+    /// `(node name, GPUs)`, which a new placement avoids.
+    #[serde(skip)]
+    pub failed_on: Option<(String, Vec<u32>)>,
     /// What it serves (model, requirement, constraints): a later run whose agents need
     /// exactly this may use it while it is warm.
     #[serde(skip)]
@@ -156,6 +167,8 @@ pub struct InstanceRequest {
     pub clone_of: Option<String>,
     /// The plan it is started from.
     pub placement: Option<Arc<crate::plan::PlannedInstance>>,
+    /// The replica it is a piece of (see [`InstanceView::part_of`]).
+    pub part_of: Option<String>,
     /// The command.
     pub start: pb::StartInstance,
 }
@@ -170,6 +183,9 @@ struct Entry {
     orphan_since: Option<std::time::Instant>,
     /// Smooth weighted round robin among replicas ([`Instances::pick`]).
     credit: f64,
+    /// A split replica failed through one of its pieces: its state stays as the
+    /// failure set it, whatever its own engine reports while stopping.
+    broken: bool,
 }
 
 /// How long an instance nobody claims may run after a restart of the orchestrator
@@ -401,6 +417,9 @@ impl Instances {
             clone_of: request.clone_of,
             share: 1.0,
             placement: request.placement,
+            part_of: request.part_of,
+            pieces: Vec::new(),
+            failed_on: None,
             warm_key: request.warm_key,
             idle_since: None,
         };
@@ -412,13 +431,15 @@ impl Instances {
                 start: Some(request.start.clone()),
                 orphan_since: None,
                 credit: 0.0,
+                broken: false,
             },
         );
         self.bump();
         self.send(&request.node, &request.node_name, start_message(request.start))
     }
 
-    /// Stops and forgets an instance.
+    /// Stops and forgets an instance; a split replica's pieces after it, the last
+    /// started first.
     pub fn stop(&self, name: &str) -> Result<(), InstanceError> {
         let entry = lock(&self.entries).remove(name);
         let Some(entry) = entry else {
@@ -426,12 +447,119 @@ impl Instances {
         };
         self.load.forget(name);
         self.bump();
-        let message = OrchestratorMessage {
-            kind: Some(orchestrator_message::Kind::StopInstance(pb::StopInstance {
-                instance: name.to_owned(),
-            })),
+        let sent = self.send(&entry.node, &entry.view.node_name, stop_message(name));
+        for piece in entry.view.pieces.iter().rev() {
+            let _ = self.stop(piece);
+        }
+        sent
+    }
+
+    /// Records a replica split across nodes whose pieces are about to start: it has no
+    /// command of its own until they are ready ([`Instances::start_serving`]).
+    pub(crate) fn record_split(&self, request: InstanceRequest, pieces: Vec<String>) {
+        let name = request.start.instance.clone();
+        let mut view = new_view(&name, &request.node, &request.node_name);
+        view.run = request.run;
+        view.agents = request.agents;
+        view.engine = request.engine;
+        view.variant = request.variant;
+        view.gpus = request.start.gpus.clone();
+        view.estimated_bytes = request.estimated_bytes;
+        view.held = request.held;
+        view.clone_of = request.clone_of;
+        view.placement = request.placement;
+        view.warm_key = request.warm_key;
+        view.pieces = pieces;
+        view.detail = "starting its pieces on the other nodes".to_owned();
+        lock(&self.entries).insert(
+            name,
+            Entry {
+                view,
+                node: request.node,
+                start: None,
+                orphan_since: None,
+                credit: 0.0,
+                broken: false,
+            },
+        );
+        self.bump();
+    }
+
+    /// A split replica's pieces are ready: its serving engine starts with `start`.
+    /// Errors as [`Instances::start`]; an unknown name (stopped meanwhile) sends nothing.
+    pub(crate) fn start_serving(&self, start: pb::StartInstance) -> Result<(), InstanceError> {
+        let (node, node_name) = {
+            let mut entries = lock(&self.entries);
+            let Some(entry) = entries.get_mut(&start.instance) else {
+                return Err(InstanceError::Unknown(start.instance.clone()));
+            };
+            entry.start = Some(start.clone());
+            entry.view.gpus = start.gpus.clone();
+            entry.view.detail = "its pieces are ready; starting the engine".to_owned();
+            (entry.node.clone(), entry.view.node_name.clone())
         };
-        self.send(&entry.node, &entry.view.node_name, message)
+        self.bump();
+        self.send(&node, &node_name, start_message(start))
+    }
+
+    /// Shows how a split replica's pieces stand while they start: `detail`, and their
+    /// download progress added up.
+    pub(crate) fn forming(&self, name: &str, detail: String, downloaded: u64, total: u64) {
+        let changed = match lock(&self.entries).get_mut(name) {
+            Some(entry) if entry.start.is_none() && !entry.broken => {
+                let view = &mut entry.view;
+                let state = if total > downloaded {
+                    InstanceState::Downloading
+                } else {
+                    InstanceState::Starting
+                };
+                let changed = view.detail != detail || view.downloaded != downloaded || view.state != state;
+                view.state = state;
+                view.detail = detail;
+                view.downloaded = downloaded;
+                view.download_total = total;
+                changed
+            }
+            _ => false,
+        };
+        if changed {
+            self.bump();
+        }
+    }
+
+    /// A split replica failed through a piece: it takes `state` (failed, or lost with
+    /// the piece's node) and `detail`, which its own engine's reports no longer change,
+    /// and its serving engine and pieces stop. The entry stays, for its run to see.
+    pub(crate) fn break_split(
+        &self,
+        name: &str,
+        state: InstanceState,
+        detail: String,
+        failed_on: Option<(String, Vec<u32>)>,
+    ) {
+        let (entry_node, node_name, pieces, serving) = {
+            let mut entries = lock(&self.entries);
+            let Some(entry) = entries.get_mut(name) else { return };
+            entry.broken = true;
+            entry.view.state = state;
+            entry.view.detail = detail;
+            entry.view.base_url = None;
+            entry.view.failed_on = failed_on;
+            (
+                entry.node.clone(),
+                entry.view.node_name.clone(),
+                entry.view.pieces.clone(),
+                entry.start.is_some(),
+            )
+        };
+        self.load.forget(name);
+        self.bump();
+        if serving {
+            let _ = self.send(&entry_node, &node_name, stop_message(name));
+        }
+        for piece in pieces.iter().rev() {
+            let _ = self.stop(piece);
+        }
     }
 
     fn send(&self, node: &NodeId, node_name: &str, message: OrchestratorMessage) -> Result<(), InstanceError> {
@@ -499,7 +627,7 @@ impl Instances {
     pub fn unaccounted(&self) -> Vec<(String, u32, u64)> {
         lock(&self.entries)
             .values()
-            .filter(|e| e.start.is_some() && !e.view.state.is_gone())
+            .filter(|e| e.orphan_since.is_none() && !e.view.state.is_gone())
             .flat_map(|e| {
                 e.view.held.iter().filter_map(|&(gpu, bytes)| {
                     let measured: u64 = e
@@ -659,31 +787,7 @@ impl Instances {
             if !entries.contains_key(&status.instance)
                 && InstanceState::from_wire(status.state) != InstanceState::Stopped
             {
-                let view = InstanceView {
-                    name: status.instance.clone(),
-                    node: node.0.clone(),
-                    node_name: node.0.clone(),
-                    run: None,
-                    agents: Vec::new(),
-                    engine: String::new(),
-                    variant: String::new(),
-                    gpus: Vec::new(),
-                    estimated_bytes: 0,
-                    held: Vec::new(),
-                    state: InstanceState::Requested,
-                    detail: String::new(),
-                    base_url: None,
-                    measured_host_rss: None,
-                    measured_gpu: Vec::new(),
-                    downloaded: 0,
-                    download_total: 0,
-                    restarts: 0,
-                    clone_of: None,
-                    share: 1.0,
-                    placement: None,
-                    warm_key: String::new(),
-                    idle_since: None,
-                };
+                let view = new_view(&status.instance, node, &node.0);
                 entries.insert(
                     status.instance.clone(),
                     Entry {
@@ -692,10 +796,13 @@ impl Instances {
                         start: None,
                         orphan_since: Some(std::time::Instant::now()),
                         credit: 0.0,
+                        broken: false,
                     },
                 );
             }
             match entries.get_mut(&status.instance) {
+                // A split replica that failed through a piece keeps that failure.
+                Some(entry) if entry.broken => false,
                 Some(entry) if &entry.node == node => {
                     let view = &mut entry.view;
                     view.state = InstanceState::from_wire(status.state);
@@ -719,6 +826,46 @@ impl Instances {
         if known {
             self.bump();
         }
+    }
+}
+
+/// A view of `name` on `node` that nothing is known about yet.
+fn new_view(name: &str, node: &NodeId, node_name: &str) -> InstanceView {
+    InstanceView {
+        name: name.to_owned(),
+        node: node.0.clone(),
+        node_name: node_name.to_owned(),
+        run: None,
+        agents: Vec::new(),
+        engine: String::new(),
+        variant: String::new(),
+        gpus: Vec::new(),
+        estimated_bytes: 0,
+        held: Vec::new(),
+        state: InstanceState::Requested,
+        detail: String::new(),
+        base_url: None,
+        measured_host_rss: None,
+        measured_gpu: Vec::new(),
+        downloaded: 0,
+        download_total: 0,
+        restarts: 0,
+        clone_of: None,
+        share: 1.0,
+        placement: None,
+        part_of: None,
+        pieces: Vec::new(),
+        failed_on: None,
+        warm_key: String::new(),
+        idle_since: None,
+    }
+}
+
+fn stop_message(name: &str) -> OrchestratorMessage {
+    OrchestratorMessage {
+        kind: Some(orchestrator_message::Kind::StopInstance(pb::StopInstance {
+            instance: name.to_owned(),
+        })),
     }
 }
 

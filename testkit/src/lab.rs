@@ -218,12 +218,27 @@ exec '{}' engine serve --model "$model" --name "$name" --host "$host" --port "$p
         path
     }
 
+    /// `skein agent` presenting node `name` of `fleet`, with the engine programs and
+    /// other options in `extra` and `env` added to its environment (which its engines
+    /// inherit).
+    pub fn simulated_agent_with(&self, fleet: &Path, name: &str, extra: &[&str], env: &[(&str, String)]) -> Killed {
+        let fleet = fleet.to_str().expect("a fleet file path in UTF-8");
+        let mut args = vec!["--simulate", fleet];
+        args.extend_from_slice(extra);
+        self.agent_process(name, &args, env)
+    }
+
     fn start_agent(&self, name: &str, extra: &[&str]) -> Killed {
+        self.agent_process(name, extra, &[])
+    }
+
+    fn agent_process(&self, name: &str, extra: &[&str], env: &[(&str, String)]) -> Killed {
         let dir = self.nodes.path().join(name);
         std::fs::create_dir_all(&dir).unwrap();
         let log = std::fs::File::create(dir.join("agent.log")).unwrap();
         let child = self
             .skein(&dir.join("cache"))
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .args(["agent", "--join", &format!("http://127.0.0.1:{}", self.grpc_port)])
             .args(["--node", name, "--token-file"])
             .arg(self.data.path().join("join-token"))

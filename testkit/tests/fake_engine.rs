@@ -188,5 +188,5 @@ fn exits_when_asked_to_crash_and_refuses_a_command_without_a_port() {
         .output()
         .expect("run");
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no --port given"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no --port or --node-manager-port given"));
 }

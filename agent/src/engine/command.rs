@@ -43,6 +43,36 @@ pub enum EngineLaunch {
     Candle(CandleLaunch),
     /// An OpenAI-compatible endpoint run by someone else: no process, only probes.
     Remote(RemoteLaunch),
+    /// A node of a Ray cluster (`ray start`) whose GPUs run ranks of a vLLM engine
+    /// split across machines.
+    RayNode(RayNodeLaunch),
+    /// llama.cpp's `rpc-server`: one GPU another node's `llama-server` offloads to.
+    LlamaRpc(LlamaRpcLaunch),
+}
+
+/// `ray start --block`: the head of a Ray cluster, or a worker joining one. A piece of
+/// an engine split across machines: it serves no requests, and is ready when its port
+/// ([`LaunchSpec::port`]: the head's GCS port, a worker's node-manager port) accepts
+/// connections.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RayNodeLaunch {
+    /// The program (`ray`, or a path).
+    pub program: PathBuf,
+    /// The head's `HOST:PORT`; `None`: this node is the head.
+    pub head_address: Option<String>,
+    /// The Hugging Face cache holding the model, for the ranks this node runs (they
+    /// load it offline from there).
+    pub hub_cache: Option<PathBuf>,
+}
+
+/// llama.cpp's `rpc-server` on at most one GPU (the CPU without one). A piece of an
+/// engine split across machines, ready when its port accepts connections.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LlamaRpcLaunch {
+    /// The program (`rpc-server`, or a path).
+    pub program: PathBuf,
+    /// `-c`: keep received tensors in the local cache.
+    pub cache: bool,
 }
 
 /// Skein's built-in engine (`skein engine serve`) for a local model.
@@ -90,6 +120,9 @@ pub struct LlamaCppLaunch {
     pub n_ubatch: u64,
     /// `--flash-attn on`.
     pub flash_attention: bool,
+    /// `--rpc`: RPC servers (`HOST:PORT`) whose devices hold layers too; their shares
+    /// lead [`LlamaCppLaunch::tensor_split`], before this node's GPUs.
+    pub rpc_servers: Vec<String>,
 }
 
 /// `vllm serve` for one safetensors variant.
@@ -118,6 +151,14 @@ pub struct VllmLaunch {
     pub enforce_eager: bool,
     /// `--kv-cache-dtype` when not the model's own (`fp8`).
     pub kv_cache_dtype: Option<String>,
+    /// The Ray cluster (its head's `HOST:PORT`) whose GPUs run the ranks
+    /// (`--distributed-executor-backend ray`); `None`: [`LaunchSpec::gpus`] alone. With
+    /// a cluster, [`VllmLaunch::reserved`] and [`VllmLaunch::total`] list every rank's
+    /// GPU, and [`LaunchSpec::gpus`] only this node's.
+    pub ray_address: Option<String>,
+    /// The Hugging Face cache holding [`VllmLaunch::model`] (a repository id then, the
+    /// same on every node), read offline.
+    pub hub_cache: Option<PathBuf>,
 }
 
 /// A process to start: program, arguments, and the environment added to the agent's.
@@ -205,7 +246,72 @@ impl LaunchSpec {
             EngineLaunch::Vllm(v) => self.vllm(v, env),
             EngineLaunch::Candle(c) => Ok(self.candle(c, env)),
             EngineLaunch::Remote(r) => Err(self.no_command(r)),
+            EngineLaunch::RayNode(r) => Ok(self.ray_node(r, env)),
+            EngineLaunch::LlamaRpc(r) => self.llama_rpc(r, env),
         }
+    }
+
+    /// Whether this spec is a piece of an engine split across machines: it serves no
+    /// requests, and is ready when its port accepts connections.
+    pub fn is_piece(&self) -> bool {
+        matches!(self.engine, EngineLaunch::RayNode(_) | EngineLaunch::LlamaRpc(_))
+    }
+
+    /// `ray start --block`: the head listens on the GCS port, a worker on its node-manager
+    /// port (the port the agent probes); both announce the agent's address, so that the
+    /// cluster's other nodes reach them there.
+    fn ray_node(&self, r: &RayNodeLaunch, mut env: BTreeMap<String, String>) -> EngineCommand {
+        let mut args = vec!["start".to_owned(), "--block".to_owned()];
+        match &r.head_address {
+            None => args.extend(["--head".to_owned(), "--port".to_owned(), self.port.to_string()]),
+            Some(head) => args.extend([
+                "--address".to_owned(),
+                head.clone(),
+                "--node-manager-port".to_owned(),
+                self.port.to_string(),
+            ]),
+        }
+        args.extend([
+            "--node-ip-address".to_owned(),
+            self.host.clone(),
+            "--num-gpus".to_owned(),
+            self.gpus.len().to_string(),
+            "--disable-usage-stats".to_owned(),
+        ]);
+        if r.head_address.is_none() {
+            args.push("--include-dashboard=false".to_owned());
+        }
+        offline_cache(&mut env, r.hub_cache.as_deref());
+        EngineCommand {
+            program: r.program.clone(),
+            args,
+            env,
+        }
+    }
+
+    /// `rpc-server`: one device (the GPU it sees, or the CPU).
+    fn llama_rpc(&self, r: &LlamaRpcLaunch, env: BTreeMap<String, String>) -> Result<EngineCommand, LaunchError> {
+        if self.gpus.len() > 1 {
+            return Err(self.invalid(
+                "the GPU count",
+                format!("{} GPUs", self.gpus.len()),
+                "an RPC server serves one GPU (or the CPU); start one per GPU",
+            ));
+        }
+        let mut args = vec![
+            "--host".to_owned(),
+            self.host.clone(),
+            "--port".to_owned(),
+            self.port.to_string(),
+        ];
+        if r.cache {
+            args.push("-c".to_owned());
+        }
+        Ok(EngineCommand {
+            program: r.program.clone(),
+            args,
+            env,
+        })
     }
 
     /// The instance name is one word, and names the instance's log file.
@@ -257,11 +363,17 @@ impl LaunchSpec {
     }
 
     fn llama_cpp(&self, l: &LlamaCppLaunch, env: BTreeMap<String, String>) -> Result<EngineCommand, LaunchError> {
-        if !(l.tensor_split.is_empty() || l.tensor_split.len() == self.gpus.len()) {
+        let devices = self.gpus.len() + l.rpc_servers.len();
+        if !(l.tensor_split.is_empty() || l.tensor_split.len() == devices) {
             return Err(self.invalid(
                 "--tensor-split",
-                format!("{} entries for {} GPUs", l.tensor_split.len(), self.gpus.len()),
-                "one entry per GPU, or none on one GPU",
+                format!(
+                    "{} entries for {} GPUs and {} RPC servers",
+                    l.tensor_split.len(),
+                    self.gpus.len(),
+                    l.rpc_servers.len()
+                ),
+                "one entry per device (RPC servers first, then GPUs), or none",
             ));
         }
         if !l.tensor_split.is_empty() && l.tensor_split.iter().all(|&s| s == 0) {
@@ -302,13 +414,16 @@ impl LaunchSpec {
         if let Some(mmproj) = &l.mmproj {
             args.extend(["--mmproj".to_owned(), mmproj.display().to_string()]);
         }
-        if self.gpus.is_empty() {
+        if !l.rpc_servers.is_empty() {
+            args.extend(["--rpc".to_owned(), l.rpc_servers.join(",")]);
+        }
+        if devices == 0 {
             args.extend(["--n-gpu-layers".to_owned(), "0".to_owned()]);
         } else {
             // 999: every layer, whatever the model's depth (llama.cpp caps it).
             let layers = l.gpu_layers.map_or_else(|| "999".to_owned(), |n| n.to_string());
             args.extend(["--n-gpu-layers".to_owned(), layers]);
-            if self.gpus.len() > 1 {
+            if devices > 1 {
                 let split = comma_list(&l.tensor_split);
                 args.extend([
                     "--split-mode".to_owned(),
@@ -334,10 +449,16 @@ impl LaunchSpec {
                 "one entry of at least one layer per pipeline stage",
             ));
         }
-        if v.tensor_parallel == 0 || v.tensor_parallel.checked_mul(stages) != Some(self.gpus.len() as u64) {
+        // With a Ray cluster the ranks are the cluster's GPUs, listed in `reserved`.
+        let ranks = if v.ray_address.is_some() {
+            v.reserved.len()
+        } else {
+            self.gpus.len()
+        };
+        if v.tensor_parallel == 0 || v.tensor_parallel.checked_mul(stages) != Some(ranks as u64) {
             return Err(self.invalid(
                 "the GPU count",
-                format!("{} GPUs", self.gpus.len()),
+                format!("{ranks} GPUs"),
                 format!(
                     "tensor parallel {} × {stages} pipeline stages = {} GPUs",
                     v.tensor_parallel,
@@ -345,11 +466,11 @@ impl LaunchSpec {
                 ),
             ));
         }
-        if v.reserved.len() != self.gpus.len() || v.total.len() != self.gpus.len() {
+        if v.reserved.len() != ranks || v.total.len() != ranks {
             return Err(self.invalid(
                 "the reserved and total memory",
                 format!("{} and {} entries", v.reserved.len(), v.total.len()),
-                format!("one of each per GPU ({})", self.gpus.len()),
+                format!("one of each per GPU ({ranks})"),
             ));
         }
         let fraction = memory_fraction(&v.reserved, &v.total).ok_or_else(|| {
@@ -392,6 +513,11 @@ impl LaunchSpec {
         if v.enforce_eager {
             args.push("--enforce-eager".to_owned());
         }
+        if let Some(head) = &v.ray_address {
+            args.extend(["--distributed-executor-backend".to_owned(), "ray".to_owned()]);
+            env.insert("RAY_ADDRESS".to_owned(), head.clone());
+        }
+        offline_cache(&mut env, v.hub_cache.as_deref());
         if stages > 1 {
             env.insert("VLLM_PP_LAYER_PARTITION".to_owned(), comma_list(&v.layer_partition));
         }
@@ -421,6 +547,15 @@ impl fmt::Display for EngineCommand {
             f.write_str(&word)?;
         }
         Ok(())
+    }
+}
+
+/// Points Hugging Face readers at `cache`, offline: the agent downloaded what the
+/// engine reads, and a rank on another node must not fetch anything itself.
+fn offline_cache(env: &mut BTreeMap<String, String>, cache: Option<&std::path::Path>) {
+    if let Some(cache) = cache {
+        env.insert("HF_HUB_CACHE".to_owned(), cache.display().to_string());
+        env.insert("HF_HUB_OFFLINE".to_owned(), "1".to_owned());
     }
 }
 

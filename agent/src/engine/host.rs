@@ -14,7 +14,9 @@ use skein_proto::agent::v1::{self as pb, start_instance};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::command::{CandleLaunch, EngineLaunch, LaunchSpec, LlamaCppLaunch, RemoteLaunch, VllmLaunch};
+use super::command::{
+    CandleLaunch, EngineLaunch, LaunchSpec, LlamaCppLaunch, LlamaRpcLaunch, RayNodeLaunch, RemoteLaunch, VllmLaunch,
+};
 use super::free_port;
 use super::supervisor::{InstanceEvent, InstanceState, Supervisor};
 use crate::daemon::InstanceHost;
@@ -28,6 +30,10 @@ pub struct EngineHostConfig {
     pub llama_server: PathBuf,
     /// `vllm`.
     pub vllm: PathBuf,
+    /// `ray` (the nodes of a vLLM engine split across machines).
+    pub ray: PathBuf,
+    /// llama.cpp's `rpc-server` (the GPUs of a GGUF model split across machines).
+    pub rpc_server: PathBuf,
     /// The address engines listen on and are reached at (this machine's address as the
     /// orchestrator sees it; loopback when both run here).
     pub listen_host: String,
@@ -160,10 +166,11 @@ impl Inner {
     async fn prepare(self: Arc<Self>, command: pb::StartInstance) {
         let name = command.instance.clone();
         let local = match &command.engine {
-            Some(start_instance::Engine::Remote(_)) | None => None,
+            Some(start_instance::Engine::Remote(_) | start_instance::Engine::LlamaRpc(_)) | None => None,
             Some(start_instance::Engine::Candle(e)) => e.model.clone(),
             Some(start_instance::Engine::LlamaCpp(e)) => e.model.clone(),
             Some(start_instance::Engine::Vllm(e)) => e.model.clone(),
+            Some(start_instance::Engine::RayNode(e)) => e.model.clone(),
         };
         let snapshot = match local {
             Some(files) => match self.download(&name, &files).await {
@@ -361,15 +368,27 @@ pub fn launch_spec(
                 n_batch: e.n_batch,
                 n_ubatch: e.n_ubatch,
                 flash_attention: e.flash_attention,
+                rpc_servers: e.rpc_servers.clone(),
             })
         }
         Some(start_instance::Engine::Vllm(e)) => {
             let dir = needs_files()?;
+            // Alone, the engine reads the local snapshot (no revision to resolve). Over a
+            // Ray cluster, ranks on other nodes read the model too: by repository and
+            // revision, each from its own node's cache (the same path need not exist
+            // everywhere), offline.
+            let (model, revision, hub_cache) = match (&e.ray_address, &e.model) {
+                (Some(_), Some(files)) => (
+                    files.repo.clone(),
+                    Some(files.revision.clone()),
+                    Some(hub_cache_of(name, dir)?),
+                ),
+                _ => (dir.to_string_lossy().into_owned(), None, None),
+            };
             EngineLaunch::Vllm(VllmLaunch {
                 program: config.vllm.clone(),
-                // The snapshot is already local: no revision to resolve.
-                model: dir.to_string_lossy().into_owned(),
-                revision: None,
+                model,
+                revision,
                 tensor_parallel: e.tensor_parallel,
                 layer_partition: e.layer_partition.clone(),
                 quantization: e.quantization.clone(),
@@ -378,8 +397,19 @@ pub fn launch_spec(
                 max_num_batched_tokens: e.max_num_batched_tokens,
                 enforce_eager: e.enforce_eager,
                 kv_cache_dtype: e.kv_cache_dtype.clone(),
+                ray_address: e.ray_address.clone(),
+                hub_cache,
             })
         }
+        Some(start_instance::Engine::RayNode(e)) => EngineLaunch::RayNode(RayNodeLaunch {
+            program: config.ray.clone(),
+            head_address: e.head_address.clone(),
+            hub_cache: Some(hub_cache_of(name, needs_files()?)?),
+        }),
+        Some(start_instance::Engine::LlamaRpc(e)) => EngineLaunch::LlamaRpc(LlamaRpcLaunch {
+            program: config.rpc_server.clone(),
+            cache: e.cache,
+        }),
         Some(start_instance::Engine::Remote(e)) => EngineLaunch::Remote(RemoteLaunch {
             url: e.url.clone(),
             model: e.model.clone(),
@@ -397,6 +427,22 @@ pub fn launch_spec(
     })
 }
 
+/// The Hugging Face cache a snapshot directory is in
+/// (`CACHE/models--OWNER--NAME/snapshots/REVISION`).
+fn hub_cache_of(instance: &str, snapshot: &Path) -> Result<PathBuf, String> {
+    let repo = snapshot
+        .parent()
+        .filter(|p| p.ends_with("snapshots"))
+        .and_then(Path::parent);
+    match repo.and_then(|r| Some((r.file_name()?.to_str()?, r.parent()?))) {
+        Some((name, cache)) if name.starts_with("models--") => Ok(cache.to_owned()),
+        _ => Err(format!(
+            "instance `{instance}`: {} is not a snapshot of a Hugging Face cache (CACHE/models--OWNER--NAME/snapshots/REVISION), so other nodes cannot find the same model by name",
+            snapshot.display()
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -406,6 +452,8 @@ mod tests {
             skein: PathBuf::from("/usr/bin/skein"),
             llama_server: PathBuf::from("llama-server"),
             vllm: PathBuf::from("vllm"),
+            ray: PathBuf::from("ray"),
+            rpc_server: PathBuf::from("rpc-server"),
             listen_host: "127.0.0.1".to_owned(),
             simulated_gpus,
         }
@@ -444,6 +492,7 @@ mod tests {
                 max_num_batched_tokens: 2048,
                 enforce_eager: false,
                 kv_cache_dtype: None,
+                ray_address: None,
             }),
             vec![2, 3, 0, 1],
         );
@@ -468,6 +517,7 @@ mod tests {
                 n_batch: 2048,
                 n_ubatch: 512,
                 flash_attention: true,
+                rpc_servers: Vec::new(),
             }),
             vec![0, 1],
         );
@@ -478,6 +528,45 @@ mod tests {
         assert_eq!(l.model, dir.join("model.gguf"));
         assert_eq!(l.mmproj.as_deref(), Some(dir.join("mmproj.gguf").as_path()));
         assert_eq!((l.gpu_layers, l.tensor_split.clone()), (Some(40), vec![3, 1]));
+    }
+
+    #[test]
+    fn the_ranks_of_a_split_read_the_model_by_name_from_their_own_cache() {
+        let snapshot = Path::new("/var/hf/hub/models--owner--model/snapshots/0000");
+        let ray = command(
+            start_instance::Engine::RayNode(pb::RayNode {
+                model: files(),
+                head_address: Some("10.0.0.1:6379".to_owned()),
+            }),
+            vec![0, 1],
+        );
+        let spec = launch_spec(&ray, Some(snapshot), &config(false), 7000).unwrap();
+        let EngineLaunch::RayNode(r) = &spec.engine else {
+            panic!("{spec:?}")
+        };
+        assert_eq!(r.hub_cache.as_deref(), Some(Path::new("/var/hf/hub")));
+        assert_eq!(r.head_address.as_deref(), Some("10.0.0.1:6379"));
+        let serve = command(
+            start_instance::Engine::Vllm(pb::VllmEngine {
+                model: files(),
+                tensor_parallel: 1,
+                layer_partition: vec![20, 20],
+                reserved: vec![1 << 30; 2],
+                total: vec![24 << 30; 2],
+                ray_address: Some("10.0.0.1:6379".to_owned()),
+                ..pb::VllmEngine::default()
+            }),
+            vec![0],
+        );
+        let spec = launch_spec(&serve, Some(snapshot), &config(false), 7001).unwrap();
+        let EngineLaunch::Vllm(v) = &spec.engine else {
+            panic!("{spec:?}")
+        };
+        assert_eq!(v.model, "owner/model", "by name: the path may differ on other nodes");
+        assert_eq!(v.revision.as_deref(), Some("0".repeat(40).as_str()));
+        assert_eq!(v.hub_cache.as_deref(), Some(Path::new("/var/hf/hub")));
+        let error = launch_spec(&ray, Some(Path::new("/models/mine")), &config(false), 7000).unwrap_err();
+        assert!(error.contains("is not a snapshot of a Hugging Face cache"), "{error}");
     }
 
     #[test]

@@ -20,10 +20,11 @@ use crate::daemon::error_chain;
 
 /// What an instance runs.
 pub(super) enum Target {
-    /// An engine process on this machine, probed at `health_url`.
+    /// An engine process on this machine, probed by `probe`.
     Local {
         command: EngineCommand,
-        health_url: String,
+        probe: Probe,
+        /// Where it answers: an OpenAI base URL; `HOST:PORT` for a piece.
         base_url: String,
     },
     /// A remote endpoint, probed at `models_url` with the key.
@@ -32,6 +33,15 @@ pub(super) enum Target {
         models_url: String,
         key: Option<String>,
     },
+}
+
+/// How a local process is found ready.
+pub(super) enum Probe {
+    /// `GET` answers 2xx (503 while loading): an engine's `/health`.
+    Http(String),
+    /// A TCP connection to `HOST:PORT` opens: a piece of an engine split across
+    /// machines (a Ray node, an RPC server), which speaks no HTTP.
+    Tcp(String),
 }
 
 impl Target {
@@ -44,9 +54,16 @@ impl Target {
                     "::" | "[::]" => "::1",
                     host => host,
                 };
+                if spec.is_piece() {
+                    return Ok(Self::Local {
+                        command,
+                        probe: Probe::Tcp(address(probe_host, spec.port)),
+                        base_url: address(&spec.host, spec.port),
+                    });
+                }
                 Ok(Self::Local {
                     command,
-                    health_url: format!("{}/health", origin(probe_host, spec.port)),
+                    probe: Probe::Http(format!("{}/health", origin(probe_host, spec.port))),
                     base_url: format!("{}/v1", origin(&spec.host, spec.port)),
                 })
             }
@@ -87,10 +104,15 @@ impl Target {
 
 /// `http://host:port`, with an IPv6 address in brackets.
 fn origin(host: &str, port: u16) -> String {
+    format!("http://{}", address(host, port))
+}
+
+/// `host:port`, with an IPv6 address in brackets.
+fn address(host: &str, port: u16) -> String {
     if host.contains(':') && !host.starts_with('[') {
-        format!("http://[{host}]:{port}")
+        format!("[{host}]:{port}")
     } else {
-        format!("http://{host}:{port}")
+        format!("{host}:{port}")
     }
 }
 
@@ -327,7 +349,21 @@ impl InstanceTask {
     /// Sends the probe of `target` once.
     async fn probe(&self, target: &Target) -> Result<(), NotReady> {
         let request = match target {
-            Target::Local { health_url, .. } => self.shared.local_http.get(health_url),
+            Target::Local {
+                probe: Probe::Tcp(address),
+                ..
+            } => {
+                return match tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(address.as_str())).await
+                {
+                    Ok(Ok(_)) => Ok(()),
+                    Ok(Err(error)) => Err(NotReady::Other(format!("{address}: {error}"))),
+                    Err(_) => Err(NotReady::Other(format!("{address}: no answer in {PROBE_TIMEOUT:?}"))),
+                };
+            }
+            Target::Local {
+                probe: Probe::Http(health_url),
+                ..
+            } => self.shared.local_http.get(health_url),
             Target::Remote { models_url, key, .. } => {
                 let request = self.shared.remote_http.get(models_url);
                 match key {

@@ -2,7 +2,9 @@
 //!
 //! - [`command`]: the exact command lines of the engines (`llama-server`, `vllm serve`,
 //!   Skein's built-in `skein engine serve`) from an instance's [`LaunchSpec`], pure and
-//!   snapshot-tested; a remote endpoint ([`RemoteLaunch`]) is a spec without a command.
+//!   snapshot-tested; a remote endpoint ([`RemoteLaunch`]) is a spec without a command;
+//!   the pieces of an engine split across machines ([`RayNodeLaunch`], `ray start`;
+//!   [`LlamaRpcLaunch`], `rpc-server`) are specs whose readiness is an open port.
 //! - [`supervisor`]: the [`Supervisor`] that starts instances, waits until they are
 //!   ready, measures their memory, probes their health, restarts them with backoff and
 //!   stops them (whole process groups), reporting each change as an [`InstanceEvent`].
@@ -23,8 +25,8 @@ mod process;
 pub mod supervisor;
 
 pub use command::{
-    CandleLaunch, EngineCommand, EngineLaunch, LaunchError, LaunchSpec, LlamaCppLaunch, RemoteLaunch, VllmLaunch,
-    memory_fraction,
+    CandleLaunch, EngineCommand, EngineLaunch, LaunchError, LaunchSpec, LlamaCppLaunch, LlamaRpcLaunch, RayNodeLaunch,
+    RemoteLaunch, VllmLaunch, memory_fraction,
 };
 pub use logs::LOG_RING_LINES;
 pub use process::free_port;

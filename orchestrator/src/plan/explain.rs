@@ -448,13 +448,31 @@ fn why(
             let nodes: BTreeSet<usize> = c.devices.iter().map(|d| d.node).collect();
             let network = if nodes.len() > 1 {
                 let slowest = nodes.iter().map(|&n| &fleet.nodes[n]).min_by_key(|n| n.network_bps);
-                slowest.map_or(String::new(), |n| {
-                    format!(
-                        ", stages joined over {} Gb/s{}",
-                        n.network_bps / 1_000_000_000,
-                        if n.network_known { "" } else { " (assumed)" }
-                    )
-                })
+                let assumed = slowest.is_some_and(|n| !n.network_known);
+                match super::options::network_cost(fleet, c, info.shape.hidden) {
+                    Some(cost) => {
+                        let per_token_ms = if c.parts.tokens_per_s > 0.0 {
+                            1000.0 / c.parts.tokens_per_s
+                        } else {
+                            0.0
+                        };
+                        let ms = cost.seconds_per_token * 1000.0;
+                        format!(
+                            "; the network costs {ms:.2} ms of the {per_token_ms:.1} ms each token takes ({:.1} %): {} hop{} between nodes, {} bytes of activations each, over {} Gb/s{}",
+                            if per_token_ms > 0.0 {
+                                100.0 * ms / per_token_ms
+                            } else {
+                                0.0
+                            },
+                            cost.hops,
+                            if cost.hops == 1 { "" } else { "s" },
+                            cost.bytes_per_hop,
+                            cost.slowest_bits_per_s / 1_000_000_000,
+                            if assumed { " (assumed)" } else { "" }
+                        )
+                    }
+                    None => String::new(),
+                }
             } else {
                 String::new()
             };

@@ -1672,6 +1672,40 @@ fn fits_with_reserve(e: &Estimate, usable: &[Bytes]) -> bool {
     fits(e, usable).is_ok_and(|r| r.fits)
 }
 
+/// What the network costs a candidate split across nodes, per token: the hops between
+/// stages on different nodes, each one 16-bit hidden vector of activations (`hidden`
+/// values) over the slower end's link plus its latency; `None` on one node.
+pub fn network_cost(fleet: &PlanFleet, c: &Cand, hidden: u64) -> Option<NetworkCost> {
+    let hops: Vec<Hop> = hops(fleet, &c.estimate, &c.devices).into_iter().flatten().collect();
+    if hops.is_empty() {
+        return None;
+    }
+    let bytes = hidden * 2;
+    let seconds: f64 = hops
+        .iter()
+        .map(|h| h.latency_s + bytes as f64 * 8.0 / h.bits_per_s.max(1) as f64)
+        .sum();
+    Some(NetworkCost {
+        hops: hops.len(),
+        bytes_per_hop: bytes,
+        slowest_bits_per_s: hops.iter().map(|h| h.bits_per_s).min().unwrap_or(0),
+        seconds_per_token: seconds,
+    })
+}
+
+/// See [`network_cost`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NetworkCost {
+    /// Stage boundaries between nodes a token crosses.
+    pub hops: usize,
+    /// Activation bytes sent per hop and token.
+    pub bytes_per_hop: u64,
+    /// The slowest link crossed, bits/s.
+    pub slowest_bits_per_s: u64,
+    /// Time per token spent on the network.
+    pub seconds_per_token: f64,
+}
+
 /// Network hops between consecutive stages.
 fn hops(fleet: &PlanFleet, e: &Estimate, devices: &[Dev]) -> Vec<Option<Hop>> {
     let mut stage_nodes: Vec<usize> = Vec::new();

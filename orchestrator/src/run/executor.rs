@@ -407,7 +407,8 @@ impl Executor {
         loop {
             let failure = match self.readiness(workflow, names) {
                 Readiness::Ready(_) => return Ok(()),
-                Readiness::Failed(reason) | Readiness::Lost(reason) => reason,
+                Readiness::Failed(reason) => reason,
+                Readiness::Lost(lost) => format!("instance {} was lost: {}", lost.instance, lost.why),
                 Readiness::Waiting(waiting) => {
                     tokio::select! {
                         _ = changes.changed() => continue,
@@ -659,57 +660,79 @@ impl Executor {
         mut cancelled: watch::Receiver<bool>,
     ) -> Result<(), StoreError> {
         let id = run.id.clone();
+        // Places a failing split replica must avoid from now on, and how often it failed.
+        let mut avoid: Vec<(String, Vec<u32>)> = Vec::new();
+        let mut split_failures = 0u32;
+        // Placements made so far: a replica placed again gets a name of its own, so that
+        // an agent never confuses its start with the stop of the one it replaces.
+        let mut placements = 0u32;
         loop {
             let mut names = std::mem::take(&mut warm);
-            match self.start_instances(&run, &plan, &models) {
+            match self.start_instances(&run, &plan, &models, placements) {
                 Ok(started) => names.extend(started),
                 Err(reason) => return self.finish_failed(run, reason, &names).await,
             }
-            let routes = match self.wait_ready(&mut run, &names, &mut cancelled).await {
-                Ok(routes) => routes,
+            let lost = match self.wait_ready(&mut run, &names, &mut cancelled).await {
+                Ok(routes) => match self.steps(&mut run, &routes, &mut cancelled).await? {
+                    Stop::Cancelled => return self.finish_cancelled(run, &names).await,
+                    Stop::Ended | Stop::Failed(_) => {
+                        // Ended (succeeded or failed on a step): the instances stay warm.
+                        for name in &names {
+                            self.inner.instances.release(name);
+                        }
+                        return Ok(());
+                    }
+                    Stop::Lost(lost) => lost,
+                },
                 Err(Stop::Cancelled) => return self.finish_cancelled(run, &names).await,
                 Err(Stop::Failed(reason)) => return self.finish_failed(run, reason, &names).await,
                 Err(Stop::Ended) => return Ok(()),
-                Err(Stop::Lost(_)) => {
-                    self.stop_instances(&names);
-                    continue;
-                }
+                Err(Stop::Lost(lost)) => lost,
             };
-            match self.steps(&mut run, &routes, &mut cancelled).await? {
-                Stop::Cancelled => return self.finish_cancelled(run, &names).await,
-                Stop::Ended | Stop::Failed(_) => {
-                    // Ended (succeeded or failed on a step): the instances stay warm.
-                    for name in &names {
-                        self.inner.instances.release(name);
-                    }
-                    return Ok(());
+            tracing::warn!(run = %id, instance = %lost.instance, why = %lost.why, "an instance was lost; placing the run's instances again");
+            self.stop_instances(&names);
+            placements += 1;
+            if let Some(place) = lost.avoid {
+                split_failures += 1;
+                if split_failures > SPLIT_REPLACEMENTS {
+                    let reason = format!(
+                        "instance {} failed {split_failures} times across nodes, the last: {}",
+                        lost.instance, lost.why
+                    );
+                    return self.finish_failed(run, reason, &[]).await;
                 }
-                Stop::Lost(instance) => {
-                    tracing::warn!(run = %id, %instance, "an instance was lost; placing the run's instances again");
-                    self.stop_instances(&names);
-                    run.recover();
-                    run.state = RunState::Starting;
-                    run.reason = Some(format!("instance {instance} was lost with its node; placing it again"));
-                    self.save(&run).await?;
-                    // Plan again on the graph without the lost node, waiting for room.
-                    loop {
-                        match self.plan(&run, &[]).await {
-                            Ok((next, next_models)) if next.admitted => {
-                                plan = next;
-                                models = next_models;
-                                break;
-                            }
-                            Ok(_) => {}
-                            Err(reason) => return self.finish_failed(run, reason, &[]).await,
-                        }
-                        tokio::select! {
-                            _ = cancelled.changed() => return self.finish_cancelled(run, &[]).await,
-                            _ = tokio::time::sleep(self.inner.config.admission_interval) => {}
-                        }
+                avoid.push(place);
+            }
+            run.recover();
+            run.state = RunState::Starting;
+            run.reason = Some(format!(
+                "instance {} was lost ({}); placing it again",
+                lost.instance, lost.why
+            ));
+            self.save(&run).await?;
+            let pin = if avoid.is_empty() {
+                Pin::Anywhere
+            } else {
+                Pin::Avoid { places: avoid.clone() }
+            };
+            // Plan again on the graph without the lost node (and off failed pieces'
+            // GPUs), waiting for room.
+            loop {
+                match self.plan_workflow(&run.id, &run.workflow, &[], &pin).await {
+                    Ok((next, next_models)) if next.admitted => {
+                        plan = next;
+                        models = next_models;
+                        break;
                     }
-                    lock(&self.inner.catalogs).remove(&id);
+                    Ok(_) => {}
+                    Err(reason) => return self.finish_failed(run, reason, &[]).await,
+                }
+                tokio::select! {
+                    _ = cancelled.changed() => return self.finish_cancelled(run, &[]).await,
+                    _ = tokio::time::sleep(self.inner.config.admission_interval) => {}
                 }
             }
+            lock(&self.inner.catalogs).remove(&id);
         }
     }
 
@@ -739,14 +762,21 @@ impl Executor {
         }
     }
 
-    /// Sends a start for every placed replica of the run; returns their names.
+    /// Sends a start for every placed replica of the run (named `{run}-{instance}`, or
+    /// `{run}-{n}-{instance}` when placed again for the `n`th time); returns their names.
     fn start_instances(
         &self,
         run: &RunRecord,
         plan: &Plan,
         models: &BTreeMap<String, ModelInfo>,
+        again: u32,
     ) -> Result<Vec<String>, String> {
-        self.start_planned(&run.id, &run.workflow, Some(&run.id), None, plan, models)
+        let prefix = if again == 0 {
+            run.id.clone()
+        } else {
+            format!("{}-{again}", run.id)
+        };
+        self.start_planned(&prefix, &run.workflow, Some(&run.id), None, plan, models)
     }
 
     /// Sends a start for every placed replica of `plan` (of `workflow`), named
@@ -762,25 +792,29 @@ impl Executor {
         models: &BTreeMap<String, ModelInfo>,
     ) -> Result<Vec<String>, String> {
         let snapshot = self.inner.graph.snapshot();
+        let node_ids: HashMap<String, NodeId> = snapshot
+            .nodes
+            .iter()
+            .map(|n| (n.inventory.name.clone(), n.id.clone()))
+            .collect();
+        let node_id = move |name: &str| node_ids.get(name).cloned().unwrap_or_else(|| NodeId(name.to_owned()));
         let mut names = Vec::new();
         for planned in &plan.instances {
             let name = format!("{prefix}-{}", planned.instance.replace('+', "-"));
-            let (node_name, start) = launch::start_instance(&name, planned, models, &snapshot, self.inner.config.seed)
+            let launch = launch::start_instance(&name, planned, models, &snapshot, self.inner.config.seed)
                 .map_err(|e| e.to_string())?;
-            let node = snapshot
-                .nodes
-                .iter()
-                .find(|n| n.inventory.name == node_name)
-                .map(|n| n.id.clone())
-                .unwrap_or_else(|| NodeId(node_name.clone()));
             let warm_key = crate::plan::demand::instances(workflow)
                 .iter()
                 .find(|i| i.agents == planned.agents)
                 .map(warm_key)
                 .unwrap_or_default();
+            let (node_name, start, split) = match launch {
+                launch::Launch::One { node, start } => (node, start, None),
+                launch::Launch::Split(split) => (split.node.clone(), split.template().clone(), Some(split)),
+            };
             let request = InstanceRequest {
                 warm_key,
-                node,
+                node: node_id(&node_name),
                 node_name,
                 run: run.map(str::to_owned),
                 clone_of: clone_of.map(str::to_owned),
@@ -794,10 +828,16 @@ impl Executor {
                     .iter()
                     .filter_map(|d| Some((d.gpu?, d.reserved)))
                     .collect(),
+                part_of: None,
                 start,
             };
-            if let Err(error) = self.inner.instances.start(request) {
-                tracing::warn!(instance = %name, %error, "start not delivered yet; it is sent when the node connects");
+            match split {
+                Some(split) => super::split::start(&self.inner.instances, request, split, node_id.clone()),
+                None => {
+                    if let Err(error) = self.inner.instances.start(request) {
+                        tracing::warn!(instance = %name, %error, "start not delivered yet; it is sent when the node connects");
+                    }
+                }
             }
             names.push(name);
         }
@@ -812,6 +852,9 @@ impl Executor {
             let Some(view) = self.inner.instances.get(name) else {
                 return Readiness::Failed(format!("instance {name} disappeared"));
             };
+            if let Some(lost) = Lost::of(name, Some(&view)) {
+                return Readiness::Lost(lost);
+            }
             match (view.state, view.base_url) {
                 (InstanceState::Ready, Some(base_url)) => {
                     for agent in &view.agents {
@@ -829,7 +872,6 @@ impl Executor {
                 (InstanceState::Failed, _) => {
                     return Readiness::Failed(format!("instance {name} on {} failed: {}", view.node_name, view.detail));
                 }
-                (InstanceState::Lost, _) => return Readiness::Lost(name.clone()),
                 (state, _) => waiting.push(waiting_for(
                     &view.agents,
                     state,
@@ -859,7 +901,7 @@ impl Executor {
             let waiting = match self.readiness(&run.workflow, names) {
                 Readiness::Ready(routes) => return Ok(routes),
                 Readiness::Failed(reason) => return Err(Stop::Failed(reason)),
-                Readiness::Lost(name) => return Err(Stop::Lost(name)),
+                Readiness::Lost(lost) => return Err(Stop::Lost(lost)),
                 Readiness::Waiting(waiting) => waiting,
             };
             // The run says what it waits for (the CLI shows it as progress).
@@ -971,12 +1013,13 @@ impl Executor {
                     return Ok(Stop::Cancelled);
                 }
                 _ = changes.changed() => {
-                    let lost = routes.values().filter_map(|r| r.instance.as_ref()).find(|name| {
-                        self.inner.instances.get(name).is_none_or(|v| v.state == InstanceState::Lost)
-                    });
+                    let lost = routes
+                        .values()
+                        .filter_map(|r| r.instance.as_ref())
+                        .find_map(|name| Lost::of(name, self.inner.instances.get(name).as_ref()));
                     if let Some(lost) = lost {
                         attempts.abort_all();
-                        return Ok(Stop::Lost(lost.clone()));
+                        return Ok(Stop::Lost(lost));
                     }
                 }
                 _ = tokio::time::sleep(wait.unwrap_or(Duration::from_secs(3600))), if wait.is_some() => {}
@@ -1062,9 +1105,58 @@ enum Readiness {
     Waiting(Vec<String>),
     /// One failed (why).
     Failed(String),
-    /// One was lost with its node (its name).
-    Lost(String),
+    /// One was lost and must be placed again.
+    Lost(Lost),
 }
+
+/// An instance to place again: lost with its node, or a replica split across nodes that
+/// failed through one of its pieces.
+#[derive(Debug, Clone)]
+struct Lost {
+    /// Its name.
+    instance: String,
+    /// What happened.
+    why: String,
+    /// Where a piece failed on a node still up, which the new placement avoids:
+    /// `(node name, GPUs)`.
+    avoid: Option<(String, Vec<u32>)>,
+}
+
+impl Lost {
+    /// Whether `view` (of `name`; `None`: gone) must be placed again.
+    fn of(name: &str, view: Option<&InstanceView>) -> Option<Lost> {
+        let Some(view) = view else {
+            return Some(Lost {
+                instance: name.to_owned(),
+                why: "it disappeared".to_owned(),
+                avoid: None,
+            });
+        };
+        match view.state {
+            InstanceState::Lost => Some(Lost {
+                instance: name.to_owned(),
+                why: if view.detail.is_empty() {
+                    "it was lost with its node".to_owned()
+                } else {
+                    view.detail.clone()
+                },
+                avoid: None,
+            }),
+            // A split replica fails as a whole and is placed again (off the failed piece's GPUs).
+            InstanceState::Failed if !view.pieces.is_empty() => Some(Lost {
+                instance: name.to_owned(),
+                why: view.detail.clone(),
+                avoid: view.failed_on.clone(),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// How many times a run places a split replica again after its pieces failed (a lost
+/// node is avoided by the graph; a failing piece on a node that is up, by the placement)
+/// before the run fails.
+const SPLIT_REPLACEMENTS: u32 = 2;
 
 /// Where an instance [`Executor::provide`]s may be placed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -1177,8 +1269,8 @@ enum Stop {
     Cancelled,
     /// Its instances could not start (the reason).
     Failed(String),
-    /// An instance was lost with its node (its name).
-    Lost(String),
+    /// An instance was lost (with its node, or a piece of its split failed).
+    Lost(Lost),
     /// The run ended (succeeded, or failed on a step).
     Ended,
 }

@@ -1,7 +1,10 @@
 //! From a plan to the commands agents get: one [`pb::StartInstance`] per placed replica,
-//! with the files to download, the GPUs in rank order and the engine's settings. Pure.
+//! with the files to download, the GPUs in rank order and the engine's settings; for a
+//! replica split across nodes, a [`SplitLaunch`]: the pieces each node starts (Ray nodes
+//! or llama.cpp RPC servers), in order, and the serving engine's command once their
+//! addresses are known. Pure.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use skein_model_registry::catalog::{ModelInfo, Variant};
 use skein_model_registry::quant::QuantMethod;
@@ -33,15 +36,38 @@ pub enum LaunchPlanError {
     /// The variant is not in the catalog the plan was made with.
     #[error("variant `{0}` is not in the model catalog")]
     UnknownVariant(String),
-    /// The replica spans several machines.
+    /// The replica spans several machines on an engine that cannot.
     #[error(
-        "instance `{instance}` is split across nodes {nodes}; running one model across machines is not supported yet, so limit the agent to one node (gpu constraints) or add GPUs to one node"
+        "instance `{instance}` is split across nodes {nodes} on engine `{engine}`, which runs on one machine only; split models run on vLLM (over Ray) or llama.cpp (over RPC)"
     )]
     MultiNode {
         /// The instance.
         instance: String,
         /// The nodes.
         nodes: String,
+        /// The engine.
+        engine: String,
+    },
+    /// A tensor-parallel group of the plan spans nodes: vLLM's ranks over Ray keep each
+    /// pipeline stage on one node.
+    #[error(
+        "instance `{instance}`: pipeline stage {stage} spans nodes {nodes}; a tensor-parallel group must be on one node"
+    )]
+    StageSpansNodes {
+        /// The instance.
+        instance: String,
+        /// The stage.
+        stage: usize,
+        /// Its nodes.
+        nodes: String,
+    },
+    /// A piece the serving engine needs has reported no address.
+    #[error("instance `{instance}`: piece `{piece}` has not reported its address")]
+    NoAddress {
+        /// The instance.
+        instance: String,
+        /// The piece.
+        piece: String,
     },
     /// The plan names an engine Skein does not start.
     #[error("instance `{instance}` is planned on engine `{engine}`, which Skein cannot start")]
@@ -58,7 +84,85 @@ pub fn variant<'a>(models: &'a BTreeMap<String, ModelInfo>, id: &str) -> Option<
     models.values().flat_map(|m| m.variants.iter()).find(|v| v.id == id)
 }
 
-/// The node a replica runs on, and its start command named `name`.
+/// How a planned replica is started.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Launch {
+    /// One engine process on one node.
+    One {
+        /// The node's name.
+        node: String,
+        /// Its command.
+        start: pb::StartInstance,
+    },
+    /// An engine split across nodes: pieces first, then the serving engine.
+    Split(SplitLaunch),
+}
+
+/// The distributed runtime that joins the nodes of a split replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SplitRuntime {
+    /// vLLM over a Ray cluster: the head on the serving node, a worker on every other;
+    /// `vllm serve --distributed-executor-backend ray` on the head once all have joined.
+    Ray,
+    /// llama.cpp's RPC: an `rpc-server` per GPU of the other nodes, then `llama-server
+    /// --rpc …` on the serving node with its own GPUs.
+    Rpc,
+}
+
+/// The GPUs of one node of a split replica, in the plan's rank order.
+#[derive(Debug, Clone, PartialEq)]
+struct NodeShare {
+    node: String,
+    gpus: Vec<ShareGpu>,
+}
+
+/// One GPU of a split replica.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct ShareGpu {
+    index: u32,
+    reserved: u64,
+    total: u64,
+    /// Its pipeline stage.
+    stage: usize,
+    /// Its share of llama.cpp's `--tensor-split` (0 when there is none).
+    split: u64,
+}
+
+/// A piece of a split replica to start on a node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PieceStart {
+    /// Its instance name: `{replica}.{role}-{n}`.
+    pub name: String,
+    /// `ray-head`, `ray-worker` or `rpc-server`.
+    pub role: &'static str,
+    /// The node's name.
+    pub node: String,
+    /// Bytes the plan reserved on each GPU it serves.
+    pub held: Vec<(u32, u64)>,
+    /// Its command.
+    pub start: pb::StartInstance,
+}
+
+/// A replica split across nodes: its pieces, started wave by wave (each wave once the
+/// previous one is ready, since it needs their addresses), then the serving engine on
+/// the first node of the plan (the one with most of the model).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SplitLaunch {
+    /// The runtime.
+    pub runtime: SplitRuntime,
+    /// The replica's name.
+    pub instance: String,
+    /// The serving node.
+    pub node: String,
+    /// The serving command as if every GPU were on the serving node; [`SplitLaunch::serving`]
+    /// makes it the real one.
+    template: pb::StartInstance,
+    /// The serving node first, then the others in plan order.
+    shares: Vec<NodeShare>,
+}
+
+/// The node a replica runs on and its start command named `name`, or its pieces when the
+/// plan splits it across nodes.
 ///
 /// Errors: [`LaunchPlanError`].
 pub fn start_instance(
@@ -67,19 +171,17 @@ pub fn start_instance(
     models: &BTreeMap<String, ModelInfo>,
     graph: &GraphSnapshot,
     seed: u64,
-) -> Result<(String, pb::StartInstance), LaunchPlanError> {
+) -> Result<Launch, LaunchPlanError> {
     let variant =
         variant(models, &planned.variant).ok_or_else(|| LaunchPlanError::UnknownVariant(planned.variant.clone()))?;
     let mut nodes: Vec<&str> = planned.devices.iter().map(|d| d.node.as_str()).collect();
     nodes.dedup();
-    let node = match nodes.as_slice() {
-        [node] => (*node).to_owned(),
-        _ => {
-            return Err(LaunchPlanError::MultiNode {
-                instance: planned.instance.clone(),
-                nodes: nodes.join(", "),
-            });
-        }
+    let Some(node) = nodes.first().map(|n| (*n).to_owned()) else {
+        return Err(LaunchPlanError::MultiNode {
+            instance: planned.instance.clone(),
+            nodes: String::new(),
+            engine: planned.engine.clone(),
+        });
     };
     let gpus: Vec<u32> = planned.devices.iter().filter_map(|d| d.gpu).collect();
     let gguf = variant
@@ -104,21 +206,10 @@ pub fn start_instance(
             n_batch: LLAMA_N_BATCH,
             n_ubatch: LLAMA_N_UBATCH,
             flash_attention: true,
+            rpc_servers: Vec::new(),
         }),
         "vllm" => {
-            let total = planned
-                .devices
-                .iter()
-                .filter_map(|d| {
-                    let gpu = d.gpu?;
-                    graph
-                        .nodes
-                        .iter()
-                        .find(|n| n.inventory.name == d.node)
-                        .and_then(|n| n.gpus.get(gpu as usize))
-                        .map(|g| g.facts.memory_total)
-                })
-                .collect();
+            let total = planned.devices.iter().filter_map(|d| memory_total(graph, d)).collect();
             files.optional.push("config.json".to_owned());
             pb::start_instance::Engine::Vllm(pb::VllmEngine {
                 model: Some(files.build(true)),
@@ -135,6 +226,7 @@ pub fn start_instance(
                 max_num_batched_tokens: VLLM_MAX_BATCHED_TOKENS,
                 enforce_eager: false,
                 kv_cache_dtype: None,
+                ray_address: None,
             })
         }
         other => {
@@ -144,16 +236,291 @@ pub fn start_instance(
             });
         }
     };
-    Ok((
+    let start = pb::StartInstance {
+        instance: name.to_owned(),
+        gpus,
+        context: planned.context,
+        concurrency: planned.concurrency,
+        engine: Some(engine),
+    };
+    let distinct: BTreeSet<&str> = nodes.iter().copied().collect();
+    if distinct.len() == 1 {
+        return Ok(Launch::One { node, start });
+    }
+    let runtime = match planned.engine.as_str() {
+        "vllm" => SplitRuntime::Ray,
+        "llama.cpp" => SplitRuntime::Rpc,
+        other => {
+            return Err(LaunchPlanError::MultiNode {
+                instance: planned.instance.clone(),
+                nodes: nodes.join(", "),
+                engine: other.to_owned(),
+            });
+        }
+    };
+    let mut shares: Vec<NodeShare> = Vec::new();
+    for (i, d) in planned.devices.iter().filter(|d| d.gpu.is_some()).enumerate() {
+        let Some(index) = d.gpu else { continue };
+        let entry = ShareGpu {
+            index,
+            reserved: d.reserved,
+            total: memory_total(graph, d).unwrap_or(0),
+            stage: d.stage,
+            split: planned.layout.tensor_split.get(i).copied().unwrap_or(0),
+        };
+        match shares.iter_mut().find(|s| s.node == d.node) {
+            Some(share) => share.gpus.push(entry),
+            None => shares.push(NodeShare {
+                node: d.node.clone(),
+                gpus: vec![entry],
+            }),
+        }
+    }
+    if runtime == SplitRuntime::Ray {
+        // Each stage on one node: vLLM gives a node's ranks whole stages.
+        for stage in 0..planned.layout.pipeline_stages.max(1) {
+            let on: BTreeSet<&str> = planned
+                .devices
+                .iter()
+                .filter(|d| d.stage == stage)
+                .map(|d| d.node.as_str())
+                .collect();
+            if on.len() > 1 {
+                return Err(LaunchPlanError::StageSpansNodes {
+                    instance: planned.instance.clone(),
+                    stage,
+                    nodes: on.into_iter().collect::<Vec<_>>().join(", "),
+                });
+            }
+        }
+    }
+    Ok(Launch::Split(SplitLaunch {
+        runtime,
+        instance: name.to_owned(),
         node,
-        pb::StartInstance {
-            instance: name.to_owned(),
-            gpus,
-            context: planned.context,
-            concurrency: planned.concurrency,
-            engine: Some(engine),
-        },
-    ))
+        template: start,
+        shares,
+    }))
+}
+
+impl SplitLaunch {
+    /// The serving command as planned, as if every GPU were on the serving node.
+    pub fn template(&self) -> &pb::StartInstance {
+        &self.template
+    }
+
+    /// How many waves of pieces start before the serving engine.
+    pub fn waves(&self) -> usize {
+        match self.runtime {
+            SplitRuntime::Ray => 2,
+            SplitRuntime::Rpc => 1,
+        }
+    }
+
+    fn held(share: &NodeShare) -> Vec<(u32, u64)> {
+        share.gpus.iter().map(|g| (g.index, g.reserved)).collect()
+    }
+
+    /// The names of its pieces, in start order.
+    pub fn piece_names(&self) -> Vec<String> {
+        match self.runtime {
+            SplitRuntime::Ray => (0..self.shares.len())
+                .map(|n| self.piece_name(if n == 0 { "ray-head" } else { "ray-worker" }, n))
+                .collect(),
+            SplitRuntime::Rpc => self.rpc_servers().into_iter().map(|p| p.name).collect(),
+        }
+    }
+
+    fn piece_name(&self, role: &str, n: usize) -> String {
+        format!("{}.{role}-{n}", self.instance)
+    }
+
+    fn piece(
+        &self,
+        role: &'static str,
+        n: usize,
+        share: &NodeShare,
+        gpus: Vec<u32>,
+        engine: pb::start_instance::Engine,
+    ) -> PieceStart {
+        let name = self.piece_name(role, n);
+        PieceStart {
+            role,
+            node: share.node.clone(),
+            held: Self::held(share)
+                .into_iter()
+                .filter(|(g, _)| gpus.contains(g))
+                .collect(),
+            start: pb::StartInstance {
+                instance: name.clone(),
+                gpus,
+                context: self.template.context,
+                concurrency: self.template.concurrency,
+                engine: Some(engine),
+            },
+            name,
+        }
+    }
+
+    fn model_files(&self) -> Option<pb::ModelFiles> {
+        match &self.template.engine {
+            Some(pb::start_instance::Engine::Vllm(v)) => v.model.clone(),
+            Some(pb::start_instance::Engine::LlamaCpp(l)) => l.model.clone(),
+            _ => None,
+        }
+    }
+
+    /// The pieces of wave `wave` (0-based), given the addresses (`HOST:PORT`) of the
+    /// pieces of earlier waves, by name.
+    ///
+    /// Errors: [`LaunchPlanError::NoAddress`] when an earlier piece it needs has none.
+    pub fn wave(&self, wave: usize, ready: &BTreeMap<String, String>) -> Result<Vec<PieceStart>, LaunchPlanError> {
+        match (self.runtime, wave) {
+            (SplitRuntime::Ray, 0) => {
+                let head = &self.shares[0];
+                let gpus = head.gpus.iter().map(|g| g.index).collect();
+                Ok(vec![self.piece(
+                    "ray-head",
+                    0,
+                    head,
+                    gpus,
+                    pb::start_instance::Engine::RayNode(pb::RayNode {
+                        model: self.model_files(),
+                        head_address: None,
+                    }),
+                )])
+            }
+            (SplitRuntime::Ray, 1) => {
+                let head = self.address(ready, &self.ray_head())?;
+                Ok(self.shares[1..]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, share)| {
+                        let gpus = share.gpus.iter().map(|g| g.index).collect();
+                        self.piece(
+                            "ray-worker",
+                            i + 1,
+                            share,
+                            gpus,
+                            pb::start_instance::Engine::RayNode(pb::RayNode {
+                                model: self.model_files(),
+                                head_address: Some(head.clone()),
+                            }),
+                        )
+                    })
+                    .collect())
+            }
+            (SplitRuntime::Rpc, 0) => Ok(self.rpc_servers()),
+            _ => Ok(Vec::new()),
+        }
+    }
+
+    fn ray_head(&self) -> String {
+        self.piece_name("ray-head", 0)
+    }
+
+    /// One RPC server per GPU of the other nodes, in plan order.
+    fn rpc_servers(&self) -> Vec<PieceStart> {
+        let mut n = 0;
+        let mut out = Vec::new();
+        for share in &self.shares[1..] {
+            for g in &share.gpus {
+                n += 1;
+                out.push(self.piece(
+                    "rpc-server",
+                    n,
+                    share,
+                    vec![g.index],
+                    pb::start_instance::Engine::LlamaRpc(pb::LlamaRpcServer { cache: true }),
+                ));
+            }
+        }
+        out
+    }
+
+    fn address(&self, ready: &BTreeMap<String, String>, piece: &str) -> Result<String, LaunchPlanError> {
+        ready.get(piece).cloned().ok_or_else(|| LaunchPlanError::NoAddress {
+            instance: self.instance.clone(),
+            piece: piece.to_owned(),
+        })
+    }
+
+    /// Bytes the plan reserved on the serving node's GPUs that the serving process holds
+    /// itself (llama.cpp's own GPUs; over Ray, the head's ranks belong to the Ray head).
+    pub fn serving_held(&self) -> Vec<(u32, u64)> {
+        match self.runtime {
+            SplitRuntime::Ray => Vec::new(),
+            SplitRuntime::Rpc => Self::held(&self.shares[0]),
+        }
+    }
+
+    /// The serving engine's command, given the addresses of every piece by name.
+    ///
+    /// Over Ray, vLLM numbers its ranks by node: the serving (driver's) node first, then
+    /// nodes with fewer GPUs in the job, then by IP address (the address each Ray node
+    /// announced); its pipeline stages follow ranks, so the plan's layer counts, reserved
+    /// and total memory are listed in that order. Over RPC, llama.cpp puts the RPC
+    /// servers' devices before its own GPUs, so their shares of `--tensor-split` lead.
+    ///
+    /// Errors: [`LaunchPlanError::NoAddress`].
+    pub fn serving(&self, ready: &BTreeMap<String, String>) -> Result<pb::StartInstance, LaunchPlanError> {
+        let mut start = self.template.clone();
+        start.gpus = self.shares[0].gpus.iter().map(|g| g.index).collect();
+        match (&mut start.engine, self.runtime) {
+            (Some(pb::start_instance::Engine::Vllm(v)), SplitRuntime::Ray) => {
+                let head = self.address(ready, &self.ray_head())?;
+                let mut order: Vec<(bool, usize, String, &NodeShare)> =
+                    vec![(false, 0, String::new(), &self.shares[0])];
+                for (i, share) in self.shares.iter().enumerate().skip(1) {
+                    let address = self.address(ready, &self.piece_name("ray-worker", i))?;
+                    order.push((true, share.gpus.len(), host_of(&address).to_owned(), share));
+                }
+                // Stable: equal keys keep the plan's order.
+                order.sort_by(|a, b| (a.0, a.1, &a.2).cmp(&(b.0, b.1, &b.2)));
+                let ranks: Vec<&ShareGpu> = order.iter().flat_map(|o| o.3.gpus.iter()).collect();
+                v.reserved = ranks.iter().map(|g| g.reserved).collect();
+                v.total = ranks.iter().map(|g| g.total).collect();
+                let mut stages: Vec<usize> = ranks.iter().map(|g| g.stage).collect();
+                stages.dedup();
+                let partition = v.layer_partition.clone();
+                v.layer_partition = stages.iter().filter_map(|&s| partition.get(s).copied()).collect();
+                v.ray_address = Some(head);
+            }
+            (Some(pb::start_instance::Engine::LlamaCpp(l)), SplitRuntime::Rpc) => {
+                let servers = self.rpc_servers();
+                l.rpc_servers = servers
+                    .iter()
+                    .map(|p| self.address(ready, &p.name))
+                    .collect::<Result<_, _>>()?;
+                if !l.tensor_split.is_empty() {
+                    l.tensor_split = self.shares[1..]
+                        .iter()
+                        .chain(&self.shares[..1])
+                        .flat_map(|s| s.gpus.iter().map(|g| g.split))
+                        .collect();
+                }
+            }
+            _ => {}
+        }
+        Ok(start)
+    }
+}
+
+/// `HOST` of `HOST:PORT` (`[V6]:PORT` gives `V6`).
+fn host_of(address: &str) -> &str {
+    let host = address.rsplit_once(':').map_or(address, |(h, _)| h);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+/// The total memory of a planned device's GPU, as the graph knows it.
+fn memory_total(graph: &GraphSnapshot, d: &crate::plan::PlannedDevice) -> Option<u64> {
+    let gpu = d.gpu?;
+    graph
+        .nodes
+        .iter()
+        .find(|n| n.inventory.name == d.node)
+        .and_then(|n| n.gpus.get(gpu as usize))
+        .map(|g| g.facts.memory_total)
 }
 
 fn is_projector(file: &str) -> bool {

@@ -1,10 +1,12 @@
 //! Runs of workflows: the stored record and its pure rules ([`record`]), the commands a
-//! plan becomes ([`launch`]), and the executor that admits runs, starts their instances
-//! and drives their steps ([`executor`]).
+//! plan becomes ([`launch`]), the bring-up of replicas split across nodes ([`split`]), and
+//! the executor that admits runs, starts their instances and drives their steps
+//! ([`executor`]).
 
 pub mod executor;
 pub mod launch;
 pub mod record;
+pub mod split;
 
 pub use executor::{Executor, ExecutorConfig, Pin, ProvideError, SubmitError};
 pub use record::{RunRecord, RunState, StepRecord, StepState};

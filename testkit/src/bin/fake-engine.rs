@@ -4,13 +4,24 @@
 //! deterministically.
 //!
 //! - `SKEIN_FAKE_ENGINE_RECORD=FILE`: writes `{"args": [...], "env": {...}}` (the
-//!   arguments after the program, and every `CUDA_*`, `VLLM_*` and `HF_*` variable) to
-//!   FILE before listening.
+//!   arguments after the program, and every `CUDA_*`, `VLLM_*`, `HF_*` and `RAY_*`
+//!   variable, and `SKEIN_FAKE_ENGINE_NODE`) to FILE before listening.
+//! - `SKEIN_FAKE_ENGINE_RECORD_DIR=DIR`: the same record, with the program's name (as
+//!   started: `vllm`, `ray`, …) and the time it started (`started_ns`, Unix
+//!   nanoseconds), written to a file of its own in DIR, so that the starts of many
+//!   processes can be put in order.
 //! - `SKEIN_FAKE_ENGINE_READY_MS=N`: answers `/health` with 503 for N ms first, as an
 //!   engine loading its weights does.
 //! - `SKEIN_FAKE_ENGINE_EXIT_MS=N`: exits with status 3 after N ms, as a crashing engine.
+//! - `SKEIN_FAKE_ENGINE_EXIT_IF=FILE`: exits with status 3 once FILE exists (looked for
+//!   every 100 ms), as an engine that crashes when the test says so.
 //! - `SKEIN_FAKE_ENGINE_API_KEY=KEY`: the `/v1` routes answer 401 without
 //!   `Authorization: Bearer KEY`, as a hosted API does.
+//!
+//! Started without a model name, as a piece of an engine split across machines (`ray
+//! start … --node-manager-port P` or `--head --port P`, `rpc-server --host H --port P`),
+//! it only listens on its port (`--node-ip-address` or `--host`): readiness is the open
+//! port.
 //!
 //! Routes: `GET /health`, `GET /v1/models`, `POST /v1/chat/completions` (with `stream`,
 //! server-sent events as the OpenAI protocol sends them). The reply is `echo: ` and the
@@ -64,18 +75,32 @@ async fn main() -> ExitCode {
 }
 
 async fn run() -> Result<(), String> {
+    let started_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let program = std::env::args()
+        .next()
+        .and_then(|p| std::path::Path::new(&p).file_name()?.to_str().map(str::to_owned))
+        .unwrap_or_default();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let host = flag(&args, &["--host"]).unwrap_or_else(|| "127.0.0.1".to_owned());
-    let port = flag(&args, &["--port"]).ok_or("no --port given")?;
-    // vLLM names the model `--served-model-name`, llama-server `--alias`, skein `--name`.
-    let model = flag(&args, &["--served-model-name", "--alias", "--name"])
-        .ok_or("no --served-model-name, --alias or --name given")?;
+    let host = flag(&args, &["--host", "--node-ip-address"]).unwrap_or_else(|| "127.0.0.1".to_owned());
+    let port = flag(&args, &["--port", "--node-manager-port"]).ok_or("no --port or --node-manager-port given")?;
+    // vLLM names the model `--served-model-name`, llama-server `--alias`, skein `--name`;
+    // a piece of a split engine (a Ray node, an RPC server) names none.
+    let model = flag(&args, &["--served-model-name", "--alias", "--name"]);
+    let env: BTreeMap<String, String> = std::env::vars()
+        .filter(|(k, _)| {
+            ["CUDA_", "VLLM_", "HF_", "RAY_"].iter().any(|p| k.starts_with(p)) || k == "SKEIN_FAKE_ENGINE_NODE"
+        })
+        .collect();
     if let Ok(path) = std::env::var("SKEIN_FAKE_ENGINE_RECORD") {
-        let env: BTreeMap<String, String> = std::env::vars()
-            .filter(|(k, _)| ["CUDA_", "VLLM_", "HF_"].iter().any(|p| k.starts_with(p)))
-            .collect();
         let record = json!({ "args": args, "env": env });
         std::fs::write(&path, record.to_string()).map_err(|e| format!("cannot write {path}: {e}"))?;
+    }
+    if let Ok(dir) = std::env::var("SKEIN_FAKE_ENGINE_RECORD_DIR") {
+        let record = json!({ "program": program, "args": args, "env": env, "started_ns": started_ns.to_string() });
+        let path = std::path::Path::new(&dir).join(format!("{started_ns}-{}.json", std::process::id()));
+        std::fs::write(&path, record.to_string()).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     let ready_after = Duration::from_millis(millis("SKEIN_FAKE_ENGINE_READY_MS")?.unwrap_or(0));
     if let Some(ms) = millis("SKEIN_FAKE_ENGINE_EXIT_MS")? {
@@ -85,6 +110,24 @@ async fn run() -> Result<(), String> {
             std::process::exit(3);
         });
     }
+    if let Ok(file) = std::env::var("SKEIN_FAKE_ENGINE_EXIT_IF") {
+        tokio::spawn(async move {
+            while !std::path::Path::new(&file).exists() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            eprintln!("fake-engine: exiting, as {file} asks");
+            std::process::exit(3);
+        });
+    }
+    let Some(model) = model else {
+        // A piece: the open port is all there is to it.
+        let listener = tokio::net::TcpListener::bind(format!("{host}:{port}"))
+            .await
+            .map_err(|e| format!("cannot listen on {host}:{port}: {e}"))?;
+        loop {
+            let _ = listener.accept().await;
+        }
+    };
     let engine = Arc::new(Engine {
         model,
         api_key: std::env::var("SKEIN_FAKE_ENGINE_API_KEY").ok(),
