@@ -377,7 +377,7 @@ pub struct ApiClientArgs {
 #[derive(Debug, Args)]
 pub struct AgentArgs {
     /// The server's agent address: `http://HOST:7879` (`https://` with TLS).
-    #[arg(long, value_name = "URL")]
+    #[arg(long, env = "SKEIN_JOIN", value_name = "URL")]
     pub join: String,
     /// The join token.
     #[arg(long, env = "SKEIN_JOIN_TOKEN", hide_env_values = true)]
@@ -386,7 +386,7 @@ pub struct AgentArgs {
     #[arg(long, value_name = "FILE", conflicts_with = "token")]
     pub token_file: Option<PathBuf>,
     /// This node's name; default: the hostname. With --simulate, the fleet node to be.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, env = "SKEIN_NODE_NAME", value_name = "NAME")]
     pub node: Option<String>,
     /// Present the GPUs of a node of this fleet file instead of the real ones.
     #[arg(long, value_name = "FLEET.yaml")]
@@ -406,10 +406,26 @@ pub struct AgentArgs {
     #[arg(long, value_name = "FILE")]
     pub ca: Option<PathBuf>,
     /// Where engine logs go; default `<data dir>/logs`.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, env = "SKEIN_DATA_DIR", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
     #[command(flatten)]
     pub engines: EngineArgs,
+    #[command(flatten)]
+    pub pod: PodArgs,
+}
+
+/// The Kubernetes pod an agent runs in, as the DaemonSet passes it through the
+/// downward API; each becomes a node label (see `crate::kubernetes`).
+#[derive(Debug, Args)]
+pub struct PodArgs {
+    /// The pod this agent runs in (`metadata.name`): labels the node
+    /// `kubernetes.io/pod=NAME`.
+    #[arg(long, env = "SKEIN_POD_NAME", value_name = "NAME")]
+    pub pod_name: Option<String>,
+    /// The pod's namespace (`metadata.namespace`): labels the node
+    /// `kubernetes.io/namespace=NAME`.
+    #[arg(long, env = "SKEIN_POD_NAMESPACE", value_name = "NAME")]
+    pub pod_namespace: Option<String>,
 }
 
 /// `skein up`.
@@ -446,8 +462,8 @@ pub struct EngineArgs {
     #[arg(long, env = "SKEIN_RPC_SERVER", default_value = "rpc-server", value_name = "PATH")]
     pub rpc_server: PathBuf,
     /// The address engines listen on and are reached at: this machine's address as the
-    /// orchestrator sees it (loopback when both run here).
-    #[arg(long, default_value = "127.0.0.1", value_name = "ADDR")]
+    /// orchestrator sees it (loopback when both run here; in Kubernetes, the pod's IP).
+    #[arg(long, env = "SKEIN_ENGINE_HOST", default_value = "127.0.0.1", value_name = "ADDR")]
     pub engine_host: String,
 }
 
@@ -455,10 +471,10 @@ pub struct EngineArgs {
 #[derive(Debug, Args)]
 pub struct ServerArgs {
     /// Address of the REST API.
-    #[arg(long, default_value = crate::cluster::DEFAULT_API_ADDR, value_name = "IP:PORT")]
+    #[arg(long, env = "SKEIN_LISTEN", default_value = crate::cluster::DEFAULT_API_ADDR, value_name = "IP:PORT")]
     pub listen: String,
     /// Address agents join (gRPC).
-    #[arg(long, default_value = crate::cluster::DEFAULT_GRPC_ADDR, value_name = "IP:PORT")]
+    #[arg(long, env = "SKEIN_AGENT_LISTEN", default_value = crate::cluster::DEFAULT_GRPC_ADDR, value_name = "IP:PORT")]
     pub agent_listen: String,
     /// Join token agents must present; default: the one in `<data dir>/join-token`,
     /// created on first start.
@@ -470,7 +486,7 @@ pub struct ServerArgs {
     pub api_token: Option<String>,
     /// Where Skein keeps its state; default `$SKEIN_DATA_DIR`, `$XDG_DATA_HOME/skein` or
     /// `~/.local/share/skein`.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, env = "SKEIN_DATA_DIR", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
     /// How often agents sample and send telemetry.
     #[arg(long, default_value = "1s", value_name = "DURATION")]

@@ -511,7 +511,7 @@ pub fn run_agent(args: &AgentArgs) -> anyhow::Result<ExitCode> {
         node_name,
         tls_ca: args.ca.clone(),
         version: env!("CARGO_PKG_VERSION").to_owned(),
-        labels: node_labels(labels, &args.labels)?,
+        labels: node_labels(crate::kubernetes::with_pod_labels(labels, &args.pod), &args.labels)?,
     };
     let logs_dir = data_dir(args.data_dir.as_deref())?.join("logs").join(&config.node_name);
     let simulated = args.simulate.is_some();

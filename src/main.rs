@@ -12,6 +12,7 @@ mod client;
 mod cluster;
 mod engine;
 mod events;
+mod kubernetes;
 mod models;
 mod plan;
 mod runs;

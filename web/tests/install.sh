@@ -5,18 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 if [ ! -x /usr/bin/chromium ]; then
-  echo "web tests: installing Debian's chromium" >&2
-  sudo=""
-  if [ "$(id -u)" != 0 ]; then
-    command -v sudo >/dev/null || { echo "web tests: /usr/bin/chromium is missing; install Debian's chromium package (as root)" >&2; exit 1; }
-    sudo="sudo -n"
-  fi
-  export DEBIAN_FRONTEND=noninteractive
-  # Lists older than a day are refreshed: a fresh machine may have none.
-  if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mtime -1 2>/dev/null | head -1)" ]; then
-    $sudo apt-get update -qq
-  fi
-  $sudo apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null
+  ../../.ci/debian-packages.sh "web tests" chromium fonts-dejavu-core
 fi
 
 # node_modules/.installed-lock: the lock file node_modules was installed from.

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs Debian packages that tests need, as root or through sudo: `debian-packages.sh
+# WHO PACKAGE...` (WHO names the tests in messages). Package lists older than a day are
+# refreshed first: a fresh machine may have none.
+set -euo pipefail
+who="$1"
+shift
+echo "$who: installing Debian's $*" >&2
+sudo=""
+if [ "$(id -u)" != 0 ]; then
+  command -v sudo >/dev/null || { echo "$who: install Debian's $* (as root)" >&2; exit 1; }
+  sudo="sudo -n"
+fi
+export DEBIAN_FRONTEND=noninteractive
+if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mtime -1 2>/dev/null | head -1)" ]; then
+  $sudo apt-get update -qq
+fi
+$sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
