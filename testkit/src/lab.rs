@@ -106,6 +106,11 @@ impl Lab {
         format!("http://127.0.0.1:{}", self.api_port)
     }
 
+    /// The address agents join: `http://127.0.0.1:PORT`.
+    pub fn join_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.grpc_port)
+    }
+
     /// The server's data directory.
     pub fn data_dir(&self) -> &Path {
         self.data.path()
@@ -224,7 +229,7 @@ exec '{}' engine serve --model "$model" --name "$name" --host "$host" --port "$p
         let log = std::fs::File::create(dir.join("agent.log")).unwrap();
         let child = self
             .skein(&dir.join("cache"))
-            .args(["agent", "--join", &format!("http://127.0.0.1:{}", self.grpc_port)])
+            .args(["agent", "--join", &self.join_url()])
             .args(["--node", name, "--token-file"])
             .arg(self.data.path().join("join-token"))
             .arg("--data-dir")
