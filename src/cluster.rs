@@ -243,7 +243,8 @@ fn render_nodes(graph: &Graph) -> String {
     let mut rows: Vec<Vec<String>> = Vec::new();
     for node in &graph.nodes {
         let first_row = rows.len();
-        let node_health = if node.connected || node.health.state == "down" {
+        // Down and left say the agent is gone already.
+        let node_health = if node.connected || node.health.state == "down" || node.health.state == "left" {
             node.health.state.clone()
         } else {
             format!("{} (disconnected)", node.health.state)
