@@ -17,7 +17,7 @@ use skein_orchestrator::server::{ServerConfig, TlsFiles};
 
 use std::sync::Arc;
 
-use skein_agent::daemon::{AgentConfig, InstanceHost, NoGpus};
+use skein_agent::daemon::{Agent, AgentConfig, Departure, InstanceHost, NoGpus};
 use skein_agent::engine::host::{EngineHost, EngineHostConfig};
 use skein_agent::engine::supervisor::{RestartPolicy, Supervisor, SupervisorConfig};
 use skein_agent::{GpuSource, HostInventory, HostSampler, discover_nvml, load_fleet};
@@ -243,7 +243,8 @@ fn render_nodes(graph: &Graph) -> String {
     let mut rows: Vec<Vec<String>> = Vec::new();
     for node in &graph.nodes {
         let first_row = rows.len();
-        let node_health = if node.connected || node.health.state == "down" {
+        // Down and left say the agent is gone already.
+        let node_health = if node.connected || node.health.state == "down" || node.health.state == "left" {
             node.health.state.clone()
         } else {
             format!("{} (disconnected)", node.health.state)
@@ -357,17 +358,20 @@ pub fn run_nodes(args: &NodesArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// What an agent reports.
-struct AgentParts {
+pub(crate) struct AgentParts {
     /// Its GPUs.
-    source: Box<dyn GpuSource>,
+    pub source: Box<dyn GpuSource>,
     /// Its node's name.
-    node_name: String,
+    pub node_name: String,
     /// Its host.
-    host: HostInventory,
+    pub host: HostInventory,
     /// Where the host's live figures come from (`None` for a simulated node).
-    live: Option<HostSampler>,
+    pub live: Option<HostSampler>,
     /// A simulated node's labels (`labels:` in its fleet file); none for a real one.
-    labels: BTreeMap<String, String>,
+    pub labels: BTreeMap<String, String>,
+    /// The device index of each GPU of `source`, when they differ from its indices
+    /// (a Slurm job's GPUs, renumbered); empty otherwise.
+    pub devices: Vec<u32>,
 }
 
 /// A machine's GPU source and node name: a simulated fleet node, or NVML (a CPU-only
@@ -412,6 +416,7 @@ fn gpu_source(simulate: Option<&Path>, node: Option<&str>) -> anyhow::Result<Age
         host,
         live: Some(HostSampler::new()),
         labels: BTreeMap::new(),
+        devices: Vec::new(),
     })
 }
 
@@ -423,6 +428,7 @@ fn simulated_parts(source: skein_agent::SimulatedSource, host: HostInventory) ->
         labels: source.node().labels.clone(),
         source: Box::new(source),
         live: None,
+        devices: Vec::new(),
     }
 }
 
@@ -441,12 +447,24 @@ fn node_labels(
     Ok(merged)
 }
 
+/// What an agent's engines need to know of its GPUs.
+struct EngineGpus {
+    /// They are simulated.
+    simulated: bool,
+    /// Their device indices ([`AgentParts::devices`]).
+    devices: Vec<u32>,
+}
+
+/// How long a leaving agent gives its engines to stop (each gets SIGTERM, then SIGKILL
+/// after the supervisor's grace): well inside Slurm's default `KillWait` of 30 s.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// An agent's engines: a supervisor logging to `logs_dir`, and the host that downloads
 /// models and reports instances (on the returned receiver, for the daemon).
 fn engine_host(
     engines: &EngineArgs,
     logs_dir: PathBuf,
-    simulated_gpus: bool,
+    gpus: EngineGpus,
 ) -> anyhow::Result<(Arc<dyn InstanceHost>, mpsc::Receiver<InstanceStatus>)> {
     let skein = std::env::current_exe().context("cannot find the skein binary for the built-in engine")?;
     let hub = skein_model_registry::hub::HubClientBuilder::from_env()
@@ -476,7 +494,8 @@ fn engine_host(
             ray: engines.ray.clone(),
             rpc_server: engines.rpc_server.clone(),
             listen_host: engines.engine_host.clone(),
-            simulated_gpus,
+            simulated_gpus: gpus.simulated,
+            devices: gpus.devices,
         },
         reports,
     );
@@ -498,13 +517,29 @@ pub fn run_agent(args: &AgentArgs) -> anyhow::Result<ExitCode> {
     };
     // The command line's own mistakes first, before looking at the machine.
     node_labels(BTreeMap::new(), &args.labels)?;
+    let job = if args.no_slurm {
+        None
+    } else {
+        skein_agent::slurm::detect(|name| std::env::var(name).ok())?
+    };
+    // In a Slurm job the node is the Slurm node, unless named on the command line.
+    let node = args
+        .node
+        .clone()
+        .or_else(|| job.as_ref().and_then(|job| job.node_name.clone()));
+    let parts = gpu_source(args.simulate.as_deref(), node.as_deref())?;
+    let (parts, why) = match &job {
+        Some(job) => crate::slurm::agent_in_job(parts, job)?,
+        None => (parts, crate::signals::Why::default()),
+    };
     let AgentParts {
         source,
         node_name,
         host,
         live,
         labels,
-    } = gpu_source(args.simulate.as_deref(), args.node.as_deref())?;
+        devices,
+    } = parts;
     let config = AgentConfig {
         join: args.join.clone(),
         token,
@@ -514,17 +549,52 @@ pub fn run_agent(args: &AgentArgs) -> anyhow::Result<ExitCode> {
         labels: node_labels(crate::kubernetes::with_pod_labels(labels, &args.pod), &args.labels)?,
     };
     let logs_dir = data_dir(args.data_dir.as_deref())?.join("logs").join(&config.node_name);
-    let simulated = args.simulate.is_some();
+    let gpus = EngineGpus {
+        simulated: args.simulate.is_some(),
+        devices,
+    };
     let runtime = runtime(Some(1))?;
     runtime.block_on(async {
-        let (engines, reports) = engine_host(&args.engines, logs_dir, simulated)?;
-        tokio::select! {
-            result = skein_agent::daemon::run(config, source, host, live, engines, reports) => {
-                result?;
-                Ok(ExitCode::from(EXIT_OK))
+        let mut signals = crate::signals::Signals::install(why)?;
+        let (engines, reports) = engine_host(&args.engines, logs_dir, gpus)?;
+        let (departures_tx, departures) = mpsc::channel(4);
+        let agent = skein_agent::daemon::run(Agent {
+            config,
+            source,
+            host,
+            live,
+            engines: Arc::clone(&engines),
+            reports,
+            departures,
+        });
+        tokio::pin!(agent);
+        let mut leaving = false;
+        loop {
+            tokio::select! {
+                result = &mut agent => {
+                    result?;
+                    break;
+                }
+                departure = signals.next() => {
+                    let leave = matches!(departure, Departure::Leave { .. });
+                    if leave && leaving {
+                        tracing::warn!("a second signal: leaving without waiting for the orchestrator");
+                        break;
+                    }
+                    leaving |= leave;
+                    // The agent is gone only if it already returned, which the other
+                    // branch sees first.
+                    let _ = departures_tx.send(departure).await;
+                }
             }
-            _ = tokio::signal::ctrl_c() => Ok(ExitCode::from(EXIT_OK)),
         }
+        if tokio::time::timeout(SHUTDOWN_TIMEOUT, engines.shutdown())
+            .await
+            .is_err()
+        {
+            tracing::warn!("engines did not stop in time; they are killed with the agent");
+        }
+        Ok(ExitCode::from(EXIT_OK))
     })
 }
 
@@ -547,6 +617,9 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<ExitCode> {
         }
         None => vec![gpu_source(None, None)?],
     };
+    // `skein up` stops as a whole on Ctrl-C; its agents are never told to leave, so
+    // the senders are only kept.
+    let mut departure_senders = Vec::new();
     let runtime = runtime(None)?;
     runtime.block_on(async {
         let server = skein_orchestrator::server::start(config).await?;
@@ -561,9 +634,11 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<ExitCode> {
             host,
             live,
             labels,
+            devices,
         } in agents
         {
-            let (engines, reports) = engine_host(&args.engines, dir.join("logs").join(&node_name), simulated)?;
+            let gpus = EngineGpus { simulated, devices };
+            let (engines, reports) = engine_host(&args.engines, dir.join("logs").join(&node_name), gpus)?;
             let config = AgentConfig {
                 join: join.clone(),
                 token: join_token.clone(),
@@ -572,9 +647,17 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<ExitCode> {
                 version: env!("CARGO_PKG_VERSION").to_owned(),
                 labels,
             };
-            tasks.push(tokio::spawn(skein_agent::daemon::run(
-                config, source, host, live, engines, reports,
-            )));
+            let (departures_tx, departures) = mpsc::channel(1);
+            departure_senders.push(departures_tx);
+            tasks.push(tokio::spawn(skein_agent::daemon::run(Agent {
+                config,
+                source,
+                host,
+                live,
+                engines,
+                reports,
+                departures,
+            })));
         }
         eprintln!(
             "skein is up: {nodes} node{} with {gpus} GPU{}; REST API on http://{} (token in {}); \

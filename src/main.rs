@@ -17,6 +17,8 @@ mod models;
 mod plan;
 mod runs;
 mod sessions;
+mod signals;
+mod slurm;
 mod table;
 mod tokens;
 mod validate;
@@ -64,5 +66,6 @@ fn try_main(args: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Session(cli::SessionCommand::Chat(a)) => sessions::run_chat(&a),
         cli::Command::Session(cli::SessionCommand::Migrate(a)) => sessions::run_migrate(&a),
         cli::Command::Session(cli::SessionCommand::Delete(a)) => sessions::run_delete(&a),
+        cli::Command::Slurm(cli::SlurmCommand::Submit(a)) => slurm::run_submit(&a),
     }
 }

@@ -347,6 +347,7 @@ mod tests {
             rpc_server: PathBuf::from("rpc-server"),
             listen_host: address(node).to_owned(),
             simulated_gpus: false,
+            devices: Vec::new(),
         };
         let spec = launch_spec(start, snapshot.as_deref(), &config, port).expect("a launch spec");
         let command = spec.command().expect("a command");

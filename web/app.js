@@ -592,16 +592,17 @@
   const shortName = (name) => name.replace(/^NVIDIA\s+/, "").replace(/^GeForce\s+/, "").replace(/^Tesla\s+/, "");
 
   function updateFleetLine() {
-    let gpus = 0, total = 0, used = 0, down = 0;
+    let gpus = 0, total = 0, used = 0, down = 0, left = 0;
     for (const n of state.nodes.values()) {
-      if (!n.connected) down++;
+      if (n.health.state === "left") left++;
+      else if (!n.connected) down++;
       for (const g of n.gpus) {
         gpus++;
         total += g.facts.memory_total;
         used += g.latest ? g.latest.memory_used : 0;
       }
     }
-    $("fleet").textContent = `${state.nodes.size} nodes${down ? ` (${down} down)` : ""} · ${gpus} GPUs · ${gib(used)} of ${gib(total)} GiB in use`;
+    $("fleet").textContent = `${state.nodes.size} nodes${down ? ` (${down} down)` : ""}${left ? ` (${left} left)` : ""} · ${gpus} GPUs · ${gib(used)} of ${gib(total)} GiB in use`;
     $("graph-note").textContent = state.nodes.size ? "" : "No node has joined yet: start `skein agent` on a GPU server.";
   }
 
@@ -682,7 +683,7 @@
 
   function drawCollapsed(group, node) {
     let total = 0, used = 0, util = 0, temp = -Infinity;
-    const states = { ok: 0, degraded: 0, down: 0, drained: 0 };
+    const states = { ok: 0, degraded: 0, down: 0, left: 0, drained: 0 };
     for (const g of node.gpus) {
       total += g.facts.memory_total;
       if (g.latest) {

@@ -117,6 +117,48 @@ fn endpoint(config: &AgentConfig) -> Result<Endpoint, AgentError> {
     Ok(endpoint)
 }
 
+/// The node is leaving, as the agent's owner tells [`run`] (`skein agent` on SIGUSR1,
+/// SIGTERM and SIGINT: a Slurm job's warning and end).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Departure {
+    /// The node will leave soon: the orchestrator places nothing new on it and moves its
+    /// instances elsewhere while it still serves. Said again after each reconnect.
+    Drain {
+        /// Why, for people.
+        reason: String,
+        /// When it will leave, Unix milliseconds, when known.
+        deadline_unix_ms: Option<i64>,
+    },
+    /// The node leaves now: [`run`] tells the orchestrator and returns.
+    Leave {
+        /// Why, for people.
+        reason: String,
+    },
+}
+
+/// Everything [`run`] works with.
+pub struct Agent {
+    /// How to reach the orchestrator, and who this node is.
+    pub config: AgentConfig,
+    /// The node's GPUs.
+    pub source: Box<dyn GpuSource>,
+    /// The node's host, as discovered.
+    pub host: HostInventory,
+    /// The host's load and free memory each tick; a simulated node has `None` and
+    /// reports the figures of its inventory.
+    pub live: Option<HostSampler>,
+    /// Where engine commands go.
+    pub engines: std::sync::Arc<dyn InstanceHost>,
+    /// The reports of `engines`, sent up.
+    pub reports: mpsc::Receiver<pb::InstanceStatus>,
+    /// The owner's word that the node is leaving ([`Departure`]).
+    pub departures: mpsc::Receiver<Departure>,
+}
+
+/// How long a leaving agent waits for the orchestrator to close the stream after its
+/// `Leave` (the orchestrator closes it at once).
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// What the agent does with the engine commands of its orchestrator: start and stop
 /// instances, and report them. Reports go up through the channel given to [`run`].
 pub trait InstanceHost: Send + Sync {
@@ -128,33 +170,41 @@ pub trait InstanceHost: Send + Sync {
     fn statuses(&self) -> Vec<pb::InstanceStatus>;
     /// The last `tail` lines of an instance's engine log.
     fn logs(&self, instance: &str, tail: usize) -> Result<Vec<String>, String>;
+    /// Stops every instance (engines cleanly: a signal, a grace period, then a kill),
+    /// for an agent that leaves.
+    fn shutdown(&self) -> futures::future::BoxFuture<'_, ()>;
 }
 
-/// Runs the agent until the orchestrator refuses it: registers, streams telemetry from
-/// `source` at the interval the orchestrator asks for, answers pings, hands engine
-/// commands to `engines` and sends up the reports it puts on `reports`, and reconnects
-/// with exponential backoff (0.2 s doubling to 10 s) whenever the connection drops.
+/// Runs the agent until the orchestrator refuses it or the node leaves: registers,
+/// streams telemetry from `agent.source` at the interval the orchestrator asks for,
+/// answers pings, hands engine commands to `agent.engines` and sends up their reports,
+/// passes on [`Departure`]s, and reconnects with exponential backoff (0.2 s doubling to
+/// 10 s) whenever the connection drops.
 ///
-/// The host's load and free memory come from `live` each tick; a simulated node passes
-/// `None` and reports the figures of its inventory.
+/// Returns `Ok(())` once a [`Departure::Leave`] was said to the orchestrator (or the
+/// orchestrator could not be reached to hear it); the caller then stops the engines
+/// ([`InstanceHost::shutdown`]).
 ///
 /// Errors: [`AgentError::BadJoinUrl`], [`AgentError::TlsCa`], [`AgentError::BadLabel`],
 /// [`AgentError::Refused`] (a wrong or missing token, or an inventory the orchestrator
 /// refuses); never for a server that is down or restarting.
-pub async fn run(
-    config: AgentConfig,
-    mut source: Box<dyn GpuSource>,
-    host: HostInventory,
-    mut live: Option<HostSampler>,
-    engines: std::sync::Arc<dyn InstanceHost>,
-    mut reports: mpsc::Receiver<pb::InstanceStatus>,
-) -> Result<(), AgentError> {
+pub async fn run(agent: Agent) -> Result<(), AgentError> {
+    let Agent {
+        config,
+        mut source,
+        host,
+        mut live,
+        engines,
+        mut reports,
+        mut departures,
+    } = agent;
     let endpoint = endpoint(&config)?;
     skein_proto::labels::check_all(&config.labels)?;
     let mut clock = Sequence {
         started: Instant::now(),
         seq: 0,
     };
+    let mut drain: Option<pb::Drain> = None;
     let mut backoff = FIRST_BACKOFF;
     loop {
         let outcome = session(
@@ -164,14 +214,17 @@ pub async fn run(
             &host,
             live.as_mut(),
             &mut clock,
-            Engines {
-                host: engines.as_ref(),
+            Channels {
+                engines: engines.as_ref(),
                 reports: &mut reports,
+                departures: &mut departures,
+                drain: &mut drain,
             },
         )
         .await;
         match outcome {
-            Ok(()) => {
+            Ok(Ended::Left) => return Ok(()),
+            Ok(Ended::Closed) => {
                 tracing::warn!("the orchestrator closed the stream; reconnecting");
                 backoff = FIRST_BACKOFF;
             }
@@ -184,15 +237,49 @@ pub async fn run(
                 tracing::warn!(%message, retry_in = ?backoff, "cannot reach the orchestrator");
             }
         }
-        tokio::time::sleep(backoff).await;
+        // Between attempts, a departure is remembered (a drain, said after the next
+        // connection) or ends the agent (a leave: there is no one to tell).
+        let wait = tokio::time::sleep(backoff);
+        tokio::pin!(wait);
+        loop {
+            tokio::select! {
+                _ = &mut wait => break,
+                Some(departure) = departures.recv() => match departure {
+                    Departure::Leave { reason } => {
+                        tracing::warn!(%reason, "leaving without telling the orchestrator: it cannot be reached");
+                        return Ok(());
+                    }
+                    Departure::Drain { reason, deadline_unix_ms } => drain = Some(drain_message(reason, deadline_unix_ms)),
+                },
+            }
+        }
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }
 
-/// The engine commands' side of a connection: where they go, and the reports to send.
-struct Engines<'a> {
-    host: &'a dyn InstanceHost,
+fn drain_message(reason: String, deadline_unix_ms: Option<i64>) -> pb::Drain {
+    pb::Drain {
+        reason,
+        deadline_unix_ms: deadline_unix_ms.unwrap_or(0),
+    }
+}
+
+/// How a connection ended without an error.
+enum Ended {
+    /// The orchestrator closed the stream.
+    Closed,
+    /// The agent said `Leave`.
+    Left,
+}
+
+/// What a connection carries besides telemetry: where engine commands go, the reports
+/// to send, the departures to pass on, and the drain said so far (said again on each
+/// connection).
+struct Channels<'a> {
+    engines: &'a dyn InstanceHost,
     reports: &'a mut mpsc::Receiver<pb::InstanceStatus>,
+    departures: &'a mut mpsc::Receiver<Departure>,
+    drain: &'a mut Option<pb::Drain>,
 }
 
 /// Time since the agent started (the simulated signals' clock) and the telemetry batch
@@ -236,9 +323,14 @@ async fn session(
     host: &HostInventory,
     mut live: Option<&mut HostSampler>,
     clock: &mut Sequence,
-    engines: Engines<'_>,
-) -> Result<(), SessionError> {
-    let Engines { host: engines, reports } = engines;
+    channels: Channels<'_>,
+) -> Result<Ended, SessionError> {
+    let Channels {
+        engines,
+        reports,
+        departures,
+        drain,
+    } = channels;
     let channel: Channel = endpoint
         .connect()
         .await
@@ -287,10 +379,38 @@ async fn session(
         };
         outbound.send(message).await.map_err(|_| closed())?;
     }
+    if let Some(drain) = drain.clone() {
+        let message = AgentMessage {
+            kind: Some(agent_message::Kind::Drain(drain)),
+        };
+        outbound.send(message).await.map_err(|_| closed())?;
+    }
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            Some(departure) = departures.recv() => match departure {
+                Departure::Drain { reason, deadline_unix_ms } => {
+                    tracing::info!(%reason, ?deadline_unix_ms, "draining: asking the orchestrator to move this node's instances");
+                    let message = drain_message(reason, deadline_unix_ms);
+                    *drain = Some(message.clone());
+                    let message = AgentMessage { kind: Some(agent_message::Kind::Drain(message)) };
+                    outbound.send(message).await.map_err(|_| closed())?;
+                }
+                Departure::Leave { reason } => {
+                    tracing::info!(%reason, "leaving the fleet");
+                    let message = AgentMessage { kind: Some(agent_message::Kind::Leave(pb::Leave { reason })) };
+                    outbound.send(message).await.map_err(|_| closed())?;
+                    // The end of the stream tells the orchestrator nothing more is
+                    // coming; it closes its side once it has taken the leave.
+                    drop(outbound);
+                    let _ = tokio::time::timeout(LEAVE_TIMEOUT, async {
+                        while let Ok(Some(_)) = inbound.message().await {}
+                    })
+                    .await;
+                    return Ok(Ended::Left);
+                }
+            },
             Some(status) = reports.recv() => {
                 let message = AgentMessage { kind: Some(agent_message::Kind::InstanceStatus(status)) };
                 outbound.send(message).await.map_err(|_| closed())?;
@@ -340,7 +460,7 @@ async fn session(
                         }
                         None => {}
                     },
-                    Ok(None) => return Ok(()),
+                    Ok(None) => return Ok(Ended::Closed),
                     Err(status) => return match status_error(&status) {
                         SessionError::Refused(message) => Err(SessionError::Refused(message)),
                         _ => Err(SessionError::Connected(format!("{}: {}", status.code(), status.message()))),

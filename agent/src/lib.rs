@@ -33,12 +33,16 @@
 //! - [`sim`]: [`SimulatedSource`], a fleet node as a [`GpuSource`]: modelled metrics
 //!   plus the ones that follow from them (power from utilization, temperature from
 //!   power, throttle reasons and clocks from both).
+//! - [`slurm`]: an agent inside a Slurm job: the job and its GPUs from the
+//!   environment ([`slurm::detect`], pure), which GPUs of a source they are
+//!   ([`slurm::select`], pure; [`gpu::Allocated`] narrows the source to them), the
+//!   `slurm.job` / `slurm.end` labels, and the job's time left from `squeue`.
 //!
 //! # Invariants
 //!
 //! The agent shares only the wire protocol with the orchestrator; it does not depend on
-//! the orchestrator, DSL or model-registry crates. `telemetry`, `sim` and fleet
-//! checking are pure (no clock, no IO): a simulated reading is a function of the
+//! the orchestrator, DSL or model-registry crates. `telemetry`, `sim`, `slurm` (but for
+//! its `squeue` call) and fleet checking are pure (no clock, no IO): a simulated reading is a function of the
 //! fleet file and `t`, and only [`load_fleet`] reads files. Discovery reads the local
 //! system and blocks briefly (files under `/proc` and `/sys` on Linux, NVML calls);
 //! async callers run it, and GPU sampling, on a blocking thread. Nothing panics on
@@ -55,6 +59,7 @@ pub mod fleet;
 pub mod gpu;
 pub mod host;
 pub mod sim;
+pub mod slurm;
 mod suggest;
 pub mod telemetry;
 

@@ -212,6 +212,38 @@ impl AgentService for AgentGateway {
 }
 
 impl AgentGateway {
+    /// The node will leave: nothing new goes there, and its instances are placed again
+    /// elsewhere now, while it still serves (runs re-place lost instances on a graph
+    /// without drained GPUs).
+    fn drain(&self, node: &NodeId, drain: pb::Drain) {
+        let reason = bounded(&drain.reason, "its agent will leave");
+        let reason = match drain.deadline_unix_ms {
+            0 => format!("leaving soon: {reason}"),
+            ms => format!("leaving at {}: {reason}", unix_seconds_text(ms)),
+        };
+        match self.graph.drain_node(node, reason.clone()) {
+            Ok(true) => {
+                tracing::info!(%node, %reason, "agent draining its node");
+                self.instances.node_lost(node, &format!("is draining ({reason})"));
+            }
+            Ok(false) => {}
+            Err(error) => tracing::warn!(%node, %error, "drain of an unknown node"),
+        }
+    }
+
+    /// The node left on purpose: marked left (not down), its instances placed again.
+    fn leave(&self, node: &NodeId, leave: pb::Leave) {
+        let reason = bounded(&leave.reason, "its agent stopped");
+        match self.graph.leave(node, reason.clone()) {
+            Ok(events) => {
+                tracing::info!(%node, %reason, "agent left");
+                self.instances.node_lost(node, &format!("left ({reason})"));
+                self.publish(events);
+            }
+            Err(error) => tracing::warn!(%node, %error, "leave of an unknown node"),
+        }
+    }
+
     /// Reads the stream until it ends, pinging now and then for the round trip.
     async fn serve_stream(
         &self,
@@ -262,6 +294,12 @@ impl AgentGateway {
                         Some(agent_message::Kind::LogsReply(reply)) => {
                             self.instances.logs_reply(reply);
                         }
+                        Some(agent_message::Kind::Drain(drain)) => self.drain(node, drain),
+                        Some(agent_message::Kind::Leave(leave)) => {
+                            self.leave(node, leave);
+                            // The last message: closing our side lets the agent go.
+                            return;
+                        }
                         Some(agent_message::Kind::Hello(_)) | None => {}
                     }
                 }
@@ -278,6 +316,30 @@ impl AgentGateway {
                 }
             }
         }
+    }
+}
+
+/// Longest reason of a drain or leave kept, in characters (an agent could send anything).
+const MAX_REASON_CHARS: usize = 200;
+
+/// `text` cut to [`MAX_REASON_CHARS`] with control characters replaced; `default` when
+/// empty.
+fn bounded(text: &str, default: &str) -> String {
+    let text: String = text
+        .trim()
+        .chars()
+        .take(MAX_REASON_CHARS)
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    if text.is_empty() { default.to_owned() } else { text }
+}
+
+/// Unix milliseconds as `2026-01-01T00:00:00Z` (UTC, to the second); before 1970, the
+/// number itself.
+fn unix_seconds_text(unix_ms: i64) -> String {
+    match u64::try_from(unix_ms) {
+        Ok(ms) => humantime::format_rfc3339_seconds(std::time::UNIX_EPOCH + Duration::from_millis(ms)).to_string(),
+        Err(_) => format!("{unix_ms} ms"),
     }
 }
 

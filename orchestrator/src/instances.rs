@@ -369,13 +369,15 @@ impl Instances {
         }
     }
 
-    /// A node is down (the graph says so): its instances are lost.
-    pub fn node_lost(&self, node: &NodeId) {
+    /// A node is down (the graph says so), left, or is leaving: its instances are lost
+    /// (runs place them again elsewhere). `what` completes "node NAME …" in their
+    /// detail: `went down`, `left: slurm job 12 was cancelled`.
+    pub fn node_lost(&self, node: &NodeId, what: &str) {
         let mut changed = false;
         for entry in lock(&self.entries).values_mut() {
             if &entry.node == node && !entry.view.state.is_gone() {
                 entry.view.state = InstanceState::Lost;
-                entry.view.detail = format!("node {} went down", entry.view.node_name);
+                entry.view.detail = format!("node {} {what}", entry.view.node_name);
                 entry.view.base_url = None;
                 changed = true;
             }

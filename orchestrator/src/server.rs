@@ -237,7 +237,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
                 {
                     tracing::warn!(%node, state = %to.state, reasons = ?to.reasons, "node health changed");
                     if to.state == HealthState::Down {
-                        sweep_instances.node_lost(node);
+                        sweep_instances.node_lost(node, "went down");
                     }
                 }
                 let _ = sweep_events.send(event);

@@ -254,6 +254,56 @@ fn a_silent_node_goes_down_after_three_intervals_and_comes_back() {
 }
 
 #[test]
+fn a_draining_node_is_drained_and_a_node_that_left_is_left_not_down() {
+    let g = graph();
+    let (r, _) = g.register(a100_box(), 0);
+    g.connected(&r.id, 0).unwrap();
+    g.ingest(&r.id, batch(1, vec![(0, sample(1, 1))]), 1000).unwrap();
+    assert!(g.drain_node(&r.id, "slurm job 7 ends soon".to_owned()).unwrap());
+    assert!(
+        !g.drain_node(&r.id, "slurm job 7 ends soon".to_owned()).unwrap(),
+        "said again: no change"
+    );
+    let snapshot = g.snapshot();
+    let node = &snapshot.nodes[0];
+    assert_eq!(node.draining.as_deref(), Some("slurm job 7 ends soon"));
+    assert!(
+        node.gpus
+            .iter()
+            .all(|gpu| gpu.drained.as_deref() == Some("slurm job 7 ends soon"))
+    );
+    assert!(
+        snapshot.without_drained().nodes[0]
+            .gpus
+            .iter()
+            .all(|gpu| gpu.health.state == HealthState::Down)
+    );
+
+    let events = g.leave(&r.id, "slurm job 7 was cancelled".to_owned()).unwrap();
+    assert!(
+        matches!(&events[..], [GraphEvent::Health { gpu: None, from: HealthState::Ok, to, .. }]
+            if to.state == HealthState::Left && to.reasons == ["slurm job 7 was cancelled"]),
+        "{events:?}"
+    );
+    assert!(
+        g.leave(&r.id, "again".to_owned()).unwrap().is_empty(),
+        "left is reported once"
+    );
+    assert!(g.sweep(60_000).is_empty(), "a node that left is not swept down");
+    let node = g.snapshot().nodes[0].clone();
+    assert_eq!(node.health.state, HealthState::Left);
+    assert!(node.health.state.is_unavailable());
+    assert!(node.gpus.iter().all(|gpu| gpu.health.state == HealthState::Left));
+
+    // A new registration (a new job on the node) starts afresh.
+    let (again, _) = g.register(a100_box(), 61_000);
+    assert_eq!(again.id, r.id);
+    let node = g.snapshot().nodes[0].clone();
+    assert_eq!((node.health.state, node.draining.clone()), (HealthState::Ok, None));
+    assert!(node.gpus.iter().all(|gpu| gpu.drained.is_none()));
+}
+
+#[test]
 fn a_node_that_never_reports_goes_down_counted_from_registration() {
     let g = graph();
     g.register(a100_box(), 10_000);

@@ -106,6 +106,11 @@ impl Lab {
         format!("http://127.0.0.1:{}", self.api_port)
     }
 
+    /// The address agents join: `http://127.0.0.1:PORT`.
+    pub fn join_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.grpc_port)
+    }
+
     /// The server's data directory.
     pub fn data_dir(&self) -> &Path {
         self.data.path()
@@ -239,7 +244,7 @@ exec '{}' engine serve --model "$model" --name "$name" --host "$host" --port "$p
         let child = self
             .skein(&dir.join("cache"))
             .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-            .args(["agent", "--join", &format!("http://127.0.0.1:{}", self.grpc_port)])
+            .args(["agent", "--join", &self.join_url()])
             .args(["--node", name, "--token-file"])
             .arg(self.data.path().join("join-token"))
             .arg("--data-dir")

@@ -40,6 +40,11 @@ pub struct EngineHostConfig {
     /// The GPUs are simulated: the built-in engine runs on the CPU (a simulated GPU runs
     /// no kernels), external engines get the plan's GPUs as given.
     pub simulated_gpus: bool,
+    /// The device index of each GPU the orchestrator knows, by the index it knows it
+    /// by, when they differ: the node registered only some of its GPUs (a Slurm job's,
+    /// [`crate::gpu::Allocated`]), renumbered from 0. Empty: the indices are the
+    /// devices'.
+    pub devices: Vec<u32>,
 }
 
 /// Runs the instances the orchestrator asks for.
@@ -321,6 +326,16 @@ impl InstanceHost for EngineHost {
     fn logs(&self, instance: &str, tail: usize) -> Result<Vec<String>, String> {
         self.inner.supervisor.logs(instance, tail).map_err(|e| e.to_string())
     }
+
+    fn shutdown(&self) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(async move {
+            for (_, task) in lock(&self.inner.preparing).drain() {
+                task.abort();
+            }
+            lock(&self.inner.commands).clear();
+            self.inner.supervisor.stop_all().await;
+        })
+    }
 }
 
 /// The launch spec of a start command whose files are in `snapshot`. Pure.
@@ -334,7 +349,13 @@ pub fn launch_spec(
 ) -> Result<LaunchSpec, String> {
     let name = &command.instance;
     let needs_files = || snapshot.ok_or_else(|| format!("instance `{name}` names no model files"));
-    let mut gpus = command.gpus.clone();
+    let mut gpus = device_indices(&command.gpus, &config.devices).ok_or_else(|| {
+        format!(
+            "instance `{name}` names GPUs {:?}, and this node has {}",
+            command.gpus,
+            config.devices.len()
+        )
+    })?;
     let engine = match &command.engine {
         None => return Err(format!("instance `{name}` names no engine; upgrade this agent")),
         Some(start_instance::Engine::Candle(e)) => {
@@ -443,6 +464,15 @@ fn hub_cache_of(instance: &str, snapshot: &Path) -> Result<PathBuf, String> {
     }
 }
 
+/// The device indices of the GPUs the orchestrator named `gpus`, through `devices`
+/// ([`EngineHostConfig::devices`]; empty: unchanged); `None` when one is out of range.
+fn device_indices(gpus: &[u32], devices: &[u32]) -> Option<Vec<u32>> {
+    if devices.is_empty() {
+        return Some(gpus.to_vec());
+    }
+    gpus.iter().map(|&g| devices.get(g as usize).copied()).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -456,6 +486,7 @@ mod tests {
             rpc_server: PathBuf::from("rpc-server"),
             listen_host: "127.0.0.1".to_owned(),
             simulated_gpus,
+            devices: Vec::new(),
         }
     }
 
@@ -589,6 +620,28 @@ mod tests {
         };
         assert_eq!((c.model.as_path(), c.seed), (dir, 7));
         assert_eq!(c.program, PathBuf::from("/usr/bin/skein"));
+    }
+
+    #[test]
+    fn a_node_of_some_gpus_starts_engines_on_their_device_indices() {
+        let candle = command(
+            start_instance::Engine::Candle(pb::CandleEngine {
+                model: files(),
+                gguf: String::new(),
+                seed: 7,
+            }),
+            vec![1, 0],
+        );
+        let dir = Path::new("/snap");
+        // A Slurm job's GPUs 2 and 5 of the machine, registered as 0 and 1.
+        let slurm = EngineHostConfig {
+            devices: vec![2, 5],
+            ..config(false)
+        };
+        assert_eq!(launch_spec(&candle, Some(dir), &slurm, 1).unwrap().gpus, vec![5, 2]);
+        let beyond = command(start_instance::Engine::Candle(pb::CandleEngine::default()), vec![2]);
+        let error = launch_spec(&beyond, Some(dir), &slurm, 1).unwrap_err();
+        assert!(error.contains("names GPUs [2], and this node has 2"), "{error}");
     }
 
     #[test]

@@ -3,11 +3,13 @@
 //! ([`SimulatedSource`](crate::sim::SimulatedSource)) GPUs both implement, so everything
 //! after discovery runs the same code for both.
 
+mod allocated;
 mod nvml;
 mod throttle;
 
 use serde::{Deserialize, Serialize};
 
+pub use allocated::Allocated;
 pub use nvml::{
     DiscoveryError, NO_DRIVER_MESSAGE, NvmlConfig, NvmlMemoryProbe, NvmlSource, SampleError, discover_nvml,
     discover_nvml_with,

@@ -858,7 +858,12 @@ pub fn prometheus_text(snapshot: &GraphSnapshot) -> String {
                 escape(&node.inventory.name)
             );
             if metric.name == "skein_gpu_health" {
-                for state in [HealthState::Ok, HealthState::Degraded, HealthState::Down] {
+                for state in [
+                    HealthState::Ok,
+                    HealthState::Degraded,
+                    HealthState::Down,
+                    HealthState::Left,
+                ] {
                     let value = u8::from(gpu.health.state == state);
                     let _ = writeln!(out, "{}{{{labels},state=\"{state}\"}} {value}", metric.name);
                 }
@@ -887,7 +892,7 @@ pub fn prometheus_text(snapshot: &GraphSnapshot) -> String {
     let _ = writeln!(out, "# HELP skein_node_up 1 when the node reports telemetry.");
     let _ = writeln!(out, "# TYPE skein_node_up gauge");
     for node in &snapshot.nodes {
-        let up = u8::from(node.health.state != HealthState::Down && node.last_seen_ms.is_some());
+        let up = u8::from(!node.health.state.is_unavailable() && node.last_seen_ms.is_some());
         let _ = writeln!(
             out,
             "skein_node_up{{Hostname=\"{}\"}} {up}",

@@ -85,6 +85,10 @@ struct NodeState {
     gpu_health: Vec<Health>,
     /// Why each GPU is drained (nothing new is placed on it), if it is.
     drained: Vec<Option<String>>,
+    /// Why the whole node is draining (its agent will leave), if it is.
+    draining: Option<String>,
+    /// Why the node left (its agent said so), if it did: it is not swept down.
+    left: Option<String>,
 }
 
 struct NodeCell {
@@ -169,6 +173,10 @@ impl HardwareGraph {
                 }
                 state.inventory = inventory;
                 state.alive_since_ms = now;
+                // A new registration is a new start (a new Slurm job on the node).
+                state.draining = None;
+                state.left = None;
+                state.down = false;
                 drop(state);
                 (Arc::clone(cell), true)
             }
@@ -188,6 +196,8 @@ impl HardwareGraph {
                     down: false,
                     gpu_health: vec![Health::OK; gpus],
                     drained: vec![None; gpus],
+                    draining: None,
+                    left: None,
                 };
                 let view = Arc::new(build_view(&id, &state, version));
                 let cell = Arc::new(NodeCell {
@@ -374,7 +384,7 @@ impl HardwareGraph {
                     .last_seen_ms
                     .unwrap_or(state.alive_since_ms)
                     .max(state.alive_since_ms);
-                if !state.down && now.saturating_sub(since) > limit {
+                if !state.down && state.left.is_none() && now.saturating_sub(since) > limit {
                     state.down = true;
                     true
                 } else {
@@ -461,6 +471,53 @@ impl HardwareGraph {
         Ok(true)
     }
 
+    /// Node `id` will leave soon (`reason`: why, and when): nothing new is placed on any
+    /// of its GPUs until it registers again. Returns whether anything changed.
+    ///
+    /// Errors: [`GraphError::UnknownNode`].
+    pub fn drain_node(&self, id: &NodeId, reason: String) -> Result<bool, GraphError> {
+        let cell = self.cell_by_id(id)?;
+        {
+            let mut state = lock(&cell.state);
+            if state.draining.as_ref() == Some(&reason) {
+                return Ok(false);
+            }
+            state.draining = Some(reason);
+        }
+        let version = self.bump();
+        self.publish(&cell, version);
+        Ok(true)
+    }
+
+    /// Node `id` left on purpose (`reason`: why): its health becomes
+    /// [`HealthState::Left`] (not down: nothing failed) until it registers again, and
+    /// the sweep leaves it alone. Returns the health event.
+    ///
+    /// Errors: [`GraphError::UnknownNode`].
+    pub fn leave(&self, id: &NodeId, reason: String) -> Result<Vec<GraphEvent>, GraphError> {
+        let cell = self.cell_by_id(id)?;
+        let from = lock(&cell.view).health.state;
+        {
+            let mut state = lock(&cell.state);
+            if state.left.is_some() {
+                return Ok(Vec::new());
+            }
+            state.left = Some(reason.clone());
+        }
+        let version = self.bump();
+        self.publish(&cell, version);
+        Ok(vec![GraphEvent::Health {
+            node: id.clone(),
+            gpu: None,
+            from,
+            to: Health {
+                state: HealthState::Left,
+                reasons: vec![reason],
+            },
+            version,
+        }])
+    }
+
     /// The node id registered under `name`.
     pub fn id_of(&self, name: &str) -> Option<NodeId> {
         let nodes = self.nodes.read().unwrap_or_else(|p| p.into_inner());
@@ -470,6 +527,7 @@ impl HardwareGraph {
 
 fn build_view(id: &NodeId, state: &NodeState, version: u64) -> NodeView {
     let down = state.down;
+    let left = state.left.as_ref();
     let gpus: Vec<GpuView> = state
         .inventory
         .gpus
@@ -480,9 +538,14 @@ fn build_view(id: &NodeId, state: &NodeState, version: u64) -> NodeView {
         .map(|(((facts, window), health), drained)| GpuView {
             facts: facts.clone(),
             latest: window.back().copied(),
-            drained: drained.clone(),
+            drained: drained.clone().or_else(|| state.draining.clone()),
             pcie_gbytes_per_s: pcie_gbs(facts),
-            health: if down {
+            health: if left.is_some() {
+                Health {
+                    state: HealthState::Left,
+                    reasons: vec!["its node left".to_owned()],
+                }
+            } else if down {
                 Health {
                     state: HealthState::Down,
                     reasons: vec!["its node is down".to_owned()],
@@ -492,7 +555,12 @@ fn build_view(id: &NodeId, state: &NodeState, version: u64) -> NodeView {
             },
         })
         .collect();
-    let health = if down {
+    let health = if let Some(reason) = left {
+        Health {
+            state: HealthState::Left,
+            reasons: vec![reason.clone()],
+        }
+    } else if down {
         Health {
             state: HealthState::Down,
             reasons: vec!["no telemetry for several intervals".to_owned()],
@@ -517,6 +585,7 @@ fn build_view(id: &NodeId, state: &NodeState, version: u64) -> NodeView {
         inventory: Arc::clone(&state.inventory),
         connected: state.connected,
         health,
+        draining: state.draining.clone(),
         last_seen_ms: state.last_seen_ms,
         last_seq: state.last_seq,
         rtt_ms: state.rtt_ms,

@@ -169,6 +169,17 @@ pub enum HealthState {
     Degraded,
     /// Not reporting: its node missed its telemetry intervals or disconnected.
     Down,
+    /// Gone on purpose: its agent said it was leaving (its Slurm job ended, or it was
+    /// stopped), and its instances were placed elsewhere. Not a failure; the node comes
+    /// back when an agent registers it again.
+    Left,
+}
+
+impl HealthState {
+    /// Whether nothing can run there: [`Down`](Self::Down) or [`Left`](Self::Left).
+    pub fn is_unavailable(self) -> bool {
+        matches!(self, HealthState::Down | HealthState::Left)
+    }
 }
 
 impl std::fmt::Display for HealthState {
@@ -177,6 +188,7 @@ impl std::fmt::Display for HealthState {
             HealthState::Ok => "ok",
             HealthState::Degraded => "degraded",
             HealthState::Down => "down",
+            HealthState::Left => "left",
         })
     }
 }
@@ -232,7 +244,7 @@ pub struct GpuView {
     pub latest: Option<GpuSample>,
     /// Health, with reasons.
     pub health: Health,
-    /// Why it is drained (a reflex's `drain`): nothing new is placed on it.
+    /// Why it is drained (a reflex's `drain`, or its node's): nothing new is placed on it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drained: Option<String>,
     /// One direction of its PCIe link to the host, GB/s (decimal), when known
@@ -258,8 +270,13 @@ pub struct NodeView {
     pub inventory: Arc<NodeInventory>,
     /// Whether its agent is connected now.
     pub connected: bool,
-    /// Node health: down when it stopped reporting; degraded when a GPU is.
+    /// Node health: down when it stopped reporting, left when its agent said it left;
+    /// degraded when a GPU is.
     pub health: Health,
+    /// Why the node is draining, when its agent said it will leave soon (a Slurm job's
+    /// warning): nothing new is placed on it, and its instances move elsewhere.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draining: Option<String>,
     /// When it last sent telemetry (orchestrator clock).
     pub last_seen_ms: Option<Millis>,
     /// The agent's last sequence number.

@@ -322,11 +322,13 @@ fn node_view(
     cards: &mut FastMap<String, Option<&'static CardModel>>,
     excluded: &mut Vec<Excluded>,
 ) -> Option<PlanNode> {
-    if node.health.state == HealthState::Down || !node.connected {
+    if node.health.state.is_unavailable() || !node.connected {
         excluded.push(Excluded {
             node: node.inventory.name.clone(),
             gpu: None,
-            reason: if node.connected {
+            reason: if node.health.state == HealthState::Left {
+                format!("node left ({})", node.health.reasons.join("; "))
+            } else if node.connected {
                 "node is down (missed its telemetry)".to_owned()
             } else {
                 "node is disconnected".to_owned()
@@ -345,7 +347,7 @@ fn node_view(
             gpu: Some(facts.index),
             reason,
         };
-        if view.health.state == HealthState::Down {
+        if view.health.state.is_unavailable() {
             excluded.push(exclude("GPU is down".to_owned()));
             continue;
         }

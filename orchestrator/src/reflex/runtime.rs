@@ -26,7 +26,7 @@ use super::{
     ActionRecord, Decision, DecisionKind, Engine, EventKind, EventRecord, Events, GpuKey, GpuReading, Outcome,
 };
 use crate::auth::Principal;
-use crate::graph::{GpuSample, GraphEvent, GraphSnapshot, HardwareGraph, HealthState, NodeId, NodeView};
+use crate::graph::{GpuSample, GraphEvent, GraphSnapshot, HardwareGraph, NodeId, NodeView};
 use crate::instances::{InstanceView, Instances};
 use crate::run::executor::{Executor, Pin, unix_ms};
 use crate::run::record::UnixMs;
@@ -139,7 +139,7 @@ impl Reflexes {
                 event = graph_events.recv() => match event {
                     Ok(GraphEvent::Telemetry { node, .. }) => self.telemetry(&node),
                     Ok(GraphEvent::Health { node, gpu: None, to, .. }) => {
-                        let decisions = lock(&self.inner.engine).node_state(&node.0, to.state == HealthState::Down, unix_ms().0);
+                        let decisions = lock(&self.inner.engine).node_state(&node.0, to.state.is_unavailable(), unix_ms().0);
                         self.dispatch(decisions, None);
                     }
                     Ok(GraphEvent::NodeRegistered { .. }) => self.rescope(),
