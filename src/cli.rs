@@ -537,9 +537,11 @@ pub struct EngineArgs {
     #[arg(long, env = "SKEIN_RPC_SERVER", default_value = "rpc-server", value_name = "PATH")]
     pub rpc_server: PathBuf,
     /// The address engines listen on and are reached at: this machine's address as the
-    /// orchestrator sees it (loopback when both run here; in Kubernetes, the pod's IP).
-    #[arg(long, env = "SKEIN_ENGINE_HOST", default_value = "127.0.0.1", value_name = "ADDR")]
-    pub engine_host: String,
+    /// orchestrator (and, for a model split across nodes, the other nodes) see it; in
+    /// Kubernetes, the pod's IP. Default: loopback when the server is on this machine,
+    /// else this machine's address on the route to the server.
+    #[arg(long, env = "SKEIN_ENGINE_HOST", value_name = "ADDR")]
+    pub engine_host: Option<String>,
 }
 
 /// `skein server`.

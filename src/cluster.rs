@@ -463,6 +463,7 @@ const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(20);
 /// models and reports instances (on the returned receiver, for the daemon).
 fn engine_host(
     engines: &EngineArgs,
+    join: &str,
     logs_dir: PathBuf,
     gpus: EngineGpus,
 ) -> anyhow::Result<(Arc<dyn InstanceHost>, mpsc::Receiver<InstanceStatus>)> {
@@ -493,7 +494,7 @@ fn engine_host(
             vllm: engines.vllm.clone(),
             ray: engines.ray.clone(),
             rpc_server: engines.rpc_server.clone(),
-            listen_host: engines.engine_host.clone(),
+            listen_host: engines.engine_host.clone().unwrap_or_else(|| engine_address(join)),
             simulated_gpus: gpus.simulated,
             devices: gpus.devices,
         },
@@ -556,7 +557,7 @@ pub fn run_agent(args: &AgentArgs) -> anyhow::Result<ExitCode> {
     let runtime = runtime(Some(1))?;
     runtime.block_on(async {
         let mut signals = crate::signals::Signals::install(why)?;
-        let (engines, reports) = engine_host(&args.engines, logs_dir, gpus)?;
+        let (engines, reports) = engine_host(&args.engines, &args.join, logs_dir, gpus)?;
         let (departures_tx, departures) = mpsc::channel(4);
         let agent = skein_agent::daemon::run(Agent {
             config,
@@ -638,7 +639,7 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<ExitCode> {
         } in agents
         {
             let gpus = EngineGpus { simulated, devices };
-            let (engines, reports) = engine_host(&args.engines, dir.join("logs").join(&node_name), gpus)?;
+            let (engines, reports) = engine_host(&args.engines, &join, dir.join("logs").join(&node_name), gpus)?;
             let config = AgentConfig {
                 join: join.clone(),
                 token: join_token.clone(),
@@ -681,6 +682,42 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// Where an agent joining `join` (`http://HOST:PORT`) has its engines listen when not
+/// told: loopback when the server is on this machine, else this machine's address on
+/// the route to the server (what the server, and the other nodes of a split model,
+/// reach). No packet is sent: the route is looked up by connecting a UDP socket.
+fn engine_address(join: &str) -> String {
+    let authority = join.split_once("://").map_or(join, |(_, rest)| rest);
+    let authority = authority.split('/').next().unwrap_or(authority);
+    let local = std::net::ToSocketAddrs::to_socket_addrs(authority)
+        .ok()
+        .and_then(|mut addrs| addrs.next())
+        .and_then(|server| {
+            if server.ip().is_loopback() {
+                return Some(server.ip());
+            }
+            let any: SocketAddr = if server.is_ipv4() {
+                (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+            } else {
+                (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+            };
+            let socket = std::net::UdpSocket::bind(any).ok()?;
+            socket.connect(server).ok()?;
+            socket.local_addr().ok().map(|a| a.ip())
+        });
+    match local {
+        Some(ip) if ip.is_loopback() => "127.0.0.1".to_owned(),
+        Some(ip) => ip.to_string(),
+        None => {
+            tracing::warn!(
+                %join,
+                "cannot tell this machine's address towards the server; engines listen on 127.0.0.1, which only this machine reaches (set --engine-host)"
+            );
+            "127.0.0.1".to_owned()
+        }
+    }
+}
+
 /// An address to connect to: a wildcard listen address becomes loopback.
 fn loopback(addr: SocketAddr) -> SocketAddr {
     if addr.ip().is_unspecified() {
@@ -693,6 +730,16 @@ fn loopback(addr: SocketAddr) -> SocketAddr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn engines_listen_where_the_server_reaches_them() {
+        assert_eq!(engine_address("http://127.0.0.1:7879"), "127.0.0.1");
+        assert_eq!(engine_address("http://localhost:7879"), "127.0.0.1");
+        // A server elsewhere: this machine's address on the route to it, never loopback
+        // (here, the route to a documentation address, if the machine has a route).
+        let elsewhere = engine_address("https://192.0.2.10:7879/");
+        assert!(elsewhere.parse::<std::net::IpAddr>().is_ok(), "{elsewhere}");
+    }
 
     fn graph(nodes: serde_json::Value) -> Graph {
         serde_json::from_value(serde_json::json!({ "nodes": nodes })).unwrap()
