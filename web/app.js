@@ -606,6 +606,14 @@
     $("graph-note").textContent = state.nodes.size ? "" : "No node has joined yet: start `skein agent` on a GPU server.";
   }
 
+  /** Whom an instance serves: its agents; for a piece of a replica split across nodes
+   *  (a Ray node, an RPC server), its role and the replica's agents. */
+  function agentsOf(inst) {
+    if (!inst.part_of) return inst.agents;
+    const whole = state.instances.find((i) => i.name === inst.part_of);
+    return [`${inst.engine} of ${whole ? whole.agents.join("+") : inst.part_of}`];
+  }
+
   /** The memory of the GPU `key` as the bar shows it: each instance's shard (measured
    *  once loaded, reserved before), what others use, and what is free. */
   function memoryOf(node, gpu) {
@@ -620,7 +628,7 @@
       if (!m && !held) continue;
       const bytes = m ? m[1] : held[1];
       if (m) measured += m[1];
-      shards.push({ name: inst.name, agents: inst.agents, bytes, measured: !!m });
+      shards.push({ name: inst.name, agents: agentsOf(inst), bytes, measured: !!m });
     }
     const skein = shards.reduce((a, s) => a + s.bytes, 0);
     const other = Math.max(0, used - measured);
@@ -926,7 +934,9 @@
     return h("div", { class: "instance", "data-instance": inst.name },
       h("h3", {}, h("span", { class: "swatch", style: `background:${colourOf(inst.name)}` }), " ", title, " ", h("span", { class: `badge ${inst.state}` }, inst.state)),
       h("dl", { class: "facts" },
-        h("dt", {}, "agents"), h("dd", {}, inst.agents.join(", ")),
+        h("dt", {}, "agents"), h("dd", {}, agentsOf(inst).join(", ")),
+        inst.part_of ? [h("dt", {}, "part of"), h("dd", {}, inst.part_of)] : null,
+        inst.pieces && inst.pieces.length ? [h("dt", {}, "pieces"), h("dd", {}, inst.pieces.join(", "))] : null,
         h("dt", {}, "run"), h("dd", {}, inst.run || "none (kept warm)"),
         h("dt", {}, "variant"), h("dd", {}, h("code", {}, inst.variant)),
         h("dt", {}, "engine"), h("dd", {}, inst.engine),
