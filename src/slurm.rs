@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 use skein_agent::GpuSource;
+use skein_agent::engine::shell_word;
 use skein_agent::gpu::Allocated;
 use skein_agent::slurm::{self as job_env, SlurmJob};
 
@@ -143,29 +144,18 @@ pub fn script(s: &Script) -> String {
         "srun".to_owned(),
         "--ntasks-per-node=1".to_owned(),
         "--kill-on-bad-exit=0".to_owned(),
-        shell_quote(&s.skein.to_string_lossy()),
+        shell_word(&s.skein.to_string_lossy()),
         "agent".to_owned(),
         "--join".to_owned(),
-        shell_quote(&s.join),
+        shell_word(&s.join),
         "--token-file".to_owned(),
-        shell_quote(&s.token_file.to_string_lossy()),
+        shell_word(&s.token_file.to_string_lossy()),
     ];
-    command.extend(s.agent_args.iter().map(|a| shell_quote(a)));
+    command.extend(s.agent_args.iter().map(|a| shell_word(a)));
     lines.push(command.join(" "));
     let mut text = lines.join("\n");
     text.push('\n');
     text
-}
-
-/// `word` as one shell word: unchanged when it has only safe characters, else in
-/// single quotes.
-fn shell_quote(word: &str) -> String {
-    let safe = |c: char| c.is_ascii_alphanumeric() || "_-./:=@%+,".contains(c);
-    if !word.is_empty() && word.chars().all(safe) {
-        word.to_owned()
-    } else {
-        format!("'{}'", word.replace('\'', r"'\''"))
-    }
 }
 
 /// Seconds of a `--time` limit; `None` for none.
@@ -422,11 +412,11 @@ mod tests {
 
     #[test]
     fn quoting_keeps_each_word_whole() {
-        assert_eq!(shell_quote("zone=lab-a"), "zone=lab-a");
-        assert_eq!(shell_quote("a b"), "'a b'");
-        assert_eq!(shell_quote("it's"), r"'it'\''s'");
-        assert_eq!(shell_quote("$(rm -rf /)"), "'$(rm -rf /)'");
-        assert_eq!(shell_quote(""), "''");
+        assert_eq!(shell_word("zone=lab-a"), "zone=lab-a");
+        assert_eq!(shell_word("a b"), "'a b'");
+        assert_eq!(shell_word("it's"), r"'it'\''s'");
+        assert_eq!(shell_word("$(rm -rf /)"), "'$(rm -rf /)'");
+        assert_eq!(shell_word(""), "''");
     }
 
     #[test]

@@ -394,37 +394,15 @@ impl Instances {
         // An instance reported before this start (it survived a restart of the
         // orchestrator) keeps what its agent said; the agent re-reports it.
         let previous = lock(&self.entries).remove(&name).filter(|e| e.node == request.node);
-        let view = InstanceView {
-            name: name.clone(),
-            node: request.node.0.clone(),
-            node_name: request.node_name.clone(),
-            run: request.run,
-            agents: request.agents,
-            engine: request.engine,
-            variant: request.variant,
-            gpus: request.start.gpus.clone(),
-            estimated_bytes: request.estimated_bytes,
-            held: request.held,
-            state: previous.as_ref().map_or(InstanceState::Requested, |p| p.view.state),
-            detail: previous.as_ref().map(|p| p.view.detail.clone()).unwrap_or_default(),
-            base_url: previous.as_ref().and_then(|p| p.view.base_url.clone()),
-            measured_host_rss: previous.as_ref().and_then(|p| p.view.measured_host_rss),
-            measured_gpu: previous
-                .as_ref()
-                .map(|p| p.view.measured_gpu.clone())
-                .unwrap_or_default(),
-            downloaded: 0,
-            download_total: 0,
-            restarts: previous.as_ref().map_or(0, |p| p.view.restarts),
-            clone_of: request.clone_of,
-            share: 1.0,
-            placement: request.placement,
-            part_of: request.part_of,
-            pieces: Vec::new(),
-            failed_on: None,
-            warm_key: request.warm_key,
-            idle_since: None,
-        };
+        let mut view = requested_view(&request);
+        if let Some(p) = &previous {
+            view.state = p.view.state;
+            view.detail.clone_from(&p.view.detail);
+            view.base_url.clone_from(&p.view.base_url);
+            view.measured_host_rss = p.view.measured_host_rss;
+            view.measured_gpu.clone_from(&p.view.measured_gpu);
+            view.restarts = p.view.restarts;
+        }
         lock(&self.entries).insert(
             name,
             Entry {
@@ -460,17 +438,7 @@ impl Instances {
     /// command of its own until they are ready ([`Instances::start_serving`]).
     pub(crate) fn record_split(&self, request: InstanceRequest, pieces: Vec<String>) {
         let name = request.start.instance.clone();
-        let mut view = new_view(&name, &request.node, &request.node_name);
-        view.run = request.run;
-        view.agents = request.agents;
-        view.engine = request.engine;
-        view.variant = request.variant;
-        view.gpus = request.start.gpus.clone();
-        view.estimated_bytes = request.estimated_bytes;
-        view.held = request.held;
-        view.clone_of = request.clone_of;
-        view.placement = request.placement;
-        view.warm_key = request.warm_key;
+        let mut view = requested_view(&request);
         view.pieces = pieces;
         view.detail = "starting its pieces on the other nodes".to_owned();
         lock(&self.entries).insert(
@@ -829,6 +797,23 @@ impl Instances {
             self.bump();
         }
     }
+}
+
+/// The view of an instance just asked for with `request`.
+fn requested_view(request: &InstanceRequest) -> InstanceView {
+    let mut view = new_view(&request.start.instance, &request.node, &request.node_name);
+    view.run.clone_from(&request.run);
+    view.agents.clone_from(&request.agents);
+    view.engine.clone_from(&request.engine);
+    view.variant.clone_from(&request.variant);
+    view.gpus.clone_from(&request.start.gpus);
+    view.estimated_bytes = request.estimated_bytes;
+    view.held.clone_from(&request.held);
+    view.clone_of.clone_from(&request.clone_of);
+    view.placement.clone_from(&request.placement);
+    view.part_of.clone_from(&request.part_of);
+    view.warm_key.clone_from(&request.warm_key);
+    view
 }
 
 /// A view of `name` on `node` that nothing is known about yet.

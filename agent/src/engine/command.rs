@@ -559,8 +559,9 @@ fn offline_cache(env: &mut BTreeMap<String, String>, cache: Option<&std::path::P
     }
 }
 
-/// `word`, or `'word'` when a shell would split or expand it (an empty word too).
-fn shell_word(word: &str) -> String {
+/// `word` as one POSIX shell word: unchanged when a shell would neither split nor expand
+/// it, else in single quotes (an empty word too).
+pub fn shell_word(word: &str) -> String {
     let plain = |c: char| c.is_ascii_alphanumeric() || "-_./:,=+@%".contains(c);
     if !word.is_empty() && word.chars().all(plain) {
         word.to_owned()

@@ -26,7 +26,7 @@ pub mod supervisor;
 
 pub use command::{
     CandleLaunch, EngineCommand, EngineLaunch, LaunchError, LaunchSpec, LlamaCppLaunch, LlamaRpcLaunch, RayNodeLaunch,
-    RemoteLaunch, VllmLaunch, memory_fraction,
+    RemoteLaunch, VllmLaunch, memory_fraction, shell_word,
 };
 pub use logs::LOG_RING_LINES;
 pub use process::free_port;

@@ -28,11 +28,11 @@ pub fn start(
     node_id: impl Fn(&str) -> NodeId + Send + 'static,
 ) {
     let names = split.piece_names();
-    let template = request.clone();
+    let variant = request.variant.clone();
     let mut request = request;
     request.held = split.serving_held();
     instances.record_split(request, names);
-    tokio::spawn(bring_up(Arc::clone(instances), template, split, node_id));
+    tokio::spawn(bring_up(Arc::clone(instances), variant, split, node_id));
 }
 
 /// How the pieces started so far stand.
@@ -109,23 +109,18 @@ fn broken(piece: &PieceStart, view: &InstanceView) -> Option<Pieces> {
             None,
         )),
         InstanceState::Failed | InstanceState::Restarting | InstanceState::Unhealthy | InstanceState::Stopped => {
-            let gpus = piece.start.gpus.clone();
+            let state = format!("{:?}", view.state).to_lowercase();
             Some(Pieces::Broken(
                 InstanceState::Failed,
-                format!("{what} {}: {}", format!("{:?}", view.state).to_lowercase(), view.detail),
-                Some((piece.node.clone(), gpus)),
+                format!("{what} {state}: {}", view.detail),
+                Some((piece.node.clone(), piece.start.gpus.clone())),
             ))
         }
         _ => None,
     }
 }
 
-async fn bring_up(
-    instances: Arc<Instances>,
-    template: InstanceRequest,
-    split: SplitLaunch,
-    node_id: impl Fn(&str) -> NodeId,
-) {
+async fn bring_up(instances: Arc<Instances>, variant: String, split: SplitLaunch, node_id: impl Fn(&str) -> NodeId) {
     let replica = split.instance.clone();
     let mut changes = instances.subscribe();
     let mut started: Vec<PieceStart> = Vec::new();
@@ -146,7 +141,7 @@ async fn bring_up(
                 run: None,
                 agents: Vec::new(),
                 engine: piece.role.to_owned(),
-                variant: template.variant.clone(),
+                variant: variant.clone(),
                 estimated_bytes: piece.held.iter().map(|h| h.1).sum(),
                 held: piece.held.clone(),
                 warm_key: String::new(),
