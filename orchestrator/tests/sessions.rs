@@ -30,6 +30,22 @@ fn events(text: &str) -> Vec<(String, Value)> {
         .collect()
 }
 
+/// The chunks of a streamed OpenAI completion, which must end in `[DONE]` (left out),
+/// and the text their deltas carry.
+fn openai_chunks(streamed: &str) -> (Vec<Value>, String) {
+    let data: Vec<&str> = streamed.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{streamed}");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let text = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    (chunks, text)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_chats_moves_to_another_gpu_mid_conversation_and_keeps_its_history() {
     let s = setup(quick(), None).await;
@@ -336,16 +352,7 @@ async fn the_openai_routes_serve_agents_models_and_sessions() {
         .text()
         .await
         .unwrap();
-    let data: Vec<&str> = streamed.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
-    assert_eq!(data.last(), Some(&"[DONE]"), "{streamed}");
-    let chunks: Vec<Value> = data[..data.len() - 1]
-        .iter()
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect();
-    let text: String = chunks
-        .iter()
-        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
-        .collect();
+    let (chunks, text) = openai_chunks(&streamed);
     assert_eq!(text, "echo: one two three");
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
     assert!(chunks.iter().any(|c| c["choices"][0]["finish_reason"] == "stop"));
@@ -400,6 +407,68 @@ async fn the_openai_routes_serve_agents_models_and_sessions() {
         .call(Method::GET, &format!("/v1/sessions/{id}/messages"), Some(&ada), None)
         .await;
     assert_eq!(history["data"].as_array().unwrap().len(), 4);
+}
+
+/// A streamed completion in a session, retried with the same Idempotency-Key (a client
+/// whose connection broke before the end): the retry streams the reply the first
+/// request stored, with its usage, as OpenAI chunks, and neither reaches the engine
+/// nor stores anything again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_streamed_completion_streams_the_stored_reply() {
+    let s = setup(quick(), None).await;
+    let engines = EngineBehaviour::default();
+    let _a = TestAgent::join(s.server.grpc_addr, TOKEN, "node-a", 1, engines.clone()).await;
+    s.wait_nodes(1).await;
+    let (_, session) = s
+        .call(Method::POST, "/v1/sessions", Some(API), Some(json!({"model": MODEL})))
+        .await;
+    let id = session["id"].as_str().unwrap();
+    let request = json!({"model": MODEL, "session_id": id, "stream": true, "stream_options": {"include_usage": true},
+                         "messages": [{"role": "user", "content": "one two three"}]});
+    let send = || async {
+        let response = s
+            .http
+            .post(s.url("/v1/chat/completions"))
+            .bearer_auth(API)
+            .header("Idempotency-Key", "k-1")
+            .json(&request)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        response.text().await.unwrap()
+    };
+
+    let (first, text) = openai_chunks(&send().await);
+    assert_eq!(text, "echo: one two three");
+    assert!(
+        first.last().unwrap()["usage"]["completion_tokens"].is_u64(),
+        "{first:?}"
+    );
+    let requests = engines.seen.lock().unwrap().len();
+
+    let streamed = send().await;
+    let (again, replayed) = openai_chunks(&streamed);
+    assert_eq!(replayed, text, "the retry streams the stored reply: {streamed}");
+    assert_eq!(again[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(
+        again.iter().any(|c| c["choices"][0]["finish_reason"] == "stop"),
+        "{streamed}"
+    );
+    assert_eq!(
+        again.last().unwrap()["usage"],
+        first.last().unwrap()["usage"],
+        "{streamed}"
+    );
+    assert_eq!(
+        engines.seen.lock().unwrap().len(),
+        requests,
+        "the retry did not reach the engine"
+    );
+    let (_, history) = s
+        .call(Method::GET, &format!("/v1/sessions/{id}/messages"), Some(API), None)
+        .await;
+    assert_eq!(history["data"].as_array().unwrap().len(), 2, "stored once: {history}");
 }
 
 /// An engine that refuses a prompt longer than its context (history whose bytes

@@ -6,7 +6,7 @@
 //!   `stream` gives the OpenAI chunks. With `session_id` in the body (or the
 //!   `X-Skein-Session` header), the request continues that session: its `messages` are
 //!   the new ones, the session holds the history, and the reply is stored
-//!   (`Idempotency-Key` makes a retry a no-op).
+//!   (`Idempotency-Key` makes a retry a no-op that answers, or streams, the stored reply).
 //! - `GET /v1/models`: the agents of the user's runs and the models they use.
 
 use std::collections::BTreeSet;
@@ -167,6 +167,7 @@ async fn completions(
     let work = async move {
         match (session, target) {
             (Some(id), _) => {
+                let replay = tokens.clone();
                 let turn = Turn {
                     messages: turn_messages,
                     idempotency_key: key,
@@ -174,7 +175,17 @@ async fn completions(
                     sampling,
                     reply: true,
                 };
-                sessions.send(&principal, &id, turn).await.map(|reply| Answer {
+                let reply = sessions.send(&principal, &id, turn).await?;
+                // A retry (same Idempotency-Key) generates nothing: the reply stored by
+                // the first request is streamed instead, as one piece. The send fails
+                // only when the client went away, and the reply is stored anyway.
+                if reply.replayed
+                    && !reply.message.content.is_empty()
+                    && let Some(replay) = &replay
+                {
+                    let _ = replay.send(reply.message.content.clone()).await;
+                }
+                Ok(Answer {
                     content: reply.message.content,
                     usage: reply.message.usage,
                     finish_reason: Some("stop".to_owned()),
