@@ -189,9 +189,58 @@ fn after_a_restart_running_steps_run_again_and_done_steps_stay_done() {
     let mut r: RunRecord = serde_json::from_str(&stored).unwrap();
     r.recover();
     assert_eq!(r.step("plan").unwrap().state, StepState::Done);
+    assert_eq!(
+        r.step("code").unwrap().attempts,
+        0,
+        "the interrupted attempt does not count"
+    );
     let next = r.advance(&ev, UnixMs(100));
     assert_eq!(started(&next), [("code", "Code for: p")]);
-    assert_eq!(r.step("code").unwrap().attempts, 2, "the interrupted attempt counts");
+    assert_eq!(r.step("code").unwrap().attempts, 1);
+    r.complete("code", "c".to_owned(), None, &ev, UnixMs(101));
+    assert_eq!(r.step("code").unwrap().state, StepState::Done);
+}
+
+/// The orchestrator's own death does not spend a step's retry (docs/runs.md,
+/// Durability): after a restart the interrupted attempt is not counted, so a step keeps
+/// every retry its `retries` gave it; an engine's failures still count.
+#[test]
+fn a_restart_does_not_spend_a_retry() {
+    let ev = Evaluator::default();
+    let policy = RetryPolicy::default();
+    let restarted = |r: &RunRecord| {
+        let mut r: RunRecord = serde_json::from_str(&serde_json::to_string(r).unwrap()).unwrap();
+        r.recover();
+        r
+    };
+    let mut r = run(REVIEW, &[("task", "t")]);
+    r.advance(&ev, UnixMs(0));
+    r.complete("plan", "p".to_owned(), None, &ev, UnixMs(0));
+    r.advance(&ev, UnixMs(0));
+    r.complete("code", "c".to_owned(), None, &ev, UnixMs(0));
+    r.advance(&ev, UnixMs(0));
+    // `review` (`retries: 1`) was on its first attempt when the orchestrator died, twice.
+    for at in [10, 20] {
+        assert_eq!(r.step("review").unwrap().state, StepState::Running);
+        r = restarted(&r);
+        assert_eq!(r.step("review").unwrap().state, StepState::Queued);
+        assert_eq!(started(&r.advance(&ev, UnixMs(at))).len(), 1, "it runs again at once");
+        assert_eq!(r.step("review").unwrap().attempts, 1, "still its first attempt");
+    }
+    // Its engine fails: its one retry is still there.
+    let after = r.fail_attempt("review", "the engine answered 500".to_owned(), &policy, UnixMs(30));
+    assert_eq!(after, AfterFailure::RetryAt(UnixMs(1_030)));
+    // The retry is running when the orchestrator dies: it is the second attempt again.
+    r.advance(&ev, UnixMs(1_030));
+    assert_eq!(r.step("review").unwrap().attempts, 2);
+    r = restarted(&r);
+    assert_eq!(r.step("review").unwrap().attempts, 1);
+    r.advance(&ev, UnixMs(2_000));
+    assert_eq!(r.step("review").unwrap().attempts, 2);
+    // The engine's second failure is the last one `retries: 1` allows.
+    let after = r.fail_attempt("review", "the engine answered 500".to_owned(), &policy, UnixMs(2_001));
+    assert_eq!(after, AfterFailure::Failed);
+    assert_eq!(r.state, RunState::Failed);
 }
 
 #[test]

@@ -454,12 +454,16 @@ impl RunRecord {
             .collect()
     }
 
-    /// After a restart: attempts that were running when the orchestrator stopped never
-    /// recorded a result, so they run again; steps recorded done stay done.
+    /// After a restart, or the loss of an instance: attempts that were running never
+    /// recorded a result, so they run again at once. They are not counted: the
+    /// orchestrator's death (or a lost instance) is not the step's failure and spends no
+    /// retry, as with [`interrupt`](Self::interrupt) for an unreachable engine. Steps
+    /// recorded done stay done.
     pub fn recover(&mut self) {
         for step in &mut self.steps {
             if step.state == StepState::Running {
                 step.state = StepState::Queued;
+                step.attempts = step.attempts.saturating_sub(1);
                 step.started_at = None;
             }
         }
