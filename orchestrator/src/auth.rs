@@ -6,12 +6,15 @@
 //! registered at every start, replacing an earlier admin token. Revoked tokens stay
 //! listed, with when they were revoked.
 
+use std::sync::Arc;
+
 use sha2::{Digest, Sha256};
 
 use crate::agents::Secret;
+use crate::idempotency::{Claim, IdempotencyKeys, Idempotent};
 use crate::run::executor::unix_ms;
 use crate::run::record::UnixMs;
-use crate::store::{Db, StoreError, Tree};
+use crate::store::{Db, StoreError, Tree, WriteBatch};
 
 /// The user the admin token belongs to.
 pub const ADMIN: &str = "admin";
@@ -72,9 +75,26 @@ pub enum TokenError {
     /// Random bytes could not be read.
     #[error("cannot read random bytes for a token: {0}")]
     Random(#[source] std::io::Error),
+    /// The idempotency key made a token before: its secret was shown then, only then.
+    #[error(
+        "the Idempotency-Key already made token `{0}`, whose secret was shown only once; help: if it was lost, revoke `{0}` (`skein token revoke {0}`) and create another with a new key"
+    )]
+    AlreadyCreated(String),
+    /// The idempotency key was refused.
+    #[error(transparent)]
+    Key(crate::idempotency::KeyError),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl From<crate::idempotency::KeyError> for TokenError {
+    fn from(e: crate::idempotency::KeyError) -> Self {
+        match e {
+            crate::idempotency::KeyError::Store(e) => TokenError::Store(e),
+            other => TokenError::Key(other),
+        }
+    }
 }
 
 /// Checks a user name.
@@ -95,17 +115,21 @@ pub fn check_user(name: &str) -> Result<(), TokenError> {
     }
 }
 
-fn sha256_hex(token: &str) -> String {
-    Sha256::digest(token.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+pub(crate) fn sha256_hex(token: &str) -> String {
+    sha256_hex_bytes(token.as_bytes())
+}
+
+/// The SHA-256 of `bytes`, in hex.
+pub(crate) fn sha256_hex_bytes(bytes: &[u8]) -> String {
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The tokens, in the server's database (keyed by hash, so a request costs one read).
 #[derive(Clone)]
 pub struct Tokens {
     tree: Tree<TokenRecord>,
+    /// The `Idempotency-Key`s of creates.
+    keys: Arc<IdempotencyKeys>,
 }
 
 impl std::fmt::Debug for Tokens {
@@ -121,6 +145,7 @@ impl Tokens {
     pub fn open(db: &Db, admin: &Secret) -> Result<Tokens, StoreError> {
         let tokens = Tokens {
             tree: db.tree("tokens")?,
+            keys: Arc::new(IdempotencyKeys::open(db, "token_keys")?),
         };
         let sha256 = sha256_hex(admin.expose());
         let current = tokens.tree.get(&sha256)?;
@@ -163,7 +188,29 @@ impl Tokens {
     ///
     /// Errors: [`TokenError::BadUser`], [`TokenError::Random`], [`TokenError::Store`].
     pub async fn create(&self, user: &str) -> Result<(TokenRecord, Secret), TokenError> {
+        self.create_keyed(user, ADMIN, None).await
+    }
+
+    /// [`Tokens::create`] by `caller`, once per idempotency key: a retry cannot make a
+    /// second token, and cannot show the first one's secret again (only its hash is
+    /// stored): it is refused, naming the token.
+    ///
+    /// Errors: as [`Tokens::create`], and [`TokenError::AlreadyCreated`],
+    /// [`TokenError::Key`].
+    pub async fn create_keyed(
+        &self,
+        user: &str,
+        caller: &str,
+        idempotent: Option<Idempotent<'_>>,
+    ) -> Result<(TokenRecord, Secret), TokenError> {
         check_user(user)?;
+        let pending = match idempotent {
+            None => None,
+            Some(idempotent) => match self.keys.claim(caller, idempotent)? {
+                Claim::Replay(found) => return Err(TokenError::AlreadyCreated(found.created)),
+                Claim::New(pending) => Some(pending),
+            },
+        };
         let secret = Secret::generate().map_err(TokenError::Random)?;
         let sha256 = sha256_hex(secret.expose());
         let record = TokenRecord {
@@ -174,7 +221,12 @@ impl Tokens {
             created_at: unix_ms(),
             revoked_at: None,
         };
-        self.tree.put(&sha256, &record).await?;
+        let mut batch = WriteBatch::new();
+        batch.put(&self.tree, &sha256, &record);
+        if let Some(pending) = &pending {
+            pending.record(&mut batch, &record.id, record.created_at);
+        }
+        self.tree.db().commit(batch).await?;
         Ok((record, secret))
     }
 

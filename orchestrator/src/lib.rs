@@ -14,13 +14,16 @@
 //! - [`agents`]: the gRPC service agents join (registration, the telemetry stream),
 //!   feeding the graph.
 //! - [`auth`]: users and their API tokens (stored hashed).
+//! - [`idempotency`]: `Idempotency-Key` of the routes that create runs, sessions and
+//!   tokens: stored with what they created, in the same write.
 //! - [`instances`]: the model instances agents were asked to run, their commands down
 //!   the agents' streams and the status that comes back.
 //! - [`run`]: runs of workflows: the stored record and its pure rules, the commands a
 //!   plan becomes, and the executor (admission, instances, steps, retries, resume).
 //! - [`session`]: sessions (conversations with agents): the stored records, the
 //!   [`session::SessionStore`] trait over sled, and the group-committing writer.
-//! - [`store`]: durable records in sled (flushed before a write is acknowledged).
+//! - [`store`]: durable records in sled: one writer thread with group commit owns every
+//!   write and the flush (a write is acknowledged once it is on disk).
 //! - [`api`]: the REST API over the graph, plans, runs and instances, and the
 //!   Prometheus metrics.
 //! - [`server`]: `skein server`: both doors and the sweep that marks silent nodes down.
@@ -33,6 +36,7 @@ pub mod auth;
 pub mod catalogs;
 pub mod engine_client;
 pub mod graph;
+pub mod idempotency;
 pub mod instances;
 pub mod plan;
 pub mod reflex;

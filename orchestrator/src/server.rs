@@ -214,6 +214,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         instances: Arc::clone(&instances),
         sessions,
         reflex_events: reflex_events.clone(),
+        db: db.clone(),
     });
     let api_task = tokio::spawn(async move {
         if let Err(error) = axum::serve(api_listener, app).await {

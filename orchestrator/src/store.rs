@@ -2,10 +2,29 @@
 //! directory), one tree per kind of record. Every write this module acknowledges has
 //! been flushed to disk, so it survives a `kill -9` of the orchestrator.
 //!
+//! # One write path
+//! Every durable write of the orchestrator (runs, tokens, reflex events, sessions, idempotency
+//! keys) is a [`WriteBatch`] handed to the database's one writer thread. The writer takes
+//! every batch waiting (up to [`MAX_ROUND`]), applies each atomically (one sled batch, or
+//! one transaction when it spans trees), flushes once for all of them, and only then
+//! answers each caller: group commit, as the session log does above it. No other code
+//! flushes, so there is never more than one flush in flight (sled 0.34 wedges under
+//! concurrent `flush_async`).
+//!
+//! The writer's queue is bounded ([`WRITE_QUEUE`]); a batch that finds it full is refused
+//! at once ([`StoreError::Overloaded`]). A caller waits at most [`WRITE_DEADLINE`] for its
+//! answer ([`StoreError::Stalled`]: the write may still land, but was not acknowledged),
+//! and [`Db::health`] reports the writer stalled while a round has taken longer than
+//! [`STALL_AFTER`]; the REST API answers 503 with `Retry-After` for both.
+//!
 //! Records are JSON after a one-byte format version, so a later version can read (and
 //! migrate) what an earlier one wrote.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -16,6 +35,19 @@ pub const RECORD_VERSION: u8 = 1;
 /// Page cache sled may use by default (sled's own default is 1 GiB); a server sets its
 /// own with `--db-cache-mib`.
 pub const CACHE_BYTES: u64 = 64 << 20;
+
+/// Batches that may wait for the writer; one more is refused with
+/// [`StoreError::Overloaded`].
+pub const WRITE_QUEUE: usize = 8192;
+
+/// The most batches one flush takes.
+pub const MAX_ROUND: usize = 1024;
+
+/// How long a caller waits for its write to be acknowledged.
+pub const WRITE_DEADLINE: Duration = Duration::from_secs(10);
+
+/// A round of the writer running longer than this makes the store unhealthy.
+pub const STALL_AFTER: Duration = Duration::from_secs(5);
 
 /// A storage failure.
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +67,9 @@ pub enum StoreError {
     /// A read or write failed.
     #[error("the database failed: {0}")]
     Io(#[from] sled::Error),
+    /// A write of a round failed (every write of the round gets the same cause).
+    #[error("the database failed: {0}")]
+    Write(#[source] Arc<sled::Error>),
     /// A stored record could not be read.
     #[error("record `{key}` in `{tree}` is unreadable: {reason}")]
     Corrupt {
@@ -45,12 +80,326 @@ pub enum StoreError {
         /// Why.
         reason: String,
     },
+    /// The write was not acknowledged within its deadline: the database is stalled or
+    /// overloaded. It may still be stored; retry with the same idempotency key.
+    #[error(
+        "the database did not acknowledge the write within {} ms; help: retry later (with the same Idempotency-Key)",
+        .waited.as_millis()
+    )]
+    Stalled {
+        /// How long the caller waited.
+        waited: Duration,
+    },
+    /// The writer's queue is full.
+    #[error("the database has {WRITE_QUEUE} writes waiting; help: retry later")]
+    Overloaded,
+    /// The writer stopped (the server is shutting down).
+    #[error("the database writer stopped")]
+    Stopped,
+}
+
+impl StoreError {
+    /// Whether the failure is the store being slow or busy (worth a retry later), not a
+    /// failed write.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Stalled { .. } | StoreError::Overloaded | StoreError::Stopped
+        )
+    }
+}
+
+/// How the writer is doing, for `/healthz` and `/metrics`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct WriterHealth {
+    /// Whether a round has been running longer than [`STALL_AFTER`].
+    pub stalled: bool,
+    /// How long the current round has been running (0 when idle), in milliseconds.
+    pub busy_ms: u64,
+    /// Batches waiting.
+    pub queued: u64,
+    /// Batches acknowledged since start.
+    pub writes: u64,
+    /// Flushes (rounds) since start.
+    pub flushes: u64,
+    /// Writes refused (overloaded) or not acknowledged in time (stalled) since start.
+    pub refused: u64,
+}
+
+/// Several changes, of one or more trees, stored atomically by [`Db::commit`].
+#[derive(Default)]
+pub struct WriteBatch {
+    parts: Vec<(sled::Tree, sled::Batch)>,
+}
+
+impl std::fmt::Debug for WriteBatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WriteBatch").field("trees", &self.parts.len()).finish()
+    }
+}
+
+impl WriteBatch {
+    /// An empty batch.
+    pub fn new() -> WriteBatch {
+        WriteBatch::default()
+    }
+
+    fn part(&mut self, tree: &sled::Tree) -> &mut sled::Batch {
+        let at = match self.parts.iter().position(|(t, _)| t.name() == tree.name()) {
+            Some(at) => at,
+            None => {
+                self.parts.push((tree.clone(), sled::Batch::default()));
+                self.parts.len() - 1
+            }
+        };
+        &mut self.parts[at].1
+    }
+
+    /// Writes `record` under `key` of `tree`.
+    pub fn put<T: Serialize>(&mut self, tree: &Tree<T>, key: &str, record: &T) -> &mut WriteBatch {
+        self.part(&tree.tree).insert(key.as_bytes(), encode(record));
+        self
+    }
+
+    /// Removes the record under `key` of `tree`.
+    pub fn remove<T>(&mut self, tree: &Tree<T>, key: &str) -> &mut WriteBatch {
+        self.part(&tree.tree).remove(key.as_bytes());
+        self
+    }
+
+    /// Adds a sled batch of `tree` (stores that lay out their own keys: sessions).
+    pub(crate) fn raw(&mut self, tree: &sled::Tree, batch: sled::Batch) -> &mut WriteBatch {
+        self.parts.push((tree.clone(), batch));
+        self
+    }
+
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.parts.is_empty()
+    }
+}
+
+type Answer = Result<(), Arc<sled::Error>>;
+
+enum Reply {
+    Async(tokio::sync::oneshot::Sender<Answer>),
+    Blocking(SyncSender<Answer>),
+}
+
+impl Reply {
+    fn send(self, answer: Answer) {
+        // A caller that stopped waiting (its deadline passed) needs no answer.
+        let _ = match self {
+            Reply::Async(sender) => sender.send(answer).map_err(|_| ()),
+            Reply::Blocking(sender) => sender.send(answer).map_err(|_| ()),
+        };
+    }
+}
+
+enum Request {
+    Write {
+        batch: WriteBatch,
+        reply: Reply,
+    },
+    /// Holds the writer until the sender is dropped (tests of a stalled store).
+    #[cfg(test)]
+    Hold(std::sync::mpsc::Receiver<()>),
+}
+
+/// What the writer and its callers share.
+struct WriterState {
+    /// When the writer started (the origin of `busy_since`).
+    started: Instant,
+    /// When the current round started, in ms since `started` plus one (0: idle).
+    busy_since: AtomicU64,
+    queued: AtomicU64,
+    writes: AtomicU64,
+    flushes: AtomicU64,
+    refused: AtomicU64,
+    /// [`WRITE_DEADLINE`] unless set otherwise, in ms.
+    deadline_ms: AtomicU64,
+    /// [`STALL_AFTER`] unless set otherwise, in ms.
+    stall_after_ms: AtomicU64,
+}
+
+impl WriterState {
+    fn deadline(&self) -> Duration {
+        Duration::from_millis(self.deadline_ms.load(Ordering::Relaxed))
+    }
+
+    fn stall_after(&self) -> Duration {
+        Duration::from_millis(self.stall_after_ms.load(Ordering::Relaxed))
+    }
+}
+
+/// The handle to the writer thread; the last one dropped stops and joins it, so the
+/// database is closed (and may be opened again) when every handle is gone.
+struct Writer {
+    requests: Option<SyncSender<Request>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    state: Arc<WriterState>,
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.requests = None;
+        let thread = self
+            .thread
+            .get_mut()
+            .map(Option::take)
+            .unwrap_or_else(|p| p.into_inner().take());
+        // A stalled writer may never return: the process is ending, leave it.
+        let stalled = self.health().stalled;
+        if let Some(thread) = thread
+            && !stalled
+            && thread.thread().id() != std::thread::current().id()
+        {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Writer {
+    fn start(db: sled::Db) -> Result<Writer, StoreError> {
+        let (requests, receiver) = std::sync::mpsc::sync_channel(WRITE_QUEUE);
+        let state = Arc::new(WriterState {
+            started: Instant::now(),
+            busy_since: AtomicU64::new(0),
+            queued: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            deadline_ms: AtomicU64::new(WRITE_DEADLINE.as_millis() as u64),
+            stall_after_ms: AtomicU64::new(STALL_AFTER.as_millis() as u64),
+        });
+        let shared = Arc::clone(&state);
+        let thread = std::thread::Builder::new()
+            .name("store-writer".to_owned())
+            .spawn(move || write_rounds(&db, &receiver, &shared))
+            .map_err(|e| StoreError::Io(sled::Error::Io(e)))?;
+        Ok(Writer {
+            requests: Some(requests),
+            thread: Mutex::new(Some(thread)),
+            state,
+        })
+    }
+
+    fn enqueue(&self, request: Request) -> Result<(), StoreError> {
+        let requests = self.requests.as_ref().ok_or(StoreError::Stopped)?;
+        self.state.queued.fetch_add(1, Ordering::Relaxed);
+        match requests.try_send(request) {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                self.state.queued.fetch_sub(1, Ordering::Relaxed);
+                match error {
+                    TrySendError::Full(_) => {
+                        self.state.refused.fetch_add(1, Ordering::Relaxed);
+                        Err(StoreError::Overloaded)
+                    }
+                    TrySendError::Disconnected(_) => Err(StoreError::Stopped),
+                }
+            }
+        }
+    }
+
+    fn health(&self) -> WriterHealth {
+        let state = &self.state;
+        let busy_since = state.busy_since.load(Ordering::Relaxed);
+        let busy_ms = if busy_since == 0 {
+            0
+        } else {
+            elapsed_ms(state.started).saturating_sub(busy_since - 1)
+        };
+        WriterHealth {
+            stalled: Duration::from_millis(busy_ms) > state.stall_after(),
+            busy_ms,
+            queued: state.queued.load(Ordering::Relaxed),
+            writes: state.writes.load(Ordering::Relaxed),
+            flushes: state.flushes.load(Ordering::Relaxed),
+            refused: state.refused.load(Ordering::Relaxed),
+        }
+    }
+}
+
+fn elapsed_ms(since: Instant) -> u64 {
+    u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The writer thread: rounds of every waiting batch, one flush each, until every
+/// handle is gone.
+fn write_rounds(db: &sled::Db, requests: &Receiver<Request>, state: &WriterState) {
+    while let Ok(first) = requests.recv() {
+        let mut round = vec![first];
+        while round.len() < MAX_ROUND {
+            match requests.try_recv() {
+                Ok(request) => round.push(request),
+                Err(_) => break,
+            }
+        }
+        state.queued.fetch_sub(round.len() as u64, Ordering::Relaxed);
+        state
+            .busy_since
+            .store(elapsed_ms(state.started).saturating_add(1), Ordering::Relaxed);
+        let mut applied = Vec::with_capacity(round.len());
+        for request in round {
+            match request {
+                Request::Write { batch, reply } => match apply(&batch) {
+                    Ok(()) => applied.push(reply),
+                    Err(error) => reply.send(Err(Arc::new(error))),
+                },
+                #[cfg(test)]
+                Request::Hold(release) => {
+                    let _ = release.recv();
+                }
+            }
+        }
+        if !applied.is_empty() {
+            let flushed = db.flush().map(drop).map_err(Arc::new);
+            state.flushes.fetch_add(1, Ordering::Relaxed);
+            if flushed.is_ok() {
+                state.writes.fetch_add(applied.len() as u64, Ordering::Relaxed);
+            } else if let Err(error) = &flushed {
+                tracing::error!(%error, "the database could not flush");
+            }
+            for reply in applied {
+                reply.send(flushed.clone());
+            }
+        }
+        state.busy_since.store(0, Ordering::Relaxed);
+    }
+}
+
+/// Applies one batch atomically: a sled batch for one tree, a transaction over several.
+fn apply(batch: &WriteBatch) -> Result<(), sled::Error> {
+    match batch.parts.as_slice() {
+        [] => Ok(()),
+        [(tree, part)] => tree.apply_batch(part.clone()),
+        parts => {
+            use sled::Transactional;
+            let trees: Vec<&sled::Tree> = parts.iter().map(|(tree, _)| tree).collect();
+            trees
+                .as_slice()
+                .transaction(|views| {
+                    for (view, (_, part)) in views.iter().zip(parts) {
+                        view.apply_batch(part)?;
+                    }
+                    Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
+                })
+                .map_err(|error| match error {
+                    sled::transaction::TransactionError::Storage(error) => error,
+                    sled::transaction::TransactionError::Abort(()) => {
+                        sled::Error::Unsupported("a write batch aborted".to_owned())
+                    }
+                })
+        }
+    }
 }
 
 /// The orchestrator's database.
 #[derive(Clone)]
 pub struct Db {
     db: sled::Db,
+    writer: Arc<Writer>,
 }
 
 impl std::fmt::Debug for Db {
@@ -77,14 +426,17 @@ impl Db {
                 path: dir.to_owned(),
                 source,
             })?;
-        Ok(Db { db })
+        Db::with_writer(db)
     }
 
     /// A database in memory, gone when dropped (tests, `skein plan`).
     pub fn temporary() -> Result<Db, StoreError> {
-        Ok(Db {
-            db: sled::Config::new().temporary(true).open()?,
-        })
+        Db::with_writer(sled::Config::new().temporary(true).open()?)
+    }
+
+    fn with_writer(db: sled::Db) -> Result<Db, StoreError> {
+        let writer = Arc::new(Writer::start(db.clone())?);
+        Ok(Db { db, writer })
     }
 
     /// The sled database, for stores that lay out their own keys (sessions).
@@ -97,9 +449,80 @@ impl Db {
         Ok(Tree {
             name,
             tree: self.db.open_tree(name)?,
-            db: self.db.clone(),
+            db: self.clone(),
             _records: std::marker::PhantomData,
         })
+    }
+
+    /// Stores `batch` atomically and durably: returns once it is on disk.
+    ///
+    /// Errors: [`StoreError::Write`], [`StoreError::Overloaded`], [`StoreError::Stalled`]
+    /// (not acknowledged within [`WRITE_DEADLINE`]), [`StoreError::Stopped`].
+    pub async fn commit(&self, batch: WriteBatch) -> Result<(), StoreError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.writer.enqueue(Request::Write {
+            batch,
+            reply: Reply::Async(reply),
+        })?;
+        let deadline = self.writer.state.deadline();
+        match tokio::time::timeout(deadline, answer).await {
+            Ok(Ok(answer)) => answer.map_err(StoreError::Write),
+            Ok(Err(_)) => Err(StoreError::Stopped),
+            Err(_) => Err(self.stalled(deadline)),
+        }
+    }
+
+    /// [`Db::commit`] from synchronous code (the session writer, start-up): blocks the
+    /// thread, so never call it on an async worker once the server serves.
+    pub fn commit_blocking(&self, batch: WriteBatch) -> Result<(), StoreError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let (reply, answer) = std::sync::mpsc::sync_channel(1);
+        self.writer.enqueue(Request::Write {
+            batch,
+            reply: Reply::Blocking(reply),
+        })?;
+        let deadline = self.writer.state.deadline();
+        match answer.recv_timeout(deadline) {
+            Ok(answer) => answer.map_err(StoreError::Write),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(self.stalled(deadline)),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => Err(StoreError::Stopped),
+        }
+    }
+
+    fn stalled(&self, waited: Duration) -> StoreError {
+        self.writer.state.refused.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            waited_ms = waited.as_millis() as u64,
+            "a write was not acknowledged in time"
+        );
+        StoreError::Stalled { waited }
+    }
+
+    /// Sets how long a caller waits for its write (default [`WRITE_DEADLINE`]) and after
+    /// how long a round makes the store unhealthy (default [`STALL_AFTER`]).
+    pub fn set_limits(&self, deadline: Duration, stall_after: Duration) {
+        let state = &self.writer.state;
+        let ms = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1);
+        state.deadline_ms.store(ms(deadline), Ordering::Relaxed);
+        state.stall_after_ms.store(ms(stall_after), Ordering::Relaxed);
+    }
+
+    /// How the writer is doing.
+    pub fn health(&self) -> WriterHealth {
+        self.writer.health()
+    }
+
+    /// Holds the writer until the returned sender is dropped (tests of a stalled store).
+    #[cfg(test)]
+    pub(crate) fn hold_writer(&self) -> std::sync::mpsc::Sender<()> {
+        let (hold, release) = std::sync::mpsc::channel();
+        let _ = self.writer.enqueue(Request::Hold(release));
+        hold
     }
 }
 
@@ -107,7 +530,7 @@ impl Db {
 pub struct Tree<T> {
     name: &'static str,
     tree: sled::Tree,
-    db: sled::Db,
+    db: Db,
     _records: std::marker::PhantomData<fn() -> T>,
 }
 
@@ -123,32 +546,41 @@ impl<T> Clone for Tree<T> {
 }
 
 impl<T: Serialize + DeserializeOwned> Tree<T> {
-    /// Writes `record` under `key` and flushes it to disk before returning.
+    /// Writes `record` under `key`; returns once it is on disk.
+    ///
+    /// Errors: see [`Db::commit`].
     pub async fn put(&self, key: &str, record: &T) -> Result<(), StoreError> {
-        self.tree.insert(key.as_bytes(), encode(record))?;
-        self.db.flush_async().await?;
-        Ok(())
+        let mut batch = WriteBatch::new();
+        batch.put(self, key, record);
+        self.db.commit(batch).await
     }
 
-    /// Writes `record` under `key` and flushes, from synchronous code.
+    /// [`Tree::put`] from synchronous code (see [`Db::commit_blocking`]).
     pub fn put_blocking(&self, key: &str, record: &T) -> Result<(), StoreError> {
-        self.tree.insert(key.as_bytes(), encode(record))?;
-        self.db.flush()?;
-        Ok(())
+        let mut batch = WriteBatch::new();
+        batch.put(self, key, record);
+        self.db.commit_blocking(batch)
     }
 
-    /// Removes the record under `key` and flushes, from synchronous code.
+    /// Removes the record under `key`, from synchronous code (see
+    /// [`Db::commit_blocking`]).
     pub fn remove_blocking(&self, key: &str) -> Result<(), StoreError> {
-        self.tree.remove(key.as_bytes())?;
-        self.db.flush()?;
-        Ok(())
+        let mut batch = WriteBatch::new();
+        batch.remove(self, key);
+        self.db.commit_blocking(batch)
     }
 
     /// Writes `record` under `key` without waiting for the disk: for records that may
-    /// be lost in a crash (sled flushes them within half a second anyway).
+    /// be lost in a crash (the next flush of the writer, or sled's own within half a
+    /// second, takes them).
     pub fn insert_lazily(&self, key: &str, record: &T) -> Result<(), StoreError> {
         self.tree.insert(key.as_bytes(), encode(record))?;
         Ok(())
+    }
+
+    /// The database it is in.
+    pub fn db(&self) -> &Db {
+        &self.db
     }
 
     /// The record under `key`.
@@ -249,5 +681,109 @@ mod tests {
         let db = Db::open(dir.path()).unwrap();
         let tree: Tree<Vec<u32>> = db.tree("numbers").unwrap();
         assert_eq!(tree.get("b").unwrap(), Some(vec![2]));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn many_concurrent_writers_share_flushes_and_every_write_lands() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path()).unwrap();
+        let tree: Tree<u64> = db.tree("numbers").unwrap();
+        let mut writers = tokio::task::JoinSet::new();
+        for writer in 0..64u64 {
+            let tree = tree.clone();
+            writers.spawn(async move {
+                for i in 0..50u64 {
+                    tree.put(&format!("{writer:03}-{i:03}"), &(writer * 1000 + i))
+                        .await
+                        .unwrap();
+                }
+            });
+        }
+        while let Some(done) = writers.join_next().await {
+            done.unwrap();
+        }
+        let health = db.health();
+        assert_eq!(health.writes, 64 * 50);
+        assert!(health.flushes < health.writes, "no write shared a flush: {health:?}");
+        assert!(!health.stalled);
+        drop(tree);
+        drop(db);
+        let db = Db::open(dir.path()).unwrap();
+        let tree: Tree<u64> = db.tree("numbers").unwrap();
+        assert_eq!(tree.len(), 64 * 50);
+    }
+
+    #[tokio::test]
+    async fn a_batch_over_several_trees_is_stored_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path()).unwrap();
+        let runs: Tree<String> = db.tree("runs").unwrap();
+        let keys: Tree<String> = db.tree("keys").unwrap();
+        let mut batch = WriteBatch::new();
+        batch
+            .put(&runs, "r1", &"run".to_owned())
+            .put(&keys, "k1", &"r1".to_owned());
+        batch.put(&runs, "r2", &"run".to_owned());
+        db.commit(batch).await.unwrap();
+        assert_eq!(runs.len(), 2);
+        assert_eq!(keys.get("k1").unwrap().as_deref(), Some("r1"));
+        let mut batch = WriteBatch::new();
+        batch.remove(&runs, "r2");
+        db.commit_blocking(batch).unwrap();
+        assert_eq!(runs.get("r2").unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn a_stuck_writer_is_unhealthy_and_writes_fail_at_their_deadline_then_recover() {
+        let db = Db::temporary().unwrap();
+        db.set_limits(Duration::from_millis(300), Duration::from_millis(100));
+        let tree: Tree<u32> = db.tree("numbers").unwrap();
+        let hold = db.hold_writer();
+        let error = tree.put("a", &1).await.unwrap_err();
+        assert!(matches!(error, StoreError::Stalled { .. }), "{error}");
+        assert!(error.is_unavailable());
+        assert!(error.to_string().contains("retry later"), "{error}");
+        let health = db.health();
+        assert!(health.stalled, "{health:?}");
+        assert!(health.busy_ms >= 100, "{health:?}");
+        assert_eq!(health.refused, 1);
+        // A blocking caller gets the same, not a hang.
+        let blocking = tree.clone();
+        let error = tokio::task::spawn_blocking(move || blocking.put_blocking("b", &2))
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(matches!(error, StoreError::Stalled { .. }), "{error}");
+        drop(hold);
+        // Unstuck: healthy again, and new writes are acknowledged.
+        tree.put("c", &3).await.unwrap();
+        assert!(!db.health().stalled);
+        assert_eq!(tree.get("c").unwrap(), Some(3));
+    }
+
+    #[test]
+    fn a_full_queue_refuses_at_once() {
+        let db = Db::temporary().unwrap();
+        let tree: Tree<u32> = db.tree("numbers").unwrap();
+        let hold = db.hold_writer();
+        // Wait until the writer holds (the hold request is taken off the queue).
+        while db.health().busy_ms == 0 && db.health().queued > 0 {
+            std::thread::yield_now();
+        }
+        let mut refused = None;
+        for i in 0..=WRITE_QUEUE + 1 {
+            let mut batch = WriteBatch::new();
+            batch.put(&tree, &i.to_string(), &1);
+            let (reply, _answer) = std::sync::mpsc::sync_channel(1);
+            if let Err(error) = db.writer.enqueue(Request::Write {
+                batch,
+                reply: Reply::Blocking(reply),
+            }) {
+                refused = Some(error);
+                break;
+            }
+        }
+        assert!(matches!(refused, Some(StoreError::Overloaded)), "{refused:?}");
+        drop(hold);
     }
 }

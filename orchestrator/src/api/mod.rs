@@ -60,6 +60,8 @@ pub struct ApiState {
     pub sessions: crate::session::Sessions,
     /// What reflexes did.
     pub reflex_events: crate::reflex::Events,
+    /// The database (its writer's health).
+    pub db: crate::store::Db,
 }
 
 /// The largest request body (bytes): a turn may carry several messages of up to
@@ -237,11 +239,28 @@ impl utoipa::Modify for BearerScheme {
     }
 }
 
-/// Liveness: `ok`.
+/// Liveness and the store: `ok`, or 503 while the store's writer has been stuck in one
+/// flush for over 5 s (writes are answered 503 meanwhile).
 #[utoipa::path(get, operation_id = "healthz", path = "/healthz", tag = "server",
-    responses((status = 200, description = "The server is up", body = String, content_type = "text/plain")))]
-async fn healthz() -> &'static str {
-    "ok\n"
+    responses(
+        (status = 200, description = "The server is up and its store acknowledges writes", body = String, content_type = "text/plain"),
+        (status = 503, description = "The store's writer is stalled", body = String, content_type = "text/plain"),
+    ))]
+async fn healthz(State(state): State<ApiState>) -> Response {
+    let health = state.db.health();
+    if health.stalled {
+        let text = format!(
+            "unhealthy: the store's writer has been busy for {} ms ({} writes waiting)\n",
+            health.busy_ms, health.queued
+        );
+        let mut response = (StatusCode::SERVICE_UNAVAILABLE, text).into_response();
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from(STORE_RETRY_AFTER_S));
+        response
+    } else {
+        "ok\n".into_response()
+    }
 }
 
 /// This document.
@@ -354,9 +373,53 @@ impl ApiError {
         self
     }
 
+    /// A 503 with `Retry-After` for a store that did not acknowledge a write in time or
+    /// is overloaded (`store_unavailable`): nothing was acknowledged, retry later.
+    pub(crate) fn store_busy(message: impl Into<String>) -> ApiError {
+        ApiError {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            code: "store_unavailable",
+            message: message.into(),
+            retry_after: Some(STORE_RETRY_AFTER_S),
+        }
+    }
+
     /// A 500 for a failure of the server itself.
     pub(crate) fn internal(error: impl std::fmt::Display) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string())
+    }
+}
+
+/// Seconds a client is asked to wait when the store is busy.
+pub(crate) const STORE_RETRY_AFTER_S: u64 = 5;
+
+impl From<crate::store::StoreError> for ApiError {
+    fn from(e: crate::store::StoreError) -> ApiError {
+        if e.is_unavailable() {
+            ApiError::store_busy(e.to_string())
+        } else {
+            ApiError::internal(e)
+        }
+    }
+}
+
+/// The header that marks an answer replayed for an `Idempotency-Key` seen before.
+pub(crate) const IDEMPOTENT_REPLAYED: header::HeaderName = header::HeaderName::from_static("idempotent-replayed");
+
+impl From<crate::idempotency::KeyError> for ApiError {
+    fn from(e: crate::idempotency::KeyError) -> ApiError {
+        use crate::idempotency::KeyError;
+        match e {
+            KeyError::Malformed(_) => ApiError::new(StatusCode::BAD_REQUEST, e.to_string()),
+            KeyError::Mismatch { .. } => ApiError::new(StatusCode::CONFLICT, e.to_string()),
+            KeyError::InProgress(_) => ApiError {
+                status: StatusCode::CONFLICT,
+                code: "in_progress",
+                message: e.to_string(),
+                retry_after: Some(1),
+            },
+            KeyError::Store(e) => ApiError::from(e),
+        }
     }
 }
 
@@ -765,12 +828,59 @@ async fn events(State(state): State<ApiState>) -> Sse<impl Stream<Item = Result<
 #[utoipa::path(get, operation_id = "metrics", path = "/metrics", tag = "server",
     responses((status = 200, description = "Prometheus text", body = String, content_type = "text/plain")))]
 async fn metrics(State(state): State<ApiState>) -> Response {
-    let body = prometheus_text(&state.graph.snapshot());
+    let mut body = prometheus_text(&state.graph.snapshot());
+    store_metrics(&mut body, &state.db.health());
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
         body,
     )
         .into_response()
+}
+
+/// The store writer's metrics, appended to `out` in the Prometheus text format.
+pub fn store_metrics(out: &mut String, health: &crate::store::WriterHealth) {
+    use std::fmt::Write as _;
+    let metrics: [(&str, &str, &str, u64); 6] = [
+        (
+            "skein_store_writes_total",
+            "counter",
+            "Durable writes acknowledged.",
+            health.writes,
+        ),
+        (
+            "skein_store_flushes_total",
+            "counter",
+            "Flushes of the store's writer (each acknowledges a group of writes).",
+            health.flushes,
+        ),
+        (
+            "skein_store_refused_total",
+            "counter",
+            "Writes refused (queue full) or not acknowledged within the deadline.",
+            health.refused,
+        ),
+        (
+            "skein_store_queued",
+            "gauge",
+            "Writes waiting for the writer.",
+            health.queued,
+        ),
+        (
+            "skein_store_busy_milliseconds",
+            "gauge",
+            "How long the writer's current round has run (0 when idle).",
+            health.busy_ms,
+        ),
+        (
+            "skein_store_stalled",
+            "gauge",
+            "1 when the writer's round has run longer than the stall bound.",
+            u64::from(health.stalled),
+        ),
+    ];
+    for (name, kind, help, value) in metrics {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
+    }
 }
 
 /// The snapshot in the Prometheus text format, with the metric names of NVIDIA's

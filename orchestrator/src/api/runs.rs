@@ -1,7 +1,10 @@
 //! Runs and instances over REST:
 //!
 //! - `POST /v1/runs` `{"workflow": "<text>", "name": "hello.yaml", "inputs": {…}}` →
-//!   `202 Accepted` with the stored run (it is on disk before the answer); `429` with
+//!   `202 Accepted` with the stored run (it is on disk before the answer). With an
+//!   `Idempotency-Key` header, a retry (same key, same body) gets the first run again
+//!   (header `Idempotent-Replayed: true`), never a second; the same key with another
+//!   body is `409`. `503` with `Retry-After` when the store is stalled; `429` with
 //!   `Retry-After` when the queue of its priority is full; `422` with diagnostics for
 //!   an invalid workflow; `400` for bad inputs.
 //! - `GET /v1/runs?limit=&after=` (newest first) → `{"data": [...], "next": id | null}`,
@@ -26,12 +29,15 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::sessions::idempotency_key;
 use super::{
-    ApiError, ApiState, ErrorBody, InvalidWorkflow, Listed, PageQuery, Params, Principal, ServerSentEvent, error,
-    parse_workflow,
+    ApiError, ApiState, ErrorBody, IDEMPOTENT_REPLAYED, InvalidWorkflow, Listed, PageQuery, Params, Principal,
+    ServerSentEvent, error, parse_workflow,
 };
+use crate::idempotency::Idempotent;
 use crate::instances::{InstanceView, Measurement};
 use crate::run::SubmitError;
+use crate::run::executor::Submitted;
 use crate::run::record::{RunRecord, RunState, UnixMs};
 
 /// The routes of this module (behind the API token).
@@ -67,12 +73,17 @@ pub struct SubmitRequest {
         (status = 202, description = "Accepted and stored", body = RunRecord),
         (status = 400, description = "Not a run request, or bad inputs", body = ErrorBody),
         (status = 422, description = "The workflow is invalid", body = InvalidWorkflow),
+        (status = 409, description = "The Idempotency-Key was used with another request, or its first request is in progress", body = ErrorBody),
         (status = 429, description = "The queue of its priority is full; see Retry-After", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
-    ))]
+        (status = 503, description = "The store did not acknowledge in time; nothing was acknowledged. See Retry-After", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+    ),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retried submission return the first run (at most 256 bytes)")))]
 async fn submit(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
+    headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
     let request: SubmitRequest = match serde_json::from_slice(&body) {
@@ -90,8 +101,25 @@ async fn submit(
         Ok(workflow) => workflow,
         Err(response) => return *response,
     };
-    match state.executor.submit(&principal.user, workflow, &request.inputs).await {
-        Ok(run) => (StatusCode::ACCEPTED, axum::Json(run)).into_response(),
+    let key = match idempotency_key(&headers) {
+        Ok(key) => key,
+        Err(e) => return e.into_response(),
+    };
+    let idempotent = key.as_deref().map(|key| Idempotent { key, request: &body });
+    match state
+        .executor
+        .submit(&principal.user, workflow, &request.inputs, idempotent)
+        .await
+    {
+        Ok(Submitted { run, replayed }) => {
+            let mut response = (StatusCode::ACCEPTED, axum::Json(run)).into_response();
+            if replayed {
+                response
+                    .headers_mut()
+                    .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+            }
+            response
+        }
         Err(e @ SubmitError::Inputs(_)) => error(StatusCode::BAD_REQUEST, &e.to_string()),
         Err(e @ SubmitError::QueueFull { retry_after, .. }) => {
             let mut response = error(StatusCode::TOO_MANY_REQUESTS, &e.to_string());
@@ -100,7 +128,8 @@ async fn submit(
             }
             response
         }
-        Err(e @ SubmitError::Store(_)) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+        Err(SubmitError::Key(e)) => ApiError::from(e).into_response(),
+        Err(SubmitError::Store(e)) => ApiError::from(e).into_response(),
     }
 }
 

@@ -31,8 +31,8 @@ use utoipa_axum::routes;
 
 use super::{ApiError, ApiState, ErrorBody, Listed, PageQuery, Params, Principal, ServerSentEvent, body, page_size};
 use crate::session::{
-    Binding, MessageRecord, MoveTo, NewMessage, NewSession, Reply, Role, Sampling, SessionError, SessionRecord, Target,
-    Turn,
+    Binding, CreateKey, MessageRecord, MoveTo, NewMessage, NewSession, Reply, Role, Sampling, SessionError,
+    SessionRecord, Target, Turn,
 };
 
 /// Text pieces of a streamed reply that may wait for a slow reader.
@@ -54,6 +54,8 @@ impl From<SessionError> for ApiError {
             SessionError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             SessionError::Engine(_) => StatusCode::BAD_GATEWAY,
             SessionError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            SessionError::StoreBusy(_) => return ApiError::store_busy(e.to_string()),
+            SessionError::KeyReused(_) => StatusCode::CONFLICT,
         };
         let error = ApiError::new(status, e.to_string());
         if status == StatusCode::SERVICE_UNAVAILABLE {
@@ -92,13 +94,22 @@ struct CreateSession {
     responses(
         (status = 201, description = "The session", body = SessionRecord),
         (status = 400, description = "A bad request (both model and agent, a bad model name, too much metadata)", body = ErrorBody),
+        (status = 200, description = "A retry with an Idempotency-Key seen before: the session made then", body = SessionRecord),
         (status = 404, description = "No run of the caller has that agent", body = ErrorBody),
-    ))]
+        (status = 409, description = "The Idempotency-Key was used with another request", body = ErrorBody),
+        (status = 503, description = "The store did not acknowledge in time; see Retry-After", body = ErrorBody),
+    ),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retried create answer the first session (at most 256 bytes)")))]
 async fn create(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
+    headers: HeaderMap,
     bytes: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
+    let key = idempotency_key(&headers)?.map(|key| CreateKey {
+        key,
+        request_sha256: crate::auth::sha256_hex_bytes(&bytes),
+    });
     let request: CreateSession = body(
         &bytes,
         r#"a session request: {"model": "owner/name"} or {"agent": "NAME", "run": "RUN"}"#,
@@ -122,18 +133,27 @@ async fn create(
             ));
         }
     };
-    let session = state
+    let created = state
         .sessions
-        .create(
+        .create_keyed(
             &principal,
             NewSession {
                 target,
                 system: request.system,
                 metadata: request.metadata,
             },
+            key,
         )
         .await?;
-    Ok((StatusCode::CREATED, Json(session)).into_response())
+    if created.replayed {
+        let mut response = (StatusCode::OK, Json(created.session)).into_response();
+        response
+            .headers_mut()
+            .insert(super::IDEMPOTENT_REPLAYED, axum::http::HeaderValue::from_static("true"));
+        Ok(response)
+    } else {
+        Ok((StatusCode::CREATED, Json(created.session)).into_response())
+    }
 }
 
 /// The caller's sessions (an admin: all), oldest first, a page at a time.

@@ -15,6 +15,7 @@ use utoipa_axum::routes;
 
 use super::{ApiError, ApiState, ErrorBody, Listed, PageQuery, Params, Principal, error};
 use crate::auth::{TokenError, TokenRecord};
+use crate::idempotency::Idempotent;
 
 pub(super) fn routes() -> OpenApiRouter<ApiState> {
     OpenApiRouter::new()
@@ -51,11 +52,14 @@ struct NewToken {
     token: String,
 }
 
-fn token_error(e: &TokenError) -> Response {
+fn token_error(e: TokenError) -> Response {
     let status = match e {
+        TokenError::Key(e) => return ApiError::from(e).into_response(),
+        TokenError::Store(e) => return ApiError::from(e).into_response(),
         TokenError::BadUser(_) | TokenError::Admin => StatusCode::BAD_REQUEST,
         TokenError::NotFound(_) => StatusCode::NOT_FOUND,
-        TokenError::Random(_) | TokenError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        TokenError::AlreadyCreated(_) => StatusCode::CONFLICT,
+        TokenError::Random(_) => StatusCode::INTERNAL_SERVER_ERROR,
     };
     error(status, &e.to_string())
 }
@@ -66,10 +70,14 @@ fn token_error(e: &TokenError) -> Response {
         (status = 201, description = "The token", body = NewToken),
         (status = 400, description = "A bad user name", body = ErrorBody),
         (status = 403, description = "The caller is not the admin", body = ErrorBody),
-    ))]
+        (status = 409, description = "The Idempotency-Key made a token before (its secret is not shown again), or was used with another request", body = ErrorBody),
+        (status = 503, description = "The store did not acknowledge in time; see Retry-After", body = ErrorBody),
+    ),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retried create refuse rather than make a second token")))]
 async fn create(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
+    headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
     if let Err(e) = admin_only(&principal) {
@@ -79,7 +87,16 @@ async fn create(
         Ok(request) => request,
         Err(e) => return e.into_response(),
     };
-    match state.tokens.create(&request.user).await {
+    let key = match super::sessions::idempotency_key(&headers) {
+        Ok(key) => key,
+        Err(e) => return e.into_response(),
+    };
+    let idempotent = key.as_deref().map(|key| Idempotent { key, request: &body });
+    match state
+        .tokens
+        .create_keyed(&request.user, &principal.user, idempotent)
+        .await
+    {
         Ok((record, secret)) => (
             StatusCode::CREATED,
             Json(NewToken {
@@ -88,7 +105,7 @@ async fn create(
             }),
         )
             .into_response(),
-        Err(e) => token_error(&e),
+        Err(e) => token_error(e),
     }
 }
 
@@ -133,6 +150,6 @@ async fn revoke(
     }
     match state.tokens.revoke(&id).await {
         Ok(record) => Json(record).into_response(),
-        Err(e) => token_error(&e),
+        Err(e) => token_error(e),
     }
 }

@@ -102,10 +102,17 @@ pub struct HardwareGraph {
     config: GraphConfig,
     version: AtomicU64,
     next_id: AtomicU64,
-    /// Node name → cell, sorted by name.
-    nodes: RwLock<BTreeMap<String, Arc<NodeCell>>>,
-    /// Node id → name.
-    ids: RwLock<BTreeMap<NodeId, String>>,
+    /// Every node, by name and by id, under one lock: a lookup never waits for a
+    /// second lock while holding this one. Lock order: `index`, then a cell's `state`,
+    /// then its `view` (docs/ARCHITECTURE.md, "Locks").
+    index: RwLock<Index>,
+}
+
+/// The nodes, by name (sorted) and by id.
+#[derive(Default)]
+struct Index {
+    by_name: BTreeMap<String, Arc<NodeCell>>,
+    by_id: BTreeMap<NodeId, Arc<NodeCell>>,
 }
 
 /// What [`HardwareGraph::register`] decided.
@@ -130,8 +137,7 @@ impl HardwareGraph {
             config,
             version: AtomicU64::new(0),
             next_id: AtomicU64::new(1),
-            nodes: RwLock::new(BTreeMap::new()),
-            ids: RwLock::new(BTreeMap::new()),
+            index: RwLock::new(Index::default()),
         }
     }
 
@@ -144,12 +150,15 @@ impl HardwareGraph {
         self.version.fetch_add(1, Ordering::SeqCst) + 1
     }
 
+    fn index(&self) -> std::sync::RwLockReadGuard<'_, Index> {
+        // Every change of the index is one insert of both maps under the write lock.
+        self.index.read().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn cell_by_id(&self, id: &NodeId) -> Result<Arc<NodeCell>, GraphError> {
-        let ids = self.ids.read().unwrap_or_else(|p| p.into_inner());
-        let name = ids.get(id).ok_or_else(|| GraphError::UnknownNode(id.clone()))?;
-        let nodes = self.nodes.read().unwrap_or_else(|p| p.into_inner());
-        nodes
-            .get(name)
+        self.index()
+            .by_id
+            .get(id)
             .cloned()
             .ok_or_else(|| GraphError::UnknownNode(id.clone()))
     }
@@ -160,9 +169,9 @@ impl HardwareGraph {
         let name = inventory.name.clone();
         let gpus = inventory.gpus.len();
         let inventory = Arc::new(inventory);
-        let mut nodes = self.nodes.write().unwrap_or_else(|p| p.into_inner());
+        let mut index = self.index.write().unwrap_or_else(|p| p.into_inner());
         let version = self.bump();
-        let (cell, known) = match nodes.get(&name) {
+        let (cell, known) = match index.by_name.get(&name) {
             Some(cell) => {
                 let mut state = lock(&cell.state);
                 if state.inventory.gpus != inventory.gpus {
@@ -205,15 +214,12 @@ impl HardwareGraph {
                     state: Mutex::new(state),
                     view: Mutex::new(view),
                 });
-                nodes.insert(name.clone(), Arc::clone(&cell));
-                self.ids
-                    .write()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(id, name.clone());
+                index.by_name.insert(name.clone(), Arc::clone(&cell));
+                index.by_id.insert(id, Arc::clone(&cell));
                 (cell, false)
             }
         };
-        drop(nodes);
+        drop(index);
         self.publish(&cell, version);
         let registration = Registration {
             id: cell.id.clone(),
@@ -369,13 +375,7 @@ impl HardwareGraph {
             .config
             .sample_interval_ms
             .saturating_mul(u64::from(self.config.missed_intervals_down));
-        let cells: Vec<Arc<NodeCell>> = self
-            .nodes
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let cells: Vec<Arc<NodeCell>> = self.index().by_name.values().cloned().collect();
         let mut events = Vec::new();
         for cell in cells {
             let went_down = {
@@ -412,9 +412,13 @@ impl HardwareGraph {
 
     /// The graph now: one immutable view per node, sorted by name.
     pub fn snapshot(&self) -> GraphSnapshot {
-        let nodes = self.nodes.read().unwrap_or_else(|p| p.into_inner());
-        let views: Vec<Arc<NodeView>> = nodes.values().map(|cell| Arc::clone(&lock(&cell.view))).collect();
-        drop(nodes);
+        let index = self.index();
+        let views: Vec<Arc<NodeView>> = index
+            .by_name
+            .values()
+            .map(|cell| Arc::clone(&lock(&cell.view)))
+            .collect();
+        drop(index);
         GraphSnapshot {
             version: views.iter().map(|v| v.version).max().unwrap_or(0),
             sample_interval_ms: self.config.sample_interval_ms,
@@ -520,8 +524,7 @@ impl HardwareGraph {
 
     /// The node id registered under `name`.
     pub fn id_of(&self, name: &str) -> Option<NodeId> {
-        let nodes = self.nodes.read().unwrap_or_else(|p| p.into_inner());
-        nodes.get(name).map(|cell| cell.id.clone())
+        self.index().by_name.get(name).map(|cell| cell.id.clone())
     }
 }
 

@@ -26,9 +26,10 @@ use super::launch;
 use super::record::{AfterFailure, Next, RetryPolicy, RunRecord, RunState, UnixMs, typed_inputs};
 use crate::engine_client::{Answer, CallError, Route, call};
 use crate::graph::{HardwareGraph, NodeId};
+use crate::idempotency::{Claim, IdempotencyKeys, Idempotent, KeyError};
 use crate::instances::{InstanceRequest, InstanceState, InstanceView, Instances};
 use crate::plan::{Plan, PlanInput, PlanSettings, Planner};
-use crate::store::{Db, StoreError, Tree};
+use crate::store::{Db, StoreError, Tree, WriteBatch};
 
 /// How the executor behaves.
 #[derive(Debug, Clone)]
@@ -84,9 +85,30 @@ pub enum SubmitError {
         /// When to try again.
         retry_after: Duration,
     },
+    /// The idempotency key was refused (used for another request, or in progress).
+    #[error(transparent)]
+    Key(KeyError),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl From<KeyError> for SubmitError {
+    fn from(e: KeyError) -> Self {
+        match e {
+            KeyError::Store(e) => SubmitError::Store(e),
+            other => SubmitError::Key(other),
+        }
+    }
+}
+
+/// What [`Executor::submit`] did.
+#[derive(Debug, Clone)]
+pub struct Submitted {
+    /// The run (as it is now, when replayed).
+    pub run: RunRecord,
+    /// True when the idempotency key created it before: nothing new was stored.
+    pub replayed: bool,
 }
 
 /// Why a run could not be found or changed.
@@ -114,6 +136,8 @@ impl std::fmt::Debug for Executor {
 
 struct Inner {
     runs: Tree<RunRecord>,
+    /// The `Idempotency-Key`s of submissions.
+    keys: IdempotencyKeys,
     graph: Arc<HardwareGraph>,
     hub: HubClient,
     instances: Arc<Instances>,
@@ -171,6 +195,7 @@ impl Executor {
         Ok(Executor {
             inner: Arc::new(Inner {
                 runs: db.tree("runs")?,
+                keys: IdempotencyKeys::open(db, "run_keys")?,
                 graph,
                 hub,
                 instances,
@@ -230,7 +255,9 @@ impl Executor {
     }
 
     /// Accepts a run of `workflow`: checks its inputs, refuses it when its priority's
-    /// queue is full, and stores it (flushed) before returning it.
+    /// queue is full, and stores it (flushed) before returning it. With an
+    /// `idempotent` key that submitted a run before (with the same request), stores
+    /// nothing and returns that run as it is now.
     ///
     /// Errors: [`SubmitError`].
     pub async fn submit(
@@ -238,7 +265,28 @@ impl Executor {
         owner: &str,
         workflow: Workflow,
         inputs: &BTreeMap<String, serde_json::Value>,
-    ) -> Result<RunRecord, SubmitError> {
+        idempotent: Option<Idempotent<'_>>,
+    ) -> Result<Submitted, SubmitError> {
+        let claim = match idempotent {
+            Some(idempotent) => Some(self.inner.keys.claim(owner, idempotent)?),
+            None => None,
+        };
+        let pending = match claim {
+            Some(Claim::Replay(found)) => {
+                let run = self
+                    .inner
+                    .runs
+                    .get(&found.created)?
+                    .ok_or_else(|| StoreError::Corrupt {
+                        tree: "run_keys",
+                        key: found.created.clone(),
+                        reason: "the idempotency key names a run that is not stored".to_owned(),
+                    })?;
+                return Ok(Submitted { run, replayed: true });
+            }
+            Some(Claim::New(pending)) => Some(pending),
+            None => None,
+        };
         let inputs = typed_inputs(&workflow, inputs)?;
         let priority = workflow.placement.priority;
         let capacity = self.inner.config.queue_capacity;
@@ -254,11 +302,18 @@ impl Executor {
         let id = new_id('r', &self.inner.ids);
         let mut run = RunRecord::new(id, owner.to_owned(), workflow, inputs, now);
         run.reason = Some("waiting for admission".to_owned());
-        self.inner.runs.put(&run.id, &run).await?;
+        // The run and its key in one atomic write: a crash leaves both or neither.
+        let mut batch = WriteBatch::new();
+        batch.put(&self.inner.runs, &run.id, &run);
+        if let Some(pending) = &pending {
+            pending.record(&mut batch, &run.id, now);
+        }
+        self.inner.runs.db().commit(batch).await?;
+        drop(pending);
         lock(&self.inner.queue).insert((Reverse(priority), run.id.clone()));
         self.changed(&run.id);
         self.inner.wake.notify_one();
-        Ok(run)
+        Ok(Submitted { run, replayed: false })
     }
 
     /// One run.

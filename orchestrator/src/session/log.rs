@@ -17,7 +17,7 @@ use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use super::record::{Binding, MessageRecord, NewMessage, SessionRecord};
-use super::store::{Appended, SessionStore, Write};
+use super::store::{Appended, CreatedKey, SessionStore, Write};
 use crate::run::executor::unix_ms;
 use crate::store::StoreError;
 
@@ -42,6 +42,34 @@ pub enum LogError {
     /// The writer stopped (the server is shutting down).
     #[error("the session writer stopped")]
     Closed,
+    /// The idempotency key of a create came with another request before.
+    #[error(
+        "the Idempotency-Key `{key}` was used before with a different request (it created `{session}`); help: use a new key for a new request"
+    )]
+    KeyReused {
+        /// The key.
+        key: String,
+        /// The session it created.
+        session: String,
+    },
+}
+
+/// The `Idempotency-Key` of a create and the request it came with.
+#[derive(Debug, Clone)]
+pub struct CreateKey {
+    /// The client's key.
+    pub key: String,
+    /// The SHA-256 of the request (hex).
+    pub request_sha256: String,
+}
+
+/// What a create did.
+#[derive(Debug, Clone)]
+pub struct Created {
+    /// The session (made by an earlier create with the same key when replayed).
+    pub session: SessionRecord,
+    /// True when the key was seen before and nothing was written.
+    pub replayed: bool,
 }
 
 /// What an append wrote.
@@ -56,7 +84,7 @@ pub struct AppendOutcome {
 }
 
 enum Op {
-    Create(Box<SessionRecord>),
+    Create(Box<SessionRecord>, Option<CreateKey>),
     Append {
         session: String,
         messages: Vec<NewMessage>,
@@ -72,6 +100,7 @@ enum Op {
 
 enum Outcome {
     Session(SessionRecord),
+    Created(Created),
     Appended(AppendOutcome),
     Deleted,
 }
@@ -144,11 +173,20 @@ impl SessionLog {
 
     async fn send(&self, op: Op) -> Result<Outcome, LogError> {
         let (reply, answer) = oneshot::channel();
-        self.requests
-            .send(Request { op, reply })
+        let waited = async {
+            self.requests
+                .send(Request { op, reply })
+                .await
+                .map_err(|_| LogError::Closed)?;
+            answer.await.map_err(|_| LogError::Closed)?
+        };
+        // The writer's own commits have a deadline; this one bounds the wait in its queue
+        // too. A write past it may still be stored, unacknowledged (idempotency keys make
+        // the retry safe).
+        let deadline = crate::store::WRITE_DEADLINE * 2;
+        let outcome = tokio::time::timeout(deadline, waited)
             .await
-            .map_err(|_| LogError::Closed)?;
-        let outcome = answer.await.map_err(|_| LogError::Closed)??;
+            .map_err(|_| LogError::Store(Arc::new(StoreError::Stalled { waited: deadline })))??;
         self.changes.send_modify(|n| *n += 1);
         Ok(outcome)
     }
@@ -157,8 +195,18 @@ impl SessionLog {
     ///
     /// Errors: [`LogError::Exists`], [`LogError::Store`].
     pub async fn create(&self, record: SessionRecord) -> Result<SessionRecord, LogError> {
-        match self.send(Op::Create(Box::new(record))).await? {
-            Outcome::Session(record) => Ok(record),
+        Ok(self.create_keyed(record, None).await?.session)
+    }
+
+    /// Stores a new session, once per idempotency `key` of its owner: a create with a
+    /// key seen before (and the same request) writes nothing and answers the session
+    /// it made then.
+    ///
+    /// Errors: [`LogError::Exists`], [`LogError::KeyReused`], [`LogError::NotFound`] (the
+    /// session the key made was deleted), [`LogError::Store`].
+    pub async fn create_keyed(&self, record: SessionRecord, key: Option<CreateKey>) -> Result<Created, LogError> {
+        match self.send(Op::Create(Box::new(record), key)).await? {
+            Outcome::Created(created) => Ok(created),
             _ => Err(LogError::Closed),
         }
     }
@@ -225,6 +273,8 @@ struct Overlay {
     keys: HashMap<(String, String), Appended>,
     /// Messages written, by session.
     messages: HashMap<String, Vec<MessageRecord>>,
+    /// Sessions made by idempotent creates in this batch, by owner and key.
+    created: HashMap<(String, String), CreatedKey>,
 }
 
 impl Writer {
@@ -276,13 +326,52 @@ impl Writer {
     fn apply(&self, op: Op, overlay: &mut Overlay, writes: &mut Vec<Write>) -> Result<Outcome, LogError> {
         let store_error = |e: StoreError| LogError::Store(Arc::new(e));
         match op {
-            Op::Create(record) => {
+            Op::Create(record, key) => {
+                if let Some(key) = &key {
+                    let slot = (record.owner.clone(), key.key.clone());
+                    let seen = match overlay.created.get(&slot) {
+                        Some(created) => Some(created.clone()),
+                        None => self.store.created(&slot.0, &slot.1).map_err(store_error)?,
+                    };
+                    if let Some(seen) = seen {
+                        if seen.request_sha256 != key.request_sha256 {
+                            return Err(LogError::KeyReused {
+                                key: key.key.clone(),
+                                session: seen.session,
+                            });
+                        }
+                        let session = self
+                            .session(&seen.session, overlay)?
+                            .ok_or(LogError::NotFound(seen.session))?;
+                        return Ok(Outcome::Created(Created {
+                            session,
+                            replayed: true,
+                        }));
+                    }
+                }
                 if self.session(&record.id, overlay)?.is_some() {
                     return Err(LogError::Exists(record.id));
                 }
                 overlay.sessions.insert(record.id.clone(), Some((*record).clone()));
                 writes.push(Write::Session(record.clone()));
-                Ok(Outcome::Session(*record))
+                if let Some(key) = key {
+                    let created = CreatedKey {
+                        request_sha256: key.request_sha256,
+                        session: record.id.clone(),
+                    };
+                    overlay
+                        .created
+                        .insert((record.owner.clone(), key.key.clone()), created.clone());
+                    writes.push(Write::CreatedKey {
+                        owner: record.owner.clone(),
+                        key: key.key,
+                        created,
+                    });
+                }
+                Ok(Outcome::Created(Created {
+                    session: *record,
+                    replayed: false,
+                }))
             }
             Op::Append { session, messages, key } => {
                 let mut record = self

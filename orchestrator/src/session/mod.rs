@@ -16,7 +16,7 @@ pub mod record;
 pub mod service;
 pub mod store;
 
-pub use log::{AppendOutcome, LogConfig, LogError, SessionLog};
+pub use log::{AppendOutcome, CreateKey, Created, LogConfig, LogError, SessionLog};
 pub use record::{Binding, MessageRecord, NewMessage, Role, SessionRecord};
 pub use service::{
     Migration, MoveTo, NewSession, Reply, Sampling, SessionError, Sessions, SessionsConfig, Target, Turn,

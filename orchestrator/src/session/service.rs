@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use skein_dsl::ir::{Agent, Backend};
 use tokio::sync::mpsc;
 
-use super::log::{LogError, SessionLog};
+use super::log::{CreateKey, Created, LogError, SessionLog};
 use super::record::{self, Binding, Invalid, MessageRecord, NewMessage, Role, SessionRecord};
 use super::store::Page;
 use crate::auth::Principal;
@@ -66,11 +66,21 @@ pub enum SessionError {
     /// The store failed.
     #[error("the session store failed: {0}")]
     Store(String),
+    /// The idempotency key was used with another request.
+    #[error("{0}")]
+    KeyReused(String),
+    /// The store did not acknowledge in time or is overloaded: retry later.
+    #[error("{0}")]
+    StoreBusy(String),
 }
 
 impl From<StoreError> for SessionError {
     fn from(e: StoreError) -> Self {
-        SessionError::Store(e.to_string())
+        if e.is_unavailable() {
+            SessionError::StoreBusy(e.to_string())
+        } else {
+            SessionError::Store(e.to_string())
+        }
     }
 }
 
@@ -78,6 +88,8 @@ impl From<LogError> for SessionError {
     fn from(e: LogError) -> Self {
         match e {
             LogError::NotFound(id) => SessionError::NotFound(format!("no session `{id}`; GET /v1/sessions lists them")),
+            LogError::Store(e) if e.is_unavailable() => SessionError::StoreBusy(e.to_string()),
+            e @ LogError::KeyReused { .. } => SessionError::KeyReused(e.to_string()),
             other => SessionError::Store(other.to_string()),
         }
     }
@@ -333,6 +345,23 @@ impl Sessions {
     ///
     /// Errors: [`SessionError::NotFound`] (the run), [`SessionError::Invalid`].
     pub async fn create(&self, principal: &Principal, new: NewSession) -> Result<SessionRecord, SessionError> {
+        Ok(self.create_keyed(principal, new, None).await?.session)
+    }
+
+    /// [`Sessions::create`], once per idempotency `key` of the caller: a retry with the
+    /// same key and request answers the session made the first time.
+    ///
+    /// Errors: as [`Sessions::create`]; a key used with another request is
+    /// [`SessionError::KeyReused`].
+    pub async fn create_keyed(
+        &self,
+        principal: &Principal,
+        new: NewSession,
+        key: Option<CreateKey>,
+    ) -> Result<Created, SessionError> {
+        if let Some(key) = &key {
+            record::check_idempotency_key(&key.key)?;
+        }
         record::check_metadata(&new.metadata)?;
         let (agent, run, mut definition, binding) = match &new.target {
             Target::RunAgent { run, agent } => {
@@ -364,7 +393,7 @@ impl Sessions {
             messages: 0,
             migrations: 0,
         };
-        Ok(self.inner.log.create(session).await?)
+        Ok(self.inner.log.create_keyed(session, key).await?)
     }
 
     /// The definition of `agent` in `run`, a run `principal` may see.

@@ -11,17 +11,19 @@
 //! | `o/{owner}/{session}` | empty: the owner index |
 //! | `m/{session}/{seq:016x}` | [`MessageRecord`] |
 //! | `i/{session}/{key}` | the first and last sequence numbers an idempotent append wrote |
+//! | `c/{owner}/{key}` | [`CreatedKey`]: the session an idempotent create made |
 //!
 //! Values are the store's versioned records (a format byte, then JSON). Every
 //! [`SessionStore::commit`] is one sled batch (all of it or none of it after a crash),
-//! flushed before it returns.
+//! stored through the database's one writer ([`crate::store`]) and flushed before it
+//! returns.
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use super::record::{MessageRecord, SessionRecord};
-use crate::store::{Db, StoreError, decode, encode};
+use crate::store::{Db, StoreError, WriteBatch, decode, encode};
 
 /// The layout written today.
 pub const LAYOUT_VERSION: u8 = 1;
@@ -50,6 +52,15 @@ pub enum Write {
         /// The messages it wrote.
         appended: Appended,
     },
+    /// Remembers which session an idempotent create made.
+    CreatedKey {
+        /// The owner.
+        owner: String,
+        /// The client's key.
+        key: String,
+        /// What it made.
+        created: CreatedKey,
+    },
     /// Removes a session with its messages and keys.
     Delete {
         /// The session.
@@ -66,6 +77,15 @@ pub struct Appended {
     pub first: u64,
     /// The last.
     pub last: u64,
+}
+
+/// The session an idempotent create made, and the request it came with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreatedKey {
+    /// The SHA-256 of the request (hex).
+    pub request_sha256: String,
+    /// The session.
+    pub session: String,
 }
 
 /// A page of sessions.
@@ -96,6 +116,9 @@ pub trait SessionStore: Send + Sync + 'static {
 
     /// What an idempotent append with `key` wrote, if one was committed.
     fn idempotent(&self, session: &str, key: &str) -> Result<Option<Appended>, StoreError>;
+
+    /// The session an idempotent create of `owner` with `key` made, if one was committed.
+    fn created(&self, owner: &str, key: &str) -> Result<Option<CreatedKey>, StoreError>;
 
     /// Applies `writes` atomically and durably.
     fn commit(&self, writes: &[Write]) -> Result<(), StoreError>;
@@ -135,6 +158,10 @@ fn message_prefix(id: &str) -> Vec<u8> {
 
 fn message_key(id: &str, seq: u64) -> Vec<u8> {
     format!("m/{id}/{seq:016x}").into_bytes()
+}
+
+fn created_key(owner: &str, key: &str) -> Vec<u8> {
+    format!("c/{owner}/{key}").into_bytes()
 }
 
 fn idempotency_prefix(id: &str) -> Vec<u8> {
@@ -178,9 +205,11 @@ impl SledSessions {
         let found = self.tree.get(LAYOUT_KEY)?.and_then(|v| v.first().copied());
         match found {
             None => {
-                self.tree.insert(LAYOUT_KEY, &[LAYOUT_VERSION])?;
-                self.db.raw().flush()?;
-                Ok(())
+                let mut batch = sled::Batch::default();
+                batch.insert(LAYOUT_KEY, &[LAYOUT_VERSION]);
+                let mut write = WriteBatch::new();
+                write.raw(&self.tree, batch);
+                self.db.commit_blocking(write)
             }
             Some(LAYOUT_VERSION) => Ok(()),
             Some(version) => Err(StoreError::Corrupt {
@@ -277,6 +306,11 @@ impl SessionStore for SledSessions {
         self.tree.get(&key)?.map(|bytes| self.read(&key, &bytes)).transpose()
     }
 
+    fn created(&self, owner: &str, key: &str) -> Result<Option<CreatedKey>, StoreError> {
+        let key = created_key(owner, key);
+        self.tree.get(&key)?.map(|bytes| self.read(&key, &bytes)).transpose()
+    }
+
     fn commit(&self, writes: &[Write]) -> Result<(), StoreError> {
         let mut batch = sled::Batch::default();
         for (index, write) in writes.iter().enumerate() {
@@ -290,6 +324,9 @@ impl SessionStore for SledSessions {
                 }
                 Write::Idempotency { session, key, appended } => {
                     batch.insert(idempotency_key(session, key), encode(appended));
+                }
+                Write::CreatedKey { owner, key, created } => {
+                    batch.insert(created_key(owner, key), encode(created));
                 }
                 Write::Delete { session, owner } => {
                     batch.remove(session_key(session));
@@ -314,15 +351,20 @@ impl SessionStore for SledSessions {
                 }
             }
         }
-        self.tree.apply_batch(batch)?;
         if self.durable {
-            self.db.raw().flush()?;
+            let mut write = WriteBatch::new();
+            write.raw(&self.tree, batch);
+            self.db.commit_blocking(write)
+        } else {
+            self.tree.apply_batch(batch)?;
+            Ok(())
         }
-        Ok(())
     }
 
     fn flush(&self) -> Result<(), StoreError> {
-        self.db.raw().flush()?;
-        Ok(())
+        // Through the writer, which owns the flush: an empty batch of this tree.
+        let mut write = WriteBatch::new();
+        write.raw(&self.tree, sled::Batch::default());
+        self.db.commit_blocking(write)
     }
 }
