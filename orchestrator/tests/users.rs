@@ -138,3 +138,90 @@ async fn runs_are_listed_a_page_at_a_time() {
         "{body}"
     );
 }
+
+/// POSTs `body` as `token` with `Idempotency-Key: key`: the status, whether the answer
+/// says it was replayed, and the body.
+async fn keyed(
+    s: &common::Setup,
+    path: &str,
+    token: &str,
+    key: &str,
+    body: &serde_json::Value,
+) -> (u16, bool, serde_json::Value) {
+    let response = s
+        .http
+        .post(s.url(path))
+        .bearer_auth(token)
+        .header("idempotency-key", key)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let replayed = response.headers().get("idempotent-replayed").is_some();
+    (status, replayed, response.json().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_create_with_the_same_idempotency_key_returns_the_first_and_never_makes_a_second() {
+    let s = setup(quick(), None).await;
+    let ada = s.token_for("ada").await;
+    let bob = s.token_for("bob").await;
+
+    // Runs: the retry answers the first run; another body with the key is refused.
+    let run = json!({"workflow": WORKFLOW});
+    let (status, replayed, first) = keyed(&s, "/v1/runs", &ada, "k-1", &run).await;
+    assert_eq!((status, replayed), (202, false), "{first}");
+    let (status, replayed, again) = keyed(&s, "/v1/runs", &ada, "k-1", &run).await;
+    assert_eq!((status, replayed), (202, true), "{again}");
+    assert_eq!(again["id"], first["id"]);
+    let other = json!({"workflow": WORKFLOW.replace("prompt: hi", "prompt: bye")});
+    let (status, _, refused) = keyed(&s, "/v1/runs", &ada, "k-1", &other).await;
+    assert_eq!(status, 409, "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("different request"),
+        "{refused}"
+    );
+    // Keys are per user: bob's k-1 is his own.
+    let (status, replayed, bobs) = keyed(&s, "/v1/runs", &bob, "k-1", &run).await;
+    assert_eq!((status, replayed), (202, false), "{bobs}");
+    assert_ne!(bobs["id"], first["id"]);
+    let runs = s.get("/v1/runs").await;
+    assert_eq!(runs["data"].as_array().unwrap().len(), 2, "{runs:#}");
+    let (status, _, bad) = keyed(&s, "/v1/runs", &ada, "has space", &run).await;
+    assert_eq!(status, 400, "{bad}");
+
+    // Sessions: 201 once, then 200 with the same session.
+    let session = json!({"model": "Qwen/Qwen2.5-0.5B-Instruct"});
+    let (status, replayed, first) = keyed(&s, "/v1/sessions", &ada, "s-1", &session).await;
+    assert_eq!((status, replayed), (201, false), "{first}");
+    let (status, replayed, again) = keyed(&s, "/v1/sessions", &ada, "s-1", &session).await;
+    assert_eq!((status, replayed), (200, true), "{again}");
+    assert_eq!(again["id"], first["id"]);
+    let other = json!({"model": "Qwen/Qwen2.5-1.5B-Instruct"});
+    let (status, _, refused) = keyed(&s, "/v1/sessions", &ada, "s-1", &other).await;
+    assert_eq!(status, 409, "{refused}");
+    let sessions = s.get("/v1/sessions").await;
+    assert_eq!(sessions["data"].as_array().unwrap().len(), 1, "{sessions:#}");
+
+    // Tokens: a retry cannot make a second token, nor show the first one's secret again.
+    let token = json!({"user": "cy"});
+    let (status, _, made) = keyed(&s, "/v1/tokens", API, "t-1", &token).await;
+    assert_eq!(status, 201, "{made}");
+    let (status, _, refused) = keyed(&s, "/v1/tokens", API, "t-1", &token).await;
+    assert_eq!(status, 409, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(message.contains(made["id"].as_str().unwrap()), "{message}");
+    assert!(!message.contains(made["token"].as_str().unwrap()), "{message}");
+    let tokens = s.get("/v1/tokens").await;
+    let cys = tokens["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["user"] == "cy")
+        .count();
+    assert_eq!(cys, 1, "{tokens:#}");
+}
