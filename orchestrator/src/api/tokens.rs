@@ -58,7 +58,9 @@ fn token_error(e: TokenError) -> Response {
         TokenError::Store(e) => return ApiError::from(e).into_response(),
         TokenError::BadUser(_) | TokenError::Admin => StatusCode::BAD_REQUEST,
         TokenError::NotFound(_) => StatusCode::NOT_FOUND,
-        TokenError::AlreadyCreated(_) => StatusCode::CONFLICT,
+        TokenError::AlreadyCreated(_) => {
+            return super::error_with_code(StatusCode::CONFLICT, "already_created", &e.to_string());
+        }
         TokenError::Random(_) => StatusCode::INTERNAL_SERVER_ERROR,
     };
     error(status, &e.to_string())
