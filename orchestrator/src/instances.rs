@@ -293,10 +293,10 @@ impl Instances {
         }
     }
 
-    fn measured(&self, entry: &Entry) {
-        let (Some(start), Some(tree)) = (&entry.start, lock(&self.measurements).clone()) else {
-            return;
-        };
+    /// The measurement an entry's report makes, if any (recorded by the caller once it
+    /// holds no lock: [`Instances::record`]).
+    fn measured(entry: &Entry) -> Option<Measurement> {
+        let start = entry.start.as_ref()?;
         let view = &entry.view;
         let gpu: u64 = view.measured_gpu.iter().map(|(_, b)| b).sum();
         let measured_bytes = if start.gpus.is_empty() {
@@ -305,9 +305,9 @@ impl Instances {
             gpu
         };
         if measured_bytes == 0 {
-            return;
+            return None;
         }
-        let record = Measurement {
+        Some(Measurement {
             variant: view.variant.clone(),
             engine: view.engine.clone(),
             gpus: start.gpus.len(),
@@ -317,12 +317,19 @@ impl Instances {
             measured_bytes,
             node: view.node_name.clone(),
             measured_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        })
+    }
+
+    /// Keeps a measurement (lazily: a lost one is measured again at the next start).
+    fn record(&self, record: &Measurement) {
+        let Some(tree) = lock(&self.measurements).clone() else {
+            return;
         };
         let key = format!(
             "{}|{}|{}|{}|{}",
             record.variant, record.engine, record.gpus, record.context, record.concurrency
         );
-        if let Err(error) = tree.insert_lazily(&key, &record) {
+        if let Err(error) = tree.insert_lazily(&key, record) {
             tracing::warn!(%error, "a memory measurement was not recorded");
         }
     }
@@ -752,6 +759,7 @@ impl Instances {
     /// before the orchestrator restarted) is kept for a resumed run to claim, and
     /// stopped if none does ([`Instances::stop_orphans`]).
     pub fn report(&self, node: &NodeId, status: pb::InstanceStatus) {
+        let mut measurement = None;
         let known = {
             let mut entries = lock(&self.entries);
             if !entries.contains_key(&status.instance)
@@ -785,7 +793,7 @@ impl Instances {
                         view.measured_host_rss = status.host_rss;
                         view.measured_gpu = status.gpu_memory.iter().map(|g| (g.index, g.bytes)).collect();
                         if view.state == InstanceState::Ready {
-                            self.measured(entry);
+                            measurement = Instances::measured(entry);
                         }
                     }
                     true
@@ -793,6 +801,9 @@ impl Instances {
                 _ => false,
             }
         };
+        if let Some(measurement) = &measurement {
+            self.record(measurement);
+        }
         if known {
             self.bump();
         }

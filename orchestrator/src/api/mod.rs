@@ -632,21 +632,14 @@ async fn plans(State(state): State<ApiState>, body: axum::body::Bytes) -> Respon
             .block_on(crate::catalogs::inspect_workflow(&hub, &workflow, &options))
             .map_err(|e| Box::new(error(StatusCode::BAD_GATEWAY, &skein_model_registry::error_chain(&e))))?;
         let snapshot = graph.snapshot();
-        // A planner that panicked mid-plan may hold half-made caches: start afresh.
-        let mut planner = planner.lock().unwrap_or_else(|poisoned| {
-            planner.clear_poison();
-            let mut guard = poisoned.into_inner();
-            *guard = Planner::default();
-            guard
-        });
-        planner
-            .plan(&PlanInput {
-                workflow: &workflow,
-                models: &models,
-                graph: &snapshot,
-                running: &[],
-                settings,
-            })
+        let input = PlanInput {
+            workflow: &workflow,
+            models: &models,
+            graph: &snapshot,
+            running: &[],
+            settings,
+        };
+        Planner::plan_shared(&planner, &input)
             .map_err(|e| Box::new(error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())))
     })
     .await;

@@ -236,9 +236,7 @@ impl HardwareGraph {
 
     fn publish(&self, cell: &NodeCell, version: u64) {
         let state = lock(&cell.state);
-        let view = Arc::new(build_view(&cell.id, &state, version));
-        drop(state);
-        *lock(&cell.view) = view;
+        replace_view(cell, &state, version);
     }
 
     /// A node's stream opened; returns the connection's generation for
@@ -296,7 +294,7 @@ impl HardwareGraph {
         let version = self.bump();
         let seq = batch.seq;
         let mut events = Vec::new();
-        let view = {
+        {
             let mut state = lock(&cell.state);
             let count = state.windows.len();
             if let Some(bad) = batch.gpus.iter().find(|s| s.index as usize >= count) {
@@ -346,9 +344,8 @@ impl HardwareGraph {
                     state.gpu_health[index] = health;
                 }
             }
-            Arc::new(build_view(id, &state, version))
-        };
-        *lock(&cell.view) = view;
+            replace_view(&cell, &state, version);
+        }
         events.push(GraphEvent::Telemetry {
             node: id.clone(),
             seq,
@@ -526,6 +523,15 @@ impl HardwareGraph {
     pub fn id_of(&self, name: &str) -> Option<NodeId> {
         self.index().by_name.get(name).map(|cell| cell.id.clone())
     }
+}
+
+/// Publishes the view of `state` (held by the caller: lock order `state`, then `view`), so
+/// a slower publisher never replaces a newer view with an older one; its version never
+/// goes back (versions are taken before the state lock, so they may arrive out of order).
+fn replace_view(cell: &NodeCell, state: &NodeState, version: u64) {
+    let mut view = lock(&cell.view);
+    let version = version.max(view.version);
+    *view = Arc::new(build_view(&cell.id, state, version));
 }
 
 fn build_view(id: &NodeId, state: &NodeState, version: u64) -> NodeView {

@@ -328,6 +328,21 @@ const _: () = {
 const KEPT_UNITS: usize = 64;
 
 impl Planner {
+    /// Plans `input.workflow` with the planner `shared` by a server's threads. A planner
+    /// that panicked mid-plan may hold half-made caches: it starts afresh. Planning is
+    /// CPU work under a lock: call it off the async workers (`spawn_blocking`).
+    ///
+    /// Errors: as [`Planner::plan`].
+    pub fn plan_shared(shared: &std::sync::Mutex<Planner>, input: &PlanInput<'_>) -> Result<Plan, PlanError> {
+        let mut planner = shared.lock().unwrap_or_else(|poisoned| {
+            shared.clear_poison();
+            let mut guard = poisoned.into_inner();
+            *guard = Planner::default();
+            guard
+        });
+        planner.plan(input)
+    }
+
     /// Plans `input.workflow`.
     ///
     /// Errors: [`PlanError::MissingModels`] when a model's catalog is missing.

@@ -692,16 +692,21 @@ impl Executor {
                 .with_held(&self.inner.instances.unaccounted())
                 .without_drained(),
         );
-        let mut planner = lock(&self.inner.planner);
-        let plan = planner
-            .plan(&PlanInput {
+        // Planning is CPU work under the planner's lock: off the async workers.
+        let planner = Arc::clone(&self.inner.planner);
+        let catalogs = Arc::clone(&models);
+        let plan = tokio::task::spawn_blocking(move || {
+            let input = PlanInput {
                 workflow: &workflow,
-                models: &models,
+                models: &catalogs,
                 graph: &snapshot,
                 running: &[],
                 settings: PlanSettings::default(),
-            })
-            .map_err(|e| e.to_string())?;
+            };
+            Planner::plan_shared(&planner, &input).map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| format!("the planner failed: {e}"))??;
         Ok((plan, models))
     }
 
