@@ -470,3 +470,160 @@ async fn an_agents_labels_reach_the_nodes_and_the_graph_and_bad_ones_are_refused
     );
     assert_eq!(s.get("/v1/nodes").await.as_array().unwrap().len(), 2);
 }
+
+/// What one thread of [`many_threads_at_once_finish_and_leave_a_consistent_graph`] is
+/// doing, so a stuck run can say where its threads wait.
+const OPERATIONS: [&str; 10] = [
+    "nothing",
+    "register (new name)",
+    "register (known name)",
+    "connected",
+    "ingest",
+    "disconnected",
+    "leave",
+    "snapshot",
+    "node / window / id_of",
+    "sweep",
+];
+
+/// Many threads at once on one graph: registrations of new and known names, streams
+/// opening and closing, telemetry, departures, snapshots and sweeps, as a fleet of agents
+/// (re)joining while the API reads. The graph once took its two maps' locks in opposite
+/// orders (`register` the name map then the id map, `connected` the id map then the name
+/// map) and froze for good under exactly this. A watchdog fails the test, naming where
+/// the threads wait, instead of hanging.
+#[test]
+fn many_threads_at_once_finish_and_leave_a_consistent_graph() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, mpsc};
+    use std::time::Duration;
+
+    const THREADS: usize = 8;
+    const ROUNDS: usize = 4_000;
+    const WATCHDOG: Duration = Duration::from_secs(60);
+    /// Nodes registered before the threads start, so every operation has targets.
+    const SEEDED: usize = 16;
+
+    fn rtx_node(name: &str, gpus: u32) -> NodeInventory {
+        node(
+            name,
+            (0..gpus).map(|i| gpu(i, "NVIDIA GeForce RTX 4090", 24, &[])).collect(),
+        )
+    }
+
+    let g = Arc::new(graph());
+    let mut seeded = Vec::new();
+    for n in 0..SEEDED {
+        let (r, _) = g.register(rtx_node(&format!("seed-{n:02}"), 8), 0);
+        seeded.push((format!("seed-{n:02}"), r.id));
+    }
+    let seeded = Arc::new(seeded);
+    let doing: Arc<Vec<AtomicUsize>> = Arc::new((0..THREADS).map(|_| AtomicUsize::new(0)).collect());
+    let (done_tx, done_rx) = mpsc::channel();
+    for thread in 0..THREADS {
+        let (g, seeded, doing, done) = (Arc::clone(&g), Arc::clone(&seeded), Arc::clone(&doing), done_tx.clone());
+        std::thread::spawn(move || {
+            // xorshift: a fixed, different sequence of operations per thread.
+            let mut state = 0x9E37_79B9_7F4A_7C15_u64 ^ (thread as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            let mut next = move || {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state
+            };
+            let mut mine: Vec<(String, skein_orchestrator::graph::NodeId)> = Vec::new();
+            for round in 0..ROUNDS {
+                let now = round as u64;
+                let pick = next();
+                let target = if mine.is_empty() || pick % 2 == 0 {
+                    seeded[(pick as usize >> 1) % seeded.len()].clone()
+                } else {
+                    mine[(pick as usize >> 1) % mine.len()].clone()
+                };
+                let operation = 1 + (next() % (OPERATIONS.len() as u64 - 1)) as usize;
+                doing[thread].store(operation, Ordering::SeqCst);
+                match operation {
+                    1 => {
+                        let name = format!("t{thread}-{round}");
+                        let (r, _) = g.register(rtx_node(&name, 8), now);
+                        assert!(!r.known, "{name} is new");
+                        mine.push((name, r.id));
+                    }
+                    2 => {
+                        // Sometimes with other GPUs: the windows start afresh.
+                        let gpus = if next() % 8 == 0 { 4 } else { 8 };
+                        let (r, _) = g.register(rtx_node(&target.0, gpus), now);
+                        assert_eq!((r.id, r.known), (target.1.clone(), true), "{}", target.0);
+                    }
+                    3 => {
+                        g.connected(&target.1, now).unwrap();
+                    }
+                    4 => {
+                        let samples = (0..8).map(|i| (i, sample(1, (round % 100) as u32))).collect();
+                        // A batch for 8 GPUs of a node re-registered with 4 is refused.
+                        match g.ingest(&target.1, batch(round as u64, samples), now) {
+                            Ok(_) | Err(GraphError::UnknownGpu { .. }) => {}
+                            Err(other) => panic!("{other}"),
+                        }
+                    }
+                    5 => {
+                        let _ = g.disconnected(&target.1, next() % 4);
+                    }
+                    6 => {
+                        g.leave(&target.1, "rack reboot".to_owned()).unwrap();
+                    }
+                    7 => {
+                        let snapshot = g.snapshot();
+                        assert!(snapshot.nodes.len() >= SEEDED);
+                    }
+                    8 => {
+                        assert!(g.node(&target.1).is_some());
+                        let _ = g.window(&target.1, 0);
+                        assert_eq!(g.id_of(&target.0), Some(target.1.clone()));
+                    }
+                    _ => {
+                        let _ = g.sweep(now);
+                    }
+                }
+                doing[thread].store(0, Ordering::SeqCst);
+            }
+            let _ = done.send(mine);
+        });
+    }
+    drop(done_tx);
+
+    let deadline = std::time::Instant::now() + WATCHDOG;
+    let mut registered: Vec<(String, skein_orchestrator::graph::NodeId)> = seeded.to_vec();
+    for _ in 0..THREADS {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match done_rx.recv_timeout(left) {
+            Ok(mine) => registered.extend(mine),
+            Err(_) => {
+                let mut stuck: BTreeMap<&str, usize> = BTreeMap::new();
+                for operation in doing.iter().map(|d| d.load(Ordering::SeqCst)).filter(|&d| d != 0) {
+                    *stuck.entry(OPERATIONS[operation]).or_default() += 1;
+                }
+                panic!(
+                    "the graph is stuck: after {WATCHDOG:?}, threads still wait inside {stuck:?} (a lock-order \
+                     inversion or a lock held across a wait)"
+                );
+            }
+        }
+    }
+
+    // Every name once, under the id its first registration got, and nothing else.
+    let snapshot = g.snapshot();
+    assert_eq!(snapshot.nodes.len(), registered.len());
+    let in_graph: BTreeMap<String, skein_orchestrator::graph::NodeId> = snapshot
+        .nodes
+        .iter()
+        .map(|n| (n.inventory.name.clone(), n.id.clone()))
+        .collect();
+    let expected: BTreeMap<String, skein_orchestrator::graph::NodeId> = registered.into_iter().collect();
+    assert_eq!(in_graph, expected);
+    for view in &snapshot.nodes {
+        assert_eq!(g.id_of(&view.inventory.name).as_ref(), Some(&view.id));
+        assert_eq!(view.gpus.len(), view.inventory.gpus.len(), "{}", view.inventory.name);
+        assert!(view.version <= g.version());
+    }
+}

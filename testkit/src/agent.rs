@@ -161,6 +161,63 @@ impl Default for GpuLoad {
     }
 }
 
+/// The inventory of a test node `name`: `gpus` simulated RTX 4090s (24 GiB) on a host of
+/// 16 cores and 128 GiB, with `labels`.
+pub fn inventory(name: &str, gpus: u32, labels: BTreeMap<String, String>) -> pb::Inventory {
+    pb::Inventory {
+        host: Some(pb::Host {
+            hostname: name.to_owned(),
+            logical_cores: 16,
+            physical_cores: 8,
+            memory_total: 128 << 30,
+            ..pb::Host::default()
+        }),
+        gpus: (0..gpus)
+            .map(|i| pb::Gpu {
+                index: i,
+                uuid: format!("GPU-{name}-{i}"),
+                name: "NVIDIA GeForce RTX 4090".to_owned(),
+                memory_total: 24 << 30,
+                compute_major: 8,
+                compute_minor: 9,
+                simulated: true,
+                ..pb::Gpu::default()
+            })
+            .collect(),
+        gpu_source: "test".to_owned(),
+        labels,
+    }
+}
+
+/// Telemetry batch `seq` of a test node whose GPUs report `loads` (one per GPU, by
+/// index), each with 1 GiB of its 24 GiB in use, taken now.
+pub fn telemetry(seq: u64, loads: &[GpuLoad]) -> pb::Telemetry {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    pb::Telemetry {
+        seq,
+        unix_ms: now,
+        gpus: (0u32..)
+            .zip(loads)
+            .map(|(index, load)| pb::GpuSample {
+                index,
+                memory_used: 1 << 30,
+                memory_free: 23 << 30,
+                utilization_pct: Some(load.utilization_pct),
+                temperature_c: Some(load.temperature_c),
+                ecc_corrected: Some(load.ecc_corrected),
+                throttle_reasons: load.throttle_reasons,
+                ..pb::GpuSample::default()
+            })
+            .collect(),
+        host: Some(pb::HostSample {
+            load1_centi: 10,
+            memory_available: 100 << 30,
+        }),
+    }
+}
+
 /// A test agent: one node with `gpus` simulated 24 GB GPUs.
 pub struct TestAgent {
     tasks: Tasks,
@@ -203,29 +260,7 @@ impl TestAgent {
         let own = Arc::clone(&tasks);
         let task = tokio::spawn(async move {
             let mut client = AgentServiceClient::connect(format!("http://{grpc}")).await.unwrap();
-            let inventory = pb::Inventory {
-                host: Some(pb::Host {
-                    hostname: name.clone(),
-                    logical_cores: 16,
-                    physical_cores: 8,
-                    memory_total: 128 << 30,
-                    ..pb::Host::default()
-                }),
-                gpus: (0..gpus)
-                    .map(|i| pb::Gpu {
-                        index: i,
-                        uuid: format!("GPU-{name}-{i}"),
-                        name: "NVIDIA GeForce RTX 4090".to_owned(),
-                        memory_total: 24 << 30,
-                        compute_major: 8,
-                        compute_minor: 9,
-                        simulated: true,
-                        ..pb::Gpu::default()
-                    })
-                    .collect(),
-                gpu_source: "test".to_owned(),
-                labels,
-            };
+            let inventory = inventory(&name, gpus, labels);
             let registration = client
                 .register(auth(
                     &token,
@@ -252,40 +287,15 @@ impl TestAgent {
                 .await
                 .unwrap()
                 .into_inner();
-            let telemetry = tx.clone();
+            let outbound = tx.clone();
             let beat = tokio::spawn(async move {
                 for seq in 1.. {
-                    let now = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_millis() as i64);
                     let loads = reported.lock().unwrap().clone();
-                    let batch = pb::Telemetry {
-                        seq,
-                        unix_ms: now,
-                        gpus: (0..gpus)
-                            .map(|i| {
-                                let load = loads[i as usize];
-                                pb::GpuSample {
-                                    index: i,
-                                    memory_used: 1 << 30,
-                                    memory_free: 23 << 30,
-                                    utilization_pct: Some(load.utilization_pct),
-                                    temperature_c: Some(load.temperature_c),
-                                    ecc_corrected: Some(load.ecc_corrected),
-                                    throttle_reasons: load.throttle_reasons,
-                                    ..pb::GpuSample::default()
-                                }
-                            })
-                            .collect(),
-                        host: Some(pb::HostSample {
-                            load1_centi: 10,
-                            memory_available: 100 << 30,
-                        }),
-                    };
+                    let batch = telemetry(seq, &loads);
                     let message = pb::AgentMessage {
                         kind: Some(agent_message::Kind::Telemetry(batch)),
                     };
-                    if telemetry.send(message).await.is_err() {
+                    if outbound.send(message).await.is_err() {
                         return;
                     }
                     tokio::select! {

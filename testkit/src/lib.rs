@@ -9,6 +9,9 @@
 //! - [`mock_hub`]: the hub (`MockHub`, `MockRepo`) with virtual file bodies.
 //! - [`agent`]: a test agent over the real agent protocol whose engines are in-process
 //!   OpenAI-compatible fakes (the orchestrator's executor tests and benchmarks).
+//! - [`swarm`]: thousands of simulated agents in one process over the real agent
+//!   protocol, sharing a few connections, every call with a deadline (the many-agents
+//!   stress test and the fleet-scale benchmark).
 //! - The crate root: header writers ([`safetensors_prefix`], [`shard`],
 //!   [`shard_evenly`], [`gguf_prefix`], [`gguf_split_evenly`]) and the Llama-shaped
 //!   fixtures older tests use.
@@ -29,6 +32,7 @@ pub mod fake_engine;
 pub mod lab;
 pub mod mock_hub;
 pub mod models;
+pub mod swarm;
 pub mod tensors;
 pub mod tiny_llama;
 
