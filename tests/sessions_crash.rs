@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use skein_testkit::lab::Rng;
 
 const SESSIONS: usize = 20;
 const ROUNDS: usize = 4;
@@ -43,18 +44,6 @@ fn start(data: &Path, api: u16, grpc: u16) -> Server {
         .spawn()
         .unwrap();
     Server(child)
-}
-
-/// A tiny deterministic generator, so a failing schedule can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
 }
 
 #[test]

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use skein_testkit::agent::{EngineBehaviour, Tasks, fake_engine};
-use skein_testkit::lab::{Killed, Lab};
+use skein_testkit::lab::{Killed, Lab, Rng};
 
 /// A request not answered within this while the server lives is a stall (the store's
 /// own deadline for a write is 10 s).
@@ -33,18 +33,6 @@ fn workflow(endpoint: &str) -> String {
     format!(
         "name: soak\ninputs: {{ tag: {{ type: string }} }}\nagents:\n  remote: {{ endpoint: {{ url: \"{endpoint}\", model: m }} }}\nsteps:\n  - {{ id: a, agent: remote, prompt: \"first {{{{ inputs.tag }}}}\" }}\n  - {{ id: b, agent: remote, after: [a], prompt: \"second {{{{ steps.a.output }}}}\" }}\n"
     )
-}
-
-/// A tiny deterministic generator, so a failing schedule can be replayed.
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n
-    }
 }
 
 /// What the clients saw, shared.

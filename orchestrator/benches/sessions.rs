@@ -12,43 +12,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use skein_dsl::ir::{Agent, Backend, Endpoint};
-use skein_orchestrator::run::executor::unix_ms;
-use skein_orchestrator::session::{LogConfig, NewMessage, Role, SessionLog, SessionRecord, SledSessions};
+use skein_orchestrator::session::{LogConfig, NewMessage, Role, SessionLog, SledSessions};
+
+mod durable;
+
+use durable::{Round, median, session};
 
 const CLIENTS: usize = 64;
 const MESSAGE_BYTES: usize = 1024;
-
-struct Round {
-    per_second: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-}
-
-fn session(id: &str) -> SessionRecord {
-    SessionRecord {
-        id: id.to_owned(),
-        owner: "bench".to_owned(),
-        agent: "a".to_owned(),
-        run: None,
-        definition: Agent {
-            backend: Backend::Endpoint(Endpoint {
-                url: "http://127.0.0.1:1/v1".to_owned(),
-                model: "m".to_owned(),
-                api_key_env: None,
-            }),
-            system: None,
-            temperature: None,
-            max_tokens: None,
-        },
-        binding: None,
-        metadata: Default::default(),
-        created_at: unix_ms(),
-        updated_at: unix_ms(),
-        messages: 0,
-        migrations: 0,
-    }
-}
 
 async fn round(max_batch: usize, duration: Duration) -> Round {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -86,19 +57,7 @@ async fn round(max_batch: usize, duration: Duration) -> Round {
     while let Some(done) = tasks.join_next().await {
         latencies.extend(done.expect("client"));
     }
-    let elapsed = started.elapsed();
-    latencies.sort();
-    let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
-    Round {
-        per_second: latencies.len() as f64 / elapsed.as_secs_f64(),
-        p50_ms: at(0.50).as_secs_f64() * 1e3,
-        p99_ms: at(0.99).as_secs_f64() * 1e3,
-    }
-}
-
-fn median(mut rounds: Vec<Round>) -> Round {
-    rounds.sort_by(|a, b| a.per_second.total_cmp(&b.per_second));
-    rounds.swap_remove(rounds.len() / 2)
+    Round::of(latencies, started.elapsed(), false)
 }
 
 fn main() {

@@ -11,7 +11,9 @@
 //! 0.34 wedges under concurrent `flush_async`).
 //!
 //! Printed: writes per second and latency percentiles of one write, the median of
-//! several rounds, and the ratio.
+//! several rounds, and the ratio. Each round runs in a process of its own: a wedged
+//! baseline leaves sled's shared I/O threads blocked, which would stall every later
+//! round of the same process.
 //!
 //! `cargo bench -p skein-orchestrator --bench store` (`-- --quick` for one short round;
 //! `-- --soak SECONDS` runs only the new path with 64 clients for that long and reports
@@ -21,59 +23,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use skein_dsl::ir::{Agent, Backend, Endpoint};
-use skein_orchestrator::run::executor::unix_ms;
-use skein_orchestrator::session::{LogConfig, NewMessage, Role, SessionLog, SessionRecord, SledSessions};
+use skein_orchestrator::session::{LogConfig, NewMessage, Role, SessionLog, SledSessions};
 use skein_orchestrator::store::{Db, Tree, WriteBatch};
 
+mod durable;
+
+use durable::{Round, median, session};
+
 const RECORD_BYTES: usize = 2048;
-
-struct Round {
-    per_second: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-    stalled: bool,
-}
-
-fn session(id: &str) -> SessionRecord {
-    SessionRecord {
-        id: id.to_owned(),
-        owner: "bench".to_owned(),
-        agent: "a".to_owned(),
-        run: None,
-        definition: Agent {
-            backend: Backend::Endpoint(Endpoint {
-                url: "http://127.0.0.1:1/v1".to_owned(),
-                model: "m".to_owned(),
-                api_key_env: None,
-            }),
-            system: None,
-            temperature: None,
-            max_tokens: None,
-        },
-        binding: None,
-        metadata: Default::default(),
-        created_at: unix_ms(),
-        updated_at: unix_ms(),
-        messages: 0,
-        migrations: 0,
-    }
-}
-
-fn summarize(mut latencies: Vec<Duration>, elapsed: Duration, stalled: bool) -> Round {
-    latencies.sort();
-    let at = |q: f64| {
-        latencies
-            .get(((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1)))
-            .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
-    };
-    Round {
-        per_second: latencies.len() as f64 / elapsed.as_secs_f64(),
-        p50_ms: at(0.50),
-        p99_ms: at(0.99),
-        stalled,
-    }
-}
 
 /// The mix through the one writer.
 async fn writer_round(clients: usize, duration: Duration) -> Round {
@@ -121,11 +78,13 @@ async fn writer_round(clients: usize, duration: Duration) -> Round {
     while let Some(done) = tasks.join_next().await {
         latencies.extend(done.expect("client"));
     }
-    summarize(latencies, started.elapsed(), db.health().stalled)
+    Round::of(latencies, started.elapsed(), db.health().stalled)
 }
 
-/// The path before: every writer inserts and flushes with `flush_async` itself.
-async fn baseline_round(clients: usize, duration: Duration) -> Round {
+/// The path before: every writer inserts and flushes with `flush_async` itself. Watched
+/// from this thread with std sleeps: when it wedges, sled's blocking calls may hold every
+/// runtime worker (and so the runtime's timers).
+fn baseline_round(runtime: &tokio::runtime::Runtime, clients: usize, duration: Duration) -> Round {
     let dir = tempfile::tempdir().expect("temp dir");
     let db = sled::Config::new()
         .path(dir.path())
@@ -135,19 +94,14 @@ async fn baseline_round(clients: usize, duration: Duration) -> Round {
     let runs = db.open_tree("runs").expect("tree");
     let keys = db.open_tree("run_keys").expect("tree");
     let record = "x".repeat(RECORD_BYTES).into_bytes();
+    let latencies = Arc::new(std::sync::Mutex::new(Vec::new()));
     let done = Arc::new(AtomicU64::new(0));
+    let finished = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
-    let mut tasks = tokio::task::JoinSet::new();
     for client in 0..clients {
-        let (db, runs, keys, record, done) = (
-            db.clone(),
-            runs.clone(),
-            keys.clone(),
-            record.clone(),
-            Arc::clone(&done),
-        );
-        tasks.spawn(async move {
-            let mut latencies = Vec::new();
+        let (db, runs, keys, record) = (db.clone(), runs.clone(), keys.clone(), record.clone());
+        let (latencies, done, finished) = (Arc::clone(&latencies), Arc::clone(&done), Arc::clone(&finished));
+        runtime.spawn(async move {
             let mut n = 0u64;
             while started.elapsed() < duration {
                 let at = Instant::now();
@@ -157,56 +111,34 @@ async fn baseline_round(clients: usize, duration: Duration) -> Round {
                     keys.insert(key.as_bytes(), key.as_bytes()).expect("insert");
                 }
                 db.flush_async().await.expect("flush");
-                latencies.push(at.elapsed());
+                latencies.lock().expect("latencies").push(at.elapsed());
                 done.fetch_add(1, Ordering::Relaxed);
                 n += 1;
             }
-            latencies
+            finished.fetch_add(1, Ordering::Relaxed);
         });
     }
-    // The watch: no write done for two seconds is a stall; its writers are abandoned
-    // (their threads stay blocked in sled until the process exits).
+    // No write done for two seconds is a stall.
     let mut last = (0, Instant::now());
     let mut stalled = false;
-    while !tasks.is_empty() && started.elapsed() < duration + Duration::from_secs(5) {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    while finished.load(Ordering::Relaxed) < clients as u64 {
+        std::thread::sleep(Duration::from_millis(100));
         let now = done.load(Ordering::Relaxed);
         if now != last.0 {
             last = (now, Instant::now());
-        } else if last.1.elapsed() > Duration::from_secs(2) && started.elapsed() < duration {
+        } else if last.1.elapsed() > Duration::from_secs(2) {
             stalled = true;
-            break;
-        }
-        while let Some(finished) = tasks.try_join_next() {
-            finished.expect("client");
-        }
-        if started.elapsed() >= duration && tasks.is_empty() {
             break;
         }
     }
     let elapsed = started.elapsed().min(duration);
-    let latencies: Vec<Duration> = if stalled || !tasks.is_empty() {
-        stalled = true;
-        tasks.abort_all();
-        // Only the count is known of a stalled round: as many "latencies" of the round.
-        vec![duration; usize::try_from(done.load(Ordering::Relaxed)).unwrap_or(0)]
-    } else {
-        Vec::new()
-    };
+    let latencies = latencies.lock().expect("latencies").clone();
     if stalled {
+        // The writers stay blocked in sled; the process exits without them.
         std::mem::forget(db);
-        return summarize(latencies, elapsed, true);
+        std::mem::forget(dir);
     }
-    let mut all = Vec::new();
-    while let Some(finished) = tasks.join_next().await {
-        all.extend(finished.expect("client"));
-    }
-    summarize(all, elapsed, false)
-}
-
-fn median(mut rounds: Vec<Round>) -> Round {
-    rounds.sort_by(|a, b| a.per_second.total_cmp(&b.per_second));
-    rounds.swap_remove(rounds.len() / 2)
+    Round::of(latencies, elapsed, stalled)
 }
 
 fn soak(runtime: &tokio::runtime::Runtime, seconds: u64) {
@@ -231,6 +163,42 @@ fn soak(runtime: &tokio::runtime::Runtime, seconds: u64) {
     println!("windows stalled: {stalls}");
 }
 
+/// Runs one round in a child process (this program with `--round PATH CLIENTS MS`):
+/// a stalled baseline cannot leak into the next round.
+fn isolated(path: &str, clients: usize, duration: Duration) -> Round {
+    let stalled = Round {
+        per_second: 0.0,
+        p50_ms: f64::NAN,
+        p99_ms: f64::NAN,
+        stalled: true,
+    };
+    let Ok(exe) = std::env::current_exe() else {
+        return stalled;
+    };
+    let output = std::process::Command::new("timeout")
+        .arg(format!("{}", duration.as_secs() + 30))
+        .arg(exe)
+        .args(["--round", path, &clients.to_string(), &duration.as_millis().to_string()])
+        .output();
+    let Ok(output) = output else {
+        return stalled;
+    };
+    let text = String::from_utf8_lossy(&output.stdout);
+    let Some(line) = text.lines().find_map(|l| l.strip_prefix("ROUND ")) else {
+        return stalled;
+    };
+    let fields: Vec<f64> = line.split(' ').filter_map(|f| f.parse().ok()).collect();
+    match fields.as_slice() {
+        [per_second, p50_ms, p99_ms, stalled] => Round {
+            per_second: *per_second,
+            p50_ms: *p50_ms,
+            p99_ms: *p99_ms,
+            stalled: *stalled != 0.0,
+        },
+        _ => stalled,
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let quick = args.iter().any(|a| a == "--quick");
@@ -239,6 +207,24 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
+    if let Some(at) = args.iter().position(|a| a == "--round") {
+        let path = args.get(at + 1).map(String::as_str).unwrap_or("writer");
+        let clients = args.get(at + 2).and_then(|s| s.parse().ok()).unwrap_or(16);
+        let duration = Duration::from_millis(args.get(at + 3).and_then(|s| s.parse().ok()).unwrap_or(1000));
+        let r = match path {
+            "baseline" => baseline_round(&runtime, clients, duration),
+            _ => runtime.block_on(writer_round(clients, duration)),
+        };
+        println!(
+            "ROUND {} {} {} {}",
+            r.per_second,
+            r.p50_ms,
+            r.p99_ms,
+            u8::from(r.stalled)
+        );
+        // A stalled baseline's writers stay blocked in sled: leave without them.
+        std::process::exit(0);
+    }
     if let Some(seconds) = args
         .iter()
         .position(|a| a == "--soak")
@@ -262,8 +248,8 @@ fn main() {
         let mut baseline = Vec::new();
         for _ in 0..rounds {
             // Interleaved, so both see the same machine.
-            writer.push(runtime.block_on(writer_round(clients, duration)));
-            baseline.push(runtime.block_on(baseline_round(clients, duration)));
+            writer.push(isolated("writer", clients, duration));
+            baseline.push(isolated("baseline", clients, duration));
         }
         let stalled_rounds = baseline.iter().filter(|r| r.stalled).count();
         let (writer, baseline) = (median(writer), median(baseline));

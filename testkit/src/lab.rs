@@ -23,6 +23,20 @@ use crate::tiny_llama;
 /// Longest wait for anything (a debug build loads the tiny model in well under this).
 pub const PATIENCE: Duration = Duration::from_secs(120);
 
+/// A tiny deterministic generator (xorshift), so a failing schedule of kills and
+/// requests can be replayed from its seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next number below `n` (`n` > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
 /// Kills the child when dropped, however the test ends.
 pub struct Killed(pub Child);
 

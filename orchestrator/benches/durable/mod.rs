@@ -1,0 +1,68 @@
+//! What the durable-write benchmarks share: a session on a remote endpoint, one round's
+//! figures, and the median round.
+#![allow(dead_code)] // Each benchmark uses part of it.
+
+use std::time::Duration;
+
+use skein_dsl::ir::{Agent, Backend, Endpoint};
+use skein_orchestrator::run::executor::unix_ms;
+use skein_orchestrator::session::SessionRecord;
+
+/// One round: writes per second and the latency percentiles of one write.
+pub struct Round {
+    pub per_second: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    /// Whether the round stalled (no write completed for a while).
+    pub stalled: bool,
+}
+
+impl Round {
+    /// The figures of `latencies` (one per write) over `elapsed`.
+    pub fn of(mut latencies: Vec<Duration>, elapsed: Duration, stalled: bool) -> Round {
+        latencies.sort();
+        let at = |q: f64| {
+            latencies
+                .get(((latencies.len() as f64 * q) as usize).min(latencies.len().saturating_sub(1)))
+                .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
+        };
+        Round {
+            per_second: latencies.len() as f64 / elapsed.as_secs_f64(),
+            p50_ms: at(0.50),
+            p99_ms: at(0.99),
+            stalled,
+        }
+    }
+}
+
+/// The round of median throughput.
+pub fn median(mut rounds: Vec<Round>) -> Round {
+    rounds.sort_by(|a, b| a.per_second.total_cmp(&b.per_second));
+    rounds.swap_remove(rounds.len() / 2)
+}
+
+/// A session of the user `bench` on a remote endpoint, with no messages.
+pub fn session(id: &str) -> SessionRecord {
+    SessionRecord {
+        id: id.to_owned(),
+        owner: "bench".to_owned(),
+        agent: "a".to_owned(),
+        run: None,
+        definition: Agent {
+            backend: Backend::Endpoint(Endpoint {
+                url: "http://127.0.0.1:1/v1".to_owned(),
+                model: "m".to_owned(),
+                api_key_env: None,
+            }),
+            system: None,
+            temperature: None,
+            max_tokens: None,
+        },
+        binding: None,
+        metadata: Default::default(),
+        created_at: unix_ms(),
+        updated_at: unix_ms(),
+        messages: 0,
+        migrations: 0,
+    }
+}
