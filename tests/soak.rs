@@ -205,7 +205,7 @@ impl Client {
 /// One client's loop until told to stop: a mix of writes (each retried until
 /// acknowledged) and reads.
 async fn run_client(me: usize, client: Client, workflow: String) {
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (me as u64 + 1) * 0x1000_0001);
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((me as u64 + 1) * 0x1000_0001));
     let mut session: Option<String> = None;
     let mut n = 0u64;
     while !client.seen.stop.load(Ordering::SeqCst) {
