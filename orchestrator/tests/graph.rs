@@ -523,14 +523,9 @@ fn many_threads_at_once_finish_and_leave_a_consistent_graph() {
     for thread in 0..THREADS {
         let (g, seeded, doing, done) = (Arc::clone(&g), Arc::clone(&seeded), Arc::clone(&doing), done_tx.clone());
         std::thread::spawn(move || {
-            // xorshift: a fixed, different sequence of operations per thread.
-            let mut state = 0x9E37_79B9_7F4A_7C15_u64 ^ (thread as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            let mut next = move || {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state
-            };
+            // A fixed, different sequence of operations per thread.
+            let mut rng = skein_testkit::lab::Rng((thread as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            let mut next = move || rng.below(u64::MAX);
             let mut mine: Vec<(String, skein_orchestrator::graph::NodeId)> = Vec::new();
             for round in 0..ROUNDS {
                 let now = round as u64;
