@@ -729,16 +729,36 @@ impl From<&NodeView> for NodeSummary {
 /// The nodes, their health and GPU memory.
 #[utoipa::path(get, operation_id = "list_nodes", path = "/v1/nodes", tag = "graph",
     responses((status = 200, description = "Every node", body = Vec<NodeSummary>)))]
-async fn nodes(State(state): State<ApiState>) -> axum::Json<Vec<NodeSummary>> {
+async fn nodes(State(state): State<ApiState>) -> Result<Response, ApiError> {
     let snapshot = state.graph.snapshot();
-    axum::Json(snapshot.nodes.iter().map(|n| NodeSummary::from(n.as_ref())).collect())
+    off_runtime(move || {
+        let nodes: Vec<NodeSummary> = snapshot.nodes.iter().map(|n| NodeSummary::from(n.as_ref())).collect();
+        json_bytes(&nodes)
+    })
+    .await
+}
+
+/// Runs `answer` (building and serializing an answer about the whole fleet: megabytes
+/// at thousands of nodes) on a blocking thread, so the async workers that carry the
+/// agents' streams and every other request never wait behind it.
+async fn off_runtime(
+    answer: impl FnOnce() -> Result<Response, ApiError> + Send + 'static,
+) -> Result<Response, ApiError> {
+    tokio::task::spawn_blocking(answer).await.map_err(ApiError::internal)?
+}
+
+/// `value` as a JSON answer.
+fn json_bytes<T: Serialize>(value: &T) -> Result<Response, ApiError> {
+    let body = serde_json::to_vec(value).map_err(ApiError::internal)?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
 
 /// The whole hardware graph: nodes, GPUs, links, latest telemetry and health.
 #[utoipa::path(get, operation_id = "get_graph", path = "/v1/graph", tag = "graph",
     responses((status = 200, description = "A snapshot of the graph (docs/api.md)", body = Object)))]
-async fn graph(State(state): State<ApiState>) -> axum::Json<GraphSnapshot> {
-    axum::Json(state.graph.snapshot())
+async fn graph(State(state): State<ApiState>) -> Result<Response, ApiError> {
+    let snapshot = state.graph.snapshot();
+    off_runtime(move || json_bytes(&snapshot)).await
 }
 
 /// A GPU's recent samples, as `GET /v1/graph/nodes/{node}/gpus/{index}/samples`
@@ -820,14 +840,16 @@ async fn events(State(state): State<ApiState>) -> Sse<impl Stream<Item = Result<
 /// GPU and node metrics in the Prometheus text format (dcgm-exporter names).
 #[utoipa::path(get, operation_id = "metrics", path = "/metrics", tag = "server",
     responses((status = 200, description = "Prometheus text", body = String, content_type = "text/plain")))]
-async fn metrics(State(state): State<ApiState>) -> Response {
-    let mut body = prometheus_text(&state.graph.snapshot());
-    store_metrics(&mut body, &state.db.health());
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-        body,
-    )
-        .into_response()
+async fn metrics(State(state): State<ApiState>) -> Result<Response, ApiError> {
+    let snapshot = state.graph.snapshot();
+    let health = state.db.health();
+    off_runtime(move || {
+        let mut body = prometheus_text(&snapshot);
+        store_metrics(&mut body, &health);
+        let kind = [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")];
+        Ok((kind, body).into_response())
+    })
+    .await
 }
 
 /// The store writer's metrics, appended to `out` in the Prometheus text format.
