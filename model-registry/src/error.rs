@@ -484,6 +484,71 @@ pub enum Error {
         source: Box<Error>,
     },
 
+    /// The hub answered a download with a header that Skein would have to make a cache
+    /// path of, and that is not what the protocol promises: a commit other than the one
+    /// asked for, or an ETag that is not a hex digest (`"../../x"`, say). Nothing was
+    /// written.
+    #[error(
+        "refused the hub's answer for `{file}` of `{repo}`: its {header} header {value} {reason}; \
+         nothing was written. The hub at HF_ENDPOINT, or something between it and Skein (a proxy), \
+         is misbehaving; help: check HF_ENDPOINT and any proxy (HTTPS_PROXY), and tell the hub's operator"
+    )]
+    HubUntrustedAnswer {
+        /// The repository.
+        repo: String,
+        /// The file asked for.
+        file: String,
+        /// The header refused (`X-Repo-Commit`, `X-Linked-Etag`, `ETag`).
+        header: &'static str,
+        /// Its value, quoted and escaped (empty when missing).
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// The HTTP client for downloads could not be set up.
+    #[error("cannot set up the HTTP client for hub downloads")]
+    HubHttpSetup {
+        /// The HTTP library's error.
+        #[source]
+        source: reqwest::Error,
+    },
+
+    /// A download request failed on the network.
+    #[error("cannot {action} for `{repo}` from the hub; help: check the network and HF_ENDPOINT")]
+    HubTransfer {
+        /// The repository.
+        repo: String,
+        /// What was being done.
+        action: String,
+        /// The HTTP library's error.
+        #[source]
+        source: reqwest::Error,
+    },
+
+    /// The hub answered a download request with an error status.
+    #[error("cannot {action} for `{repo}` from the hub: {url} answered HTTP {status}{}", status_help(*.status))]
+    HubStatus {
+        /// The repository.
+        repo: String,
+        /// What was being done.
+        action: String,
+        /// The HTTP status.
+        status: u16,
+        /// The URL asked.
+        url: String,
+    },
+
+    /// A download cannot be written into the Hugging Face cache.
+    #[error("cannot write {} in the Hugging Face cache; help: check the space and permissions there (HF_HUB_CACHE)", .path.display())]
+    HubCacheWrite {
+        /// The path written.
+        path: std::path::PathBuf,
+        /// The IO error.
+        #[source]
+        source: std::io::Error,
+    },
+
     /// A file that was just downloaded into the Hugging Face cache cannot be read back.
     #[error("cannot read {} from the Hugging Face cache", .path.display())]
     HubCacheRead {
@@ -646,6 +711,16 @@ pub enum Error {
         /// Figures given.
         usable: usize,
     },
+}
+
+/// A hint for an HTTP status of a download.
+fn status_help(status: u16) -> &'static str {
+    match status {
+        401 | 403 => "; help: the repository may be gated or private: accept its terms on the hub and set HF_TOKEN",
+        404 => "; help: the file is gone from the hub at this commit; check the repository",
+        429 => "; help: the hub is rate-limiting requests; wait, or set HF_TOKEN",
+        _ => "",
+    }
 }
 
 /// A hint for the hub failures a user can fix.

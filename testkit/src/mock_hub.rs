@@ -2,6 +2,8 @@
 //! downloads with `ETag`/`X-Repo-Commit`, and HTTP Range reads of large virtual files
 //! whose bodies are generated on the fly (a header, then zeros) and never held in memory.
 //! It counts requests and body bytes served, so tests can assert what crossed the wire.
+//! It can turn hostile for chosen files ([`MockHub::hostile`]): ETag and commit headers
+//! that name paths outside a client's cache.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -119,6 +121,44 @@ struct HubState {
     authorizations: Mutex<Vec<String>>,
     /// Whether transfers of large virtual files hang after their headers.
     hold_large: std::sync::atomic::AtomicBool,
+    /// Files (by path in the repository) answered with hostile headers.
+    hostile: Mutex<BTreeMap<String, Hostile>>,
+}
+
+/// Headers of a hostile (or intercepted) hub, for a file's answers: values that a client
+/// joining them into cache paths turns into paths outside its cache.
+#[derive(Clone, Debug, Default)]
+pub struct Hostile {
+    /// The `ETag` sent (quotes included), instead of a digest.
+    pub etag: Option<String>,
+    /// The `X-Repo-Commit` sent, instead of the commit.
+    pub commit: Option<String>,
+}
+
+impl Hostile {
+    /// A relative path from any folder of a cache up to the root (`../` many times) then
+    /// down to `target`, absolute: joined to a cache path, it names `target` itself.
+    pub fn escape_to(target: &std::path::Path) -> String {
+        let relative = target.strip_prefix("/").unwrap_or(target);
+        format!("{}{}", "../".repeat(48), relative.display())
+    }
+
+    /// An `ETag` of `"<escape to target>/etag"`.
+    pub fn etag_to(target: &std::path::Path) -> Hostile {
+        Hostile {
+            etag: Some(format!("\"{}/etag\"", Hostile::escape_to(target))),
+            commit: None,
+        }
+    }
+
+    /// An `X-Repo-Commit` of `<escape to target>`: the pointer `snapshots/<commit>/<file>`
+    /// becomes `target/<file>`.
+    pub fn commit_to(target: &std::path::Path) -> Hostile {
+        Hostile {
+            etag: None,
+            commit: Some(Hostile::escape_to(target)),
+        }
+    }
 }
 
 impl HubState {
@@ -235,6 +275,11 @@ impl MockHub {
     /// and no disk fills with zeros. Header reads are not held.
     pub fn hold_large_downloads(&self) {
         self.state.hold_large.store(true, Ordering::SeqCst);
+    }
+
+    /// From now on, answers for `file` (its path in any repository) carry `headers`.
+    pub fn hostile(&self, file: &str, headers: Hostile) {
+        self.state.hostile.lock().unwrap().insert(file.to_owned(), headers);
     }
 
     /// Requests received so far.
@@ -390,9 +435,16 @@ async fn resolve(
     };
     let total = body.len();
     // No X-Xet-Hash: that would send hf-hub down the Xet transfer path.
+    let hostile = state.hostile.lock().unwrap().get(&file).cloned().unwrap_or_default();
+    let etag = hostile
+        .etag
+        .unwrap_or_else(|| format!("\"{}\"", hex40(&format!("{}/{file}", repo.id))));
     let mut meta = vec![
-        (header::ETAG, format!("\"{}\"", hex40(&format!("{}/{file}", repo.id)))),
-        (header::HeaderName::from_static("x-repo-commit"), repo.sha.clone()),
+        (header::ETAG, etag),
+        (
+            header::HeaderName::from_static("x-repo-commit"),
+            hostile.commit.unwrap_or_else(|| repo.sha.clone()),
+        ),
         (header::ACCEPT_RANGES, "bytes".to_owned()),
     ];
     if method == Method::HEAD {

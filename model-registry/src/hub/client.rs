@@ -17,6 +17,7 @@ use serde::Serialize;
 use super::cache::{MetadataCache, Stamped};
 use super::config::{HubConfig, HubToken};
 use super::repo::{CommitSha, RepoFile, RepoId, ResolvedRepo, WeightFiles};
+use super::transfer::Transfers;
 use crate::Error;
 
 /// Largest file [`HubClient::fetch_small`] downloads. Configs and tokenizer configs are
@@ -62,6 +63,8 @@ pub struct HubClient {
 struct Inner {
     config: HubConfig,
     hf: HFClient,
+    /// Whole-file downloads, which Skein does itself (see `transfer`).
+    transfers: Transfers,
     cache: MetadataCache,
     counters: Counters,
 }
@@ -143,7 +146,8 @@ impl HubClientBuilder {
 
     /// Builds the client. Nothing is sent yet.
     ///
-    /// Errors: [`Error::HubClient`] for an endpoint that is not a URL.
+    /// Errors: [`Error::HubClient`] for an endpoint that is not a URL,
+    /// [`Error::HubHttpSetup`] when no HTTP client can be made.
     pub fn build(self) -> Result<HubClient, Error> {
         let config = self.config;
         let mut hf = HFClient::builder()
@@ -158,11 +162,13 @@ impl HubClientBuilder {
             endpoint: config.endpoint.clone(),
             source: Box::new(source),
         })?;
+        let transfers = Transfers::new(&config).map_err(|source| Error::HubHttpSetup { source })?;
         Ok(HubClient {
             inner: Arc::new(Inner {
                 cache: MetadataCache::new(&config.cache_dir),
                 config,
                 hf,
+                transfers,
                 counters: Counters::default(),
             }),
         })
@@ -201,15 +207,23 @@ impl HubClient {
         &self.inner.cache
     }
 
-    /// Counts one whole-file transfer of `bytes` in the [`TransferStats`].
-    pub(crate) fn count_transfer(&self, bytes: u64) {
-        let counters = &self.inner.counters;
-        counters.network_calls.fetch_add(1, Ordering::Relaxed);
-        counters.file_bytes.fetch_add(bytes, Ordering::Relaxed);
+    /// Counts one whole-file transfer in the [`TransferStats`] (its bytes are counted as
+    /// they arrive).
+    pub(crate) fn count_call(&self) {
+        self.inner.counters.network_calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts `bytes` of file content received, in the [`TransferStats`].
+    pub(crate) fn count_bytes(&self, bytes: u64) {
+        self.inner.counters.file_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
     pub(crate) fn hf(&self) -> &HFClient {
         &self.inner.hf
+    }
+
+    pub(crate) fn transfers(&self) -> &Transfers {
+        &self.inner.transfers
     }
 
     fn hf_repo(&self, repo: &RepoId) -> HFRepository<RepoTypeModel> {
@@ -352,9 +366,10 @@ impl HubClient {
     /// has no such file. A cached file costs no request.
     ///
     /// Errors: [`Error::HubFileTooLarge`] beyond [`MAX_SMALL_FILE_BYTES`],
-    /// [`Error::HubOffline`] when offline and not cached, [`Error::Hub`] or
-    /// [`Error::HubTimeout`] when the download fails, [`Error::HubCacheRead`] when the
-    /// downloaded file cannot be read back.
+    /// [`Error::HubOffline`] when offline and not cached, [`Error::HubUntrustedAnswer`]
+    /// when the hub's answer would put the file outside the cache, [`Error::HubStatus`],
+    /// [`Error::HubTransfer`] or [`Error::HubTimeout`] when the download fails,
+    /// [`Error::HubCacheRead`] when the downloaded file cannot be read back.
     #[tracing::instrument(skip(self, resolved), fields(repo = %resolved.repo, sha = %resolved.sha))]
     pub async fn fetch_small(&self, resolved: &ResolvedRepo, file: &str) -> Result<Option<Vec<u8>>, Error> {
         let Some(listed) = resolved.file(file) else {
@@ -368,32 +383,15 @@ impl HubClient {
                 limit: MAX_SMALL_FILE_BYTES,
             });
         }
-        let hf_repo = self.hf_repo(&resolved.repo);
-        let sha = resolved.sha.as_str();
-        // A cache-only lookup first: it touches no network, and tells whether the
-        // download below really transfers the file.
-        let cached = hf_repo
-            .download_file()
-            .filename(file)
-            .revision(sha)
-            .local_files_only(true)
-            .send()
-            .await;
-        let path = match cached {
-            Ok(path) => path,
-            Err(_) if self.inner.config.offline => {
+        let path = match self.cached_snapshot(resolved, file) {
+            Some(path) => path,
+            None if self.inner.config.offline => {
+                let sha = &resolved.sha;
                 return Err(self.offline_miss(&resolved.repo, format!("`{file}` at commit {sha}")));
             }
-            Err(_) => {
-                let path = self
-                    .network(
-                        &resolved.repo,
-                        || format!("download `{file}` at commit {sha}"),
-                        hf_repo.download_file().filename(file).revision(sha).send(),
-                    )
-                    .await?;
-                self.inner.counters.file_bytes.fetch_add(listed.size, Ordering::Relaxed);
-                path
+            None => {
+                self.count_call();
+                self.fetch_file(resolved, file, &|_| {}).await?
             }
         };
         match tokio::fs::read(&path).await {

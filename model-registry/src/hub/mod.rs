@@ -26,6 +26,9 @@
 //! - `client`: [`HubClient`], its builder, transfer counters ([`TransferStats`]), and the
 //!   shared calls: resolve, small files, range reads under a timeout.
 //! - `download`: whole-file downloads with byte progress ([`DownloadProgress`]).
+//! - `transfer`: the transfer of one file into the cache, done by Skein rather than
+//!   hf-hub, with the hub's `X-Repo-Commit` and ETag checked before any path is made
+//!   of them.
 //! - `headers`: the range-read strategies for safetensors and GGUF headers.
 //! - `variants`: variant discovery.
 //! - `repo`: the values resolved and cached ([`RepoId`], [`CommitSha`],
@@ -40,7 +43,9 @@
 //! (capped at [`MAX_HEADER_BYTES`](crate::gguf::MAX_HEADER_BYTES)), and a server that
 //! ignores a Range request is cut off after the bytes asked for. Offline, it sends
 //! nothing. It refuses repositories with only pickle weights unless allowed. It never
-//! logs or prints the token.
+//! logs or prints the token. It writes nothing outside the Hugging Face cache, whatever
+//! the hub answers: the file paths it makes come from the resolved commit, the listed
+//! file names (checked to stay inside the repository) and ETags checked to be hex digests.
 
 mod cache;
 mod client;
@@ -49,6 +54,7 @@ mod download;
 mod headers;
 mod inspect;
 mod repo;
+mod transfer;
 mod variants;
 
 pub use client::{DEFAULT_REVISION, HubClient, HubClientBuilder, MAX_SMALL_FILE_BYTES, TransferStats};
