@@ -313,11 +313,18 @@ fn check_expr(cx: &mut Cx<'_>, ev: &Evaluator, node: &Node, offset: usize, text:
                         format!("`{v}` is not defined here"),
                     )
                     .with_label("unknown variable")
-                    .with_help(did_you_mean(
-                        v,
-                        refs.context.variables().iter().copied(),
-                        "variables available here",
-                    ))
+                    .with_help(if text.contains(&format!("let {v}")) {
+                        // `let g = ..; || g.call()`: the variable exists, outside the function.
+                        format!(
+                            "`{v}` is defined outside the function that uses it, and functions here cannot capture variables (closures are not available); pass it as an argument"
+                        )
+                    } else {
+                        did_you_mean(
+                            v,
+                            refs.context.variables().iter().copied(),
+                            "variables available here",
+                        )
+                    })
                 }
                 ExprErrorKind::Limit => Diagnostic::error(
                     Code::ScriptLimit,
@@ -343,6 +350,11 @@ fn check_expr(cx: &mut Cx<'_>, ev: &Evaluator, node: &Node, offset: usize, text:
                         Some(op) => Diagnostic::error(Code::ExprSyntax, at(cx, start, start + word.len()), message)
                             .with_label(format!("`{word}` is not a Rhai operator"))
                             .with_help(format!("write `{op}` instead of `{word}`")),
+                        None if e.message.contains("'curry'") => Diagnostic::error(Code::ExprSyntax, span, message)
+                            .with_label("not available")
+                            .with_help(
+                                "`curry` is not available in workflows: pass every argument when calling the function",
+                            ),
                         None => Diagnostic::error(Code::ExprSyntax, span, message)
                             .with_label("here")
                             .with_help(format!("write a Rhai expression, e.g. `{}`", example(refs.context))),

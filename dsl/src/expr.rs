@@ -3,13 +3,22 @@
 //! workflow scripts.
 //!
 //! Rhai here is untrusted input. Every engine comes from [`sandbox`]: no
-//! modules, no `eval`, no printing, and limits on operations, call depth,
-//! expression depth, variables, functions and the size of strings, arrays and
-//! maps. An endless loop ends with "too many operations", a huge string with
-//! "string too large"; both are errors, never hangs or aborts.
+//! modules, no `eval`, no printing, no closures that capture variables, no
+//! `curry`, and limits on operations, wall-clock time, call depth, expression
+//! depth, variables, functions and the size of strings, arrays and maps. An
+//! endless loop ends with "too many operations", a slow one with "took too
+//! long", a huge string with "string too large"; all are errors, never hangs
+//! or aborts.
+//!
+//! Every compilation and evaluation runs on the big-stack threads of
+//! [`crate::pool`], whatever thread calls it: how deep a value or an
+//! expression may nest is bounded by the limits here, and the pool's stack is
+//! sized to hold that depth.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use rhai::packages::{Package, StandardPackage};
 use rhai::{AST, Dynamic, Engine, EvalAltResult, ParseError, ParseErrorType, Position, Scope};
@@ -35,6 +44,9 @@ pub struct Limits {
     pub max_variables: usize,
     /// Most functions a script may define.
     pub max_functions: usize,
+    /// Wall-clock budget of one evaluation, in milliseconds: past it the
+    /// evaluation stops with "took too long", however few operations it ran.
+    pub budget_ms: u64,
 }
 
 /// Limits for conditions and interpolations: they run on every step and
@@ -48,6 +60,7 @@ pub const EXPR_LIMITS: Limits = Limits {
     max_map_size: 10_000,
     max_variables: 256,
     max_functions: 16,
+    budget_ms: 250,
 };
 
 /// Limits for whole `.rhai` workflow scripts, run once at load time.
@@ -56,11 +69,40 @@ pub const SCRIPT_LIMITS: Limits = Limits {
     max_call_levels: 32,
     max_expr_depth: (64, 32),
     max_string_size: 1 << 20,
-    max_array_size: 100_000,
+    // Arrays nest as deep as they are large, and Rhai compares nested arrays
+    // by native recursion (about 1.6 KiB of stack a level): this size keeps
+    // the deepest value within the pool's stack (see `crate::pool`).
+    max_array_size: 10_000,
     max_map_size: 10_000,
     max_variables: 1_000,
     max_functions: 256,
+    budget_ms: 2_000,
 };
+
+/// Deepest value an evaluation may hand back to its caller (arrays and maps
+/// within each other): deeper results are refused on the pool's thread, so a
+/// caller's small stack never has to walk or drop them.
+pub const MAX_RESULT_DEPTH: usize = 32;
+
+thread_local! {
+    /// When the evaluation running on this thread must stop.
+    static DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
+}
+
+/// Run `f` with a deadline `budget_ms` from now for the Rhai engines of this
+/// thread (see [`sandbox`]), then clear it.
+pub(crate) fn with_budget<T>(budget_ms: u64, f: impl FnOnce() -> T) -> T {
+    let before = DEADLINE.with(|d| d.replace(Some(Instant::now() + Duration::from_millis(budget_ms))));
+    let out = f();
+    DEADLINE.with(|d| d.set(before));
+    out
+}
+
+/// Operations between two looks at the clock.
+const CLOCK_EVERY_OPS: u64 = 1_024;
+
+/// What an evaluation stopped by its deadline returns to Rhai.
+const DEADLINE_PASSED: &str = "deadline";
 
 /// A sandboxed Rhai engine with `limits`: the standard library for strings,
 /// numbers, arrays and maps; no modules, `eval`, printing or I/O.
@@ -82,6 +124,17 @@ pub fn sandbox(limits: Limits) -> Engine {
         .set_strict_variables(true)
         .set_fail_on_invalid_map_property(false);
     engine.disable_symbol("eval");
+    // A curried function pointer holds values that nothing counts against the
+    // size limits: chained, they nest without bound (and their drop recurses
+    // as deep). Closures that capture are refused by the `no_closure` build.
+    engine.disable_symbol("curry");
+    engine.on_progress(|ops| {
+        if ops % CLOCK_EVERY_OPS != 0 {
+            return None;
+        }
+        let passed = DEADLINE.with(Cell::get).is_some_and(|at| Instant::now() >= at);
+        passed.then(|| Dynamic::from(DEADLINE_PASSED))
+    });
     engine.on_print(|_| {});
     engine.on_debug(|_, _, _| {});
     engine
@@ -193,6 +246,7 @@ fn parse_error(text: &str, e: &ParseError) -> ExprError {
 pub fn eval_error(text: &str, e: &EvalAltResult) -> ExprError {
     let kind = match e {
         EvalAltResult::ErrorTooManyOperations(_)
+        | EvalAltResult::ErrorTerminated(..)
         | EvalAltResult::ErrorTooManyVariables(_)
         | EvalAltResult::ErrorStackOverflow(_)
         | EvalAltResult::ErrorDataTooLarge(..)
@@ -204,6 +258,9 @@ pub fn eval_error(text: &str, e: &EvalAltResult) -> ExprError {
     let message = match e {
         EvalAltResult::ErrorTooManyOperations(_) => {
             "too many operations: the operation limit was reached (an endless loop?)".to_owned()
+        }
+        EvalAltResult::ErrorTerminated(..) => {
+            "took too long: the evaluation ran past its wall-clock budget (an endless loop?)".to_owned()
         }
         EvalAltResult::ErrorDataTooLarge(what, _) => {
             // Rhai names the measure ("Length of string"); name the value.
@@ -233,16 +290,19 @@ pub fn eval_error(text: &str, e: &EvalAltResult) -> ExprError {
     }
 }
 
-/// A compiled expression, ready to evaluate many times.
+/// A compiled expression, ready to evaluate many times. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Compiled {
-    source: String,
-    ast: AST,
+    source: Arc<str>,
+    ast: Arc<AST>,
 }
 
-/// Compiles and evaluates expressions in one sandboxed engine.
+/// Compiles and evaluates expressions in one sandboxed engine, on the
+/// threads of [`crate::pool`]. Cheap to clone.
+#[derive(Clone)]
 pub struct Evaluator {
-    engine: Engine,
+    engine: Arc<Engine>,
+    limits: Limits,
 }
 
 impl Default for Evaluator {
@@ -253,29 +313,57 @@ impl Default for Evaluator {
 
 impl std::fmt::Debug for Evaluator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Evaluator").finish_non_exhaustive()
+        f.debug_struct("Evaluator")
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
     }
+}
+
+/// A pool failure as an expression error.
+fn pool_error(e: &crate::pool::PoolError) -> ExprError {
+    ExprError {
+        message: e.to_string(),
+        offset: None,
+        kind: ExprErrorKind::Limit,
+    }
+}
+
+/// Whether `v` nests arrays and maps at most `max` deep. Recursion stops at
+/// `max`, so it is bounded whatever `v` holds.
+fn nests_within(v: &Dynamic, max: usize) -> bool {
+    if let Some(a) = v.read_lock::<rhai::Array>() {
+        return max > 0 && a.iter().all(|v| nests_within(v, max - 1));
+    }
+    if let Some(m) = v.read_lock::<rhai::Map>() {
+        return max > 0 && m.values().all(|v| nests_within(v, max - 1));
+    }
+    true
 }
 
 impl Evaluator {
     /// An evaluator with the given limits.
     pub fn new(limits: Limits) -> Self {
         Evaluator {
-            engine: sandbox(limits),
+            engine: Arc::new(sandbox(limits)),
+            limits,
         }
     }
 
     /// Compile `text` for `context`. Variables outside the context are
     /// rejected at compile time.
     pub fn compile(&self, text: &str, context: Context) -> Result<Compiled, ExprError> {
-        let ast = self
-            .engine
-            .compile_with_scope(&context.scope(), text)
-            .map_err(|e| parse_error(text, &e))?;
-        Ok(Compiled {
-            source: text.to_owned(),
-            ast,
+        let engine = Arc::clone(&self.engine);
+        let source: Arc<str> = Arc::from(text);
+        crate::pool::run(move || {
+            let ast = engine
+                .compile_with_scope(&context.scope(), &source)
+                .map_err(|e| parse_error(&source, &e))?;
+            Ok(Compiled {
+                source,
+                ast: Arc::new(ast),
+            })
         })
+        .map_err(|e| pool_error(&e))?
     }
 
     /// Compile an IR expression.
@@ -283,24 +371,65 @@ impl Evaluator {
         self.compile(expr.source(), context)
     }
 
-    /// Evaluate to any value with the given variables bound.
+    /// Evaluate on a pool thread, within the wall-clock budget, and turn the
+    /// value into `T` there (the value is dropped there too).
+    fn on_pool<T: Send + 'static>(
+        &self,
+        compiled: &Compiled,
+        vars: &BTreeMap<String, Dynamic>,
+        then: impl FnOnce(Dynamic) -> Result<T, ExprError> + Send + 'static,
+    ) -> Result<T, ExprError> {
+        let engine = Arc::clone(&self.engine);
+        let compiled = compiled.clone();
+        let vars = vars.clone();
+        let budget_ms = self.limits.budget_ms;
+        crate::pool::run(move || {
+            with_budget(budget_ms, || {
+                let mut scope = Scope::new();
+                for (k, v) in vars {
+                    scope.push_constant_dynamic(k, v);
+                }
+                let value = engine
+                    .eval_ast_with_scope::<Dynamic>(&mut scope, &compiled.ast)
+                    .map_err(|e| eval_error(&compiled.source, &e))?;
+                then(value)
+            })
+        })
+        .map_err(|e| pool_error(&e))?
+    }
+
+    /// Evaluate to any value with the given variables bound. A value that
+    /// nests arrays and maps deeper than [`MAX_RESULT_DEPTH`] is refused.
     pub fn eval(&self, compiled: &Compiled, vars: &BTreeMap<String, Dynamic>) -> Result<Dynamic, ExprError> {
-        let mut scope = Scope::new();
-        for (k, v) in vars {
-            scope.push_constant_dynamic(k.as_str(), v.clone());
-        }
-        self.engine
-            .eval_ast_with_scope::<Dynamic>(&mut scope, &compiled.ast)
-            .map_err(|e| eval_error(&compiled.source, &e))
+        self.on_pool(compiled, vars, |v| {
+            if nests_within(&v, MAX_RESULT_DEPTH) {
+                Ok(v)
+            } else {
+                Err(ExprError {
+                    message: format!(
+                        "value too deep: the result nests arrays and maps more than {MAX_RESULT_DEPTH} levels deep"
+                    ),
+                    offset: None,
+                    kind: ExprErrorKind::Limit,
+                })
+            }
+        })
+    }
+
+    /// Evaluate and render the value as text (what a `{{ }}` interpolation
+    /// puts into a prompt).
+    pub fn eval_text(&self, compiled: &Compiled, vars: &BTreeMap<String, Dynamic>) -> Result<String, ExprError> {
+        self.on_pool(compiled, vars, |v| Ok(v.to_string()))
     }
 
     /// Evaluate a condition; anything but a boolean is a type error.
     pub fn eval_bool(&self, compiled: &Compiled, vars: &BTreeMap<String, Dynamic>) -> Result<bool, ExprError> {
-        let v = self.eval(compiled, vars)?;
-        v.as_bool().map_err(|ty| ExprError {
-            message: format!("a condition must be true or false, this one gave {ty}"),
-            offset: None,
-            kind: ExprErrorKind::Type,
+        self.on_pool(compiled, vars, |v| {
+            v.as_bool().map_err(|ty| ExprError {
+                message: format!("a condition must be true or false, this one gave {ty}"),
+                offset: None,
+                kind: ExprErrorKind::Type,
+            })
         })
     }
 }

@@ -2,8 +2,8 @@
 //! workflow IR, with compiler-style diagnostics.
 //!
 //! This crate is a pure core: it takes text and returns values. It reads no
-//! files, opens no sockets and reads no clock; the caller supplies the text
-//! and prints the diagnostics.
+//! files and opens no sockets; the caller supplies the text and prints the
+//! diagnostics. Rhai runs on the threads of [`pool`], bounded by a deadline.
 //!
 //! # Layout
 //! - [`source`]: source text, byte spans, line/column positions.
@@ -14,6 +14,9 @@
 //! - `read` and `lower`: tree → draft workflow, field by field.
 //! - `check`: cross references, cycles, expressions → [`ir::Workflow`].
 //! - [`expr`]: the sandboxed Rhai engine, expression compile and evaluation.
+//! - [`pool`]: the big-stack threads all Rhai work runs on (the one place
+//!   this crate starts threads; with the evaluation deadline, the one place
+//!   it reads a clock).
 //! - [`template`]: `{{ expr }}` prompt templates.
 //! - [`ir`]: the workflow IR every later stage consumes.
 //!
@@ -32,6 +35,7 @@ pub mod expr;
 pub mod ir;
 mod lower;
 pub mod node;
+pub mod pool;
 mod read;
 mod script;
 pub mod source;
@@ -56,6 +60,9 @@ pub struct Parsed {
     pub workflow: Option<Workflow>,
     /// Every problem found, errors and warnings.
     pub diagnostics: Diagnostics,
+    /// Where each endpoint agent's `url` is written, by agent: for checks made
+    /// outside the language (the server's endpoint policy) to point at it.
+    pub endpoint_urls: std::collections::BTreeMap<String, Span>,
 }
 
 impl Parsed {
@@ -77,8 +84,31 @@ pub fn parse(name: &str, text: &str) -> Parsed {
     parse_as(name, text, kind)
 }
 
-/// Read a workflow written in `kind`.
+/// Read a workflow written in `kind`. The work (a script's run, the checks'
+/// compilation of expressions) happens on a thread of [`pool`].
 pub fn parse_as(name: &str, text: &str, kind: SourceKind) -> Parsed {
+    let (owned_name, owned_text) = (name.to_owned(), text.to_owned());
+    match pool::run(move || parse_here(&owned_name, &owned_text, kind)) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            let mut diagnostics = Diagnostics::default();
+            diagnostics.push(
+                Diagnostic::error(Code::ScriptLimit, Span::point(0), format!("the workflow was not read: {e}"))
+                    .with_label("not read")
+                    .with_help("try again; if it persists, the server is overloaded"),
+            );
+            Parsed {
+                file: SourceFile::new(name, text),
+                workflow: None,
+                diagnostics,
+                endpoint_urls: Default::default(),
+            }
+        }
+    }
+}
+
+/// [`parse_as`] on the calling thread (a pool thread).
+fn parse_here(name: &str, text: &str, kind: SourceKind) -> Parsed {
     let file = SourceFile::new(name, text);
     let mut diagnostics = Diagnostics::default();
     if text.len() > MAX_FILE_BYTES {
@@ -98,25 +128,30 @@ pub fn parse_as(name: &str, text: &str, kind: SourceKind) -> Parsed {
             file,
             workflow: None,
             diagnostics,
+            endpoint_urls: Default::default(),
         };
     }
     let tree = match kind {
         SourceKind::Yaml => yaml::parse(&file, &mut diagnostics),
         SourceKind::Rhai => script::parse(&file, &mut diagnostics),
     };
+    let mut endpoint_urls = std::collections::BTreeMap::new();
     let workflow = tree.and_then(|root| {
         let mut cx = read::Cx {
             file: &file,
             diags: &mut diagnostics,
             script: kind == SourceKind::Rhai,
+            endpoint_urls: std::collections::BTreeMap::new(),
         };
-        let draft = lower::workflow(&mut cx, &root)?;
-        check::check(&mut cx, draft)
+        let draft = lower::workflow(&mut cx, &root);
+        endpoint_urls = std::mem::take(&mut cx.endpoint_urls);
+        check::check(&mut cx, draft?)
     });
     let workflow = workflow.filter(|_| !diagnostics.has_errors());
     Parsed {
         file,
         workflow,
         diagnostics,
+        endpoint_urls,
     }
 }

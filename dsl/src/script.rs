@@ -41,7 +41,8 @@ pub fn parse(file: &SourceFile, diags: &mut Diagnostics) -> Option<Node> {
     let mut engine = expr::sandbox(SCRIPT_LIMITS);
     register(&mut engine, file, &state);
 
-    let result = engine.run(file.text());
+    // On a pool thread (see `crate::parse_as`), within the script's budget.
+    let result = expr::with_budget(SCRIPT_LIMITS.budget_ms, || engine.run(file.text()));
     let mut st = std::mem::take(&mut *state.lock().unwrap_or_else(PoisonError::into_inner));
     for d in st.diags.drain(..) {
         diags.push(d);
@@ -58,12 +59,15 @@ pub fn parse(file: &SourceFile, diags: &mut Diagnostics) -> Option<Node> {
             ExprErrorKind::Limit => Diagnostic::error(Code::ScriptLimit, span, format!("the script was stopped: {}", err.message))
                 .with_label("limit reached here")
                 .with_help(format!(
-                    "a workflow script runs at most {} operations, builds strings of at most {} bytes and declares at most {MAX_NODES} values; look for a loop that never ends",
-                    SCRIPT_LIMITS.max_operations, SCRIPT_LIMITS.max_string_size
+                    "a workflow script runs at most {} operations for at most {} ms, nests calls at most {} deep, builds strings of at most {} bytes and declares at most {MAX_NODES} values; look for a loop that never ends",
+                    SCRIPT_LIMITS.max_operations, SCRIPT_LIMITS.budget_ms, SCRIPT_LIMITS.max_call_levels, SCRIPT_LIMITS.max_string_size
                 )),
             ExprErrorKind::Syntax => {
                 let help = match keyword_key(file, at) {
                     Some(k) => format!("`{k}` is a Rhai keyword: as a map key it must be quoted, `\"{k}\": ...`"),
+                    None if err.message.contains("'curry'") => {
+                        "`curry` is not available in workflow scripts: pass every argument when calling the function".to_owned()
+                    }
                     None if err.message.contains("name of a property") => {
                         "a map key that is a Rhai keyword (`for`, `do`, `until`, `default`, ...) must be quoted: `\"for\": \"5s\"`".to_owned()
                     }
@@ -73,6 +77,11 @@ pub fn parse(file: &SourceFile, diags: &mut Diagnostics) -> Option<Node> {
                     .with_label("here")
                     .with_help(help)
             }
+            ExprErrorKind::UndefinedVariable(v) => Diagnostic::error(Code::ScriptError, span, format!("invalid Rhai: `{v}` is not defined here"))
+                .with_label("unknown variable")
+                .with_help(format!(
+                    "define `{v}` with `let` before this line; a function cannot see variables outside it (closures that capture are not available): pass `{v}` as an argument"
+                )),
             _ => Diagnostic::error(Code::ScriptError, span, format!("the script failed: {}", err.message))
                 .with_label("here")
                 .with_help("see docs/workflows.md for the workflow script API"),
