@@ -43,6 +43,9 @@ pub enum Command {
     Server(ServerArgs),
     /// Show the nodes and GPUs of a running server, like nvidia-smi for the whole fleet.
     Nodes(NodesArgs),
+    /// Free a node's name (admin): remove the node, or forget only its identity.
+    #[command(subcommand)]
+    Node(NodeCommand),
     /// Run an agent: join a server and stream this machine's GPUs (NVML), or a
     /// simulated node of a fleet file.
     Agent(AgentArgs),
@@ -74,6 +77,10 @@ pub enum Command {
     Token(TokenCommand),
     /// List the API tokens of a server (admin; never the tokens themselves).
     Tokens(ListArgs),
+    /// Your secrets: the keys of your endpoint agents, named in workflows as
+    /// `api_key_secret: NAME` (`--shared`: the admin's, named `shared/NAME`).
+    #[command(subcommand)]
+    Secret(SecretCommand),
     /// List your sessions (everyone's for the admin), oldest first.
     Sessions(ListArgs),
     /// What the reflexes of your runs did (everyone's for the admin), newest first.
@@ -241,6 +248,103 @@ pub enum TokenCommand {
     Create(TokenCreateArgs),
     /// Revoke a token: it stops working at once.
     Revoke(TokenRevokeArgs),
+    /// Join tokens, which let agents join the fleet (admin).
+    #[command(subcommand)]
+    Join(JoinTokenCommand),
+}
+
+/// `skein token join …`.
+#[derive(Debug, Subcommand)]
+pub enum JoinTokenCommand {
+    /// Make a join token; it is printed once, keep it. Give it to agents as --token,
+    /// --token-file or SKEIN_JOIN_TOKEN.
+    Create(JoinTokenCreateArgs),
+    /// List the join tokens (never the tokens themselves; not the server's bootstrap
+    /// token).
+    List(ListArgs),
+    /// Revoke a join token: no agent claims a node name with it from now on (nodes
+    /// that joined with it keep their identity).
+    Revoke(TokenRevokeArgs),
+}
+
+/// `skein token join create`.
+#[derive(Debug, Args)]
+pub struct JoinTokenCreateArgs {
+    /// How long it is accepted (`24h`, `30m`, `7days`); default: until revoked.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub expires: Option<std::time::Duration>,
+    /// The one node name it may claim.
+    #[arg(long, value_name = "NAME", conflicts_with = "name_prefix")]
+    pub node: Option<String>,
+    /// The prefix every node name it claims must have (`lab-a-`).
+    #[arg(long, value_name = "PREFIX")]
+    pub name_prefix: Option<String>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+    /// Output format: the token and how to use it, or its record as JSON.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Human)]
+    pub output: OutputFormat,
+}
+
+/// `skein node …`.
+#[derive(Debug, Subcommand)]
+pub enum NodeCommand {
+    /// Remove a node: it leaves the graph (its instances are placed again) and its
+    /// identity is forgotten, so the next agent with a valid join token claims the name.
+    /// Stop its agent (or revoke its join token) first, or it joins again.
+    Rm(NodeNameArgs),
+    /// Forget only a node's identity (it stays in the graph): the next agent to register
+    /// the name with a valid join token claims it (a machine that lost its state
+    /// directory, a replaced machine).
+    Reset(NodeNameArgs),
+}
+
+/// `skein node rm|reset NAME`.
+#[derive(Debug, Args)]
+pub struct NodeNameArgs {
+    /// The node's name (`skein nodes` lists them).
+    #[arg(value_name = "NAME")]
+    pub name: String,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+/// `skein secret …`.
+#[derive(Debug, Subcommand)]
+pub enum SecretCommand {
+    /// Set (or replace) a secret. The value is read from standard input (a hidden
+    /// prompt on a terminal), never from the command line, and never shown again.
+    Set(SecretSetArgs),
+    /// List the names of your secrets and the shared ones (everyone's for the admin).
+    List(ListArgs),
+    /// Remove a secret.
+    Rm(SecretRmArgs),
+}
+
+/// `skein secret set`.
+#[derive(Debug, Args)]
+pub struct SecretSetArgs {
+    /// The secret's name (letters, digits, `-`, `_`, `.`).
+    #[arg(value_name = "NAME")]
+    pub name: String,
+    /// Publish it for every user's workflows, as `shared/NAME` (admin).
+    #[arg(long)]
+    pub shared: bool,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+/// `skein secret rm`.
+#[derive(Debug, Args)]
+pub struct SecretRmArgs {
+    /// The secret's name.
+    #[arg(value_name = "NAME")]
+    pub name: String,
+    /// Remove a shared secret (admin).
+    #[arg(long)]
+    pub shared: bool,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
 }
 
 /// `skein token create`.
@@ -259,14 +363,16 @@ pub struct TokenCreateArgs {
 /// `skein token revoke`.
 #[derive(Debug, Args)]
 pub struct TokenRevokeArgs {
-    /// The token's id (`t-…`; `skein tokens` lists them).
+    /// The token's id (`t-…`, `skein tokens` lists them; a join token's `j-…`, `skein
+    /// token join list`).
     #[arg(value_name = "ID")]
     pub id: String,
     #[command(flatten)]
     pub remote: RemoteArgs,
 }
 
-/// `skein logs`.
+/// `skein logs`: an admin reads any instance's engine log; a user only that of an
+/// instance that served their requests alone (a log can hold prompts).
 #[derive(Debug, Args)]
 pub struct LogsArgs {
     /// The instance (`skein instances` lists them).
@@ -394,6 +500,11 @@ pub struct EngineServeArgs {
     /// Where the model runs: `cpu` or `cuda:N`.
     #[arg(long, default_value = "cpu", value_name = "cpu|cuda:N")]
     pub device: String,
+    /// The key every `/v1` request must carry (`Authorization: Bearer KEY`); `/health`
+    /// stays open. Give it through the environment, as the agent does: a command line
+    /// is readable by every user of the machine. Unset: no key.
+    #[arg(long = "api-key", env = "SKEIN_ENGINE_API_KEY", hide_env_values = true, value_name = "KEY")]
+    pub api_key: Option<String>,
 }
 
 /// `skein plan`.
@@ -438,9 +549,17 @@ pub struct ApiClientArgs {
     /// Bearer token; default: `<data dir>/api-token` of a server on this machine.
     #[arg(long, env = "SKEIN_API_TOKEN", hide_env_values = true)]
     pub api_token: Option<String>,
-    /// The data directory whose api-token to read.
+    /// The data directory whose api-token to read (and, for a server on this machine
+    /// reached at `https://` on loopback, whose `tls/cert.pem` to trust).
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Trust only the `https://` server whose certificate has this SHA-256 fingerprint
+    /// (`sha256:…`, printed by the server at start).
+    #[arg(long, env = "SKEIN_SERVER_FINGERPRINT", value_name = "sha256:HEX")]
+    pub server_fingerprint: Option<String>,
+    /// PEM CA certificate to trust for an `https://` server (default: the system's roots).
+    #[arg(long = "ca", env = "SKEIN_CA", value_name = "FILE", conflicts_with = "server_fingerprint")]
+    pub tls_ca: Option<PathBuf>,
 }
 
 /// `skein agent`.
@@ -475,9 +594,19 @@ pub struct AgentArgs {
     /// PEM CA certificate to trust for an `https://` server.
     #[arg(long, value_name = "FILE")]
     pub ca: Option<PathBuf>,
+    /// Trust only the `https://` server whose certificate has this SHA-256 fingerprint
+    /// (`sha256:…`, printed by `skein server` at start and kept in its
+    /// `<data dir>/tls/fingerprint`).
+    #[arg(long, env = "SKEIN_SERVER_FINGERPRINT", value_name = "sha256:HEX", conflicts_with = "ca")]
+    pub server_fingerprint: Option<String>,
     /// Where engine logs go; default `<data dir>/logs`.
     #[arg(long, env = "SKEIN_DATA_DIR", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Where the node's credential is kept (`<dir>/<node>.credential`, mode 0600), made
+    /// on the first start: the node's identity, which must survive restarts for the
+    /// agent to take its node name back; default `<data dir>/agent`.
+    #[arg(long, env = "SKEIN_AGENT_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
     #[command(flatten)]
     pub engines: EngineArgs,
     /// Ignore Slurm: inside a Slurm job (`SLURM_JOB_ID` set) the agent otherwise
@@ -550,9 +679,11 @@ pub struct ServerArgs {
     /// Address of the REST API.
     #[arg(long, env = "SKEIN_LISTEN", default_value = crate::cluster::DEFAULT_API_ADDR, value_name = "IP:PORT")]
     pub listen: String,
-    /// Address agents join (gRPC).
-    #[arg(long, env = "SKEIN_AGENT_LISTEN", default_value = crate::cluster::DEFAULT_GRPC_ADDR, value_name = "IP:PORT")]
-    pub agent_listen: String,
+    /// Address agents join (gRPC); default `0.0.0.0:7879` for `skein server`, and
+    /// `127.0.0.1:7879` for `skein up`, which is one machine (give `0.0.0.0:7879` to let
+    /// agents elsewhere join it).
+    #[arg(long, env = "SKEIN_AGENT_LISTEN", value_name = "IP:PORT")]
+    pub agent_listen: Option<String>,
     /// Join token agents must present; default: the one in `<data dir>/join-token`,
     /// created on first start.
     #[arg(long, env = "SKEIN_JOIN_TOKEN", hide_env_values = true)]
@@ -568,15 +699,74 @@ pub struct ServerArgs {
     /// How often agents sample and send telemetry.
     #[arg(long, default_value = "1s", value_name = "DURATION")]
     pub sample_interval: String,
-    /// PEM certificate chain: serve the agent service over TLS (with --tls-key).
+    /// PEM certificate chain: serve both doors over TLS with it (with --tls-key).
     #[arg(long, value_name = "FILE")]
     pub tls_cert: Option<PathBuf>,
     /// PEM private key of --tls-cert.
     #[arg(long, value_name = "FILE")]
     pub tls_key: Option<PathBuf>,
+    /// Which doors speak TLS: `auto`, every door that listens beyond loopback (and both
+    /// with --tls-cert); `on`, both; `off`, neither (tokens travel in clear). Without
+    /// --tls-cert a self-signed certificate is made on first start in
+    /// `<data dir>/tls` and its fingerprint printed, for clients to pin.
+    #[arg(long, env = "SKEIN_TLS", value_enum, default_value_t = TlsMode::Auto)]
+    pub tls: TlsMode,
+    /// How long a client has to send a request's headers (and a new connection its
+    /// first byte) before it is closed.
+    #[arg(long, default_value = "10s", value_name = "DURATION")]
+    pub header_timeout: String,
+    /// How long a connection with no request in flight stays open (a stream of events
+    /// is a request in flight).
+    #[arg(long, default_value = "60s", value_name = "DURATION")]
+    pub idle_timeout: String,
+    /// Connections each door (REST, agents) holds at most; default: as many as the
+    /// open-file limit allows, both doors together at most three quarters of it.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
+    pub max_connections: Option<u64>,
     /// Memory the database (runs, sessions, tokens) may cache, in MiB.
     #[arg(long, default_value_t = 64, value_name = "MIB", value_parser = clap::value_parser!(u64).range(1..=1 << 20))]
     pub db_cache_mib: u64,
+    /// Chat requests (chat completions, session turns) one user may have in flight at
+    /// once; more are answered 429 with Retry-After.
+    #[arg(long, env = "SKEIN_CHAT_REQUESTS_PER_USER", default_value_t = 16, value_name = "N",
+        value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub chat_requests_per_user: u64,
+    /// Chat streams (server-sent events) one user may have open at once; more are
+    /// answered 429 with Retry-After.
+    #[arg(long, env = "SKEIN_CHAT_STREAMS_PER_USER", default_value_t = 8, value_name = "N",
+        value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub chat_streams_per_user: u64,
+    /// Messages one chat request may carry; more are answered 413 (OpenAI's own limit is
+    /// 2048).
+    #[arg(long, env = "SKEIN_CHAT_MAX_MESSAGES", default_value_t = 2048, value_name = "N",
+        value_parser = clap::value_parser!(u64).range(1..=65536))]
+    pub chat_max_messages: u64,
+    /// Text one chat request may carry (every string of its body), in KiB; more is
+    /// answered 413. At most 4096 (4 MiB, about a million tokens), which a request body
+    /// of the server's 16 MiB holds even escaped.
+    #[arg(long, env = "SKEIN_CHAT_MAX_TEXT_KIB", default_value_t = 4096, value_name = "KIB",
+        value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub chat_max_text_kib: u64,
+    /// Hosts and address blocks endpoint agents may reach past the built-in refusals
+    /// (loopback, link-local, this server's own addresses), comma-separated:
+    /// `10.0.0.0/8,api.example.org,*.lab.example`. The most specific rule decides.
+    #[arg(long, env = "SKEIN_ENDPOINT_ALLOW", value_delimiter = ',', value_name = "HOST|CIDR")]
+    pub endpoint_allow: Vec<skein_orchestrator::egress::Rule>,
+    /// Hosts and address blocks endpoint agents may not reach, comma-separated
+    /// (`0.0.0.0/0,::/0` with --endpoint-allow: only the allowed ones).
+    #[arg(long, env = "SKEIN_ENDPOINT_DENY", value_delimiter = ',', value_name = "HOST|CIDR")]
+    pub endpoint_deny: Vec<skein_orchestrator::egress::Rule>,
+}
+
+/// Which of the server's doors speak TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TlsMode {
+    /// Every door that listens beyond loopback; both when a certificate is given.
+    Auto,
+    /// Both doors.
+    On,
+    /// Neither door.
+    Off,
 }
 
 /// `skein nodes`.

@@ -38,8 +38,8 @@ impl ApiClient {
             .enable_all()
             .build()
             .context("cannot start the async runtime")?;
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
+        let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(10));
+        let http = trusting(http, server, args)?
             .build()
             .context("cannot build an HTTP client")?;
         Ok(ApiClient {
@@ -130,6 +130,17 @@ impl ApiClient {
             .json(body)
             .timeout(Duration::from_secs(60));
         self.send(request)
+    }
+
+    /// `PUT path` with a JSON body: the body of a success, else an error with the
+    /// server's message.
+    pub fn put(&self, path: &str, body: &serde_json::Value) -> anyhow::Result<String> {
+        let request = self
+            .http
+            .put(format!("{}{path}", self.base))
+            .json(body)
+            .timeout(Duration::from_secs(30));
+        self.send(request)?.map_err(|r| refused_error(&r))
     }
 
     /// `DELETE path`: the body of a success, else an error with the server's message.
@@ -235,6 +246,63 @@ impl ApiClient {
             Ok(())
         })
     }
+}
+
+/// Whom an `https://` client trusts: the certificate pinned by `--server-fingerprint`;
+/// the CA of `--ca`; for a server on loopback, the certificate a server on this machine
+/// made in its data directory (`skein up` and `skein server` on one machine need no
+/// flag); else the system's roots.
+fn trusting(
+    builder: reqwest::ClientBuilder,
+    server: &str,
+    args: &ApiClientArgs,
+) -> anyhow::Result<reqwest::ClientBuilder> {
+    if !server.starts_with("https://") {
+        return Ok(builder);
+    }
+    if let Some(path) = &args.tls_ca {
+        let pem = std::fs::read(path).with_context(|| format!("cannot read the CA certificate {}", path.display()))?;
+        let ca = reqwest::Certificate::from_pem(&pem)
+            .with_context(|| format!("{} is not a PEM certificate", path.display()))?;
+        return Ok(builder.add_root_certificate(ca));
+    }
+    let pin = match &args.server_fingerprint {
+        Some(text) => Some(text.parse().context("--server-fingerprint")?),
+        None if is_loopback_url(server) => local_certificate(args.data_dir.as_deref())?,
+        None => None,
+    };
+    match pin {
+        Some(pin) => {
+            let tls = skein_proto::tls::pinned_client_config(pin, &[b"http/1.1"])
+                .context("cannot set up TLS for the pinned certificate")?;
+            Ok(builder.use_preconfigured_tls(tls))
+        }
+        None => Ok(builder),
+    }
+}
+
+/// Whether a URL's host is this machine's loopback (`localhost`, `127.x.y.z`, `[::1]`).
+pub fn is_loopback_url(url: &str) -> bool {
+    let authority = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let authority = authority.split(['/', '?']).next().unwrap_or(authority);
+    let host = match authority.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(v6),
+        None => authority.rsplit_once(':').map_or(authority, |(host, _)| host),
+    };
+    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The fingerprint of the certificate a server on this machine made
+/// (`<data dir>/tls/cert.pem`), if there is one.
+pub fn local_certificate(data_dir: Option<&std::path::Path>) -> anyhow::Result<Option<skein_proto::tls::Fingerprint>> {
+    let Ok(dir) = crate::cluster::data_dir(data_dir) else {
+        return Ok(None);
+    };
+    let cert = dir.join("tls").join("cert.pem");
+    if !cert.exists() {
+        return Ok(None);
+    }
+    Ok(Some(skein_orchestrator::transport::tls::fingerprint(&cert)?))
 }
 
 /// What the server said in an error body (`{"error": {"message"}}`, or an older

@@ -13,7 +13,8 @@ use anyhow::{Context, bail};
 use serde::Deserialize;
 use skein_orchestrator::agents::Secret;
 use skein_orchestrator::graph::GraphConfig;
-use skein_orchestrator::server::{ServerConfig, TlsFiles};
+use skein_orchestrator::server::{ServerConfig, ServerTls, TlsFiles};
+use skein_orchestrator::transport::TransportConfig;
 
 use std::sync::Arc;
 
@@ -24,12 +25,24 @@ use skein_agent::{GpuSource, HostInventory, HostSampler, discover_nvml, load_fle
 use skein_proto::agent::v1::InstanceStatus;
 use tokio::sync::mpsc;
 
-use crate::cli::{AgentArgs, ApiClientArgs, EXIT_OK, EngineArgs, NodesArgs, OutputFormat, ServerArgs, UpArgs};
+use crate::cli::{
+    AgentArgs, ApiClientArgs, EXIT_OK, EngineArgs, NodesArgs, OutputFormat, ServerArgs, TlsMode, UpArgs,
+};
 
 /// Default REST address.
 pub const DEFAULT_API_ADDR: &str = "127.0.0.1:7878";
-/// Default gRPC address for agents.
+/// Default gRPC address of `skein server`: every interface, for agents on other machines.
 pub const DEFAULT_GRPC_ADDR: &str = "0.0.0.0:7879";
+/// Default gRPC address of `skein up`, which is one machine: loopback only.
+pub const DEFAULT_UP_GRPC_ADDR: &str = "127.0.0.1:7879";
+
+/// Makes what this process creates private to its user (umask 077): the data directory's
+/// files, sled's own files, logs, and what engines started by an agent write (they
+/// inherit it). Returns the mask it replaces.
+pub fn private_umask() -> u32 {
+    use rustix::fs::Mode;
+    rustix::process::umask(Mode::from_raw_mode(0o077)).as_raw_mode()
+}
 
 /// Skein's data directory: `--data-dir`, else `$SKEIN_DATA_DIR`, else
 /// `$XDG_DATA_HOME/skein`, else `~/.local/share/skein`.
@@ -91,9 +104,19 @@ pub fn secret_from(flag: Option<&str>, file: &Path) -> anyhow::Result<Secret> {
     }
 }
 
-/// The server's configuration from its flags; creates the data directory and tokens.
-pub fn server_config(args: &ServerArgs) -> anyhow::Result<(ServerConfig, PathBuf)> {
+/// The server's configuration from its flags, with agents joining at
+/// `default_agent_listen` unless `--agent-listen` says otherwise; creates the data
+/// directory (mode 0700, an existing one tightened) and tokens (0600).
+pub fn server_config(args: &ServerArgs, default_agent_listen: &str) -> anyhow::Result<(ServerConfig, PathBuf)> {
     let dir = data_dir(args.data_dir.as_deref())?;
+    skein_orchestrator::private::private_dir(&dir)
+        .with_context(|| format!("cannot make the data directory {} private (mode 0700)", dir.display()))?;
+    // What an older version (or another umask) left readable: tokens, the database, logs.
+    let tightened = skein_orchestrator::private::tighten_tree(&dir)
+        .with_context(|| format!("cannot make the files in {} private (mode 0600)", dir.display()))?;
+    if tightened > 0 {
+        tracing::warn!(dir = %dir.display(), entries = tightened, "tightened the permissions of files in the data directory");
+    }
     let join_token = secret_from(args.token.as_deref(), &dir.join("join-token"))?;
     let api_token = secret_from(args.api_token.as_deref(), &dir.join("api-token"))?;
     let parse = |text: &str, flag: &str| -> anyhow::Result<SocketAddr> {
@@ -109,18 +132,17 @@ pub fn server_config(args: &ServerArgs) -> anyhow::Result<(ServerConfig, PathBuf
     if interval < Duration::from_millis(50) || interval > Duration::from_secs(60) {
         bail!("--sample-interval must be between 50ms and 60s");
     }
-    let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(TlsFiles {
-            cert: cert.clone(),
-            key: key.clone(),
-        }),
-        (None, None) => None,
-        _ => bail!("--tls-cert and --tls-key go together"),
-    };
+    let api_addr = parse(&args.listen, "--listen")?;
+    let grpc_addr = parse(
+        args.agent_listen.as_deref().unwrap_or(default_agent_listen),
+        "--agent-listen",
+    )?;
+    let tls = server_tls(args, &dir, api_addr, grpc_addr)?;
+    let transport = transport_config(args)?;
     Ok((
         ServerConfig {
-            api_addr: parse(&args.listen, "--listen")?,
-            grpc_addr: parse(&args.agent_listen, "--agent-listen")?,
+            api_addr,
+            grpc_addr,
             join_token,
             api_token,
             graph: GraphConfig {
@@ -128,15 +150,111 @@ pub fn server_config(args: &ServerArgs) -> anyhow::Result<(ServerConfig, PathBuf
                 ..GraphConfig::default()
             },
             tls,
+            transport,
             hub: skein_model_registry::hub::HubClientBuilder::from_env()
                 .build()
                 .context("cannot set up the Hugging Face hub client (HF_ENDPOINT, HF_HOME, HF_TOKEN)")?,
             db_dir: Some(dir.join("db")),
             db_cache_bytes: args.db_cache_mib << 20,
+            endpoints: skein_orchestrator::egress::EgressRules {
+                allow: args.endpoint_allow.clone(),
+                deny: args.endpoint_deny.clone(),
+            },
+            secrets_key: Some(dir.join(skein_orchestrator::secrets::KEY_FILE)),
+            chat_limits: skein_orchestrator::session::ChatLimits {
+                max_messages: usize::try_from(args.chat_max_messages).unwrap_or(usize::MAX),
+                max_text_bytes: usize::try_from(args.chat_max_text_kib << 10).unwrap_or(usize::MAX),
+                max_requests_per_user: usize::try_from(args.chat_requests_per_user).unwrap_or(usize::MAX),
+                max_streams_per_user: usize::try_from(args.chat_streams_per_user).unwrap_or(usize::MAX),
+            },
             executor: skein_orchestrator::run::ExecutorConfig::default(),
         },
         dir,
     ))
+}
+
+/// Which doors speak TLS, with which certificate: `--tls-cert`/`--tls-key`, else one
+/// made on first start in `<data dir>/tls` (see [`TlsMode`] for which doors).
+fn server_tls(
+    args: &ServerArgs,
+    dir: &Path,
+    api_addr: SocketAddr,
+    grpc_addr: SocketAddr,
+) -> anyhow::Result<Option<ServerTls>> {
+    let given = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+        }),
+        (None, None) => None,
+        _ => bail!("--tls-cert and --tls-key go together"),
+    };
+    let wants = |addr: SocketAddr| match args.tls {
+        TlsMode::On => true,
+        TlsMode::Off => false,
+        TlsMode::Auto => given.is_some() || !addr.ip().is_loopback(),
+    };
+    let (rest, grpc) = (wants(api_addr), wants(grpc_addr));
+    if args.tls == TlsMode::Off {
+        if given.is_some() {
+            bail!("--tls off and --tls-cert contradict each other; drop one of them");
+        }
+        for (addr, door) in [(api_addr, "REST API"), (grpc_addr, "agent service")] {
+            if !addr.ip().is_loopback() {
+                tracing::warn!(%addr, door, "TLS is off on a door beyond loopback: tokens travel in clear");
+            }
+        }
+    }
+    if !rest && !grpc {
+        return Ok(None);
+    }
+    let files = match given {
+        Some(files) => files,
+        None => {
+            let mut names = vec!["localhost".to_owned(), "127.0.0.1".to_owned(), "::1".to_owned()];
+            if let Some(host) = HostInventory::discover().hostname {
+                names.push(host);
+            }
+            for addr in [api_addr, grpc_addr] {
+                if !addr.ip().is_unspecified() && !addr.ip().is_loopback() {
+                    names.push(addr.ip().to_string());
+                }
+            }
+            names.dedup();
+            let generated = skein_orchestrator::transport::tls::load_or_generate(&dir.join("tls"), &names)?;
+            if generated.new {
+                eprintln!(
+                    "skein server: made a self-signed TLS certificate, {}, in {}",
+                    generated.fingerprint,
+                    generated.files.cert.display()
+                );
+            }
+            generated.files
+        }
+    };
+    Ok(Some(ServerTls { files, rest, grpc }))
+}
+
+/// The doors' timeouts and caps from the server's flags.
+fn transport_config(args: &ServerArgs) -> anyhow::Result<TransportConfig> {
+    let duration = |text: &str, flag: &str| -> anyhow::Result<Duration> {
+        let value = humantime::parse_duration(text)
+            .with_context(|| format!("{flag} `{text}` is not a duration; write e.g. 10s or 500ms"))?;
+        if value < Duration::from_millis(100) || value > Duration::from_secs(24 * 3600) {
+            bail!("{flag} must be between 100ms and 24h");
+        }
+        Ok(value)
+    };
+    Ok(TransportConfig {
+        header_read_timeout: duration(&args.header_timeout, "--header-timeout")?,
+        idle_timeout: duration(&args.idle_timeout, "--idle-timeout")?,
+        max_connections: args.max_connections.and_then(|n| usize::try_from(n).ok()),
+    })
+}
+
+/// A door's address as a URL: `https://` when it speaks TLS.
+fn door_url(tls: bool, addr: SocketAddr) -> String {
+    format!("{}://{addr}", if tls { "https" } else { "http" })
 }
 
 /// A multi-threaded tokio runtime with `workers` threads (one per core by default).
@@ -162,17 +280,22 @@ pub fn init_logging() {
 /// `skein server`.
 pub fn run_server(args: &ServerArgs) -> anyhow::Result<ExitCode> {
     init_logging();
-    let (config, dir) = server_config(args)?;
+    private_umask();
+    let (config, dir) = server_config(args, DEFAULT_GRPC_ADDR)?;
     let runtime = runtime(None)?;
-    let scheme = if config.tls.is_some() { "https" } else { "http" };
     runtime.block_on(async {
         let server = skein_orchestrator::server::start(config).await?;
         eprintln!(
-            "skein server: REST API on http://{}, agents join at {scheme}://{} with the token in {}",
-            server.api_addr,
-            server.grpc_addr,
+            "skein server: REST API on {}, agents join at {} with the token in {}",
+            door_url(server.rest_tls, server.api_addr),
+            door_url(server.grpc_tls, server.grpc_addr),
             dir.join("join-token").display()
         );
+        if let Some(fingerprint) = server.tls_fingerprint {
+            eprintln!(
+                "skein server: TLS certificate {fingerprint}; agents and clients elsewhere pin it with --server-fingerprint {fingerprint}"
+            );
+        }
         tokio::select! {
             _ = server.wait() => bail!("the server stopped"),
             _ = tokio::signal::ctrl_c() => {
@@ -506,6 +629,7 @@ fn engine_host(
 /// `skein agent`.
 pub fn run_agent(args: &AgentArgs) -> anyhow::Result<ExitCode> {
     init_logging();
+    private_umask();
     let token = match (&args.token, &args.token_file) {
         (Some(token), _) => token.trim().to_owned(),
         (None, Some(file)) => std::fs::read_to_string(file)
@@ -546,10 +670,19 @@ pub fn run_agent(args: &AgentArgs) -> anyhow::Result<ExitCode> {
         token,
         node_name,
         tls_ca: args.ca.clone(),
+        tls_pin: agent_pin(args)?,
         version: env!("CARGO_PKG_VERSION").to_owned(),
         labels: node_labels(crate::kubernetes::with_pod_labels(labels, &args.pod), &args.labels)?,
+        state_dir: Some(match &args.state_dir {
+            Some(dir) => dir.clone(),
+            None => data_dir(args.data_dir.as_deref())?.join("agent"),
+        }),
     };
-    let logs_dir = data_dir(args.data_dir.as_deref())?.join("logs").join(&config.node_name);
+    // The agent keeps instance logs (users' prompts among them) in its data directory.
+    let agent_dir = data_dir(args.data_dir.as_deref())?;
+    skein_orchestrator::private::private_dir(&agent_dir)
+        .with_context(|| format!("cannot make the data directory {} private (mode 0700)", agent_dir.display()))?;
+    let logs_dir = agent_dir.join("logs").join(&config.node_name);
     let gpus = EngineGpus {
         simulated: args.simulate.is_some(),
         devices,
@@ -599,11 +732,25 @@ pub fn run_agent(args: &AgentArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// The certificate an agent pins: `--server-fingerprint`; else, for an `https://`
+/// server on loopback, the certificate a server on this machine made in its data
+/// directory; else none (the CA of `--ca`, or the system's roots, are trusted).
+fn agent_pin(args: &AgentArgs) -> anyhow::Result<Option<skein_proto::tls::Fingerprint>> {
+    if let Some(text) = &args.server_fingerprint {
+        return Ok(Some(text.parse().context("--server-fingerprint")?));
+    }
+    if args.ca.is_some() || !args.join.starts_with("https://") || !crate::client::is_loopback_url(&args.join) {
+        return Ok(None);
+    }
+    crate::client::local_certificate(args.data_dir.as_deref())
+}
+
 /// `skein up`: the server and this machine's agent (or every node of a simulated
 /// fleet) in one process.
 pub fn run_up(args: &UpArgs) -> anyhow::Result<ExitCode> {
     init_logging();
-    let (config, dir) = server_config(&args.server)?;
+    private_umask();
+    let (config, dir) = server_config(&args.server, DEFAULT_UP_GRPC_ADDR)?;
     let join_token = config.join_token.expose().to_owned();
     let agents: Vec<AgentParts> = match &args.fleet {
         Some(file) => {
@@ -624,7 +771,9 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<ExitCode> {
     let runtime = runtime(None)?;
     runtime.block_on(async {
         let server = skein_orchestrator::server::start(config).await?;
-        let join = format!("http://{}", loopback(server.grpc_addr));
+        let join = door_url(server.grpc_tls, loopback(server.grpc_addr));
+        // The local agents trust the server's own certificate, whatever it is.
+        let pin = server.tls_fingerprint.filter(|_| server.grpc_tls);
         let nodes = agents.len();
         let gpus: usize = agents.iter().map(|agent| agent.source.inventory().len()).sum();
         let mut tasks = Vec::new();
@@ -645,8 +794,10 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<ExitCode> {
                 token: join_token.clone(),
                 node_name,
                 tls_ca: None,
+                tls_pin: pin,
                 version: env!("CARGO_PKG_VERSION").to_owned(),
                 labels,
+                state_dir: Some(dir.join("agent")),
             };
             let (departures_tx, departures) = mpsc::channel(1);
             departure_senders.push(departures_tx);
@@ -661,14 +812,17 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<ExitCode> {
             })));
         }
         eprintln!(
-            "skein is up: {nodes} node{} with {gpus} GPU{}; REST API on http://{} (token in {}); \
-             more agents join at http://{}.\nTry: skein nodes, skein submit workflows/hello.yaml --wait",
+            "skein is up: {nodes} node{} with {gpus} GPU{}; REST API on {} (token in {}); \
+             more agents join at {}.\nTry: skein nodes, skein submit workflows/hello.yaml --wait",
             if nodes == 1 { "" } else { "s" },
             if gpus == 1 { "" } else { "s" },
-            server.api_addr,
+            door_url(server.rest_tls, server.api_addr),
             dir.join("api-token").display(),
-            server.grpc_addr,
+            door_url(server.grpc_tls, server.grpc_addr),
         );
+        if let Some(fingerprint) = server.tls_fingerprint {
+            eprintln!("skein: TLS certificate {fingerprint} (agents elsewhere pin it with --server-fingerprint)");
+        }
         tokio::select! {
             _ = server.wait() => bail!("the server stopped"),
             _ = tokio::signal::ctrl_c() => {

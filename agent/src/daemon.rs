@@ -17,6 +17,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::gpu::{GpuInfo, GpuSample, GpuSource};
 use crate::host::{HostInventory, HostLive, HostSampler};
+use crate::identity::{IdentityError, NodeCredential};
 
 /// The GPU source of a machine without GPUs (or without the NVIDIA driver): a CPU-only
 /// node, which still reports its host and can run CPU engines.
@@ -48,12 +49,19 @@ pub struct AgentConfig {
     pub node_name: String,
     /// A PEM CA certificate to trust for `https://` (default: the system's roots).
     pub tls_ca: Option<PathBuf>,
+    /// Trust only the `https://` server whose certificate has this fingerprint (the one
+    /// `skein server` made and printed), instead of a CA.
+    pub tls_pin: Option<skein_proto::tls::Fingerprint>,
     /// The agent's version, sent at registration.
     pub version: String,
     /// The node's labels (`--label zone=lab-a`, over a simulated node's `labels:`), sent
     /// at registration; checked by [`skein_proto::labels::check_all`] before [`run`]
     /// connects.
     pub labels: BTreeMap<String, String>,
+    /// Where the node's credential is kept ([`crate::identity`]), made on the first
+    /// start; `None` keeps it in memory only, so a restarted agent cannot take its node
+    /// name back until an admin frees it (`skein node reset NAME`).
+    pub state_dir: Option<PathBuf>,
 }
 
 /// Why the agent stopped for good (a transient failure only causes a reconnect).
@@ -73,6 +81,9 @@ pub enum AgentError {
     /// A label the orchestrator would refuse.
     #[error(transparent)]
     BadLabel(#[from] skein_proto::labels::LabelError),
+    /// The node's credential could not be read or kept.
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
     /// The CA file could not be read.
     #[error("cannot read the CA certificate {}", .path.display())]
     TlsCa {
@@ -89,8 +100,24 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 /// Longest wait between attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
-/// The endpoint for `config.join`.
-fn endpoint(config: &AgentConfig) -> Result<Endpoint, AgentError> {
+/// How the agent reaches the orchestrator: the endpoint, and for a pinned certificate
+/// the connector that speaks TLS to it (tonic's own TLS trusts CAs only).
+struct Door {
+    endpoint: Endpoint,
+    pinned: Option<crate::pinned::PinnedTls>,
+}
+
+impl Door {
+    async fn connect(&self) -> Result<Channel, tonic::transport::Error> {
+        match &self.pinned {
+            Some(tls) => self.endpoint.connect_with_connector(tls.clone()).await,
+            None => self.endpoint.connect().await,
+        }
+    }
+}
+
+/// The way to `config.join`.
+fn endpoint(config: &AgentConfig) -> Result<Door, AgentError> {
     let bad = |reason: String| AgentError::BadJoinUrl {
         url: config.join.clone(),
         reason,
@@ -98,11 +125,25 @@ fn endpoint(config: &AgentConfig) -> Result<Endpoint, AgentError> {
     if !(config.join.starts_with("http://") || config.join.starts_with("https://")) {
         return Err(bad("it does not start with http:// or https://".to_owned()));
     }
-    let mut endpoint = Endpoint::from_shared(config.join.clone())
-        .map_err(|e| bad(e.to_string()))?
-        .connect_timeout(Duration::from_secs(5))
-        .http2_keep_alive_interval(Duration::from_secs(10))
-        .keep_alive_timeout(Duration::from_secs(10));
+    let tuned = |endpoint: Endpoint| {
+        endpoint
+            .connect_timeout(Duration::from_secs(5))
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(10))
+    };
+    if let Some(pin) = config.tls_pin {
+        let Some(rest) = config.join.strip_prefix("https://") else {
+            return Err(bad("a pinned certificate (--server-fingerprint) needs an https:// address".to_owned()));
+        };
+        // The connector speaks TLS itself; tonic sees a plain connection.
+        let endpoint = Endpoint::from_shared(format!("http://{rest}")).map_err(|e| bad(e.to_string()))?;
+        let pinned = crate::pinned::PinnedTls::new(pin).map_err(|e| bad(e.to_string()))?;
+        return Ok(Door {
+            endpoint: tuned(endpoint),
+            pinned: Some(pinned),
+        });
+    }
+    let mut endpoint = tuned(Endpoint::from_shared(config.join.clone()).map_err(|e| bad(e.to_string()))?);
     if config.join.starts_with("https://") {
         let mut tls = ClientTlsConfig::new().with_native_roots();
         if let Some(path) = &config.tls_ca {
@@ -114,7 +155,7 @@ fn endpoint(config: &AgentConfig) -> Result<Endpoint, AgentError> {
         }
         endpoint = endpoint.tls_config(tls).map_err(|e| bad(e.to_string()))?;
     }
-    Ok(endpoint)
+    Ok(Door { endpoint, pinned: None })
 }
 
 /// The node is leaving, as the agent's owner tells [`run`] (`skein agent` on SIGUSR1,
@@ -186,8 +227,10 @@ pub trait InstanceHost: Send + Sync {
 /// ([`InstanceHost::shutdown`]).
 ///
 /// Errors: [`AgentError::BadJoinUrl`], [`AgentError::TlsCa`], [`AgentError::BadLabel`],
-/// [`AgentError::Refused`] (a wrong or missing token, or an inventory the orchestrator
-/// refuses); never for a server that is down or restarting.
+/// [`AgentError::Identity`] (the node credential cannot be read or saved in
+/// [`AgentConfig::state_dir`]), [`AgentError::Refused`] (a wrong, missing, revoked or
+/// expired token, a node name another agent's credential holds, or an inventory the
+/// orchestrator refuses); never for a server that is down or restarting.
 pub async fn run(agent: Agent) -> Result<(), AgentError> {
     let Agent {
         config,
@@ -200,6 +243,14 @@ pub async fn run(agent: Agent) -> Result<(), AgentError> {
     } = agent;
     let endpoint = endpoint(&config)?;
     skein_proto::labels::check_all(&config.labels)?;
+    let credential = match &config.state_dir {
+        Some(dir) => NodeCredential::load_or_create(dir, &config.node_name)?,
+        None => NodeCredential::generate()?,
+    };
+    let me = Me {
+        config: &config,
+        credential: &credential,
+    };
     let mut clock = Sequence {
         started: Instant::now(),
         seq: 0,
@@ -208,7 +259,7 @@ pub async fn run(agent: Agent) -> Result<(), AgentError> {
     let mut backoff = FIRST_BACKOFF;
     loop {
         let outcome = session(
-            &config,
+            me,
             &endpoint,
             source.as_mut(),
             &host,
@@ -264,6 +315,13 @@ fn drain_message(reason: String, deadline_unix_ms: Option<i64>) -> pb::Drain {
     }
 }
 
+/// Who the agent is: its configuration and its node's credential.
+#[derive(Clone, Copy)]
+struct Me<'a> {
+    config: &'a AgentConfig,
+    credential: &'a NodeCredential,
+}
+
 /// How a connection ended without an error.
 enum Ended {
     /// The orchestrator closed the stream.
@@ -317,8 +375,8 @@ fn status_error(status: &tonic::Status) -> SessionError {
 
 /// One connection: register, stream until it breaks.
 async fn session(
-    config: &AgentConfig,
-    endpoint: &Endpoint,
+    me: Me<'_>,
+    endpoint: &Door,
     source: &mut dyn GpuSource,
     host: &HostInventory,
     mut live: Option<&mut HostSampler>,
@@ -331,10 +389,14 @@ async fn session(
         departures,
         drain,
     } = channels;
-    let channel: Channel = endpoint
-        .connect()
-        .await
-        .map_err(|e| SessionError::Unreachable(error_chain(&e)))?;
+    let config = me.config;
+    let channel: Channel = endpoint.connect().await.map_err(|e| {
+        let mut message = error_chain(&e);
+        if config.join.starts_with("http://") {
+            message.push_str(" (if the server speaks TLS on this port, join with https://)");
+        }
+        SessionError::Unreachable(message)
+    })?;
     let mut client = AgentServiceClient::new(channel);
     let registration = client
         .register(with_token(
@@ -345,6 +407,7 @@ async fn session(
                     labels: config.labels.clone(),
                     ..inventory(source, host)
                 }),
+                node_credential: me.credential.expose().to_owned(),
             },
             &config.token,
         )?)
@@ -358,6 +421,7 @@ async fn session(
     let hello = AgentMessage {
         kind: Some(agent_message::Kind::Hello(pb::Hello {
             node_id: registration.node_id.clone(),
+            node_credential: me.credential.expose().to_owned(),
         })),
     };
     outbound
@@ -600,6 +664,7 @@ pub fn fleet_messages(fleet: &crate::fleet::Fleet, t: f64) -> Vec<(RegisterReque
                     labels: node.labels.clone(),
                     ..inventory(&source, &host)
                 }),
+                node_credential: String::new(),
             };
             let live = HostLive {
                 load1: None,

@@ -20,6 +20,8 @@
 //!   [`GpuMemoryProbe`], the memory of given processes per GPU ([`NvmlMemoryProbe`]).
 //! - [`daemon`]: the connection to the orchestrator: register, then one gRPC stream
 //!   (telemetry up, pings and commands down), reconnecting with backoff.
+//! - [`identity`]: the node's credential, made once and kept in the agent's state
+//!   directory (mode 0600), presented on every registration and stream.
 //! - [`engine`]: inference engines: the command lines of `llama-server`, `vllm serve`
 //!   and the built-in `skein engine serve` from an instance's launch spec
 //!   ([`engine::LaunchSpec::command`], pure), and the [`engine::Supervisor`] that runs
@@ -58,6 +60,8 @@ pub mod engine;
 pub mod fleet;
 pub mod gpu;
 pub mod host;
+pub mod identity;
+mod pinned;
 pub mod sim;
 pub mod slurm;
 mod suggest;

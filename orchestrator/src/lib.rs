@@ -11,9 +11,15 @@
 //!   agent, with the reasons.
 //! - [`catalogs`]: the hub edge in front of the planner: every model a workflow names.
 //! - [`engine_client`]: one chat completion to an engine, whole or streamed.
+//! - [`egress`]: the admin's policy over where endpoint agents may connect, checked at
+//!   submit and at every connection.
+//! - [`secrets`]: users' secrets (endpoint keys), encrypted at rest, resolved for the
+//!   owner of a run or session.
 //! - [`agents`]: the gRPC service agents join (registration, the telemetry stream),
 //!   feeding the graph.
 //! - [`auth`]: users and their API tokens (stored hashed).
+//! - [`join`]: who may join the fleet as which node: join tokens (bootstrap, expiring,
+//!   revocable) and node identities (each name claimed by one agent's credential).
 //! - [`idempotency`]: `Idempotency-Key` of the routes that create runs, sessions and
 //!   tokens: stored with what they created, in the same write.
 //! - [`instances`]: the model instances agents were asked to run, their commands down
@@ -24,9 +30,13 @@
 //!   [`session::SessionStore`] trait over sled, and the group-committing writer.
 //! - [`store`]: durable records in sled: one writer thread with group commit owns every
 //!   write and the flush (a write is acknowledged once it is on disk).
+//! - [`private`]: the data directory (0700) and the files in it (0600): make, write,
+//!   tighten.
 //! - [`api`]: the REST API over the graph, plans, runs and instances, and the
 //!   Prometheus metrics.
 //! - [`server`]: `skein server`: both doors and the sweep that marks silent nodes down.
+//! - [`transport`]: the doors as connections: accept loops with caps, header-read and
+//!   idle timeouts, early refusals (413/414/431), TLS and the server's certificate.
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used, clippy::panic))]
 
@@ -34,14 +44,19 @@ pub mod agents;
 pub mod api;
 pub mod auth;
 pub mod catalogs;
+pub mod egress;
 pub mod engine_client;
 pub mod graph;
 pub mod idempotency;
 pub mod instances;
+pub mod join;
 pub mod plan;
+pub mod private;
 pub mod reflex;
 pub mod run;
+pub mod secrets;
 pub mod server;
 pub mod session;
 pub mod store;
+pub mod transport;
 pub mod workflows;

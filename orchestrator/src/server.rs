@@ -31,8 +31,10 @@ pub struct ServerConfig {
     pub api_token: Secret,
     /// Telemetry interval and health rules.
     pub graph: GraphConfig,
-    /// A certificate and key (PEM) to serve gRPC over TLS.
-    pub tls: Option<TlsFiles>,
+    /// TLS: the certificate and key (PEM), and which doors speak it; `None`: neither.
+    pub tls: Option<ServerTls>,
+    /// Timeouts and connection caps of both doors.
+    pub transport: crate::transport::TransportConfig,
     /// The Hugging Face hub client plans read model metadata with (`POST /v1/plans`).
     pub hub: skein_model_registry::hub::HubClient,
     /// Where runs are stored (a sled database); `None`: in memory, lost at exit.
@@ -41,7 +43,33 @@ pub struct ServerConfig {
     pub db_cache_bytes: u64,
     /// Queues, timeouts and retries of the executor.
     pub executor: ExecutorConfig,
+    /// Where endpoint agents may connect (`--endpoint-allow`, `--endpoint-deny`), past
+    /// the built-in refusals of loopback, link-local and the server's own addresses.
+    pub endpoints: crate::egress::EgressRules,
+    /// The file of the key users' secrets are encrypted with (created on first start);
+    /// `None`: a random key, for a database in memory.
+    pub secrets_key: Option<PathBuf>,
+    /// What one chat request and one user may ask at once (sizes, requests and streams
+    /// in flight).
+    pub chat_limits: crate::session::ChatLimits,
 }
+
+/// The server's certificate and the doors that speak TLS with it.
+#[derive(Debug, Clone)]
+pub struct ServerTls {
+    /// The certificate chain and key.
+    pub files: TlsFiles,
+    /// The REST API speaks TLS.
+    pub rest: bool,
+    /// The agent service speaks TLS.
+    pub grpc: bool,
+}
+
+/// How long the agent service takes to answer one request (a stream answers at once).
+const GRPC_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Streams one agent connection may have open at once: an agent holds one stream and
+/// makes a few calls.
+const GRPC_MAX_STREAMS: u32 = 32;
 
 /// A PEM certificate chain and its private key.
 #[derive(Debug, Clone)]
@@ -69,6 +97,9 @@ pub enum ServerError {
     /// The database could not be opened or read.
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    /// The key of users' secrets could not be read or made.
+    #[error(transparent)]
+    Secrets(crate::secrets::SecretError),
     /// A TLS file could not be read or used.
     #[error("cannot use the TLS file {}", .path.display())]
     Tls {
@@ -78,6 +109,9 @@ pub enum ServerError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The REST door's certificate could not be read or used.
+    #[error(transparent)]
+    Certificate(#[from] crate::transport::tls::TlsError),
 }
 
 /// A running server. Dropping it stops it.
@@ -86,6 +120,12 @@ pub struct RunningServer {
     pub api_addr: SocketAddr,
     /// The gRPC address.
     pub grpc_addr: SocketAddr,
+    /// The fingerprint of the certificate, when a door speaks TLS.
+    pub tls_fingerprint: Option<skein_proto::tls::Fingerprint>,
+    /// The REST API speaks TLS.
+    pub rest_tls: bool,
+    /// The agent service speaks TLS.
+    pub grpc_tls: bool,
     /// The graph.
     pub graph: Arc<HardwareGraph>,
     /// Graph changes.
@@ -140,6 +180,17 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         None => Db::temporary()?,
     };
     let tokens = crate::auth::Tokens::open(&db, &config.api_token)?;
+    let secrets_key = match &config.secrets_key {
+        Some(file) => crate::secrets::SecretsKey::load_or_create(file),
+        None => crate::secrets::SecretsKey::random(),
+    }
+    .map_err(ServerError::Secrets)?;
+    let secrets = crate::secrets::Secrets::open(&db, &secrets_key)?;
+    let egress = Arc::new(crate::egress::EgressPolicy::new(
+        config.endpoints.clone(),
+        crate::egress::own_addresses(&[api_addr, grpc_addr]),
+    ));
+    let clients = crate::engine_client::Clients::new(egress, secrets.clone());
     let instances = Arc::new(Instances::default());
     instances.record_measurements(db.tree("measurements")?);
     let planner = Arc::new(std::sync::Mutex::new(crate::plan::Planner::default()));
@@ -150,6 +201,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         Arc::clone(&instances),
         Arc::clone(&planner),
         config.executor.clone(),
+        clients,
     )?;
     let session_store = Arc::new(crate::session::SledSessions::open(&db)?);
     let session_log = crate::session::SessionLog::start(session_store, crate::session::LogConfig::default())
@@ -158,7 +210,10 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         session_log,
         executor.clone(),
         Arc::clone(&instances),
-        crate::session::SessionsConfig::default(),
+        crate::session::SessionsConfig {
+            limits: config.chat_limits,
+            ..crate::session::SessionsConfig::default()
+        },
     );
     let reflex_events = crate::reflex::Events::open(&db)?;
     let (reflexes, reflex_task) = crate::reflex::Reflexes::start(
@@ -169,17 +224,40 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         sessions.clone(),
         reflex_events.clone(),
     );
+    let join = crate::join::Join::open(&db, config.join_token.clone())?;
     let gateway = AgentGateway::new(
         Arc::clone(&graph),
-        config.join_token.clone(),
+        join.clone(),
         events.clone(),
         clock,
         Arc::clone(&instances),
     );
+    // Both doors full must leave descriptors for everything else (the database, engines'
+    // logs, the hub): the limit is raised, then each door gets its share.
+    let open_files = crate::transport::raise_open_files_limit();
+    let cap = crate::transport::connection_cap(open_files, config.transport.max_connections);
+    tracing::info!(
+        open_files = open_files.unwrap_or(u64::MAX),
+        connections_per_door = cap,
+        "connection caps"
+    );
+    let tls_fingerprint = match &config.tls {
+        Some(tls) if tls.rest || tls.grpc => Some(crate::transport::tls::fingerprint(&tls.files.cert)?),
+        _ => None,
+    };
+    let rest_tls = config.tls.as_ref().is_some_and(|tls| tls.rest);
+    let grpc_tls = config.tls.as_ref().is_some_and(|tls| tls.grpc);
+    // An agent holds one stream and makes a few calls; a request that takes longer than
+    // this to be answered (not streamed) is abandoned.
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)));
-    if let Some(tls) = &config.tls {
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .tcp_keepalive(Some(Duration::from_secs(60)))
+        .timeout(GRPC_REQUEST_TIMEOUT)
+        .max_concurrent_streams(Some(GRPC_MAX_STREAMS))
+        .concurrency_limit_per_connection(GRPC_MAX_STREAMS as usize)
+        .http2_max_header_list_size(Some(64 << 10));
+    if let Some(tls) = config.tls.as_ref().filter(|tls| tls.grpc).map(|tls| &tls.files) {
         let read = |path: &PathBuf| {
             std::fs::read(path).map_err(|source| ServerError::Tls {
                 path: path.clone(),
@@ -188,13 +266,18 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         };
         let identity = tonic::transport::Identity::from_pem(read(&tls.cert)?, read(&tls.key)?);
         builder = builder
-            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+            .tls_config(
+                tonic::transport::ServerTlsConfig::new()
+                    .identity(identity)
+                    .timeout(config.transport.header_read_timeout),
+            )
             .map_err(|source| ServerError::Tls {
                 path: tls.cert.clone(),
                 source: Box::new(source),
             })?;
     }
-    let incoming = tonic::transport::server::TcpIncoming::from(grpc_listener);
+    let (incoming, grpc_accept_task) =
+        crate::transport::grpc_incoming(grpc_listener, cap, config.transport.clone(), grpc_tls);
     let grpc = builder
         .add_service(AgentServiceServer::new(gateway))
         .serve_with_incoming(incoming);
@@ -208,6 +291,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         graph: Arc::clone(&graph),
         events: events.clone(),
         tokens,
+        secrets,
         hub: config.hub.clone(),
         planner,
         executor: executor.clone(),
@@ -215,12 +299,18 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         sessions,
         reflex_events: reflex_events.clone(),
         db: db.clone(),
+        join,
     });
-    let api_task = tokio::spawn(async move {
-        if let Err(error) = axum::serve(api_listener, app).await {
-            tracing::error!(%error, "the REST API stopped");
-        }
-    });
+    let rest = crate::transport::RestService {
+        router: app,
+        tls: match config.tls.as_ref().filter(|tls| tls.rest) {
+            Some(tls) => Some(crate::transport::tls::acceptor(&tls.files)?),
+            None => None,
+        },
+        config: config.transport.clone(),
+        max_body_bytes: crate::api::MAX_BODY_BYTES as u64,
+    };
+    let api_task = tokio::spawn(crate::transport::serve_rest(api_listener, cap, rest));
 
     let sweep_graph = Arc::clone(&graph);
     let sweep_events = events.clone();
@@ -248,16 +338,19 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
 
     let executor_task = executor.start()?;
 
-    tracing::info!(%api_addr, %grpc_addr, "skein server listening");
+    tracing::info!(%api_addr, %grpc_addr, rest_tls, grpc_tls, fingerprint = ?tls_fingerprint, "skein server listening");
     Ok(RunningServer {
         api_addr,
         grpc_addr,
+        tls_fingerprint,
+        rest_tls,
+        grpc_tls,
         graph,
         events,
         executor,
         instances,
         reflex_events,
         reflexes,
-        tasks: vec![grpc_task, api_task, sweep_task, executor_task, reflex_task],
+        tasks: vec![grpc_accept_task, grpc_task, api_task, sweep_task, executor_task, reflex_task],
     })
 }

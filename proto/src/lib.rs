@@ -1,7 +1,8 @@
 //! Skein's wire protocols: the gRPC service between agents and the orchestrator,
 //! generated from `skein/agent/v1/agent.proto` at build time, and the OpenAI
 //! chat-completions format engines and the orchestrator's compatible routes speak
-//! ([`openai`]), and the rules of node labels both sides check ([`labels`]).
+//! ([`openai`]), the rules of node labels both sides check ([`labels`]), and the
+//! certificate fingerprints clients pin ([`tls`]).
 //!
 //! The `.proto` file is the contract; read its comments for the meaning of each field.
 //! Both sides depend on this crate and on nothing of each other.
@@ -21,6 +22,8 @@ pub mod agent {
 
 pub mod labels;
 pub mod openai;
+mod redact;
+pub mod tls;
 
 /// The metadata key that carries the join token (`Bearer <token>`).
 pub const AUTHORIZATION: &str = "authorization";

@@ -30,10 +30,13 @@ use tokio::sync::broadcast;
 
 pub use crate::auth::Principal;
 
+mod evaluate;
 mod events;
+mod join;
 mod live;
 mod openai;
 mod runs;
+mod secrets;
 mod sessions;
 mod tokens;
 mod web;
@@ -48,6 +51,8 @@ pub struct ApiState {
     pub events: broadcast::Sender<GraphEvent>,
     /// Users' API tokens.
     pub tokens: crate::auth::Tokens,
+    /// Users' secrets (endpoint keys).
+    pub secrets: crate::secrets::Secrets,
     /// The hub client plans read model metadata with.
     pub hub: skein_model_registry::hub::HubClient,
     /// The planner, with what it keeps between plans.
@@ -62,6 +67,8 @@ pub struct ApiState {
     pub reflex_events: crate::reflex::Events,
     /// The database (its writer's health).
     pub db: crate::store::Db,
+    /// Join tokens and node identities.
+    pub join: crate::join::Join,
 }
 
 /// The largest request body (bytes): a turn may carry several messages of up to
@@ -101,6 +108,8 @@ fn protected_routes() -> OpenApiRouter<ApiState> {
         .merge(live::routes())
         .merge(runs::routes())
         .merge(tokens::routes())
+        .merge(secrets::routes())
+        .merge(join::routes())
         .merge(sessions::routes())
         .merge(openai::routes())
         .merge(events::routes())
@@ -212,6 +221,8 @@ fn add_error(operation: &mut utoipa::openapi::path::Operation, status: StatusCod
         (name = "sessions", description = "Durable conversations with an agent (docs/sessions.md)"),
         (name = "openai", description = "OpenAI-compatible routes for existing clients"),
         (name = "tokens", description = "Users' API tokens (admin only)"),
+        (name = "secrets", description = "Users' secrets, the keys of their endpoint agents (never shown again)"),
+        (name = "join", description = "Join tokens and node identities: who may join the fleet as which node (admin only)"),
         (name = "reflexes", description = "What the workflows' reflexes did (docs/reflexes.md)"),
         (name = "server", description = "Health, metrics and this document"),
     )
@@ -535,6 +546,13 @@ where
     }
 }
 
+/// The token of an `Authorization` value in the `Bearer` scheme, whose name is matched
+/// case-insensitively (RFC 9110 §11.1); one or more spaces follow it.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|t| !t.is_empty())
+}
+
 /// Finds who presents the request's bearer token and hands them to the route as an
 /// extension ([`Principal`]); 401 without a live token.
 async fn authorize(State(state): State<ApiState>, mut request: Request, next: Next) -> Response {
@@ -542,7 +560,7 @@ async fn authorize(State(state): State<ApiState>, mut request: Request, next: Ne
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer_token);
     let Some(token) = presented else {
         return error(
             StatusCode::UNAUTHORIZED,
@@ -595,9 +613,14 @@ pub(crate) struct InvalidWorkflow<'a> {
         (status = 200, description = "The plan: per agent the chosen variant, engine, GPUs and memory estimate (docs/placement.md)", body = Object),
         (status = 400, description = "Not a plan request", body = ErrorBody),
         (status = 422, description = "The workflow is invalid", body = InvalidWorkflow),
+        (status = 429, description = "Two of this user's workflows are being evaluated already", body = ErrorBody),
         (status = 502, description = "The model hub could not be read", body = ErrorBody),
     ))]
-async fn plans(State(state): State<ApiState>, body: axum::body::Bytes) -> Response {
+async fn plans(
+    State(state): State<ApiState>,
+    axum::extract::Extension(principal): axum::extract::Extension<Principal>,
+    body: axum::body::Bytes,
+) -> Response {
     let request: PlanRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
@@ -607,7 +630,14 @@ async fn plans(State(state): State<ApiState>, body: axum::body::Bytes) -> Respon
             );
         }
     };
-    let workflow = match parse_workflow(request.name.as_deref(), &request.workflow) {
+    let workflow = match parse_workflow(
+        &principal,
+        request.name.as_deref(),
+        &request.workflow,
+        state.executor.clients().policy(),
+    )
+    .await
+    {
         Ok(workflow) => workflow,
         Err(response) => return *response,
     };
@@ -651,8 +681,13 @@ async fn plans(State(state): State<ApiState>, body: axum::body::Bytes) -> Respon
 }
 
 /// A workflow sent as text: 400 for a name of no known language, 422 with the
-/// diagnostics for an invalid workflow.
-pub(crate) fn parse_workflow(name: Option<&str>, text: &str) -> Result<skein_dsl::Workflow, Box<Response>> {
+/// diagnostics for an invalid workflow, or one whose endpoints the `policy` refuses.
+pub(crate) async fn parse_workflow(
+    principal: &Principal,
+    name: Option<&str>,
+    text: &str,
+    policy: &crate::egress::EgressPolicy,
+) -> Result<skein_dsl::Workflow, Box<Response>> {
     let name = name.unwrap_or("workflow.yaml");
     let Some(kind) = SourceKind::from_name(name) else {
         return Err(Box::new(error(
@@ -660,7 +695,9 @@ pub(crate) fn parse_workflow(name: Option<&str>, text: &str) -> Result<skein_dsl
             "`name` must end in .yaml, .yml or .rhai",
         )));
     };
-    let parsed = skein_dsl::parse_as(name, text, kind);
+    // On the Rhai pool, a few at a time per user (429 beyond).
+    let mut parsed = evaluate::parse(principal, name, text, kind).await.map_err(Box::new)?;
+    refuse_endpoints(&mut parsed, policy);
     match parsed.workflow {
         Some(w) if !parsed.diagnostics.has_errors() => Ok(w),
         _ => {
@@ -674,6 +711,31 @@ pub(crate) fn parse_workflow(name: Option<&str>, text: &str) -> Result<skein_dsl
             Err(Box::new(
                 (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(body)).into_response(),
             ))
+        }
+    }
+}
+
+/// Adds a diagnostic at the `url` of every endpoint agent whose URL the policy refuses.
+fn refuse_endpoints(parsed: &mut skein_dsl::Parsed, policy: &crate::egress::EgressPolicy) {
+    use skein_dsl::ir::Backend;
+    let Some(workflow) = &parsed.workflow else {
+        return;
+    };
+    for (agent, definition) in &workflow.agents {
+        let Backend::Endpoint(endpoint) = &definition.backend else {
+            continue;
+        };
+        if let Err(refusal) = policy.check_url(&endpoint.url) {
+            let span = parsed
+                .endpoint_urls
+                .get(agent)
+                .copied()
+                .unwrap_or(skein_dsl::Span::point(0));
+            parsed.diagnostics.push(
+                skein_dsl::Diagnostic::error(skein_dsl::Code::BadValue, span, refusal.to_string())
+                    .with_label("this server does not call this address")
+                    .with_help("use an endpoint outside this server and its local network, or ask the admin to allow it"),
+            );
         }
     }
 }

@@ -45,10 +45,18 @@ pub async fn setup(executor: ExecutorConfig, db: Option<&std::path::Path>) -> Se
             ..GraphConfig::default()
         },
         tls: None,
+        transport: Default::default(),
         hub: client,
         db_dir: Some(db.map_or_else(|| data.path().join("db"), std::path::Path::to_owned)),
         db_cache_bytes: skein_orchestrator::store::CACHE_BYTES,
         executor,
+        // The tests' mock endpoints listen on loopback.
+        endpoints: skein_orchestrator::egress::EgressRules {
+            allow: vec!["127.0.0.1".parse().unwrap()],
+            deny: Vec::new(),
+        },
+        secrets_key: None,
+        chat_limits: skein_orchestrator::session::ChatLimits::default(),
     })
     .await
     .unwrap();
