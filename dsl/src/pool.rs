@@ -9,9 +9,13 @@
 //! which the sandbox's limits provably fit (see [`STACK_BYTES`]), so no input
 //! can overflow it and abort the process.
 //!
-//! The pool has a fixed number of threads ([`threads`]) and a bounded queue
-//! ([`QUEUE`]). Sync callers block on [`run`]; async callers hand a job to
-//! [`try_submit`] and await their own channel, so no runtime worker waits.
+//! The pool has a fixed number of threads ([`threads`]). Sync callers block
+//! on [`run`] (the executor's conditions and templates, reflex conditions,
+//! `skein validate`); their jobs go first, and are few (one per waiting
+//! thread). Async callers hand a job to [`try_submit`] and await their own
+//! channel, so no runtime worker waits; those jobs wait in a bounded queue
+//! ([`QUEUE`]) and run on all threads but one, so a burst of submitted
+//! workflows never keeps a condition waiting for longer than one job.
 //! A job started on a pool thread that asks for the pool again runs inline:
 //! nested Rhai work (a script's checks compile its expressions) never waits
 //! for a free thread.
@@ -20,9 +24,9 @@
 //! this crate starts threads or reads a clock; both only bound Rhai.
 
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 
 /// Stack of each pool thread, in bytes: 256 MiB of address space, of which
 /// only what a job touches is ever backed by memory.
@@ -40,7 +44,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 /// stack ([`STACK_BYTES`] / 4): the limits fit four times over.
 pub const STACK_BYTES: usize = 256 << 20;
 
-/// Jobs waiting for a thread, at most; [`try_submit`] refuses more.
+/// Submitted jobs waiting for a thread, at most; [`try_submit`] refuses more.
 pub const QUEUE: usize = 256;
 
 /// Why a job did not run to its end.
@@ -59,8 +63,22 @@ pub enum PoolError {
 
 type Job = Box<dyn FnOnce() + Send>;
 
+/// The two queues: jobs a thread waits on ([`run`]: conditions, templates,
+/// validation) go first; submitted jobs ([`try_submit`]: workflows sent to
+/// the API) run on all threads but one, so waiting callers always find one.
+#[derive(Default)]
+struct Queues {
+    waited: VecDeque<Job>,
+    submitted: VecDeque<Job>,
+    /// Submitted jobs running now.
+    submitted_running: usize,
+}
+
 struct Pool {
-    jobs: SyncSender<Job>,
+    queues: Mutex<Queues>,
+    ready: Condvar,
+    /// Submitted jobs that may run at once.
+    submitted_threads: usize,
 }
 
 thread_local! {
@@ -78,60 +96,95 @@ pub fn on_pool() -> bool {
 }
 
 fn pool() -> Result<&'static Pool, PoolError> {
-    static POOL: OnceLock<Result<Pool, String>> = OnceLock::new();
+    static POOL: OnceLock<Result<Arc<Pool>, String>> = OnceLock::new();
     POOL.get_or_init(start)
         .as_ref()
+        .map(|p| &**p)
         .map_err(|e| PoolError::Unavailable(e.clone()))
 }
 
-fn start() -> Result<Pool, String> {
-    let (jobs, queue) = std::sync::mpsc::sync_channel::<Job>(QUEUE);
-    let queue = Arc::new(Mutex::new(queue));
-    for i in 0..threads() {
-        let queue = Arc::clone(&queue);
+fn start() -> Result<Arc<Pool>, String> {
+    let threads = threads();
+    let pool = Arc::new(Pool {
+        queues: Mutex::default(),
+        ready: Condvar::new(),
+        submitted_threads: threads - 1,
+    });
+    for i in 0..threads {
+        let pool = Arc::clone(&pool);
         std::thread::Builder::new()
             .name(format!("skein-rhai-{i}"))
             .stack_size(STACK_BYTES)
-            .spawn(move || work(&queue))
+            .spawn(move || work(&pool))
             .map_err(|e| e.to_string())?;
     }
-    Ok(Pool { jobs })
+    Ok(pool)
 }
 
-fn work(queue: &Mutex<Receiver<Job>>) {
+fn work(pool: &Pool) {
     ON_POOL.with(|p| p.set(true));
     loop {
-        let job = queue.lock().unwrap_or_else(PoisonError::into_inner).recv();
-        let Ok(job) = job else { return };
+        let (job, submitted) = {
+            let mut q = pool.queues.lock().unwrap_or_else(PoisonError::into_inner);
+            loop {
+                if let Some(job) = q.waited.pop_front() {
+                    break (job, false);
+                }
+                if q.submitted_running < pool.submitted_threads
+                    && let Some(job) = q.submitted.pop_front()
+                {
+                    q.submitted_running += 1;
+                    break (job, true);
+                }
+                q = pool.ready.wait(q).unwrap_or_else(PoisonError::into_inner);
+            }
+        };
         // A panicking job drops its answer channel, which its caller sees as
         // `PoolError::Lost`; the thread goes on with the next job.
         let _ = std::panic::catch_unwind(AssertUnwindSafe(job));
+        if submitted {
+            pool.queues
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .submitted_running -= 1;
+            // A submitted job may wait for the slot this one freed.
+            pool.ready.notify_all();
+        }
     }
 }
 
 /// Queue `job` on the pool without waiting: [`PoolError::Busy`] when
-/// [`QUEUE`] jobs wait already. The job sends its own answer (async callers
-/// give it the sending half of their channel).
+/// [`QUEUE`] submitted jobs wait already. The job sends its own answer
+/// (async callers give it the sending half of their channel). Submitted jobs
+/// run on all the pool's threads but one.
 pub fn try_submit(job: impl FnOnce() + Send + 'static) -> Result<(), PoolError> {
-    pool()?.jobs.try_send(Box::new(job)).map_err(|e| match e {
-        TrySendError::Full(_) => PoolError::Busy,
-        TrySendError::Disconnected(_) => PoolError::Lost,
-    })
+    let pool = pool()?;
+    let mut q = pool.queues.lock().unwrap_or_else(PoisonError::into_inner);
+    if q.submitted.len() >= QUEUE {
+        return Err(PoolError::Busy);
+    }
+    q.submitted.push_back(Box::new(job));
+    drop(q);
+    pool.ready.notify_all();
+    Ok(())
 }
 
 /// Run `f` on a pool thread and wait for its value; inline when the caller
-/// is a pool thread already. Waits for room when the queue is full.
+/// is a pool thread already. It goes before every submitted job.
 pub fn run<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, PoolError> {
     if on_pool() {
         return Ok(f());
     }
+    let pool = pool()?;
     let (tx, rx) = std::sync::mpsc::sync_channel(1);
-    pool()?
-        .jobs
-        .send(Box::new(move || {
+    pool.queues
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .waited
+        .push_back(Box::new(move || {
             let _ = tx.send(f());
-        }))
-        .map_err(|_| PoolError::Lost)?;
+        }));
+    pool.ready.notify_all();
     rx.recv().map_err(|_| PoolError::Lost)
 }
 
@@ -145,6 +198,25 @@ mod tests {
         let (outer, inner) = run(|| (on_pool(), run(on_pool))).expect("runs");
         assert!(outer);
         assert_eq!(inner, Ok(true));
+    }
+
+    #[test]
+    fn waited_jobs_pass_submitted_ones() {
+        // Fill the submitted side with jobs that wait for a signal.
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let wait = Arc::new(Mutex::new(wait));
+        for _ in 0..threads() - 1 {
+            let wait = Arc::clone(&wait);
+            try_submit(move || {
+                let _ = wait.lock().map(|w| w.recv());
+            })
+            .expect("queued");
+        }
+        // Every submitted slot is taken; a waited job still runs.
+        assert_eq!(run(|| 5), Ok(5));
+        for _ in 0..threads() - 1 {
+            let _ = go.send(());
+        }
     }
 
     #[test]

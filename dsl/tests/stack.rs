@@ -181,3 +181,74 @@ fn a_slow_evaluation_is_stopped_by_its_wall_clock_budget() {
     assert_eq!(e.kind, ExprErrorKind::Limit, "{e:?}");
     assert!(e.message.contains("took too long"), "{e}");
 }
+
+/// One layer of a generated program: each wraps the expression inside it.
+#[derive(Debug, Clone, Copy)]
+enum Layer {
+    /// `(|| inner)`: an anonymous function (called by the next `Call`).
+    Closure,
+    /// `inner.call()`.
+    Call,
+    /// `(inner)`.
+    Paren,
+    /// `[inner]`.
+    Array,
+    /// `#{ a: inner }`.
+    Map,
+    /// `Fn("len").curry(inner)`: refused.
+    Curry,
+    /// `{ let v = inner; || v }`: a capturing closure, refused.
+    Capture,
+}
+
+fn layer() -> impl proptest::strategy::Strategy<Value = Layer> {
+    proptest::prop_oneof![
+        proptest::strategy::Just(Layer::Closure),
+        proptest::strategy::Just(Layer::Call),
+        proptest::strategy::Just(Layer::Paren),
+        proptest::strategy::Just(Layer::Array),
+        proptest::strategy::Just(Layer::Map),
+        proptest::strategy::Just(Layer::Curry),
+        proptest::strategy::Just(Layer::Capture),
+    ]
+}
+
+/// The program of `layers` around `1`, inside `loop` when `looped` (so that
+/// chains grow until a limit stops them).
+fn program(layers: &[Layer], looped: bool) -> String {
+    let mut e = "x".to_owned();
+    for l in layers {
+        e = match l {
+            Layer::Closure => format!("(|| {e})"),
+            Layer::Call => format!("({e}).call()"),
+            Layer::Paren => format!("({e})"),
+            Layer::Array => format!("[{e}]"),
+            Layer::Map => format!("#{{ a: {e} }}"),
+            Layer::Curry => format!("Fn(\"len\").curry({e})"),
+            Layer::Capture => format!("{{ let v = {e}; || v }}"),
+        };
+    }
+    if looped {
+        format!("let x = 1; loop {{ x = {e}; }}")
+    } else {
+        format!("let x = 1; {e}")
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+    /// Nested closures, calls, arrays, maps and curries, as an expression and
+    /// as a workflow script, end with a value or an error: never an abort.
+    #[test]
+    fn generated_nesting_never_aborts(layers in proptest::collection::vec(layer(), 0..400), looped: bool) {
+        let text = program(&layers, looped);
+        let ev = Evaluator::default();
+        if let Ok(c) = ev.compile(&text, Context::Step) {
+            let _ = ev.eval(&c, &BTreeMap::new());
+            let _ = ev.eval_text(&c, &BTreeMap::new());
+        }
+        let parsed = skein_dsl::parse("p.rhai", &format!("workflow(\"p\");\n{text};\n"));
+        proptest::prop_assert!(!parsed.is_valid() || parsed.workflow.is_some());
+    }
+}
