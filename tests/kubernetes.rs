@@ -217,9 +217,12 @@ fn check_overlay(overlay: &str, objects: &[Value]) {
         agents_port,
         "{overlay}"
     );
+    // Both doors speak TLS, the probes too.
+    assert_eq!(env_value(main, "SKEIN_TLS"), "on", "{overlay}");
     for probe in ["startupProbe", "readinessProbe", "livenessProbe"] {
         assert_eq!(main[probe]["httpGet"]["path"], "/healthz", "{overlay}: {probe}");
         assert_eq!(main[probe]["httpGet"]["port"], "api", "{overlay}: {probe}");
+        assert_eq!(main[probe]["httpGet"]["scheme"], "HTTPS", "{overlay}: {probe}");
     }
     let governing = find(
         objects,
@@ -239,8 +242,13 @@ fn check_overlay(overlay: &str, objects: &[Value]) {
     let worker = container(agent, "agent");
     assert_eq!(
         env_value(worker, "SKEIN_JOIN"),
-        format!("http://skein-server:{}", agents["port"]),
+        format!("https://skein-server:{}", agents["port"]),
         "{overlay}"
+    );
+    assert_eq!(
+        env(worker, "SKEIN_SERVER_FINGERPRINT")["valueFrom"]["configMapKeyRef"],
+        serde_json::json!({"name": "skein-server-tls", "key": "fingerprint"}),
+        "{overlay}: the agents pin the server's certificate"
     );
     assert_eq!(
         env(worker, "SKEIN_JOIN_TOKEN")["valueFrom"]["secretKeyRef"],
@@ -349,8 +357,8 @@ struct Pod {
 }
 
 /// The environment Kubernetes gives `container` of a pod: plain values as they are,
-/// downward-API fields from `pod`, Secret keys from `secrets` (an optional key that is
-/// absent is left out), then `local` replacing the values that only make sense in a
+/// downward-API fields from `pod`, Secret and ConfigMap keys from `secrets` (an
+/// optional key that is absent is left out), then `local` replacing the values that only make sense in a
 /// cluster (addresses, paths); each of those must be one the manifest sets.
 fn pod_environment(
     container: &Value,
@@ -373,7 +381,7 @@ fn pod_environment(
                 other => panic!("{name}: the test does not stand in for the downward API's {other}"),
             }
             .to_owned()
-        } else if let Some(reference) = from.get("secretKeyRef") {
+        } else if let Some(reference) = from.get("secretKeyRef").or_else(|| from.get("configMapKeyRef")) {
             let key = (
                 reference["name"].as_str().unwrap_or_default(),
                 reference["key"].as_str().unwrap_or_default(),
@@ -435,7 +443,9 @@ fn server_and_agent_run_from_the_environment_their_pods_give_them() {
     let path = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
     let (api_port, agents_port) = (free_port(), free_port());
     let api_token = "api-token-of-the-kubernetes-test";
-    let secrets = BTreeMap::from([
+    // The server's certificate's, once it has made it.
+    let fingerprint: String;
+    let mut secrets = BTreeMap::from([
         (("skein-tokens", "join-token"), "join-token-of-the-kubernetes-test"),
         (("skein-tokens", "api-token"), api_token),
     ]);
@@ -464,13 +474,19 @@ fn server_and_agent_run_from_the_environment_their_pods_give_them() {
         .unwrap();
     wait_for_line(&mut child, "REST API on", &dir.path().join("server.log"));
     let _server = Killed(child);
+    // What the operator publishes from the server's first start.
+    fingerprint = std::fs::read_to_string(dir.path().join("server/tls/fingerprint"))
+        .expect("the server made its certificate")
+        .trim()
+        .to_owned();
+    secrets.insert(("skein-server-tls", "fingerprint"), &fingerprint);
 
     let agent_environment = pod_environment(
         agent,
         &pod,
         &secrets,
         &[
-            ("SKEIN_JOIN", format!("http://127.0.0.1:{agents_port}")),
+            ("SKEIN_JOIN", format!("https://127.0.0.1:{agents_port}")),
             ("SKEIN_DATA_DIR", path("agent")),
             ("HF_HOME", path("agent/huggingface")),
         ],
@@ -488,8 +504,8 @@ fn server_and_agent_run_from_the_environment_their_pods_give_them() {
     let node = loop {
         let output = Command::new(SKEIN)
             .args(["nodes", "--output", "json", "--server"])
-            .arg(format!("http://127.0.0.1:{api_port}"))
-            .args(["--api-token", api_token])
+            .arg(format!("https://127.0.0.1:{api_port}"))
+            .args(["--api-token", api_token, "--server-fingerprint", &fingerprint])
             .output()
             .unwrap();
         let graph: Value = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);

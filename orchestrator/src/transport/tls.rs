@@ -2,8 +2,9 @@
 //! in the data directory) and kept; and the REST door's TLS acceptor.
 //!
 //! A generated certificate lives in `<dir>/cert.pem` with its key in `<dir>/key.pem`
-//! (mode 0600) and its fingerprint in `<dir>/fingerprint`; later starts reuse them, so
-//! clients that pinned the fingerprint keep trusting the server.
+//! and its fingerprint in `<dir>/fingerprint` (each mode 0600, in a 0700 directory, as
+//! everything in the data directory); later starts reuse them, so clients that pinned
+//! the fingerprint keep trusting the server.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -118,12 +119,12 @@ pub fn load_or_generate(dir: &Path, names: &[String]) -> Result<Generated, TlsEr
     let certificate = params.self_signed(&pair).map_err(TlsError::Generate)?;
     // The key first: a certificate without its key is refused at the next start.
     write_new(&key, pair.serialize_pem().as_bytes(), 0o600).map_err(io(&key))?;
-    write_new(&cert, certificate.pem().as_bytes(), 0o644).map_err(io(&cert))?;
+    write_new(&cert, certificate.pem().as_bytes(), 0o600).map_err(io(&cert))?;
     let fingerprint = Fingerprint::of(certificate.der());
     let record = dir.join("fingerprint");
     // Replaced when stale (the certificate is the truth; this file is for people).
     let _ = std::fs::remove_file(&record);
-    write_new(&record, format!("{fingerprint}\n").as_bytes(), 0o644).map_err(io(&record))?;
+    write_new(&record, format!("{fingerprint}\n").as_bytes(), 0o600).map_err(io(&record))?;
     Ok(Generated {
         files,
         fingerprint,
