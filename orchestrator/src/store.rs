@@ -417,15 +417,25 @@ impl Db {
     }
 
     /// The database in `dir`, with a page cache of `cache_bytes`.
+    ///
+    /// The database is private to its owner: `dir` is made (or tightened to) 0700 before
+    /// sled opens it, and the files there 0600 after (sled makes its files with the
+    /// process's umask, which `skein server` sets to 077).
     pub fn open_with_cache(dir: &Path, cache_bytes: u64) -> Result<Db, StoreError> {
+        let open_error = |source| StoreError::Open {
+            path: dir.to_owned(),
+            source,
+        };
+        crate::private::private_dir(dir).map_err(|e| open_error(sled::Error::Io(e)))?;
         let db = sled::Config::new()
             .path(dir)
             .cache_capacity(cache_bytes)
             .open()
-            .map_err(|source| StoreError::Open {
-                path: dir.to_owned(),
-                source,
-            })?;
+            .map_err(open_error)?;
+        let tightened = crate::private::tighten_tree(dir).map_err(|e| open_error(sled::Error::Io(e)))?;
+        if tightened > 0 {
+            tracing::warn!(dir = %dir.display(), files = tightened, "made the database's files private (0600)");
+        }
         Db::with_writer(db)
     }
 
