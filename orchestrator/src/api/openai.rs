@@ -17,6 +17,7 @@ use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use skein_dsl::ir::Backend;
@@ -25,10 +26,10 @@ use tokio::sync::mpsc;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::sessions::idempotency_key;
+use super::sessions::{chat_body, idempotency_key};
 use super::{ApiError, ApiState, ErrorBody, Principal, ServerSentEvent, body};
 use crate::engine_client::Answer;
-use crate::session::{NewMessage, Role, Sampling, SessionError, Turn};
+use crate::session::{Flight, NewMessage, Role, Sampling, SessionError, Turn};
 
 /// Text pieces of a streamed completion that may wait for a slow reader.
 const STREAM_BUFFER: usize = 256;
@@ -123,6 +124,9 @@ fn messages(request: ChatCompletionRequest) -> Result<Vec<NewMessage>, ApiError>
         )),
         (status = 400, description = "A bad request (a message part that is not text, a bad model name)", body = ErrorBody),
         (status = 404, description = "No such session (or another user's)", body = ErrorBody),
+        (status = 413, description = "More messages or text than one request may carry (the message says the limit and the size)", body = ErrorBody),
+        (status = 429, description = "The caller has as many chat requests or streams in flight as one user may; see Retry-After", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
         (status = 502, description = "The engine failed", body = ErrorBody),
         (status = 503, description = "No instance can serve the model now; see Retry-After", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
@@ -131,8 +135,12 @@ async fn completions(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
     headers: HeaderMap,
-    bytes: axum::body::Bytes,
+    raw: axum::body::Body,
 ) -> Result<Response, ApiError> {
+    // Counted before the body is read, so a user's requests in flight hold at most
+    // their number of bodies; measured before it is parsed.
+    let request_permit = state.sessions.admit(&principal, Flight::Request)?;
+    let bytes = chat_body(&state.sessions, &headers, raw).await?;
     let CompletionRequest { request, session_id } = body(&bytes, "an OpenAI chat completion request")?;
     let session = session_id.or_else(|| {
         headers
@@ -142,6 +150,9 @@ async fn completions(
     });
     let meta = meta(&request.model);
     let stream = request.stream;
+    let stream_permit = stream
+        .then(|| state.sessions.admit(&principal, Flight::Stream))
+        .transpose()?;
     let include_usage = request.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let sampling = Sampling {
         temperature: request.temperature,
@@ -201,12 +212,21 @@ async fn completions(
     };
     if !stream {
         let answer = work.await?;
+        drop(request_permit);
         let finish = answer.finish_reason.clone().unwrap_or_else(|| "stop".to_owned());
         let completion: ChatCompletion = openai::response_body(&meta, &answer.content, &finish, usage(&answer));
         return Ok(Json(completion).into_response());
     }
-    let done = tokio::spawn(work);
-    let events = completion_events(meta, pieces, done, include_usage);
+    let done = tokio::spawn(async move {
+        let answer = work.await;
+        drop(request_permit);
+        answer
+    });
+    // The stream counts as open until it ends or its client goes away (it is dropped).
+    let events = completion_events(meta, pieces, done, include_usage).map(move |event| {
+        let _open = &stream_permit;
+        event
+    });
     Ok(Sse::new(events).into_response())
 }
 

@@ -21,18 +21,20 @@ use std::convert::Infallible;
 
 use axum::Json;
 use axum::extract::{Extension, Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use super::{ApiError, ApiState, ErrorBody, Listed, PageQuery, Params, Principal, ServerSentEvent, body, page_size};
+use crate::session::limits::BUSY_RETRY_AFTER_S;
 use crate::session::{
-    Binding, CreateKey, MessageRecord, MoveTo, NewMessage, NewSession, Reply, Role, Sampling, SessionError,
-    SessionRecord, Target, Turn,
+    Binding, CreateKey, Flight, MessageRecord, MoveTo, NewMessage, NewSession, Reply, Role, Sampling, SessionError,
+    SessionRecord, Sessions, Target, Turn,
 };
 
 /// Text pieces of a streamed reply that may wait for a slow reader.
@@ -56,6 +58,10 @@ impl From<SessionError> for ApiError {
             SessionError::Store(_) => StatusCode::INTERNAL_SERVER_ERROR,
             SessionError::StoreBusy(_) => return ApiError::store_busy(e.to_string()),
             SessionError::KeyReused(_) => StatusCode::CONFLICT,
+            SessionError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            SessionError::Busy(_) => {
+                return ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()).retry_after(BUSY_RETRY_AFTER_S);
+            }
         };
         let error = ApiError::new(status, e.to_string());
         if status == StatusCode::SERVICE_UNAVAILABLE {
@@ -325,6 +331,43 @@ pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Api
     }
 }
 
+/// The body of a chat request (a turn, a chat completion), read after the caller's
+/// request was admitted ([`Flight::Request`]) and measured before anything is built
+/// from it: a body longer than a request within the limits needs, or carrying more
+/// messages or text than [`crate::session::ChatLimits`] allow, is refused with 413.
+pub(super) async fn chat_body(
+    sessions: &Sessions,
+    headers: &HeaderMap,
+    raw: axum::body::Body,
+) -> Result<axum::body::Bytes, ApiError> {
+    let limits = sessions.limits();
+    let limit = limits.body_bytes().min(super::MAX_BODY_BYTES);
+    let too_large = || ApiError::from(SessionError::from(limits.body_too_large(limit)));
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let declared = match declared.map(usize::try_from) {
+        Some(Ok(n)) if n <= limit => n,
+        Some(_) => return Err(too_large()),
+        None => 0,
+    };
+    // One buffer of the declared size: the body is held once, not once per chunk and
+    // again assembled.
+    let mut bytes = Vec::with_capacity(declared);
+    let mut chunks = raw.into_data_stream();
+    while let Some(chunk) = chunks.next().await {
+        let chunk =
+            chunk.map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("the body could not be read: {e}")))?;
+        if bytes.len().saturating_add(chunk.len()) > limit {
+            return Err(too_large());
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    limits.check_body(&bytes).map_err(SessionError::from)?;
+    Ok(bytes.into())
+}
+
 /// Adds messages to a session and, unless `reply` is false, asks its agent and stores
 /// the reply. Both are durable before the answer; an `Idempotency-Key` makes a retry
 /// return the first answer.
@@ -340,6 +383,9 @@ pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Api
         )),
         (status = 400, description = "A bad turn", body = ErrorBody),
         (status = 404, description = "No such session (or another user's)", body = ErrorBody),
+        (status = 413, description = "More messages or text than one request may carry (the message says the limit and the size)", body = ErrorBody),
+        (status = 429, description = "The caller has as many chat requests or streams in flight as one user may; see Retry-After", body = ErrorBody,
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
         (status = 502, description = "The engine failed", body = ErrorBody),
         (status = 503, description = "No instance can serve the agent now; the messages are kept. See Retry-After", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
@@ -349,8 +395,12 @@ async fn send(
     Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     headers: HeaderMap,
-    bytes: axum::body::Bytes,
+    raw: axum::body::Body,
 ) -> Result<Response, ApiError> {
+    // Counted before the body is read, so a user's requests in flight hold at most
+    // their number of bodies.
+    let request_permit = state.sessions.admit(&principal, Flight::Request)?;
+    let bytes = chat_body(&state.sessions, &headers, raw).await?;
     let request: SendMessages = body(
         &bytes,
         r#"a turn: {"content": "text"} or {"messages": [{"role": "user", "content": "text"}]}"#,
@@ -376,19 +426,29 @@ async fn send(
     };
     if !request.stream {
         let reply = state.sessions.send(&principal, &id, turn).await?;
+        drop(request_permit);
         return Ok(Json(TurnAnswer::from(reply)).into_response());
     }
     // Refused before anything streams: a plain error answer.
     state.sessions.get(&principal, &id)?;
+    let stream_permit = state.sessions.admit(&principal, Flight::Stream)?;
     let (tokens, pieces) = mpsc::channel(STREAM_BUFFER);
     turn.tokens = Some(tokens);
     let sessions = state.sessions.clone();
     // The turn runs to its end even if the client goes away, so its reply is stored
-    // (a retry with the same Idempotency-Key then gets it).
-    let done = tokio::spawn(async move { sessions.send(&principal, &id, turn).await });
-    Ok(Sse::new(turn_events(pieces, done))
-        .keep_alive(KeepAlive::default())
-        .into_response())
+    // (a retry with the same Idempotency-Key then gets it); it counts as the user's
+    // request until then.
+    let done = tokio::spawn(async move {
+        let sent = sessions.send(&principal, &id, turn).await;
+        drop(request_permit);
+        sent
+    });
+    // The stream counts as open until it ends or its client goes away (it is dropped).
+    let events = turn_events(pieces, done).map(move |event| {
+        let _open = &stream_permit;
+        event
+    });
+    Ok(Sse::new(events).keep_alive(KeepAlive::default()).into_response())
 }
 
 type TurnTask = tokio::task::JoinHandle<Result<Reply, SessionError>>;

@@ -416,13 +416,15 @@ impl Writer {
                         key,
                         appended,
                     });
+                    // Kept for a retry with the same key later in this batch; messages
+                    // without a key are never read back from the overlay.
+                    overlay
+                        .messages
+                        .entry(session.clone())
+                        .or_default()
+                        .extend(stored.iter().cloned());
                 }
                 record.updated_at = now;
-                overlay
-                    .messages
-                    .entry(session.clone())
-                    .or_default()
-                    .extend(stored.iter().cloned());
                 overlay.sessions.insert(session, Some(record.clone()));
                 writes.push(Write::Session(Box::new(record.clone())));
                 Ok(Outcome::Appended(AppendOutcome {

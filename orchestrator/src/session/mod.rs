@@ -8,14 +8,18 @@
 //!   versioned layout).
 //! - [`log`]: [`SessionLog`], the one writer, with group commit: a write is answered
 //!   only once it is flushed, and many concurrent writes share a flush.
+//! - [`limits`] (pure): what one request and one user may ask of the chat routes (size
+//!   measured on the raw body, requests and streams in flight per user).
 //! - [`service`]: [`Sessions`], what users do: create, send a turn (routed to the bound
 //!   instance, placed again when it is gone), read, delete, migrate.
 
+pub mod limits;
 pub mod log;
 pub mod record;
 pub mod service;
 pub mod store;
 
+pub use limits::{Admission, ChatLimits, Flight, LimitError, Permit, RequestSize};
 pub use log::{AppendOutcome, CreateKey, Created, LogConfig, LogError, SessionLog};
 pub use record::{Binding, MessageRecord, NewMessage, Role, SessionRecord};
 pub use service::{
@@ -168,7 +172,10 @@ mod tests {
                 .map(|m| m.seq)
                 .collect::<Vec<_>>()
         };
-        assert_eq!(recent(25), [2, 3]);
+        // Each message costs its 10 bytes and the overhead of its role markers.
+        let cost = 10 + store::MESSAGE_OVERHEAD_BYTES;
+        assert_eq!(recent(2 * cost), [2, 3]);
+        assert_eq!(recent(2 * cost - 1), [3]);
         assert_eq!(recent(1000), [0, 1, 2, 3]);
         assert_eq!(recent(0), [3]);
         assert!(store.recent("s3", 100).unwrap().is_empty());

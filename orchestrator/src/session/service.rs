@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use skein_dsl::ir::{Agent, Backend};
 use tokio::sync::mpsc;
 
+use super::limits::{Admission, ChatLimits, Flight, LimitError, Permit, RequestSize};
 use super::log::{CreateKey, Created, LogError, SessionLog};
 use super::record::{self, Binding, Invalid, MessageRecord, NewMessage, Role, SessionRecord};
 use super::store::Page;
@@ -38,12 +39,15 @@ pub const BYTES_PER_TOKEN: usize = 3;
 pub struct SessionsConfig {
     /// The longest a reply may take.
     pub reply_timeout: Duration,
+    /// What one chat request and one user may ask at once.
+    pub limits: ChatLimits,
 }
 
 impl Default for SessionsConfig {
     fn default() -> Self {
         SessionsConfig {
             reply_timeout: Duration::from_secs(10 * 60),
+            limits: ChatLimits::default(),
         }
     }
 }
@@ -72,6 +76,21 @@ pub enum SessionError {
     /// The store did not acknowledge in time or is overloaded: retry later.
     #[error("{0}")]
     StoreBusy(String),
+    /// The request is over the size limits ([`ChatLimits`]).
+    #[error("{0}")]
+    TooLarge(String),
+    /// The user has as many chat requests or streams as allowed: retry later.
+    #[error("{0}")]
+    Busy(String),
+}
+
+impl From<LimitError> for SessionError {
+    fn from(e: LimitError) -> Self {
+        match e {
+            LimitError::TooLarge(message) => SessionError::TooLarge(message),
+            LimitError::Busy(message) => SessionError::Busy(message),
+        }
+    }
 }
 
 impl From<StoreError> for SessionError {
@@ -284,6 +303,8 @@ struct Inner {
     config: SessionsConfig,
     /// One turn at a time per session.
     turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Chat requests and streams in flight, per user.
+    admission: Admission,
     ids: std::sync::atomic::AtomicU64,
 }
 
@@ -321,6 +342,7 @@ impl Sessions {
                     .unwrap_or_default(),
                 config,
                 turns: Mutex::default(),
+                admission: Admission::default(),
                 ids: std::sync::atomic::AtomicU64::new(0),
             }),
         }
@@ -330,6 +352,23 @@ impl Sessions {
     /// stored, moved, deleted).
     pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
         self.inner.log.subscribe()
+    }
+
+    /// What one chat request and one user may ask at once.
+    pub fn limits(&self) -> &ChatLimits {
+        &self.inner.config.limits
+    }
+
+    /// Counts a chat request or stream of `principal` until the permit is dropped.
+    ///
+    /// Errors: [`SessionError::Busy`] when they have as many as [`ChatLimits`] allow.
+    pub fn admit(&self, principal: &Principal, flight: Flight) -> Result<Permit, SessionError> {
+        let limits = &self.inner.config.limits;
+        let limit = match flight {
+            Flight::Request => limits.max_requests_per_user,
+            Flight::Stream => limits.max_streams_per_user,
+        };
+        Ok(self.inner.admission.admit(&principal.user, flight, limit)?)
     }
 
     fn turn_lock(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -454,6 +493,7 @@ impl Sessions {
         sampling: Sampling,
         tokens: Option<&mpsc::Sender<String>>,
     ) -> Result<Answer, SessionError> {
+        self.inner.config.limits.check(RequestSize::of_messages(&messages))?;
         sampling.check()?;
         let (agent, definition, run) = match target {
             Target::RunAgent { run, agent } => {
@@ -542,8 +582,9 @@ impl Sessions {
     /// (as much as fits its context), the reply is stored, then returned.
     ///
     /// Errors: [`SessionError`].
-    pub async fn send(&self, principal: &Principal, id: &str, turn: Turn) -> Result<Reply, SessionError> {
+    pub async fn send(&self, principal: &Principal, id: &str, mut turn: Turn) -> Result<Reply, SessionError> {
         self.get(principal, id)?;
+        self.inner.config.limits.check(RequestSize::of_messages(&turn.messages))?;
         record::check_messages(&turn.messages)?;
         turn.sampling.check()?;
         if turn.messages.is_empty() {
@@ -576,7 +617,7 @@ impl Sessions {
         let appended = self
             .inner
             .log
-            .append(id, turn.messages.clone(), turn.idempotency_key.clone())
+            .append(id, std::mem::take(&mut turn.messages), turn.idempotency_key.clone())
             .await?;
         let mut session = appended.session;
         if !turn.reply {
@@ -616,7 +657,10 @@ impl Sessions {
         {
             tracing::info!(session = %id, %error, "the engine refused the turn; sending less history");
             shrunk += 1;
-            let sent: usize = history.iter().map(|m| m.content.len()).sum();
+            let sent: usize = history
+                .iter()
+                .map(|m| m.content.len() + super::store::MESSAGE_OVERHEAD_BYTES)
+                .sum();
             budget = budget.min(sent) / 2;
             history = store.recent(id, budget)?;
             body = self.request_body(&session.definition, &history, &turn);

@@ -110,8 +110,9 @@ pub trait SessionStore: Send + Sync + 'static {
     /// Messages of a session from sequence number `from`, at most `limit`.
     fn messages(&self, session: &str, from: u64, limit: usize) -> Result<Vec<MessageRecord>, StoreError>;
 
-    /// The most recent messages of a session whose contents fit in `budget` bytes (the
-    /// last one always), oldest first: what a turn sends its engine.
+    /// The most recent messages of a session whose contents, each with
+    /// [`MESSAGE_OVERHEAD_BYTES`], fit in `budget` bytes (the last one always), oldest
+    /// first: what a turn sends its engine.
     fn recent(&self, session: &str, budget: usize) -> Result<Vec<MessageRecord>, StoreError>;
 
     /// What an idempotent append with `key` wrote, if one was committed.
@@ -128,6 +129,13 @@ pub trait SessionStore: Send + Sync + 'static {
         Ok(())
     }
 }
+
+/// What a message costs of a turn's history budget beyond its text: chat templates
+/// spend four to six tokens per message on its role markers (`<|im_start|>user\n …
+/// <|im_end|>\n`), about 16 bytes at [`super::service::BYTES_PER_TOKEN`]. Counting it
+/// also bounds how many messages a turn reads and sends, however short they are: a
+/// session of a million one-byte messages costs a turn no more than its budget / 17.
+pub const MESSAGE_OVERHEAD_BYTES: usize = 16;
 
 /// [`SessionStore`] in a sled tree of the orchestrator's database.
 #[derive(Clone)]
@@ -291,10 +299,11 @@ impl SessionStore for SledSessions {
         for item in self.tree.scan_prefix(message_prefix(session)).rev() {
             let (key, value) = item?;
             let message: MessageRecord = self.read(&key, &value)?;
-            if !recent.is_empty() && used + message.content.len() > budget {
+            let cost = message.content.len().saturating_add(MESSAGE_OVERHEAD_BYTES);
+            if !recent.is_empty() && used.saturating_add(cost) > budget {
                 break;
             }
-            used += message.content.len();
+            used = used.saturating_add(cost);
             recent.push(message);
         }
         recent.reverse();

@@ -1,0 +1,263 @@
+//! One chat request, or one user, cannot take the server's memory: the real `skein
+//! server` refuses a turn of 300,000 one-byte messages (a 9.4 MiB body) with 413 before
+//! building anything from it, on both chat routes, one at a time and three at once,
+//! and its peak resident memory (VmHWM in /proc) grows by less than 64 MiB: the bodies
+//! themselves (3 × 9.4 MiB, held once each) and the runtime's buffers. Before the limits
+//! the same turn grew it by 1.6 GiB and three at once by 5 GB.
+//!
+//! A user past their chat requests in flight is answered 429 with Retry-After; the
+//! requests held open here are slow uploads (headers sent, body not), which count from
+//! before their body is read.
+
+use std::io::Write;
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+const API_TOKEN: &str = "chat-limits-admin-token";
+const MESSAGES: usize = 300_000;
+/// The most the server's peak memory may grow while refusing the big turns.
+const GROWTH_BOUND_KIB: u64 = 64 << 10;
+
+struct Server {
+    child: Child,
+    base: String,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    skein_agent::engine::free_port("127.0.0.1").unwrap()
+}
+
+fn start(data: &Path, extra: &[&str]) -> Server {
+    let (port, grpc) = (free_port(), free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_skein"))
+        .args(["server", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--agent-listen", &format!("127.0.0.1:{grpc}")])
+        .args(["--api-token", API_TOKEN, "--data-dir"])
+        .arg(data)
+        .args(extra)
+        .env("HF_HUB_OFFLINE", "1")
+        .env("HF_HOME", data.join("hf"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    Server {
+        child,
+        base: format!("http://127.0.0.1:{port}"),
+        port,
+    }
+}
+
+/// A field of /proc/<pid>/status, in KiB.
+fn status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Waits for the server, then creates a session on a model (placed only at its first
+/// answered turn, so no fleet is needed to store messages).
+async fn session(http: &reqwest::Client, server: &Server) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let created = http
+            .post(format!("{}/v1/sessions", server.base))
+            .bearer_auth(API_TOKEN)
+            .json(&json!({"model": "Qwen/Qwen2.5-0.5B-Instruct"}))
+            .send()
+            .await;
+        match created {
+            Ok(response) if response.status() == 201 => {
+                let body: Value = response.json().await.unwrap();
+                return body["id"].as_str().unwrap().to_owned();
+            }
+            _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(100)).await,
+            other => panic!("the server did not start: {other:?}"),
+        }
+    }
+}
+
+/// `messages` of one byte each, as a JSON list.
+fn tiny_messages(count: usize) -> String {
+    let mut list = String::with_capacity(count * 34);
+    list.push('[');
+    for i in 0..count {
+        if i > 0 {
+            list.push(',');
+        }
+        list.push_str(r#"{"role": "user", "content": "a"}"#);
+    }
+    list.push(']');
+    list
+}
+
+async fn post(http: &reqwest::Client, url: String, body: &'static str) -> (u16, Option<String>, Value) {
+    let response = http
+        .post(url)
+        .bearer_auth(API_TOKEN)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body = response.json().await.unwrap_or(Value::Null);
+    (status, retry_after, body)
+}
+
+fn assert_too_large(answer: &(u16, Option<String>, Value)) {
+    let (status, _, body) = answer;
+    assert_eq!(*status, 413, "{body}");
+    assert_eq!(body["error"]["code"], "too_large", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("{MESSAGES} messages")) && message.contains("at most 2048"),
+        "the message says the size and the limit: {message}"
+    );
+    assert!(message.contains("help:"), "the message says how to fix it: {message}");
+}
+
+#[test]
+fn a_turn_of_300_000_messages_is_refused_with_413_and_the_server_does_not_grow() {
+    let data = tempfile::tempdir().unwrap();
+    let server = start(data.path(), &[]);
+    let pid = server.child.id();
+    let runtime = runtime();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let messages = tiny_messages(MESSAGES);
+    let turn: &'static str = format!(r#"{{"messages": {messages}, "reply": false}}"#).leak();
+    let chat: &'static str = format!(r#"{{"model": "Qwen/Qwen2.5-0.5B-Instruct", "messages": {messages}}}"#).leak();
+    assert!(turn.len() > 9 << 20, "a body of more than 9 MiB: {}", turn.len());
+
+    runtime.block_on(async {
+        let id = session(&http, &server).await;
+        let turns = format!("{}/v1/sessions/{id}/messages", server.base);
+        let completions = format!("{}/v1/chat/completions", server.base);
+        let before = status_kib(pid, "VmHWM:");
+
+        assert_too_large(&post(&http, turns.clone(), turn).await);
+        assert_too_large(&post(&http, completions.clone(), chat).await);
+        // Three at once, on each route.
+        for (url, body) in [(&turns, turn), (&completions, chat)] {
+            let answers = tokio::join!(
+                post(&http, url.clone(), body),
+                post(&http, url.clone(), body),
+                post(&http, url.clone(), body)
+            );
+            for answer in [answers.0, answers.1, answers.2] {
+                assert_too_large(&answer);
+            }
+        }
+
+        let grown = status_kib(pid, "VmHWM:").saturating_sub(before);
+        assert!(
+            grown < GROWTH_BOUND_KIB,
+            "the server's peak memory grew by {} MiB refusing the turns (bound {} MiB)",
+            grown >> 10,
+            GROWTH_BOUND_KIB >> 10
+        );
+        // Nothing was stored, and a turn within the limits still is.
+        let (status, _, body) = post(&http, turns.clone(), r#"{"content": "hello", "reply": false}"#).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["session"]["messages"], 1, "{body}");
+    });
+}
+
+/// A request whose headers are sent and whose body is not (yet): it counts as in
+/// flight from the moment the server reads its headers.
+fn slow_upload(server: &Server, session: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    write!(
+        stream,
+        "POST /v1/sessions/{session}/messages HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {API_TOKEN}\r\n\
+         content-type: application/json\r\ncontent-length: 1000\r\n\r\n{{\"content\": "
+    )
+    .unwrap();
+    stream.flush().unwrap();
+    stream
+}
+
+#[test]
+fn a_user_past_their_requests_in_flight_is_answered_429_with_retry_after() {
+    let data = tempfile::tempdir().unwrap();
+    let server = start(data.path(), &["--chat-requests-per-user", "2"]);
+    let runtime = runtime();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let id = session(&http, &server).await;
+        let turns = format!("{}/v1/sessions/{id}/messages", server.base);
+        let held = [slow_upload(&server, &id), slow_upload(&server, &id)];
+        // The server reads the slow requests' headers in its own time: ask until it
+        // counts both (a turn within the limits is stored meanwhile).
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let (status, retry_after, body) = loop {
+            let answer = post(&http, turns.clone(), r#"{"content": "hi", "reply": false}"#).await;
+            if answer.0 != 200 || Instant::now() > deadline {
+                break answer;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(status, 429, "{body}");
+        assert_eq!(body["error"]["code"], "overloaded", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("you have 2 chat requests in flight") && message.contains("at once is 2"),
+            "the message names the use and the limit: {message}"
+        );
+        let seconds: u64 = retry_after.expect("a Retry-After header").parse().unwrap();
+        assert!(seconds >= 1);
+        // The OpenAI route counts against the same requests.
+        let chat = r#"{"model": "Qwen/Qwen2.5-0.5B-Instruct", "messages": [{"role": "user", "content": "hi"}]}"#;
+        let (status, _, body) = post(&http, format!("{}/v1/chat/completions", server.base), chat).await;
+        assert_eq!(status, 429, "{body}");
+
+        // A client that goes away gives its request back.
+        drop(held);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (status, _, body) = post(&http, turns.clone(), r#"{"content": "again", "reply": false}"#).await;
+            if status == 200 {
+                break;
+            }
+            assert_eq!(status, 429, "{body}");
+            assert!(
+                Instant::now() < deadline,
+                "the requests of closed connections are still counted"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+}
