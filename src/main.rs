@@ -14,6 +14,7 @@ mod engine;
 mod events;
 mod kubernetes;
 mod models;
+mod nodes;
 mod plan;
 mod runs;
 mod sessions;
@@ -58,6 +59,11 @@ fn try_main(args: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Engine(cli::EngineCommand::Serve(a)) => engine::run_serve(&a),
         cli::Command::Token(cli::TokenCommand::Create(a)) => tokens::run_create(&a),
         cli::Command::Token(cli::TokenCommand::Revoke(a)) => tokens::run_revoke(&a),
+        cli::Command::Token(cli::TokenCommand::Join(cli::JoinTokenCommand::Create(a))) => tokens::run_join_create(&a),
+        cli::Command::Token(cli::TokenCommand::Join(cli::JoinTokenCommand::List(a))) => tokens::run_join_list(&a),
+        cli::Command::Token(cli::TokenCommand::Join(cli::JoinTokenCommand::Revoke(a))) => tokens::run_join_revoke(&a),
+        cli::Command::Node(cli::NodeCommand::Rm(a)) => nodes::run_rm(&a),
+        cli::Command::Node(cli::NodeCommand::Reset(a)) => nodes::run_reset(&a),
         cli::Command::Tokens(a) => tokens::run_list(&a),
         cli::Command::Sessions(a) => sessions::run_list(&a),
         cli::Command::Events(a) => events::run(&a),

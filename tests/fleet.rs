@@ -122,6 +122,8 @@ impl Server {
             .arg(fleet)
             .arg("--token-file")
             .arg(self.token_file())
+            .arg("--state-dir")
+            .arg(self.data.path().join("agents"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -227,6 +229,91 @@ fn the_reference_fleet_joins_and_a_killed_agent_goes_down_and_returns() {
         let _ = agent.kill();
         let _ = agent.wait();
     }
+}
+
+#[test]
+fn a_node_keeps_its_name_against_another_agent_until_an_admin_frees_it() {
+    let server = server();
+    let fleet = workspace_file("workflows/fleets/lab.yaml");
+    let cli = |args: &[&str]| {
+        let out = skein()
+            .args(args)
+            .args(["--server", &server.api, "--data-dir"])
+            .arg(server.data.path())
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        assert!(out.status.success(), "skein {args:?}: {}", text(&out.stderr));
+        (text(&out.stdout), text(&out.stderr))
+    };
+    let states = tempfile::tempdir().unwrap();
+    let agent = |state: &str, token: &str, extra: &[&str]| {
+        let mut command = skein();
+        command
+            .args(["agent", "--join", &server.grpc, "--node", "rtx-1", "--simulate"])
+            .arg(&fleet)
+            .args(["--token", token, "--state-dir"])
+            .arg(states.path().join(state))
+            .args(extra);
+        command
+    };
+    let spawn = |mut command: Command| command.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+
+    // A join token good only for rtx-1; the real agent joins with it.
+    let (token, told) = cli(&["token", "join", "create", "--node", "rtx-1"]);
+    let token = token.trim().to_owned();
+    let id = told.split_whitespace().nth(2).unwrap().to_owned();
+    assert!(id.starts_with("j-"), "{told}");
+    let mut real = spawn(agent("real", &token, &[]));
+    let graph = server.wait_for("rtx-1 reporting", |g| all_reporting(g, 1));
+    let rtx = node(&graph, "rtx-1").unwrap().clone();
+    let credential = std::fs::read_to_string(states.path().join("real/rtx-1.credential")).unwrap();
+    assert_eq!(credential.trim().len(), 64);
+
+    // The admin revokes the token: listed as revoked; the node stays.
+    cli(&["token", "join", "revoke", &id]);
+    let (listed, _) = cli(&["token", "join", "list"]);
+    let row = listed.lines().find(|l| l.starts_with(&id)).unwrap();
+    assert!(row.contains("node rtx-1") && row.contains("revoked"), "{listed}");
+
+    // A rogue with the server's own join token and other labels is refused and changes
+    // nothing.
+    let bootstrap = std::fs::read_to_string(server.token_file()).unwrap();
+    let out = agent("rogue", bootstrap.trim(), &["--label", "zone=evil"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("node name `rtx-1` is taken"), "{stderr}");
+    assert!(stderr.contains("skein node reset rtx-1"), "{stderr}");
+    let graph = server.graph();
+    let now = node(&graph, "rtx-1").unwrap();
+    assert_eq!(now["id"], rtx["id"]);
+    assert_eq!(now["inventory"], rtx["inventory"]);
+    assert_eq!(now["health"]["state"], "ok");
+    assert_eq!(now["connected"], true);
+
+    // The real agent, restarted with its revoked token, comes back by its credential.
+    real.kill().unwrap();
+    real.wait().unwrap();
+    server.wait_for("rtx-1 disconnected", |g| {
+        node(g, "rtx-1").unwrap()["connected"] == false
+    });
+    let mut real = spawn(agent("real", &token, &[]));
+    let graph = server.wait_for("rtx-1 back", |g| node(g, "rtx-1").unwrap()["connected"] == true);
+    assert_eq!(node(&graph, "rtx-1").unwrap()["id"], rtx["id"]);
+
+    // The admin removes the node: the name is free, and the other agent takes it.
+    real.kill().unwrap();
+    real.wait().unwrap();
+    let (removed, _) = cli(&["node", "rm", "rtx-1"]);
+    assert!(removed.contains("removed node `rtx-1`"), "{removed}");
+    let mut other = spawn(agent("rogue", bootstrap.trim(), &["--label", "zone=evil"]));
+    server.wait_for("the other rtx-1", |g| {
+        node(g, "rtx-1").is_some_and(|n| n["inventory"]["labels"]["zone"] == "evil")
+    });
+    let _ = other.kill();
+    let _ = other.wait();
 }
 
 #[test]

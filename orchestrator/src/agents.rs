@@ -2,6 +2,11 @@
 //! [`HardwareGraph`]. The translation from the wire types happens here, with
 //! validation: a malformed inventory or sample is refused with a status that says what
 //! is wrong.
+//!
+//! Who may register as which node is [`crate::join`]'s to say: a registration is
+//! admitted (its name claimed, or its credential checked) before it touches the graph,
+//! and a stream is the node's only once its `Hello` presented the node's credential,
+//! so a refused agent changes nothing and nothing it sends reaches the graph.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -20,6 +25,7 @@ use crate::graph::{
     NodeInventory, TelemetryBatch,
 };
 use crate::instances::Instances;
+use crate::join::{Admission, Join, JoinError};
 
 /// A shared secret: the join token agents present, or the API token of the REST API.
 /// Its `Debug` and `Display` never show it.
@@ -91,26 +97,26 @@ const MAX_GPUS_PER_NODE: usize = 64;
 #[derive(Clone)]
 pub struct AgentGateway {
     graph: Arc<HardwareGraph>,
-    token: Secret,
+    join: Join,
     events: broadcast::Sender<GraphEvent>,
     clock: Clock,
     instances: Arc<Instances>,
 }
 
 impl AgentGateway {
-    /// A gateway feeding `graph`, accepting agents that present `token`, publishing
-    /// every change on `events`, sending engine commands for `instances` and feeding
-    /// their status back to it.
+    /// A gateway feeding `graph`, admitting agents as `join` says (join tokens and node
+    /// identities), publishing every change on `events`, sending engine commands for
+    /// `instances` and feeding their status back to it.
     pub fn new(
         graph: Arc<HardwareGraph>,
-        token: Secret,
+        join: Join,
         events: broadcast::Sender<GraphEvent>,
         clock: Clock,
         instances: Arc<Instances>,
     ) -> Self {
         AgentGateway {
             graph,
-            token,
+            join,
             events,
             clock,
             instances,
@@ -123,26 +129,33 @@ impl AgentGateway {
             let _ = self.events.send(event);
         }
     }
+}
 
-    fn authorize<T>(&self, request: &Request<T>) -> Result<(), Status> {
-        let peer = request
-            .remote_addr()
-            .map_or_else(|| "an unknown peer".to_owned(), |a| a.to_string());
-        let Some(value) = request.metadata().get(skein_proto::AUTHORIZATION) else {
-            tracing::warn!(%peer, "refused an agent without a join token");
-            return Err(Status::unauthenticated(
-                "no join token: start the agent with --token <the join token `skein server` printed>",
-            ));
-        };
-        let presented = value.to_str().unwrap_or("").strip_prefix("Bearer ").unwrap_or("");
-        if self.token.matches(presented) {
-            Ok(())
-        } else {
-            tracing::warn!(%peer, "refused an agent with a wrong join token");
-            Err(Status::permission_denied(
-                "wrong join token: use the join token `skein server` printed (or the one in its data directory)",
-            ))
+/// The join token a request carries (`authorization: Bearer TOKEN`), if any.
+fn presented_token<T>(request: &Request<T>) -> Option<String> {
+    let value = request.metadata().get(skein_proto::AUTHORIZATION)?;
+    let text = value.to_str().ok()?;
+    let (scheme, token) = text.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim().to_owned())
+}
+
+fn peer<T>(request: &Request<T>) -> String {
+    request
+        .remote_addr()
+        .map_or_else(|| "an unknown peer".to_owned(), |a| a.to_string())
+}
+
+/// The status an agent gets for a refusal: one it must not retry (a missing or refused
+/// token, a name it may not take), or one it may (the store failed).
+fn join_status(error: &JoinError) -> Status {
+    let message = error.to_string();
+    match error {
+        JoinError::MissingToken => Status::unauthenticated(message),
+        JoinError::MissingCredential | JoinError::BadCredential | JoinError::BadSpec(_) => {
+            Status::invalid_argument(message)
         }
+        JoinError::Store(_) | JoinError::Random(_) => Status::unavailable(message),
+        _ => Status::permission_denied(message),
     }
 }
 
@@ -151,9 +164,22 @@ type OutboundStream = Pin<Box<dyn Stream<Item = Result<OrchestratorMessage, Stat
 #[tonic::async_trait]
 impl AgentService for AgentGateway {
     async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<RegisterResponse>, Status> {
-        self.authorize(&request)?;
-        let inventory = inventory_from_wire(request.into_inner())?;
+        let peer = peer(&request);
+        let token = presented_token(&request);
+        let request = request.into_inner();
+        let credential = request.node_credential.clone();
+        let inventory = inventory_from_wire(request)?;
         let name = inventory.name.clone();
+        let admission = match self.join.admit(&name, token.as_deref(), &credential).await {
+            Ok(admission) => admission,
+            Err(error) => {
+                tracing::warn!(%peer, node = %name, %error, "refused an agent's registration");
+                return Err(join_status(&error));
+            }
+        };
+        if let Admission::Claimed { token } = &admission {
+            tracing::info!(%peer, node = %name, join_token = %token, "a node name was claimed");
+        }
         let gpus = inventory.gpus.len();
         let (registration, events) = self.graph.register(inventory, self.clock.now());
         tracing::info!(node = %registration.id, %name, gpus, known = registration.known, "agent registered");
@@ -171,21 +197,34 @@ impl AgentService for AgentGateway {
         &self,
         request: Request<Streaming<AgentMessage>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
-        self.authorize(&request)?;
+        let peer = peer(&request);
         let mut inbound = request.into_inner();
         let hello = tokio::time::timeout(HELLO_TIMEOUT, inbound.message())
             .await
             .map_err(|_| {
                 Status::deadline_exceeded("the first message of the stream must be a Hello, sent at once")
             })??;
-        let node = match hello.and_then(|m| m.kind) {
-            Some(agent_message::Kind::Hello(hello)) => NodeId(hello.node_id),
+        let (node, credential) = match hello.and_then(|m| m.kind) {
+            Some(agent_message::Kind::Hello(hello)) => (NodeId(hello.node_id), hello.node_credential),
             _ => {
                 return Err(Status::invalid_argument(
                     "the first message of the stream must be a Hello with the node id Register returned",
                 ));
             }
         };
+        // The stream is the node's only if it holds the node's credential: telemetry,
+        // drains and leaves of anyone else never reach the graph.
+        let Some(view) = self.graph.node(&node) else {
+            return Err(Status::not_found(format!(
+                "unknown node {node}: register first (the id Register returned goes in the Hello)"
+            )));
+        };
+        let name = view.inventory.name.clone();
+        drop(view);
+        if let Err(error) = self.join.check_session(&name, &credential) {
+            tracing::warn!(%peer, %node, %name, %error, "refused an agent's stream");
+            return Err(join_status(&error));
+        }
         let (generation, events) = self
             .graph
             .connected(&node, self.clock.now())
@@ -271,6 +310,16 @@ impl AgentGateway {
                             let now = self.clock.now();
                             match self.graph.ingest(node, telemetry_from_wire(telemetry), now) {
                                 Ok(events) => self.publish(events),
+                                Err(crate::graph::GraphError::UnknownNode(_)) => {
+                                    // An admin removed the node: the agent may register
+                                    // again (a retryable status), as a new claim.
+                                    tracing::info!(%node, "the stream of a removed node ends");
+                                    let status = Status::not_found(format!(
+                                        "node {node} was removed by an admin; register again"
+                                    ));
+                                    let _ = outbound.send(Err(status)).await;
+                                    return;
+                                }
                                 Err(problem) => {
                                     let problem = problem.to_string();
                                     tracing::warn!(%node, %problem, "refused telemetry");
@@ -482,6 +531,7 @@ mod tests {
                 gpu_source: "none".to_owned(),
                 labels: Default::default(),
             }),
+            node_credential: String::new(),
         }
     }
 

@@ -457,6 +457,7 @@ async fn an_agents_labels_reach_the_nodes_and_the_graph_and_bad_ones_are_refused
             labels: labels(&[("zone", "lab a")]),
             ..pb::Inventory::default()
         }),
+        node_credential: skein_testkit::agent::node_credential("node-c"),
     });
     request
         .metadata_mut()

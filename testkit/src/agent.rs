@@ -18,6 +18,29 @@ use skein_proto::agent::v1::{
 };
 use tokio::sync::mpsc;
 
+/// The node credential test agents and swarms present for node `name`: made at random
+/// on first use and the same for the rest of the process, as a real agent keeps its
+/// credential in its state directory across reconnects and restarts.
+pub fn node_credential(name: &str) -> String {
+    use std::collections::HashMap;
+    use std::io::Read;
+    static KEPT: std::sync::OnceLock<std::sync::Mutex<HashMap<String, String>>> = std::sync::OnceLock::new();
+    let mut kept = KEPT
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    kept.entry(name.to_owned())
+        .or_insert_with(|| {
+            let mut bytes = [0u8; 32];
+            // INVARIANT: test machines have /dev/urandom.
+            std::fs::File::open("/dev/urandom")
+                .and_then(|mut f| f.read_exact(&mut bytes))
+                .expect("random bytes from /dev/urandom");
+            bytes.iter().map(|b| format!("{b:02x}")).collect()
+        })
+        .clone()
+}
+
 /// How the fake engines of an agent behave.
 #[derive(Clone, Default)]
 pub struct EngineBehaviour {
@@ -268,6 +291,7 @@ impl TestAgent {
                         node_name: name.clone(),
                         agent_version: "test".to_owned(),
                         inventory: Some(inventory),
+                        node_credential: node_credential(&name),
                     }),
                 ))
                 .await
@@ -277,6 +301,7 @@ impl TestAgent {
             tx.send(pb::AgentMessage {
                 kind: Some(agent_message::Kind::Hello(pb::Hello {
                     node_id: registration.node_id,
+                    node_credential: node_credential(&name),
                 })),
             })
             .await

@@ -21,7 +21,7 @@ use skein_proto::agent::v1::{
 use tokio::sync::{mpsc, oneshot};
 use tonic::transport::{Channel, Endpoint};
 
-use crate::agent::{GpuLoad, inventory, telemetry};
+use crate::agent::{GpuLoad, inventory, node_credential, telemetry};
 
 /// Messages a node may have queued towards the orchestrator before sending waits.
 const OUTBOUND_QUEUE: usize = 16;
@@ -144,6 +144,7 @@ impl Swarm {
             node_name: name.to_owned(),
             agent_version: "swarm".to_owned(),
             inventory: Some(inventory(name, self.config.gpus, BTreeMap::new())),
+            node_credential: node_credential(name),
         });
         let answer = tokio::time::timeout(self.config.deadline, self.client(slot).register(request))
             .await
@@ -166,6 +167,7 @@ impl Swarm {
         let hello = pb::AgentMessage {
             kind: Some(agent_message::Kind::Hello(pb::Hello {
                 node_id: node_id.to_owned(),
+                node_credential: node_credential(name),
             })),
         };
         // INVARIANT: the receiver is alive; it is moved into the request just below.

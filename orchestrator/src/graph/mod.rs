@@ -523,6 +523,18 @@ impl HardwareGraph {
     pub fn id_of(&self, name: &str) -> Option<NodeId> {
         self.index().by_name.get(name).map(|cell| cell.id.clone())
     }
+
+    /// Forgets node `name` (an admin removed it): it leaves the graph and its stream's
+    /// telemetry is refused from now on; a later registration of the name makes a new
+    /// node with a new id. Returns its id, if it was there.
+    pub fn remove(&self, name: &str) -> Option<NodeId> {
+        let mut index = self.index.write().unwrap_or_else(|p| p.into_inner());
+        let cell = index.by_name.remove(name)?;
+        index.by_id.remove(&cell.id);
+        drop(index);
+        self.bump();
+        Some(cell.id.clone())
+    }
 }
 
 /// Publishes the view of `state` (held by the caller: lock order `state`, then `view`), so
