@@ -244,6 +244,10 @@ fn parse_error(text: &str, e: &ParseError) -> ExprError {
 
 /// Turn a Rhai runtime error into an [`ExprError`] positioned in `text`.
 pub fn eval_error(text: &str, e: &EvalAltResult) -> ExprError {
+    // A script is compiled when it is run: its compile errors come this way.
+    if let EvalAltResult::ErrorParsing(kind, pos) = e {
+        return parse_error(text, &ParseError(Box::new(kind.clone()), *pos));
+    }
     let kind = match e {
         EvalAltResult::ErrorTooManyOperations(_)
         | EvalAltResult::ErrorTerminated(..)

@@ -74,7 +74,7 @@ pub struct SubmitRequest {
         (status = 400, description = "Not a run request, or bad inputs", body = ErrorBody),
         (status = 422, description = "The workflow is invalid", body = InvalidWorkflow),
         (status = 409, description = "The Idempotency-Key was used with another request, or its first request is in progress", body = ErrorBody),
-        (status = 429, description = "The queue of its priority is full; see Retry-After", body = ErrorBody,
+        (status = 429, description = "The queue of its priority is full (see Retry-After), or two of this user's workflows are being evaluated already", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
         (status = 503, description = "The store did not acknowledge in time; nothing was acknowledged. See Retry-After", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
@@ -97,7 +97,14 @@ async fn submit(
             );
         }
     };
-    let workflow = match parse_workflow(request.name.as_deref(), &request.workflow) {
+    let workflow = match parse_workflow(
+        &principal,
+        request.name.as_deref(),
+        &request.workflow,
+        state.executor.clients().policy(),
+    )
+    .await
+    {
         Ok(workflow) => workflow,
         Err(response) => return *response,
     };

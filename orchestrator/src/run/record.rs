@@ -788,11 +788,12 @@ fn render(evaluator: &Evaluator, step: &Step, vars: &BTreeMap<String, Dynamic>) 
         match part {
             TemplatePart::Text(text) => out.push_str(text),
             TemplatePart::Expr(expr) => {
+                // Rendered on the evaluator's thread: the value never reaches this one.
                 let value = evaluator
                     .compile_expr(expr, Context::Step)
-                    .and_then(|c| evaluator.eval(&c, vars))
+                    .and_then(|c| evaluator.eval_text(&c, vars))
                     .map_err(|e| format!("its prompt's `{{{{ {} }}}}` failed: {e}", expr.source()))?;
-                out.push_str(&value.to_string());
+                out.push_str(&value);
             }
         }
     }
