@@ -129,7 +129,9 @@ fn main() {
         .ok()
         .and_then(|n| n.parse().ok())
         .unwrap_or(60);
-    let lab = Lab::new(env!("CARGO_BIN_EXE_skein")).sample_interval(SAMPLE_INTERVAL);
+    let lab = Lab::new(env!("CARGO_BIN_EXE_skein"))
+        .sample_interval(SAMPLE_INTERVAL)
+        .server_args(&["--endpoint-allow", "127.0.0.1"]);
     let _server = lab.server();
 
     let (connected, is_connected) = mpsc::channel();

@@ -17,6 +17,7 @@ mod models;
 mod nodes;
 mod plan;
 mod runs;
+mod secrets;
 mod sessions;
 mod signals;
 mod slurm;
@@ -65,6 +66,9 @@ fn try_main(args: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Node(cli::NodeCommand::Rm(a)) => nodes::run_rm(&a),
         cli::Command::Node(cli::NodeCommand::Reset(a)) => nodes::run_reset(&a),
         cli::Command::Tokens(a) => tokens::run_list(&a),
+        cli::Command::Secret(cli::SecretCommand::Set(a)) => secrets::run_set(&a),
+        cli::Command::Secret(cli::SecretCommand::List(a)) => secrets::run_list(&a),
+        cli::Command::Secret(cli::SecretCommand::Rm(a)) => secrets::run_rm(&a),
         cli::Command::Sessions(a) => sessions::run_list(&a),
         cli::Command::Events(a) => events::run(&a),
         cli::Command::Session(cli::SessionCommand::Create(a)) => sessions::run_create(&a),

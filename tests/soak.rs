@@ -263,7 +263,8 @@ struct Soak {
 
 impl Soak {
     fn new() -> Soak {
-        let lab = Lab::new(env!("CARGO_BIN_EXE_skein"));
+        // The workflows' endpoint is a stand-in on loopback.
+        let lab = Lab::new(env!("CARGO_BIN_EXE_skein")).server_args(&["--endpoint-allow", "127.0.0.1"]);
         let server = lab.server();
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

@@ -294,10 +294,12 @@ pub struct Endpoint {
     pub url: String,
     /// Model name sent in requests.
     pub model: String,
-    /// Environment variable that holds the API key (the key itself never
-    /// appears in a workflow).
+    /// The secret that holds the API key, stored with Skein by the user who runs
+    /// the workflow (`skein secret set NAME`), or `shared/NAME` for one the admin
+    /// published. The key itself never appears in a workflow, and a workflow never
+    /// reads the server's environment.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub api_key_env: Option<String>,
+    pub api_key_secret: Option<String>,
 }
 
 /// One step: a prompt sent to an agent.
@@ -550,6 +552,20 @@ pub fn is_valid_name(s: &str) -> bool {
     s.len() <= 64
         && chars.next().is_some_and(|c| c.is_ascii_alphabetic())
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+/// Whether `s` is a valid secret name: ASCII letters, digits, `-`, `_` and `.`,
+/// starting with a letter or digit, at most 64 bytes.
+pub fn is_valid_secret_name(s: &str) -> bool {
+    s.len() <= 64
+        && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
+/// Whether `s` names a secret from a workflow: `NAME` (the user's own) or
+/// `shared/NAME` (one the admin published).
+pub fn is_valid_secret_reference(s: &str) -> bool {
+    is_valid_secret_name(s.strip_prefix("shared/").unwrap_or(s))
 }
 
 /// Serialise a duration as humantime text ("5s").

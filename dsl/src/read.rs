@@ -19,6 +19,8 @@ pub struct Cx<'a> {
     /// written in the source, so positions inside them map to the call that
     /// declared them.
     pub script: bool,
+    /// Where each endpoint agent's `url` is written, by agent.
+    pub endpoint_urls: std::collections::BTreeMap<String, Span>,
 }
 
 impl Cx<'_> {

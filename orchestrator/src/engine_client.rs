@@ -3,12 +3,97 @@
 //! elsewhere) from one that answered badly (the request's failure). The executor's
 //! steps, sessions and the OpenAI-compatible routes all call engines through here.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
+use crate::agents::Secret;
+use crate::egress::EgressPolicy;
 use crate::run::record::Usage;
+use crate::secrets::Secrets;
+
+/// How long a connection to an engine or endpoint may take to open.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What calls go through: the client of the engines Skein started, and, for remote
+/// endpoints, a client under the admin's [`EgressPolicy`] and the users' secrets their
+/// keys come from.
+#[derive(Clone)]
+pub struct Clients {
+    engines: reqwest::Client,
+    endpoints: reqwest::Client,
+    policy: Arc<EgressPolicy>,
+    secrets: Secrets,
+}
+
+impl std::fmt::Debug for Clients {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Clients").field("policy", &self.policy).finish_non_exhaustive()
+    }
+}
+
+impl Clients {
+    /// Clients under `policy`, keys from `secrets`.
+    pub fn new(policy: Arc<EgressPolicy>, secrets: Secrets) -> Clients {
+        Clients {
+            engines: reqwest::Client::builder()
+                .connect_timeout(CONNECT_TIMEOUT)
+                .build()
+                .unwrap_or_default(),
+            endpoints: policy.client(CONNECT_TIMEOUT),
+            policy,
+            secrets,
+        }
+    }
+
+    /// The endpoint policy.
+    pub fn policy(&self) -> &EgressPolicy {
+        &self.policy
+    }
+
+    /// The users' secrets.
+    pub fn secrets(&self) -> &Secrets {
+        &self.secrets
+    }
+
+    /// The route to a remote endpoint for a workflow of `owner`: its key is `owner`'s
+    /// secret the endpoint names, read now (so a secret set or replaced later is used
+    /// from the next call on).
+    ///
+    /// Errors: the secret is missing or unreadable ([`CallError::Denied`], saying which
+    /// and how to set it).
+    pub fn endpoint_route(&self, owner: &str, endpoint: &skein_dsl::ir::Endpoint) -> Result<Route, CallError> {
+        let api_key = match &endpoint.api_key_secret {
+            None => None,
+            Some(reference) => Some(
+                self.secrets
+                    .resolve(owner, reference)
+                    .map_err(|e| CallError::Denied(e.to_string()))?,
+            ),
+        };
+        Ok(Route {
+            instance: None,
+            base_url: endpoint.url.trim_end_matches('/').to_owned(),
+            model: endpoint.model.clone(),
+            api_key,
+        })
+    }
+
+    /// The client for `route`: an instance's, or for an endpoint, the guarded one once
+    /// its URL passes the policy (a URL naming an address is never resolved, so it is
+    /// checked here; names are checked as they are resolved).
+    fn for_route(&self, route: &Route, url: &str) -> Result<&reqwest::Client, CallError> {
+        if route.instance.is_some() {
+            return Ok(&self.engines);
+        }
+        self.policy
+            .check_url(url)
+            .map_err(|e| CallError::Denied(e.to_string()))?;
+        Ok(&self.endpoints)
+    }
+}
 
 /// Where an agent's requests go.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,7 +105,7 @@ pub struct Route {
     /// The `model` of requests.
     pub model: String,
     /// A remote endpoint's key.
-    pub api_key: Option<String>,
+    pub api_key: Option<Secret>,
 }
 
 impl Route {
@@ -45,12 +130,17 @@ pub enum CallError {
     /// The engine refused the request as given (a 4xx: too long for its context, a
     /// parameter it does not take).
     Refused(String),
+    /// Nothing was sent: the endpoint policy refuses where the call would go, or the
+    /// secret that holds its key is not set.
+    Denied(String),
 }
 
 impl std::fmt::Display for CallError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            CallError::Unreachable(m) | CallError::Engine(m) | CallError::Refused(m) => f.write_str(m),
+            CallError::Unreachable(m) | CallError::Engine(m) | CallError::Refused(m) | CallError::Denied(m) => {
+                f.write_str(m)
+            }
         }
     }
 }
@@ -105,7 +195,7 @@ impl From<CompletionUsage> for Usage {
 }
 
 async fn send(
-    http: &reqwest::Client,
+    clients: &Clients,
     route: &Route,
     mut body: serde_json::Value,
     timeout: Duration,
@@ -117,12 +207,15 @@ async fn send(
         body["stream_options"] = serde_json::json!({"include_usage": true});
     }
     let url = format!("{}/chat/completions", route.base_url);
+    let http = clients.for_route(route, &url)?;
     let mut request = http.post(&url).json(&body).timeout(timeout);
     if let Some(key) = &route.api_key {
-        request = request.bearer_auth(key);
+        request = request.bearer_auth(key.expose());
     }
     let response = request.send().await.map_err(|e| {
-        if e.is_timeout() {
+        if let Some(refusal) = crate::egress::refusal_in(&e) {
+            CallError::Denied(refusal.to_string())
+        } else if e.is_timeout() {
             CallError::Engine(format!("no answer from {url} within {}s", timeout.as_secs()))
         } else if e.is_connect() || e.is_request() {
             // Refused, or the connection dropped before an answer: the engine (or its
@@ -159,13 +252,13 @@ async fn send(
 /// One chat completion (`body` without `model`; the route's is set); the error says what
 /// the engine said.
 pub async fn call(
-    http: &reqwest::Client,
+    clients: &Clients,
     route: &Route,
     body: serde_json::Value,
     timeout: Duration,
 ) -> Result<Answer, CallError> {
     let url = format!("{}/chat/completions", route.base_url);
-    let response = send(http, route, body, timeout, false).await?;
+    let response = send(clients, route, body, timeout, false).await?;
     let text = response
         .text()
         .await
@@ -192,14 +285,14 @@ pub async fn call(
 /// (a closed receiver stops nothing: the answer is still read whole), and the whole
 /// answer is returned at the end.
 pub async fn call_streaming(
-    http: &reqwest::Client,
+    clients: &Clients,
     route: &Route,
     body: serde_json::Value,
     timeout: Duration,
     tokens: &mpsc::Sender<String>,
 ) -> Result<Answer, CallError> {
     let url = format!("{}/chat/completions", route.base_url);
-    let mut response = send(http, route, body, timeout, true).await?;
+    let mut response = send(clients, route, body, timeout, true).await?;
     let mut answer = Answer {
         content: String::new(),
         usage: None,

@@ -73,6 +73,8 @@ pub struct Lab {
     grpc_port: u16,
     nodes: tempfile::TempDir,
     sample_interval: String,
+    /// More arguments of every `skein server` / `skein up` it starts.
+    server_args: Vec<String>,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -96,6 +98,7 @@ impl Lab {
             grpc_port: free_port(),
             nodes: tempfile::tempdir().unwrap(),
             sample_interval: "200ms".to_owned(),
+            server_args: Vec::new(),
             runtime: tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -107,6 +110,14 @@ impl Lab {
     /// (`--sample-interval`, e.g. `100ms`).
     pub fn sample_interval(mut self, interval: &str) -> Lab {
         interval.clone_into(&mut self.sample_interval);
+        self
+    }
+
+    /// The same lab with `args` added to every server it starts (e.g.
+    /// `["--endpoint-allow", "127.0.0.1"]` for workflows whose endpoints are the lab's
+    /// own stand-ins on loopback).
+    pub fn server_args(mut self, args: &[&str]) -> Lab {
+        self.server_args.extend(args.iter().map(|a| (*a).to_owned()));
         self
     }
 
@@ -177,6 +188,7 @@ impl Lab {
             .args(["--agent-listen", &format!("127.0.0.1:{}", self.grpc_port)])
             .args(["--sample-interval", &self.sample_interval, "--data-dir"])
             .arg(self.data.path())
+            .args(&self.server_args)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

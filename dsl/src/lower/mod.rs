@@ -47,7 +47,8 @@ const MODEL_KEYS: &[&str] = &[
 ];
 const VARIANT_KEYS: &[&str] = &["repo", "file", "revision"];
 const GPU_KEYS: &[&str] = &["models", "nodes", "min_compute_capability", "min_memory", "max_gpus"];
-const ENDPOINT_KEYS: &[&str] = &["url", "model", "api_key_env"];
+/// `api_key_env` is read only to refuse it with a diagnostic that says what to write.
+const ENDPOINT_KEYS: &[&str] = &["url", "model", "api_key_secret", "api_key_env"];
 const STEP_KEYS: &[&str] = &["id", "agent", "prompt", "after", "when", "repeat", "timeout", "retries"];
 const REPEAT_KEYS: &[&str] = &["back_to", "until", "max"];
 const PLACEMENT_KEYS: &[&str] = &["priority", "max_gpus_per_agent"];
@@ -621,30 +622,42 @@ fn endpoint_spec(cx: &mut Cx<'_>, node: &Node, anchor: Span, agent: &str) -> Opt
     let model = m
         .require(cx, "model", "model-name")
         .and_then(|n| read::nonempty(cx, n, "`model`"));
-    let api_key_env = m.get("api_key_env").and_then(|n| {
-        let v = read::string(cx, n, "`api_key_env`")?;
-        let ok = v.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && v.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if ok {
+    if let Some(n) = m.get("api_key_env") {
+        cx.push(
+            Diagnostic::error(
+                Code::BadValue,
+                n.span,
+                "`api_key_env` is no longer read: a workflow cannot read the server's environment",
+            )
+            .with_label("a workflow names a secret, not a variable")
+            .with_help(
+                "store the key as a secret (`skein secret set NAME`, the value on standard input) and write `api_key_secret: NAME`",
+            ),
+        );
+    }
+    let api_key_secret = m.get("api_key_secret").and_then(|n| {
+        let v = read::string(cx, n, "`api_key_secret`")?;
+        if crate::ir::is_valid_secret_reference(&v) {
             Some(v)
         } else {
             cx.push(
-                Diagnostic::error(
-                    Code::BadValue,
-                    n.span,
-                    format!("`{v}` is not an environment variable name"),
-                )
-                .with_label("invalid variable name")
-                .with_help("name the variable that holds the key, e.g. `REASONER_KEY`; never write the key itself"),
+                Diagnostic::error(Code::BadValue, n.span, format!("`{v}` is not a secret name"))
+                    .with_label("invalid secret name")
+                    .with_help(
+                        "name a secret stored with `skein secret set NAME` (letters, digits, `-`, `_`, `.`), or `shared/NAME` for one the admin published; never write the key itself",
+                    ),
             );
             None
         }
     });
+    if let Some(n) = m.get("url") {
+        cx.endpoint_urls.insert(agent.to_owned(), n.span);
+    }
     m.finish(cx);
     Some(Endpoint {
         url: url?,
         model: model?,
-        api_key_env,
+        api_key_secret,
     })
 }
 

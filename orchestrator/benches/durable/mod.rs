@@ -52,7 +52,7 @@ pub fn session(id: &str) -> SessionRecord {
             backend: Backend::Endpoint(Endpoint {
                 url: "http://127.0.0.1:1/v1".to_owned(),
                 model: "m".to_owned(),
-                api_key_env: None,
+                api_key_secret: None,
             }),
             system: None,
             temperature: None,

@@ -144,7 +144,8 @@ struct Inner {
     planner: Arc<Mutex<Planner>>,
     config: ExecutorConfig,
     evaluator: Evaluator,
-    http: reqwest::Client,
+    /// Engines and endpoints are called through these.
+    clients: crate::engine_client::Clients,
     /// Queued run ids, highest priority first, then oldest.
     queue: Mutex<BTreeSet<(Reverse<i32>, String)>>,
     /// Model catalogs read for queued runs, by run id.
@@ -191,6 +192,7 @@ impl Executor {
         instances: Arc<Instances>,
         planner: Arc<Mutex<Planner>>,
         config: ExecutorConfig,
+        clients: crate::engine_client::Clients,
     ) -> Result<Executor, StoreError> {
         Ok(Executor {
             inner: Arc::new(Inner {
@@ -202,10 +204,7 @@ impl Executor {
                 planner,
                 config,
                 evaluator: Evaluator::default(),
-                http: reqwest::Client::builder()
-                    .connect_timeout(Duration::from_secs(10))
-                    .build()
-                    .unwrap_or_default(),
+                clients,
                 queue: Mutex::default(),
                 catalogs: Mutex::default(),
                 provides: Mutex::default(),
@@ -242,6 +241,11 @@ impl Executor {
         }
         let executor = self.clone();
         Ok(tokio::spawn(async move { executor.admission().await }))
+    }
+
+    /// What engines and endpoints are called through (sessions call them too).
+    pub fn clients(&self) -> &crate::engine_client::Clients {
+        &self.inner.clients
     }
 
     /// The runs being driven now (starting or running), by id.
@@ -1006,7 +1010,7 @@ impl Executor {
             run.reason = Some("serving its agents until cancelled".to_owned());
         }
         loop {
-            let starts = run.advance(evaluator, unix_ms());
+            let starts = off_worker(|| run.advance(evaluator, unix_ms()));
             self.save(run).await?;
             for Next::Start { step, agent, prompt } in starts {
                 let Some(route) = routes.get(&agent).cloned() else {
@@ -1028,12 +1032,25 @@ impl Executor {
                     record.instance = route.instance.clone();
                 }
                 let request = self.chat_request(&run.workflow, &step, &agent, prompt);
-                let http = self.inner.http.clone();
+                let clients = self.inner.clients.clone();
                 let results = results.clone();
                 let load = self.inner.instances.load().clone();
+                // A remote endpoint's key is the run owner's secret, read at each call.
+                let endpoint = match run.workflow.agents.get(&agent).map(|a| &a.backend) {
+                    Some(Backend::Endpoint(endpoint)) if route.instance.is_none() => Some(endpoint.clone()),
+                    _ => None,
+                };
+                let owner = run.owner.clone();
                 attempts.spawn(async move {
                     let flight = route.instance.as_deref().map(|i| load.begin(i, None));
-                    let answer = call(&http, &route, request.0, request.1).await;
+                    let route = match endpoint {
+                        Some(endpoint) => clients.endpoint_route(&owner, &endpoint),
+                        None => Ok(route),
+                    };
+                    let answer = match route {
+                        Ok(route) => call(&clients, &route, request.0, request.1).await,
+                        Err(error) => Err(error),
+                    };
                     if let (Some(flight), Ok(answer)) = (flight, &answer) {
                         flight.done(answer.usage.map_or(0, |u| u.completion_tokens));
                     }
@@ -1051,7 +1068,7 @@ impl Executor {
                     match answer {
                         Ok(answer) => {
                             unreachable.remove(&step);
-                            run.complete(&step, answer.content, answer.usage, evaluator, now);
+                            off_worker(|| run.complete(&step, answer.content, answer.usage, evaluator, now));
                         }
                         Err(CallError::Unreachable(error)) if unreachable.get(&step).copied().unwrap_or(0) < UNREACHABLE_RETRIES => {
                             // Most likely its node is going down: wait for the graph to
@@ -1060,7 +1077,7 @@ impl Executor {
                             *count += 1;
                             run.interrupt(&step, error, now.plus(self.inner.config.retry.backoff(*count)));
                         }
-                        Err(CallError::Unreachable(error) | CallError::Engine(error) | CallError::Refused(error)) => {
+                        Err(CallError::Unreachable(error) | CallError::Engine(error) | CallError::Refused(error) | CallError::Denied(error)) => {
                             unreachable.remove(&step);
                             if let AfterFailure::RetryAt(_) = run.fail_attempt(&step, error, &self.inner.config.retry, now) {
                                 tracing::info!(run = %run.id, %step, "step failed; retrying");
@@ -1136,8 +1153,8 @@ fn warm_key(instance: &crate::plan::demand::Instance) -> String {
     format!("{}|{:?}|{:?}", instance.key, instance.requirement, instance.max_gpus)
 }
 
-/// Remote endpoints, keyed by agent: called directly, with the key from the
-/// orchestrator's environment.
+/// Remote endpoints, keyed by agent: called directly (their keys are read from the
+/// owner's secrets at each call).
 fn remote_routes(workflow: &Workflow) -> BTreeMap<String, Route> {
     workflow
         .agents
@@ -1149,7 +1166,7 @@ fn remote_routes(workflow: &Workflow) -> BTreeMap<String, Route> {
                     instance: None,
                     base_url: endpoint.url.trim_end_matches('/').to_owned(),
                     model: endpoint.model.clone(),
-                    api_key: endpoint.api_key_env.as_ref().and_then(|k| std::env::var(k).ok()),
+                    api_key: None,
                 },
             )),
             Backend::Model(_) => None,
@@ -1339,3 +1356,13 @@ enum Stop {
 /// step's failure (with the retry backoff, tens of seconds: longer than a node takes to
 /// be marked down).
 const UNREACHABLE_RETRIES: u32 = 8;
+
+/// Runs `f`, which waits for Rhai evaluations on the pool (`when`, `until`, prompt
+/// templates: each stopped by its wall-clock budget), without holding a runtime worker:
+/// on a multi-threaded runtime the worker's other tasks move to another thread first.
+fn off_worker<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}

@@ -223,15 +223,6 @@ impl Sampling {
     }
 }
 
-/// The route to a remote endpoint (its key from the server's environment).
-fn endpoint_route(endpoint: &skein_dsl::ir::Endpoint) -> Route {
-    Route {
-        instance: None,
-        base_url: endpoint.url.trim_end_matches('/').to_owned(),
-        model: endpoint.model.clone(),
-        api_key: endpoint.api_key_env.as_ref().and_then(|k| std::env::var(k).ok()),
-    }
-}
 
 /// The route to a ready instance.
 fn instance_route(view: InstanceView) -> Result<Route, SessionError> {
@@ -299,7 +290,6 @@ struct Inner {
     log: SessionLog,
     executor: Executor,
     instances: Arc<Instances>,
-    http: reqwest::Client,
     config: SessionsConfig,
     /// One turn at a time per session.
     turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -336,10 +326,6 @@ impl Sessions {
                 log,
                 executor,
                 instances,
-                http: reqwest::Client::builder()
-                    .connect_timeout(Duration::from_secs(10))
-                    .build()
-                    .unwrap_or_default(),
                 config,
                 turns: Mutex::default(),
                 admission: Admission::default(),
@@ -502,8 +488,16 @@ impl Sessions {
             }
             Target::Model(model) => (model.clone(), model_agent(model)?, None),
         };
+        // An endpoint's key is the secret of the run's owner.
+        let owner = match &run {
+            Some(run) => match self.inner.executor.get(run)? {
+                Some(record) => record.owner,
+                None => principal.user.clone(),
+            },
+            None => principal.user.clone(),
+        };
         let route = match (&definition.backend, run.and_then(|r| self.run_instance(&r, &agent))) {
-            (Backend::Endpoint(endpoint), _) => endpoint_route(endpoint),
+            (Backend::Endpoint(endpoint), _) => self.endpoint_route(&owner, endpoint)?,
             (_, Some(view)) => instance_route(view)?,
             (_, None) => {
                 let view = self
@@ -749,7 +743,7 @@ impl Sessions {
     /// changed, the session after the change.
     async fn route(&self, session: &SessionRecord, pin: &Pin) -> Result<(Route, Option<SessionRecord>), SessionError> {
         if let Backend::Endpoint(endpoint) = &session.definition.backend {
-            return Ok((endpoint_route(endpoint), None));
+            return Ok((self.endpoint_route(&session.owner, endpoint)?, None));
         }
         if let Some(binding) = &session.binding
             && let Some(view) = self.inner.instances.touch(&binding.instance)
@@ -795,6 +789,15 @@ impl Sessions {
 
     /// Calls the engine of `route` (for `session`'s turn), counted in the instance's
     /// serving figures.
+    /// The route to a remote endpoint, with `owner`'s secret as its key.
+    fn endpoint_route(&self, owner: &str, endpoint: &skein_dsl::ir::Endpoint) -> Result<Route, SessionError> {
+        self.inner
+            .executor
+            .clients()
+            .endpoint_route(owner, endpoint)
+            .map_err(engine_error)
+    }
+
     async fn call(
         &self,
         route: &Route,
@@ -808,8 +811,10 @@ impl Sessions {
             .as_deref()
             .map(|i| self.inner.instances.load().begin(i, session));
         let answer = match tokens {
-            Some(tokens) => engine_client::call_streaming(&self.inner.http, route, body, timeout, tokens).await,
-            None => engine_client::call(&self.inner.http, route, body, timeout).await,
+            Some(tokens) => {
+                engine_client::call_streaming(self.inner.executor.clients(), route, body, timeout, tokens).await
+            }
+            None => engine_client::call(self.inner.executor.clients(), route, body, timeout).await,
         };
         if let (Some(flight), Ok(answer)) = (flight, &answer) {
             flight.done(answer.usage.map_or(0, |u| u.completion_tokens));
@@ -869,7 +874,7 @@ pub fn history_budget(agent: &Agent, max_tokens: Option<u32>) -> usize {
 /// anything else the engine's (502).
 fn engine_error(e: CallError) -> SessionError {
     match e {
-        CallError::Refused(message) => SessionError::Invalid(message),
+        CallError::Refused(message) | CallError::Denied(message) => SessionError::Invalid(message),
         other => SessionError::Engine(other.to_string()),
     }
 }
