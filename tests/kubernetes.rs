@@ -443,8 +443,6 @@ fn server_and_agent_run_from_the_environment_their_pods_give_them() {
     let path = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
     let (api_port, agents_port) = (free_port(), free_port());
     let api_token = "api-token-of-the-kubernetes-test";
-    // The server's certificate's, once it has made it.
-    let fingerprint: String;
     let mut secrets = BTreeMap::from([
         (("skein-tokens", "join-token"), "join-token-of-the-kubernetes-test"),
         (("skein-tokens", "api-token"), api_token),
@@ -475,7 +473,7 @@ fn server_and_agent_run_from_the_environment_their_pods_give_them() {
     wait_for_line(&mut child, "REST API on", &dir.path().join("server.log"));
     let _server = Killed(child);
     // What the operator publishes from the server's first start.
-    fingerprint = std::fs::read_to_string(dir.path().join("server/tls/fingerprint"))
+    let fingerprint = std::fs::read_to_string(dir.path().join("server/tls/fingerprint"))
         .expect("the server made its certificate")
         .trim()
         .to_owned();

@@ -176,8 +176,7 @@ mod tests {
         // openssl's way: upper case, colons between bytes.
         let openssl = format!(
             "SHA256:{}",
-            text[7..]
-                .as_bytes()
+            text.as_bytes()[7..]
                 .chunks(2)
                 .map(|p| std::str::from_utf8(p).unwrap().to_uppercase())
                 .collect::<Vec<_>>()
