@@ -105,6 +105,7 @@ fn an_agent_refuses_a_hostile_hub_and_writes_nothing_outside_its_cache() {
     let failed = lab.wait_run(&run, "the download to be refused", |run| {
         run["state"] == "failed" || run.to_string().contains("X-Repo-Commit")
     });
+    assert_eq!(tree(&outside), before, "the agent wrote outside its cache");
     let detail = failed.to_string().replace("\\\"", "\"");
     for needed in [
         tiny_llama::REPO_ID,
@@ -115,5 +116,4 @@ fn an_agent_refuses_a_hostile_hub_and_writes_nothing_outside_its_cache() {
     ] {
         assert!(detail.contains(needed), "`{needed}` missing from: {detail}");
     }
-    assert_eq!(tree(&outside), before, "the agent wrote outside its cache");
 }
