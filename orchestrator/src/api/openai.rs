@@ -8,6 +8,10 @@
 //!   the new ones, the session holds the history, and the reply is stored
 //!   (`Idempotency-Key` makes a retry a no-op that answers, or streams, the stored reply).
 //! - `GET /v1/models`: the agents of the user's runs and the models they use.
+//!
+//! A chat completion has the limits of a session turn ([`crate::session::limits`]):
+//! its body is measured before it is parsed (413), and it counts against the user's
+//! chat requests and streams in flight (429).
 
 use std::collections::BTreeSet;
 use std::convert::Infallible;

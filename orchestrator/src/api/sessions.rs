@@ -11,7 +11,8 @@
 //!   messages), header `Idempotency-Key` → the
 //!   reply (`{"message", "replayed", "session"}`), or with `stream: true` server-sent
 //!   events: `token` (`{"delta": "…"}`) as generated, then `message` (the same body as
-//!   without streaming) or `error`.
+//!   without streaming) or `error`. A turn over the size limits is 413, a user past their
+//!   requests or streams in flight 429 ([`crate::session::limits`], [`chat_body`]).
 //! - `POST /v1/sessions/{id}/migrate` `{"to": "auto" | {"node": "rtx-1", "gpu": 2} |
 //!   {"node": "rtx-1"}}` →
 //!   `{"session", "from", "to", "downtime_ms", "waited_ms"}`.
