@@ -325,3 +325,28 @@ fn server_message(body: &str) -> String {
 pub fn refused_error(refused: &Refused) -> anyhow::Error {
     anyhow::anyhow!("the server answered {}: {}", refused.status, refused.message)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_urls_are_told_from_others() {
+        for url in [
+            "https://127.0.0.1:7878",
+            "https://localhost:7878/",
+            "https://[::1]:7878",
+            "https://127.1.2.3",
+        ] {
+            assert!(is_loopback_url(url), "{url}");
+        }
+        for url in [
+            "https://10.0.0.1:7878",
+            "https://skein-server:7878",
+            "https://[2001:db8::1]:7878",
+            "https://localhost.example",
+        ] {
+            assert!(!is_loopback_url(url), "{url}");
+        }
+    }
+}

@@ -301,6 +301,21 @@ fn a_door_past_its_cap_closes_new_connections() {
 fn silent_half_sent_and_idle_connections_are_closed() {
     let data = tempfile::tempdir().unwrap();
     let server = Server::start(data.path(), &["--header-timeout", "1s", "--idle-timeout", "2s"], None);
+    // A stream of events is a request in flight, however long: opened first, it must
+    // outlive the idle connection below.
+    let mut events = TcpStream::connect(&server.api_addr).unwrap();
+    events
+        .write_all(
+            format!(
+                "GET /v1/graph/events HTTP/1.1\r\nHost: skein\r\nAuthorization: Bearer {}\r\n\r\n",
+                token(data.path())
+            )
+            .as_bytes(),
+        )
+        .unwrap();
+    let mut head = [0u8; 12];
+    events.read_exact(&mut head).unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200");
 
     let mut silent = TcpStream::connect(&server.api_addr).unwrap();
     let mut silent_agent = TcpStream::connect(&server.grpc_addr).unwrap();
@@ -309,7 +324,6 @@ fn silent_half_sent_and_idle_connections_are_closed() {
         .unwrap();
     let mut idle = TcpStream::connect(&server.api_addr).unwrap();
     idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: skein\r\n\r\n").unwrap();
-    let mut head = [0u8; 12];
     idle.read_exact(&mut head).unwrap();
     assert_eq!(&head, b"HTTP/1.1 200");
 
@@ -323,6 +337,18 @@ fn silent_half_sent_and_idle_connections_are_closed() {
         "a request whose headers never ended stayed open"
     );
     assert!(closed_by_server(&mut idle), "an idle keep-alive connection stayed open");
+
+    // Past the idle timeout of a connection opened after it, the stream is still open.
+    events.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+    let mut buffer = [0u8; 4096];
+    loop {
+        match events.read(&mut buffer) {
+            Ok(0) => panic!("the idle timeout cut a stream of events"),
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => break,
+            Err(e) => panic!("the stream of events broke: {e}"),
+        }
+    }
 }
 
 /// A declared body larger than the server reads is refused before any of it is sent;
@@ -487,4 +513,87 @@ fn rest_and_agents_over_tls_with_a_pinned_certificate() {
     drop(server);
     let again = Server::start(data.path(), &["--tls", "on"], None);
     assert_eq!(again.fingerprint.as_deref(), Some(fingerprint.as_str()));
+}
+
+/// `skein up` with its agent door beyond loopback: that door speaks TLS with a
+/// certificate made on first start, and the agents `skein up` runs itself join it by
+/// its pin; the REST door on loopback stays plain HTTP for the CLI.
+#[test]
+fn skein_up_joins_its_own_agents_over_tls() {
+    let data = tempfile::tempdir().unwrap();
+    let fleet = Path::new(env!("CARGO_MANIFEST_DIR")).join("workflows/fleets/lab.yaml");
+    let mut child = Command::new(bin())
+        .env("NO_COLOR", "1")
+        .env("RUST_LOG", "info")
+        .args([
+            "up",
+            "--listen",
+            "127.0.0.1:0",
+            "--agent-listen",
+            "0.0.0.0:0",
+            "--fleet",
+        ])
+        .arg(&fleet)
+        .arg("--data-dir")
+        .arg(data.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let _up = Killed(&mut child);
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let banner = loop {
+        let line = lines.recv_timeout(PATIENCE).expect("skein up prints its addresses");
+        if line.starts_with("skein is up") {
+            break line;
+        }
+    };
+    let api = banner
+        .split("REST API on ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .unwrap()
+        .to_owned();
+    assert!(api.starts_with("http://127.0.0.1:"), "{banner}");
+    assert!(banner.contains("more agents join at https://"), "{banner}");
+    let start = Instant::now();
+    loop {
+        let out = skein(&[
+            "nodes",
+            "--server",
+            &api,
+            "--data-dir",
+            data.path().to_str().unwrap(),
+            "--output",
+            "json",
+        ]);
+        let graph: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        let connected = graph["nodes"]
+            .as_array()
+            .map_or(0, |nodes| nodes.iter().filter(|n| n["connected"] == true).count());
+        if connected == 4 {
+            break;
+        }
+        assert!(
+            start.elapsed() < PATIENCE,
+            "the fleet's agents did not join over TLS: {graph:#}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Kills a child when dropped.
+struct Killed<'a>(&'a mut Child);
+
+impl Drop for Killed<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
