@@ -465,8 +465,46 @@ fn rest_and_agents_over_tls_with_a_pinned_certificate() {
     assert!(!out.status.success());
     assert!(stderr.contains("speaks HTTPS only"), "{stderr}");
 
-    // An agent joins over TLS by the pin.
+    // An agent with a wrong pin never joins, and says why.
     let fleet = Path::new(env!("CARGO_MANIFEST_DIR")).join("workflows/fleets/lab.yaml");
+    let mut misled = Command::new(bin())
+        .env("NO_COLOR", "1")
+        .args([
+            "agent",
+            "--join",
+            &format!("https://{}", server.grpc_addr),
+            "--node",
+            "old-1",
+        ])
+        .args(["--server-fingerprint", &wrong, "--simulate"])
+        .arg(&fleet)
+        .arg("--token-file")
+        .arg(data.path().join("join-token"))
+        .arg("--data-dir")
+        .arg(elsewhere.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, said) = mpsc::channel();
+    let stderr = misled.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("not the pinned") {
+                let _ = tx.send(line);
+                return;
+            }
+        }
+    });
+    let said = said.recv_timeout(PATIENCE).ok();
+    let _ = misled.kill();
+    let _ = misled.wait();
+    assert!(
+        said.is_some_and(|line| line.contains(&fingerprint)),
+        "the agent with a wrong pin did not say why"
+    );
+
+    // An agent joins over TLS by the pin.
     let join = format!("https://{}", server.grpc_addr);
     let mut agent = Command::new(bin())
         .args([
