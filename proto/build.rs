@@ -10,6 +10,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         // Labels in key order, so that they serialize and compare the same everywhere.
         .btree_map(".skein.agent.v1.Inventory.labels")
+        // Messages that carry an engine's key get a Debug that hides it (`redact.rs`).
+        .skip_debug([".skein.agent.v1.StartInstance", ".skein.agent.v1.InstanceStatus"])
         .compile_fds(descriptors)?;
     Ok(())
 }

@@ -73,10 +73,95 @@ fn a_workflow_runs_on_the_built_in_engine_and_its_outputs_are_deterministic() {
     assert!(logs.status.success(), "{}", stderr(&logs));
     assert!(!stdout(&logs).is_empty());
 
+    engine_answers_only_with_its_key(instance["base_url"].as_str().unwrap());
+
     // A missing input is refused before anything runs, with the fix.
     let missing = lab.cli(&["submit", file]);
     assert!(!missing.status.success());
     assert!(stderr(&missing).contains("--input topic=VALUE"), "{}", stderr(&missing));
+}
+
+/// The built-in engine behind `base_url` (`http://HOST:PORT/v1`), reached directly, not
+/// through Skein: it refuses a request without the key the orchestrator gave it through
+/// the agent, answers with it, and keeps `/health` open. The key is in the engine
+/// process's environment (readable only by its own user), never in its command line
+/// (readable by every user).
+fn engine_answers_only_with_its_key(base_url: &str) {
+    let port = base_url.trim_end_matches("/v1").rsplit(':').next().unwrap().to_owned();
+    let mut found = None;
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<String> = cmdline
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        let serves = args.windows(2).any(|w| w == ["engine", "serve"]);
+        if serves && args.windows(2).any(|w| w[0] == "--port" && w[1] == port) {
+            let environ = std::fs::read(entry.path().join("environ")).unwrap();
+            found = Some((args, environ));
+        }
+    }
+    let (args, environ) = found.unwrap_or_else(|| panic!("no `skein engine serve --port {port}` process"));
+    let key = environ
+        .split(|&b| b == 0)
+        .filter_map(|v| {
+            String::from_utf8_lossy(v)
+                .strip_prefix("SKEIN_ENGINE_API_KEY=")
+                .map(str::to_owned)
+        })
+        .next()
+        .expect("the engine was given its key in its environment");
+    assert_eq!(key.len(), 64, "32 random bytes in hex");
+    assert!(
+        !args.iter().any(|a| a.contains(&key)),
+        "the key is not in the command line: {args:?}"
+    );
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let chat = serde_json::json!({
+            "model": serde_json::Value::Null,
+            "messages": [{"role": "user", "content": "Hello"}],
+            "max_tokens": 2,
+        });
+        let origin = base_url.trim_end_matches("/v1");
+        let health = http.get(format!("{origin}/health")).send().await.unwrap();
+        assert_eq!(health.status(), 200, "the health check stays open");
+        for request in [
+            http.get(format!("{base_url}/models")),
+            http.post(format!("{base_url}/chat/completions")).json(&chat),
+            http.post(format!("{base_url}/chat/completions"))
+                .json(&chat)
+                .bearer_auth("0".repeat(64)),
+        ] {
+            let refused = request.send().await.unwrap();
+            assert_eq!(refused.status(), 401, "no key (or a wrong one), no answer");
+        }
+        let models: Value = http
+            .get(format!("{base_url}/models"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let model = models["data"][0]["id"].clone();
+        let answered = http
+            .post(format!("{base_url}/chat/completions"))
+            .json(&serde_json::json!({"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2}))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answered.status(), 200, "with its key it answers");
+    });
 }
 
 #[test]

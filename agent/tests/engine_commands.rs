@@ -7,8 +7,8 @@ mod common;
 use std::path::PathBuf;
 
 use skein_agent::engine::{
-    CandleLaunch, EngineLaunch, LaunchSpec, LlamaCppLaunch, LlamaRpcLaunch, RayNodeLaunch, RemoteLaunch, VllmLaunch,
-    memory_fraction,
+    CandleLaunch, EngineKey, EngineLaunch, LaunchSpec, LlamaCppLaunch, LlamaRpcLaunch, RayNodeLaunch, RemoteLaunch,
+    VllmLaunch, memory_fraction,
 };
 
 const GIB: u64 = 1 << 30;
@@ -26,6 +26,7 @@ fn spec(instance: &str, gpus: &[u32], context: u64, concurrency: u64, engine: En
         context,
         concurrency,
         engine,
+        api_key: None,
     }
 }
 
@@ -324,13 +325,63 @@ fn built_in_engine_on_the_first_of_its_gpus() {
     insta::assert_yaml_snapshot!(command);
 }
 
+/// A key for the tests (the orchestrator makes 32 random bytes in hex).
+const KEY: &str = "7e57c0de7e57c0de7e57c0de7e57c0de7e57c0de7e57c0de7e57c0de7e57c0de";
+
+/// Every engine that serves requests takes its key from its environment, under the name
+/// it reads (vLLM `VLLM_API_KEY`, llama-server `LLAMA_API_KEY`, the built-in engine
+/// `SKEIN_ENGINE_API_KEY`), never from its arguments, which every local user can read;
+/// the key shows nowhere as text. The pieces of a split engine cannot check a key.
+#[test]
+fn an_engines_key_goes_into_its_environment_and_shows_nowhere() {
+    let keyed = |spec: LaunchSpec| LaunchSpec {
+        api_key: skein_agent::engine::EngineKey::new(KEY),
+        ..spec
+    };
+    let serving = [
+        (coder_at_bf16_on_one_a100_spec(), "VLLM_API_KEY"),
+        (gguf_on_the_cpu_spec(), "LLAMA_API_KEY"),
+        (
+            spec("hello.assistant", &[], 4096, 1, candle("/hf/snapshots/abc")),
+            "SKEIN_ENGINE_API_KEY",
+        ),
+    ];
+    for (plain, variable) in serving {
+        let command = keyed(plain.clone()).command().expect("a command");
+        let without = plain.command().expect("a command");
+        assert_eq!(command.args, without.args, "the key is not an argument");
+        assert_eq!(command.env, without.env);
+        assert_eq!(
+            command.secret_env.get(variable).map(|k| k.expose()),
+            Some(KEY),
+            "{variable}"
+        );
+        let shown = format!(
+            "{command} {command:?} {}",
+            serde_json::to_string(&command).expect("JSON")
+        );
+        assert!(!shown.contains(KEY), "{shown}");
+        assert!(
+            command.to_string().contains(&format!("{variable}=<redacted> ")),
+            "{command}"
+        );
+    }
+    for piece in writer_over_ray_specs().into_iter().chain(coder_over_rpc_specs()) {
+        if piece.is_piece() {
+            let command = keyed(piece).command().expect("a command");
+            assert!(command.secret_env.is_empty(), "{command}");
+        }
+    }
+    insta::assert_yaml_snapshot!(keyed(coder_at_bf16_on_one_a100_spec()).command().expect("a command"));
+}
+
 #[test]
 fn remote_endpoints_have_no_command_and_names_must_make_file_names() {
     let remote = |url: &str| {
         EngineLaunch::Remote(RemoteLaunch {
             url: url.to_owned(),
             model: "gpt-4o-mini".to_owned(),
-            api_key_env: Some("OPENAI_API_KEY".to_owned()),
+            api_key: EngineKey::new("sk-openai"),
         })
     };
     let cases: Vec<(&str, LaunchSpec)> = vec![
@@ -489,6 +540,7 @@ async fn engine_processes_are_started_with_exactly_these_commands() {
     for (index, mut spec) in specs.into_iter().enumerate() {
         // Every node is this machine here.
         spec.host = "127.0.0.1".to_owned();
+        spec.api_key = skein_agent::engine::EngineKey::new(KEY);
         let dir = tempfile::tempdir().expect("temp dir");
         let record = dir.path().join("record.json");
         let program = common::engine_program(
@@ -545,6 +597,26 @@ async fn engine_processes_are_started_with_exactly_these_commands() {
             serde_json::from_value(recorded["env"].clone()).expect("env");
         for (name, value) in &expected.env {
             assert_eq!(env.get(name), Some(value), "spec {index}: {name}");
+        }
+        // The key reached the engine through its environment, and it refuses requests
+        // without it (the fake engine enforces the key it is given, as real ones do).
+        for (name, key) in &expected.secret_env {
+            assert_eq!(
+                env.get(name).map(String::as_str),
+                Some(key.expose()),
+                "spec {index}: {name}"
+            );
+        }
+        if !spec.is_piece() {
+            assert_eq!(expected.secret_env.len(), 1, "spec {index}");
+            let http = reqwest::Client::builder().no_proxy().build().expect("client");
+            let models = format!("{ready}/models");
+            let refused = http.get(&models).send().await.expect("an answer");
+            assert_eq!(refused.status(), 401, "spec {index}: no key, no answer");
+            let answered = http.get(&models).bearer_auth(KEY).send().await.expect("an answer");
+            assert_eq!(answered.status(), 200, "spec {index}");
+            let args = recorded["args"].to_string();
+            assert!(!args.contains(KEY), "spec {index}: the key is not an argument: {args}");
         }
         supervisor.stop_all().await;
     }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde_json::Value;
 use skein_agent::GpuMemoryProbe;
 use skein_agent::engine::{
-    CandleLaunch, EngineLaunch, InstanceEvent, InstanceState, LaunchSpec, RemoteLaunch, RestartPolicy, Supervisor,
+    CandleLaunch, EngineKey, EngineLaunch, InstanceEvent, InstanceState, LaunchSpec, RemoteLaunch, RestartPolicy, Supervisor,
     SupervisorConfig, SupervisorError, free_port,
 };
 use tokio::sync::mpsc;
@@ -52,10 +52,11 @@ fn candle(instance: &str, program: PathBuf, gpus: &[u32]) -> LaunchSpec {
             model: PathBuf::from("/models/qwen2.5-0.5b-instruct"),
             seed: 7,
         }),
+        api_key: None,
     }
 }
 
-fn remote(instance: &str, url: String, api_key_env: Option<&str>) -> LaunchSpec {
+fn remote(instance: &str, url: String, api_key: Option<&str>) -> LaunchSpec {
     LaunchSpec {
         instance: instance.to_owned(),
         host: String::new(),
@@ -66,8 +67,9 @@ fn remote(instance: &str, url: String, api_key_env: Option<&str>) -> LaunchSpec 
         engine: EngineLaunch::Remote(RemoteLaunch {
             url,
             model: "hosted".to_owned(),
-            api_key_env: api_key_env.map(str::to_owned),
+            api_key: api_key.and_then(EngineKey::new),
         }),
+        api_key: None,
     }
 }
 
@@ -305,22 +307,22 @@ async fn an_engine_that_crashes_after_ready_is_restarted_with_backoff_then_faile
 }
 
 #[tokio::test]
-async fn a_remote_endpoint_is_ready_once_it_accepts_the_key_and_an_unset_key_is_refused() {
+async fn a_remote_endpoint_is_ready_once_it_accepts_the_key_it_was_given() {
     let dir = tempfile::tempdir().expect("temp dir");
-    // The key is PATH's value: a variable every test process has, so the test need not
-    // set one (setting variables with other threads running is unsound).
-    let key = std::env::var("PATH").expect("PATH is set");
+    // The key comes with the start, as the orchestrator sends it; never from the agent's
+    // environment (PATH's value is in it: naming PATH must not send it).
+    let key = "sk-remote-0123456789";
     let port = free_port("127.0.0.1").expect("a free port");
     let mut endpoint = std::process::Command::new(skein_testkit::fake_engine_path())
         .args(["--name", "hosted", "--port", &port.to_string()])
-        .env("SKEIN_FAKE_ENGINE_API_KEY", &key)
+        .env("SKEIN_FAKE_ENGINE_API_KEY", key)
         .spawn()
         .expect("start the endpoint");
     let url = format!("http://127.0.0.1:{port}/v1");
 
     let (supervisor, mut events) = Supervisor::new(config(dir.path()));
     supervisor
-        .start(remote("cloud.writer", url.clone(), Some("PATH")))
+        .start(remote("cloud.writer", url.clone(), Some(key)))
         .await
         .expect("started");
     let seen = events_until(&mut events, is_ready).await;
@@ -345,13 +347,19 @@ async fn a_remote_endpoint_is_ready_once_it_accepts_the_key_and_an_unset_key_is_
     };
     assert!(reason.contains("refused the key") && reason.contains("401"), "{reason}");
 
-    let unset = "SKEIN_TEST_KEY_THAT_IS_NEVER_SET";
-    let error = supervisor
-        .start(remote("cloud.unset", url, Some(unset)))
+    // A variable's name is a key like any other text now: the agent sends it as is,
+    // never the variable's value, and the endpoint refuses it.
+    supervisor
+        .start(remote("cloud.named", url, Some("PATH")))
         .await
-        .expect_err("refused");
-    assert!(matches!(error, SupervisorError::MissingApiKey { .. }));
-    assert!(error.to_string().contains(unset), "{error}");
+        .expect("started");
+    let seen = events_until(&mut events, |s| matches!(s, InstanceState::Failed { .. })).await;
+    let failed = seen.last().expect("an event");
+    assert_eq!(failed.instance, "cloud.named");
+    assert!(
+        format!("{seen:?}").matches(key).count() == 0,
+        "the key shows in the events: {seen:?}"
+    );
 
     supervisor.stop("cloud.writer").await.expect("stopped");
     let _ = endpoint.kill();

@@ -4,6 +4,10 @@
 //! The async runtime never runs the model: [`serve`] starts one thread that loads it
 //! and then takes jobs from a bounded queue ([`QUEUE_CAPACITY`]); a request that finds
 //! the queue full is answered 503 with `Retry-After` at once.
+//!
+//! Started with an [`ApiKey`], every `/v1` route answers 401 to a request without
+//! `Authorization: Bearer KEY` (compared in constant time); `/health` stays open, for
+//! the agent's readiness probe and for monitoring.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -110,6 +114,35 @@ pub struct ServeConfig {
     pub seed: u64,
     /// Where the model runs.
     pub device: DeviceSpec,
+    /// The key every `/v1` request must carry; `None`: the routes are open.
+    pub api_key: Option<ApiKey>,
+}
+
+/// The key an engine demands (`Authorization: Bearer KEY`). It never shows: `Debug`
+/// prints `<redacted>`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    /// A key from its text; `None` when it is empty (after trimming), which would let
+    /// anyone in.
+    pub fn new(text: &str) -> Option<ApiKey> {
+        let text = text.trim();
+        (!text.is_empty()).then(|| ApiKey(text.to_owned()))
+    }
+
+    /// Whether `presented` is the key, in time that does not depend on where they
+    /// differ (only on the length, which is not secret).
+    pub fn matches(&self, presented: &str) -> bool {
+        let (a, b) = (self.0.as_bytes(), presented.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
 }
 
 /// The engine's state, as `/health` reports it.
@@ -139,6 +172,7 @@ enum Piece {
 
 struct Shared {
     served_name: String,
+    api_key: Option<ApiKey>,
     seed: u64,
     status: RwLock<Status>,
     jobs: mpsc::Sender<Job>,
@@ -232,6 +266,7 @@ pub async fn serve(config: ServeConfig) -> Result<RunningEngine, Error> {
     let (jobs, queue) = mpsc::channel(QUEUE_CAPACITY);
     let shared = Arc::new(Shared {
         served_name: config.served_name.clone(),
+        api_key: config.api_key.clone(),
         seed: config.seed,
         status: RwLock::new(Status::Loading),
         jobs,
@@ -244,10 +279,13 @@ pub async fn serve(config: ServeConfig) -> Result<RunningEngine, Error> {
         .spawn(move || generation_thread(config, thread_shared, queue, load_tx))
         .map_err(|source| Error::Serve { source })?;
 
-    let router = Router::new()
-        .route("/health", get(health))
+    let api = Router::new()
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat_completions))
+        .route_layer(axum::middleware::from_fn_with_state(Arc::clone(&shared), require_key));
+    let router = Router::new()
+        .route("/health", get(health))
+        .merge(api)
         .with_state(shared);
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
     let server = tokio::spawn(async move {
@@ -337,6 +375,38 @@ fn generation_error(error: &Error) -> Response {
             "internal_error",
         ),
     }
+}
+
+/// Lets a request through when the engine has no key or the request carries it
+/// (`Authorization: Bearer KEY`, the scheme in any case); else 401.
+async fn require_key(
+    State(shared): State<Arc<Shared>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(key) = &shared.api_key else {
+        return next.run(request).await;
+    };
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
+    if presented.is_some_and(|token| key.matches(token)) {
+        return next.run(request).await;
+    }
+    let mut response = error_response(
+        StatusCode::UNAUTHORIZED,
+        "this engine takes requests only with its API key (`Authorization: Bearer KEY`); Skein's orchestrator holds it: send requests through Skein",
+        "invalid_request_error",
+        "invalid_api_key",
+    );
+    response
+        .headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
 }
 
 async fn health(State(shared): State<Arc<Shared>>) -> Response {

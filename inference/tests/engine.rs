@@ -267,15 +267,80 @@ fn missing_files_and_templates_are_named() {
 }
 
 async fn start(model: PathBuf) -> skein_inference::RunningEngine {
+    start_keyed(model, None).await
+}
+
+async fn start_keyed(model: PathBuf, api_key: Option<skein_inference::ApiKey>) -> skein_inference::RunningEngine {
     skein_inference::serve(ServeConfig {
         model,
         served_name: "tiny".to_owned(),
         listen: "127.0.0.1:0".parse().unwrap(),
         seed: 0,
         device: DeviceSpec::Cpu,
+        api_key,
     })
     .await
     .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_key_every_v1_route_needs_it_and_health_stays_open() {
+    let dir = tiny_dir();
+    let key = "0f".repeat(32);
+    let mut engine = start_keyed(dir.path().to_path_buf(), skein_inference::ApiKey::new(&key)).await;
+    engine.loaded().await.unwrap();
+    let base = format!("http://{}", engine.local_addr());
+    let http = reqwest::Client::new();
+    let chat = json!({"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2});
+
+    assert_eq!(http.get(format!("{base}/health")).send().await.unwrap().status(), 200);
+    let refused = [
+        http.get(format!("{base}/v1/models")),
+        http.post(format!("{base}/v1/chat/completions")).json(&chat),
+        http.post(format!("{base}/v1/chat/completions"))
+            .json(&chat)
+            .bearer_auth("wrong"),
+        http.post(format!("{base}/v1/chat/completions"))
+            .json(&chat)
+            .bearer_auth(&key[..63]),
+        http.post(format!("{base}/v1/chat/completions"))
+            .json(&chat)
+            .header("authorization", format!("Basic {key}")),
+    ];
+    for request in refused {
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 401);
+        assert_eq!(response.headers()["www-authenticate"], "Bearer");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "invalid_api_key", "{body}");
+    }
+    let models = http
+        .get(format!("{base}/v1/models"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(models.status(), 200);
+    // The scheme in any case (RFC 9110).
+    let answered = http
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&chat)
+        .header("authorization", format!("bearer {key}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answered.status(), 200);
+    let body: Value = answered.json().await.unwrap();
+    assert!(body["choices"][0]["message"]["content"].is_string(), "{body}");
+    assert_eq!(
+        format!("{:?}", skein_inference::ApiKey::new(&key)),
+        "Some(ApiKey(<redacted>))"
+    );
+    assert!(
+        skein_inference::ApiKey::new("  ").is_none(),
+        "an empty key would let anyone in"
+    );
+    engine.stop().await;
 }
 
 /// The `data:` payloads of an SSE body.

@@ -104,18 +104,20 @@ pub struct Route {
     pub base_url: String,
     /// The `model` of requests.
     pub model: String,
-    /// A remote endpoint's key.
+    /// The key requests carry (`Authorization: Bearer KEY`): an instance's engine key,
+    /// or a remote endpoint's (its `Debug` shows nothing).
     pub api_key: Option<Secret>,
 }
 
 impl Route {
-    /// The route to a ready instance (`None` until it has an address).
+    /// The route to a ready instance (`None` until it has an address), with its
+    /// engine's key.
     pub fn to_instance(view: &crate::instances::InstanceView) -> Option<Route> {
         Some(Route {
             instance: Some(view.name.clone()),
             base_url: view.base_url.clone()?,
             model: view.name.clone(),
-            api_key: None,
+            api_key: view.engine_key.clone(),
         })
     }
 }

@@ -4,8 +4,16 @@
 //! [`Instances::report`]. When a node reconnects, its instances are asked for again
 //! (starting is idempotent on the agent); when it is lost, they are marked lost so
 //! their runs can place them elsewhere.
+//!
+//! Every engine that serves requests is started with a key of its own
+//! ([`InstanceView::engine_key`], 32 random bytes made here), which it demands of every
+//! request: only Skein reaches it, whoever else can reach its port. The key lives in
+//! memory only, here and on the agent (which reports it back, so that a restarted
+//! orchestrator reaches the engines still running). Who has used an instance is kept
+//! too ([`Instances::used_by`]), so that its logs, which may hold their prompts, are
+//! shown to them alone ([`LogReaders`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -14,6 +22,7 @@ use skein_proto::agent::v1::{self as pb, OrchestratorMessage, orchestrator_messa
 use tokio::sync::{mpsc, oneshot, watch};
 use tonic::Status;
 
+use crate::agents::Secret;
 use crate::graph::NodeId;
 use crate::reflex::load::Load;
 use crate::store::Tree;
@@ -140,6 +149,31 @@ pub struct InstanceView {
     /// Since when no run uses it (kept warm for the next one).
     #[serde(skip)]
     pub idle_since: Option<std::time::Instant>,
+    /// The key its engine demands of every request (`Authorization: Bearer KEY`); never
+    /// serialized, and its `Debug` shows nothing. `None`: a piece of a split engine (no
+    /// HTTP), or one reported by an agent that gave no key.
+    #[serde(skip)]
+    pub engine_key: Option<Secret>,
+}
+
+/// Who may read an instance's engine logs, which can hold the prompts of everyone who
+/// used it: admins always; a user only when every request the instance ever served was
+/// theirs (their runs', sessions' and completions'), so that nobody reads another
+/// user's prompts. An instance several users shared, or one whose history is unknown
+/// (it was started before the orchestrator restarted), is for admins alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogReaders {
+    /// Everyone whose requests it served, and the owner of the run it was started for.
+    pub users: BTreeSet<String>,
+    /// Whether `users` is its whole history.
+    pub history_known: bool,
+}
+
+impl LogReaders {
+    /// Whether `user` (an admin when `admin`) may read the logs.
+    pub fn admit(&self, user: &str, admin: bool) -> bool {
+        admin || (self.history_known && !self.users.is_empty() && self.users.iter().all(|u| u == user))
+    }
 }
 
 /// An instance to start: where, and the command its agent gets.
@@ -176,6 +210,11 @@ pub struct InstanceRequest {
 struct Entry {
     view: InstanceView,
     node: NodeId,
+    /// Every user whose runs or sessions sent it requests, since it was started.
+    users: BTreeSet<String>,
+    /// Whether `users` is its whole history: not for an instance first known from an
+    /// agent's report (started before a restart of the orchestrator, by anyone).
+    history_known: bool,
     /// The command; `None` for an instance an agent reported that no run asked this
     /// orchestrator for (one started before a restart), until a run claims it.
     start: Option<pb::StartInstance>,
@@ -257,7 +296,7 @@ impl std::fmt::Debug for Instances {
 }
 
 /// Why a command could not be sent.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum InstanceError {
     /// The node has no live connection.
     #[error("node `{0}` is not connected")]
@@ -265,6 +304,15 @@ pub enum InstanceError {
     /// No instance has that name.
     #[error("no instance `{0}`; `skein instances` lists them")]
     Unknown(String),
+    /// No key could be made for the instance's engine.
+    #[error("no key could be made for instance `{instance}` (reading /dev/urandom failed): {source}")]
+    Key {
+        /// The instance.
+        instance: String,
+        /// Why.
+        #[source]
+        source: std::sync::Arc<std::io::Error>,
+    },
     /// The agent did not answer, or answered with an error.
     #[error("the agent of instance `{instance}` gave no logs: {reason}")]
     Logs {
@@ -396,13 +444,25 @@ impl Instances {
 
     /// Records and sends a start. Errors when the node has no live connection (the
     /// instance is recorded anyway and asked for when the node connects).
-    pub fn start(&self, request: InstanceRequest) -> Result<(), InstanceError> {
+    pub fn start(&self, mut request: InstanceRequest) -> Result<(), InstanceError> {
         let name = request.start.instance.clone();
+        // The engine already running under this name on this node keeps its key (its
+        // agent reported it after a restart of the orchestrator): the start is then the
+        // same command, and the agent leaves the engine running.
+        let known = lock(&self.entries)
+            .get(&name)
+            .filter(|e| e.node == request.node)
+            .and_then(|e| e.view.engine_key.clone());
+        let key = engine_key(&request.start, known)?;
+        request.start.engine_api_key = key.as_ref().map(|k| k.expose().to_owned()).unwrap_or_default();
         // An instance reported before this start (it survived a restart of the
-        // orchestrator) keeps what its agent said; the agent re-reports it.
+        // orchestrator) keeps what its agent said; the agent re-reports it. Not when its
+        // key was unknown: the agent replaces that engine with one started with the new
+        // key, which is not ready yet.
         let previous = lock(&self.entries).remove(&name).filter(|e| e.node == request.node);
         let mut view = requested_view(&request);
-        if let Some(p) = &previous {
+        view.engine_key.clone_from(&key);
+        if let Some(p) = previous.as_ref().filter(|p| p.view.engine_key == key) {
             view.state = p.view.state;
             view.detail.clone_from(&p.view.detail);
             view.base_url.clone_from(&p.view.base_url);
@@ -415,6 +475,8 @@ impl Instances {
             Entry {
                 view,
                 node: request.node.clone(),
+                users: previous.as_ref().map(|p| p.users.clone()).unwrap_or_default(),
+                history_known: previous.as_ref().is_none_or(|p| p.history_known),
                 start: Some(request.start.clone()),
                 orphan_since: None,
                 credit: 0.0,
@@ -453,6 +515,8 @@ impl Instances {
             Entry {
                 view,
                 node: request.node,
+                users: BTreeSet::new(),
+                history_known: true,
                 start: None,
                 orphan_since: None,
                 credit: 0.0,
@@ -464,12 +528,15 @@ impl Instances {
 
     /// A split replica's pieces are ready: its serving engine starts with `start`.
     /// Errors as [`Instances::start`]; an unknown name (stopped meanwhile) sends nothing.
-    pub(crate) fn start_serving(&self, start: pb::StartInstance) -> Result<(), InstanceError> {
+    pub(crate) fn start_serving(&self, mut start: pb::StartInstance) -> Result<(), InstanceError> {
         let (node, node_name) = {
             let mut entries = lock(&self.entries);
             let Some(entry) = entries.get_mut(&start.instance) else {
                 return Err(InstanceError::Unknown(start.instance.clone()));
             };
+            let key = engine_key(&start, entry.view.engine_key.clone())?;
+            start.engine_api_key = key.as_ref().map(|k| k.expose().to_owned()).unwrap_or_default();
+            entry.view.engine_key = key;
             entry.start = Some(start.clone());
             entry.view.gpus = start.gpus.clone();
             entry.view.detail = "its pieces are ready; starting the engine".to_owned();
@@ -586,6 +653,31 @@ impl Instances {
             Ok(Err(_)) => Err(failed("its connection closed".to_owned())),
             Err(_) => Err(failed(format!("no answer in {}s", LOGS_TIMEOUT.as_secs()))),
         }
+    }
+
+    /// `user` sent the instance a request (a step of their run, a turn of their
+    /// session, a completion): it is theirs to read about from now on, with the others
+    /// who used it ([`Instances::log_readers`]).
+    pub fn used_by(&self, name: &str, user: &str) {
+        if let Some(entry) = lock(&self.entries).get_mut(name)
+            && !entry.users.contains(user)
+        {
+            entry.users.insert(user.to_owned());
+        }
+    }
+
+    /// Who has used the instance `name`, and the run it serves now (whose owner is one
+    /// of its users too); `None` for an unknown instance.
+    pub fn log_readers(&self, name: &str) -> Option<(LogReaders, Option<String>)> {
+        lock(&self.entries).get(name).map(|e| {
+            (
+                LogReaders {
+                    users: e.users.clone(),
+                    history_known: e.history_known,
+                },
+                e.view.run.clone(),
+            )
+        })
     }
 
     /// An agent's answer to [`Instances::logs`].
@@ -771,6 +863,8 @@ impl Instances {
                     Entry {
                         view,
                         node: node.clone(),
+                        users: BTreeSet::new(),
+                        history_known: false,
                         start: None,
                         orphan_since: Some(std::time::Instant::now()),
                         credit: 0.0,
@@ -783,6 +877,11 @@ impl Instances {
                 Some(entry) if entry.broken => false,
                 Some(entry) if &entry.node == node => {
                     let view = &mut entry.view;
+                    // The key of an engine this orchestrator did not start (it restarted),
+                    // from the agent that holds it; a key of its own is never replaced.
+                    if view.engine_key.is_none() && entry.start.is_none() {
+                        view.engine_key = Secret::new(status.engine_api_key.as_str());
+                    }
                     view.state = InstanceState::from_wire(status.state);
                     view.detail = status.detail;
                     view.base_url = (!status.base_url.is_empty()).then_some(status.base_url);
@@ -856,7 +955,28 @@ fn new_view(name: &str, node: &NodeId, node_name: &str) -> InstanceView {
         failed_on: None,
         warm_key: String::new(),
         idle_since: None,
+        engine_key: None,
     }
+}
+
+/// The key of the engine `start` starts: `known` (the engine already running has it),
+/// else a new one; none for what cannot check a key (a piece of a split engine, a remote
+/// endpoint).
+///
+/// Errors: [`InstanceError::Key`] when no random bytes could be read.
+fn engine_key(start: &pb::StartInstance, known: Option<Secret>) -> Result<Option<Secret>, InstanceError> {
+    use pb::start_instance::Engine;
+    match start.engine {
+        Some(Engine::Candle(_) | Engine::LlamaCpp(_) | Engine::Vllm(_)) => {}
+        Some(Engine::Remote(_) | Engine::RayNode(_) | Engine::LlamaRpc(_)) | None => return Ok(None),
+    }
+    if known.is_some() {
+        return Ok(known);
+    }
+    Secret::generate().map(Some).map_err(|source| InstanceError::Key {
+        instance: start.instance.clone(),
+        source: std::sync::Arc::new(source),
+    })
 }
 
 fn stop_message(name: &str) -> OrchestratorMessage {
@@ -870,5 +990,170 @@ fn stop_message(name: &str) -> OrchestratorMessage {
 fn start_message(start: pb::StartInstance) -> OrchestratorMessage {
     OrchestratorMessage {
         kind: Some(orchestrator_message::Kind::StartInstance(start)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn readers(users: &[&str], history_known: bool) -> LogReaders {
+        LogReaders {
+            users: users.iter().map(|u| (*u).to_owned()).collect(),
+            history_known,
+        }
+    }
+
+    #[test]
+    fn logs_are_for_admins_and_for_the_one_user_whose_requests_they_hold() {
+        assert!(readers(&["alice"], true).admit("alice", false));
+        assert!(!readers(&["alice"], true).admit("bob", false));
+        assert!(readers(&["alice"], true).admit("admin", true));
+        // Shared: someone else's prompts may be in it.
+        assert!(!readers(&["alice", "bob"], true).admit("alice", false));
+        assert!(readers(&["alice", "bob"], true).admit("root", true));
+        // Nobody's yet, or started before a restart by who knows whom.
+        assert!(!readers(&[], true).admit("alice", false));
+        assert!(!readers(&["alice"], false).admit("alice", false));
+        assert!(readers(&[], false).admit("root", true));
+    }
+
+    fn request(name: &str, engine: pb::start_instance::Engine) -> InstanceRequest {
+        InstanceRequest {
+            node: NodeId("n1".to_owned()),
+            node_name: "n1".to_owned(),
+            run: Some("r1".to_owned()),
+            agents: vec!["a".to_owned()],
+            engine: "vllm".to_owned(),
+            variant: "v".to_owned(),
+            estimated_bytes: 0,
+            held: Vec::new(),
+            warm_key: String::new(),
+            clone_of: None,
+            placement: None,
+            part_of: None,
+            start: pb::StartInstance {
+                instance: name.to_owned(),
+                engine: Some(engine),
+                ..pb::StartInstance::default()
+            },
+        }
+    }
+
+    fn sent_starts(commands: &mut mpsc::Receiver<Result<OrchestratorMessage, Status>>) -> Vec<pb::StartInstance> {
+        let mut starts = Vec::new();
+        while let Ok(Ok(message)) = commands.try_recv() {
+            if let Some(orchestrator_message::Kind::StartInstance(start)) = message.kind {
+                starts.push(start);
+            }
+        }
+        starts
+    }
+
+    #[test]
+    fn every_engine_gets_a_key_of_its_own_and_a_running_engine_keeps_its_key() {
+        let instances = Instances::default();
+        let node = NodeId("n1".to_owned());
+        let (outbound, mut commands) = mpsc::channel(16);
+        instances.node_connected(&node, outbound);
+        let vllm = || pb::start_instance::Engine::Vllm(pb::VllmEngine::default());
+        instances.start(request("i1", vllm())).unwrap();
+        instances.start(request("i2", vllm())).unwrap();
+        let ray = pb::start_instance::Engine::RayNode(pb::RayNode::default());
+        instances.start(request("i2.ray-head-0", ray)).unwrap();
+        let starts = sent_starts(&mut commands);
+        let keys: Vec<&str> = starts.iter().map(|s| s.engine_api_key.as_str()).collect();
+        assert_eq!(keys[0].len(), 64, "32 random bytes in hex");
+        assert!(keys[0].bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_ne!(keys[0], keys[1], "one key per instance");
+        assert_eq!(keys[2], "", "a Ray node speaks no HTTP: no key");
+        let view = instances.get("i1").unwrap();
+        assert_eq!(view.engine_key.as_ref().map(Secret::expose), Some(keys[0]));
+        let shown = format!("{} {view:?}", serde_json::to_string(&view).unwrap());
+        assert!(
+            !shown.contains(keys[0]),
+            "the key is never serialized or shown: {shown}"
+        );
+        assert_eq!(
+            crate::engine_client::Route::to_instance(&InstanceView {
+                base_url: Some("http://n1:1/v1".to_owned()),
+                ..view
+            })
+            .and_then(|r| r.api_key)
+            .as_ref()
+            .map(Secret::expose),
+            Some(keys[0]),
+            "requests to it carry the key"
+        );
+
+        // After a restart of the orchestrator: the agent reports the engine with its key,
+        // and the run's start asks for that engine again, not a new one.
+        let restarted = Instances::default();
+        let (outbound, mut commands) = mpsc::channel(16);
+        restarted.node_connected(&node, outbound);
+        restarted.report(
+            &node,
+            pb::InstanceStatus {
+                instance: "i1".to_owned(),
+                state: pb::InstanceState::Ready as i32,
+                base_url: "http://n1:1/v1".to_owned(),
+                engine_api_key: keys[0].to_owned(),
+                ..pb::InstanceStatus::default()
+            },
+        );
+        restarted.start(request("i1", vllm())).unwrap();
+        let again = sent_starts(&mut commands);
+        assert_eq!(again[0].engine_api_key, keys[0]);
+        assert_eq!(restarted.get("i1").unwrap().state, InstanceState::Ready);
+        // Another node's agent cannot hand the orchestrator a key for it.
+        restarted.report(
+            &NodeId("n2".to_owned()),
+            pb::InstanceStatus {
+                instance: "i1".to_owned(),
+                engine_api_key: "f".repeat(64),
+                ..pb::InstanceStatus::default()
+            },
+        );
+        assert_eq!(
+            restarted.get("i1").unwrap().engine_key.as_ref().map(Secret::expose),
+            Some(keys[0])
+        );
+
+        // An engine reported without a key (an older agent) is replaced, not trusted ready.
+        let older = Instances::default();
+        older.report(
+            &node,
+            pb::InstanceStatus {
+                instance: "i1".to_owned(),
+                state: pb::InstanceState::Ready as i32,
+                base_url: "http://n1:1/v1".to_owned(),
+                ..pb::InstanceStatus::default()
+            },
+        );
+        // (No node is connected: the start is recorded, and sent when it connects.)
+        older.start(request("i1", vllm())).unwrap_err();
+        let view = older.get("i1").unwrap();
+        assert_eq!(view.state, InstanceState::Requested);
+        assert!(view.engine_key.is_some());
+    }
+
+    #[test]
+    fn the_users_of_an_instance_are_recorded() {
+        let instances = Instances::default();
+        // No node is connected: the start is recorded, and sent when it connects.
+        instances
+            .start(request(
+                "i1",
+                pb::start_instance::Engine::Vllm(pb::VllmEngine::default()),
+            ))
+            .unwrap_err();
+        instances.used_by("i1", "alice");
+        instances.used_by("i1", "alice");
+        let (readers, run) = instances.log_readers("i1").unwrap();
+        assert_eq!(readers, self::readers(&["alice"], true));
+        assert_eq!(run.as_deref(), Some("r1"));
+        instances.used_by("i1", "bob");
+        assert!(!instances.log_readers("i1").unwrap().0.admit("alice", false));
+        assert!(instances.log_readers("nope").is_none());
     }
 }

@@ -225,3 +225,76 @@ async fn a_retried_create_with_the_same_idempotency_key_returns_the_first_and_ne
         .count();
     assert_eq!(cys, 1, "{tokens:#}");
 }
+
+/// An instance's engine log can hold the prompts of everyone it served: the admin reads
+/// any; a user only that of an instance that served their requests alone (another user
+/// gets 403, an unknown instance is 404).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instance_logs_are_for_the_admin_and_the_one_user_whose_prompts_they_hold() {
+    use skein_testkit::agent::{EngineBehaviour, TestAgent};
+
+    let s = setup(quick(), None).await;
+    let _agent = TestAgent::join(
+        s.server.grpc_addr,
+        common::TOKEN,
+        "node-a",
+        1,
+        EngineBehaviour::default(),
+    )
+    .await;
+    s.wait_nodes(1).await;
+    let alice = s.token_for("alice").await;
+    let bob = s.token_for("bob").await;
+    let run_of = |token: String| {
+        let s = &s;
+        async move {
+            let (status, run) = s
+                .call(
+                    Method::POST,
+                    "/v1/runs",
+                    Some(&token),
+                    Some(json!({"workflow": WORKFLOW})),
+                )
+                .await;
+            assert_eq!(status, 202, "{run}");
+            let id = run["id"].as_str().unwrap().to_owned();
+            let run = s
+                .wait_run(&id, |r| r["state"] == "succeeded" || r["state"] == "failed")
+                .await;
+            assert_eq!(run["state"], "succeeded", "{run:#}");
+            run["steps"][0]["instance"].as_str().unwrap().to_owned()
+        }
+    };
+    let instance = run_of(alice.clone()).await;
+    let logs = format!("/v1/instances/{instance}/logs?tail=5");
+
+    let (status, body) = s.call(Method::GET, &logs, Some(&bob), None).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(!body.to_string().contains("log of"), "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("an admin can read them"),
+        "{body}"
+    );
+    for token in [alice.as_str(), API] {
+        let (status, body) = s.call(Method::GET, &logs, Some(token), None).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["lines"], json!([format!("log of {instance}")]));
+    }
+    let (status, _) = s
+        .call(Method::GET, "/v1/instances/nothing/logs", Some(&bob), None)
+        .await;
+    assert_eq!(status, 404);
+
+    // Bob's run of the same workflow takes the warm instance: its log may now hold both
+    // users' prompts, and it is the admin's alone.
+    assert_eq!(run_of(bob.clone()).await, instance, "the warm instance served bob too");
+    for token in [alice.as_str(), bob.as_str()] {
+        let (status, body) = s.call(Method::GET, &logs, Some(token), None).await;
+        assert_eq!(status, 403, "{body}");
+    }
+    let (status, _) = s.call(Method::GET, &logs, Some(API), None).await;
+    assert_eq!(status, 200);
+}

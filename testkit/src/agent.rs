@@ -1,7 +1,8 @@
 //! A test agent at the edge of the orchestrator: it registers a node of simulated GPUs
 //! over the real agent protocol, streams telemetry, and answers `StartInstance` by
 //! starting an OpenAI-compatible fake engine in-process (it answers `echo: <prompt>`,
-//! and can fail or be slow on request). Dropping it is a machine dying: its node goes
+//! and can fail or be slow on request; it demands the start's `engine_api_key`, as real
+//! engines do). Dropping it is a machine dying: its node goes
 //! silent and its engines stop answering.
 
 use std::collections::BTreeMap;
@@ -61,10 +62,30 @@ pub struct EngineBehaviour {
 struct Engine {
     behaviour: EngineBehaviour,
     url: Arc<std::sync::OnceLock<String>>,
+    /// The key requests must carry (`Authorization: Bearer KEY`), as real engines are
+    /// started with one.
+    key: Option<String>,
 }
 
-async fn chat(State(engine): State<Engine>, axum::Json(body): axum::Json<Value>) -> axum::response::Response {
+async fn chat(
+    State(engine): State<Engine>,
+    headers: axum::http::HeaderMap,
+    axum::Json(body): axum::Json<Value>,
+) -> axum::response::Response {
     use axum::response::IntoResponse;
+    if let Some(key) = &engine.key {
+        let given = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(key.as_str()) {
+            return (
+                axum::http::StatusCode::UNAUTHORIZED,
+                axum::Json(json!({"error": {"message": "invalid or missing API key", "type": "authentication_error"}})),
+            )
+                .into_response();
+        }
+    }
     let b = engine.behaviour;
     let url = engine.url.get().cloned().unwrap_or_default();
     b.seen.lock().unwrap().push((url, body.clone()));
@@ -129,9 +150,16 @@ async fn chat(State(engine): State<Engine>, axum::Json(body): axum::Json<Value>)
 
 /// Serves the OpenAI chat route on loopback; returns its base URL.
 pub async fn fake_engine(behaviour: EngineBehaviour, tasks: &Tasks) -> String {
+    keyed_fake_engine(behaviour, None, tasks).await
+}
+
+/// [`fake_engine`] that answers 401 to a request without `Authorization: Bearer KEY`
+/// when given a `key`, as engines started with a key do.
+pub async fn keyed_fake_engine(behaviour: EngineBehaviour, key: Option<String>, tasks: &Tasks) -> String {
     let engine = Engine {
         behaviour,
         url: Arc::default(),
+        key,
     };
     let app = axum::Router::new()
         .route("/v1/chat/completions", post(chat))
@@ -351,7 +379,9 @@ impl TestAgent {
                         tx.send(status(&start.instance, pb::InstanceState::Loading, "", &[]))
                             .await
                             .ok();
-                        let url = fake_engine(behaviour.clone(), &own).await;
+                        // The engine demands the key the orchestrator made for it.
+                        let key = Some(start.engine_api_key.clone()).filter(|k| !k.is_empty());
+                        let url = keyed_fake_engine(behaviour.clone(), key, &own).await;
                         tx.send(status(&start.instance, pb::InstanceState::Ready, &url, &start.gpus))
                             .await
                             .ok();

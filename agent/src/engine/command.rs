@@ -3,7 +3,9 @@
 //! Pure: a spec in, a program, its arguments and its environment out, so that the exact
 //! command for every plan of the reference fleet is snapshot-tested and nothing about it
 //! is decided at start time. A remote endpoint ([`RemoteLaunch`]) is a launch spec too,
-//! but has no command: the supervisor only probes it.
+//! but has no command: the supervisor only probes it. An engine's API key
+//! ([`EngineKey`]) goes into its environment, never its arguments (which every user of
+//! the machine can read in `/proc`), and shows nowhere as text.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -29,7 +31,47 @@ pub struct LaunchSpec {
     pub concurrency: u64,
     /// The engine and its own settings.
     pub engine: EngineLaunch,
+    /// The key the engine demands of every request but its health check
+    /// (`Authorization: Bearer KEY`), given to it through its environment
+    /// ([`EngineLaunch::key_variable`]); `None`: no key. Ignored by the pieces of a split
+    /// engine (Ray, `rpc-server`), which have no way to check one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<EngineKey>,
 }
+
+/// An engine's API key: 32 random bytes in hex from the orchestrator. It never shows:
+/// `Debug` and serialization print `<redacted>`; only [`EngineKey::expose`] gives the
+/// text, for the engine's environment and the `Authorization` header.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct EngineKey(String);
+
+impl EngineKey {
+    /// A key from its text; `None` when empty (no key).
+    pub fn new(text: &str) -> Option<EngineKey> {
+        (!text.is_empty()).then(|| EngineKey(text.to_owned()))
+    }
+
+    /// The text, for the engine and the requests to it; never for logs.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for EngineKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("EngineKey(<redacted>)")
+    }
+}
+
+impl Serialize for EngineKey {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(REDACTED)
+    }
+}
+
+/// How a secret shows in logs, events and serialized commands.
+pub const REDACTED: &str = "<redacted>";
 
 /// The engine-specific part of a [`LaunchSpec`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,6 +90,22 @@ pub enum EngineLaunch {
     RayNode(RayNodeLaunch),
     /// llama.cpp's `rpc-server`: one GPU another node's `llama-server` offloads to.
     LlamaRpc(LlamaRpcLaunch),
+}
+
+impl EngineLaunch {
+    /// The environment variable through which the engine takes its API key: vLLM reads
+    /// `VLLM_API_KEY` (as `--api-key`), llama-server `LLAMA_API_KEY` (as `--api-key`),
+    /// the built-in engine `SKEIN_ENGINE_API_KEY`. `None` for what cannot check a key:
+    /// a remote endpoint (it has its own), a Ray node and llama.cpp's `rpc-server` (no
+    /// authentication at all; keep their ports on a trusted network).
+    pub fn key_variable(&self) -> Option<&'static str> {
+        match self {
+            EngineLaunch::LlamaCpp(_) => Some("LLAMA_API_KEY"),
+            EngineLaunch::Vllm(_) => Some("VLLM_API_KEY"),
+            EngineLaunch::Candle(_) => Some("SKEIN_ENGINE_API_KEY"),
+            EngineLaunch::Remote(_) | EngineLaunch::RayNode(_) | EngineLaunch::LlamaRpc(_) => None,
+        }
+    }
 }
 
 /// `ray start --block`: the head of a Ray cluster, or a worker joining one. A piece of
@@ -95,9 +153,11 @@ pub struct RemoteLaunch {
     pub url: String,
     /// The model's name at that endpoint.
     pub model: String,
-    /// The agent's environment variable that holds the API key, sent as
-    /// `Authorization: Bearer KEY`; `None`: no key.
-    pub api_key_env: Option<String>,
+    /// The API key, sent as `Authorization: Bearer KEY`, given by the orchestrator (the
+    /// owner's secret; the agent's environment is never read for it); `None`: no key.
+    /// Kept in memory only: it shows nowhere as text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key: Option<EngineKey>,
 }
 
 /// `llama-server` for one GGUF variant.
@@ -170,6 +230,12 @@ pub struct EngineCommand {
     pub args: Vec<String>,
     /// Variables set for it (on top of the agent's environment).
     pub env: BTreeMap<String, String>,
+    /// Variables set for it that hold secrets (the engine's key): given to the process
+    /// like [`EngineCommand::env`], shown everywhere else as `<redacted>`. The
+    /// environment, unlike the arguments, is not readable by other users of the machine
+    /// (`/proc/PID/environ` is the owner's alone).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub secret_env: BTreeMap<String, EngineKey>,
 }
 
 /// A launch spec that cannot become a command.
@@ -241,14 +307,18 @@ impl LaunchSpec {
         // Only the plan's GPUs, in rank order: engines number what they see from 0.
         let visible = comma_list(&self.gpus);
         env.insert("CUDA_VISIBLE_DEVICES".to_owned(), visible);
-        match &self.engine {
+        let mut command = match &self.engine {
             EngineLaunch::LlamaCpp(l) => self.llama_cpp(l, env),
             EngineLaunch::Vllm(v) => self.vllm(v, env),
             EngineLaunch::Candle(c) => Ok(self.candle(c, env)),
             EngineLaunch::Remote(r) => Err(self.no_command(r)),
             EngineLaunch::RayNode(r) => Ok(self.ray_node(r, env)),
             EngineLaunch::LlamaRpc(r) => self.llama_rpc(r, env),
+        }?;
+        if let (Some(key), Some(variable)) = (&self.api_key, self.engine.key_variable()) {
+            command.secret_env.insert(variable.to_owned(), key.clone());
         }
+        Ok(command)
     }
 
     /// Whether this spec is a piece of an engine split across machines: it serves no
@@ -286,6 +356,7 @@ impl LaunchSpec {
             program: r.program.clone(),
             args,
             env,
+            secret_env: BTreeMap::new(),
         }
     }
 
@@ -311,6 +382,7 @@ impl LaunchSpec {
             program: r.program.clone(),
             args,
             env,
+            secret_env: BTreeMap::new(),
         })
     }
 
@@ -359,6 +431,7 @@ impl LaunchSpec {
             program: c.program.clone(),
             args,
             env,
+            secret_env: BTreeMap::new(),
         }
     }
 
@@ -437,6 +510,7 @@ impl LaunchSpec {
             program: l.program.clone(),
             args,
             env,
+            secret_env: BTreeMap::new(),
         })
     }
 
@@ -525,19 +599,22 @@ impl LaunchSpec {
             program: v.program.clone(),
             args,
             env,
+            secret_env: BTreeMap::new(),
         })
     }
 }
 
 impl fmt::Display for EngineCommand {
     /// The command as a shell line: `VAR=value … program arg …`, with words that a shell
-    /// would split or expand in single quotes. For logs and events, not for a shell.
+    /// would split or expand in single quotes, and secrets as `VAR=<redacted>`. For logs
+    /// and events, not for a shell.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let program = self.program.display().to_string();
         let words = self
             .env
             .iter()
             .map(|(k, v)| format!("{k}={}", shell_word(v)))
+            .chain(self.secret_env.keys().map(|k| format!("{k}={REDACTED}")))
             .chain(std::iter::once(shell_word(&program)))
             .chain(self.args.iter().map(|a| shell_word(a)));
         for (i, word) in words.enumerate() {

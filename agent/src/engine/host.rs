@@ -15,7 +15,8 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::command::{
-    CandleLaunch, EngineLaunch, LaunchSpec, LlamaCppLaunch, LlamaRpcLaunch, RayNodeLaunch, RemoteLaunch, VllmLaunch,
+    CandleLaunch, EngineKey, EngineLaunch, LaunchSpec, LlamaCppLaunch, LlamaRpcLaunch, RayNodeLaunch, RemoteLaunch,
+    VllmLaunch,
 };
 use super::free_port;
 use super::supervisor::{InstanceEvent, InstanceState, Supervisor};
@@ -148,7 +149,12 @@ fn status_of(event: &InstanceEvent) -> pb::InstanceStatus {
 }
 
 impl Inner {
-    async fn report(&self, status: pb::InstanceStatus) {
+    async fn report(&self, mut status: pb::InstanceStatus) {
+        // Every report carries the instance's key, so that an orchestrator that restarted
+        // (and kept none) can reach the engine still running.
+        if let Some(command) = lock(&self.commands).get(&status.instance) {
+            status.engine_api_key.clone_from(&command.engine_api_key);
+        }
         lock(&self.statuses).insert(status.instance.clone(), status.clone());
         // Without a connection the report waits in the channel (bounded); the latest
         // status is sent again on reconnect anyway.
@@ -434,7 +440,7 @@ pub fn launch_spec(
         Some(start_instance::Engine::Remote(e)) => EngineLaunch::Remote(RemoteLaunch {
             url: e.url.clone(),
             model: e.model.clone(),
-            api_key_env: e.api_key_env.clone(),
+            api_key: e.api_key.as_deref().and_then(EngineKey::new),
         }),
     };
     Ok(LaunchSpec {
@@ -445,6 +451,7 @@ pub fn launch_spec(
         context: command.context,
         concurrency: command.concurrency,
         engine,
+        api_key: EngineKey::new(&command.engine_api_key),
     })
 }
 
@@ -505,6 +512,7 @@ mod tests {
             gpus,
             context: 4096,
             concurrency: 2,
+            engine_api_key: String::new(),
             engine: Some(engine),
         }
     }
@@ -665,11 +673,14 @@ mod tests {
             start_instance::Engine::Remote(pb::RemoteEngine {
                 url: "https://api.example.org/v1".to_owned(),
                 model: "m".to_owned(),
-                api_key_env: Some("KEY".to_owned()),
+                api_key: Some("sk-remote".to_owned()),
             }),
             Vec::new(),
         );
         let spec = launch_spec(&remote, None, &config(false), 1).unwrap();
-        assert!(matches!(spec.engine, EngineLaunch::Remote(ref r) if r.api_key_env.as_deref() == Some("KEY")));
+        assert!(
+            matches!(spec.engine, EngineLaunch::Remote(ref r) if r.api_key.as_ref().map(EngineKey::expose) == Some("sk-remote"))
+        );
+        assert!(!format!("{spec:?}").contains("sk-remote"), "the key shows in {spec:?}");
     }
 }

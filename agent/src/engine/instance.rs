@@ -9,7 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::command::{EngineCommand, EngineLaunch, LaunchError, LaunchSpec, RemoteLaunch};
+use super::command::{EngineCommand, EngineKey, EngineLaunch, LaunchError, LaunchSpec, RemoteLaunch};
 use super::logs::{InstanceLog, LogMark};
 use super::process::{EngineProcess, describe_exit, process_tree};
 use super::supervisor::{
@@ -26,12 +26,15 @@ pub(super) enum Target {
         probe: Probe,
         /// Where it answers: an OpenAI base URL; `HOST:PORT` for a piece.
         base_url: String,
+        /// The engine's key, sent with the probe too (engines leave `/health` open, but
+        /// an engine that guards it is still found ready).
+        key: Option<EngineKey>,
     },
     /// A remote endpoint, probed at `models_url` with the key.
     Remote {
         base_url: String,
         models_url: String,
-        key: Option<String>,
+        key: Option<EngineKey>,
     },
 }
 
@@ -59,38 +62,31 @@ impl Target {
                         command,
                         probe: Probe::Tcp(address(probe_host, spec.port)),
                         base_url: address(&spec.host, spec.port),
+                        key: None,
                     });
                 }
                 Ok(Self::Local {
                     command,
                     probe: Probe::Http(format!("{}/health", origin(probe_host, spec.port))),
                     base_url: format!("{}/v1", origin(&spec.host, spec.port)),
+                    key: spec.api_key.clone(),
                 })
             }
-            (Err(LaunchError::Remote { .. }), EngineLaunch::Remote(remote)) => Self::remote(spec, remote),
+            (Err(LaunchError::Remote { .. }), EngineLaunch::Remote(remote)) => Ok(Self::remote(remote)),
             (Err(error), _) => Err(SupervisorError::Invalid(error)),
         }
     }
 
-    fn remote(spec: &LaunchSpec, remote: &RemoteLaunch) -> Result<Self, SupervisorError> {
-        let key = match &remote.api_key_env {
-            None => None,
-            Some(variable) => match std::env::var(variable) {
-                Ok(key) if !key.is_empty() => Some(key),
-                _ => {
-                    return Err(SupervisorError::MissingApiKey {
-                        instance: spec.instance.clone(),
-                        variable: variable.clone(),
-                    });
-                }
-            },
-        };
+    fn remote(remote: &RemoteLaunch) -> Self {
+        // The key comes with the start (the owner's secret); the agent's environment
+        // holds the agent's own credentials and is never read for a workflow.
+        let key = remote.api_key.clone();
         let base_url = remote.url.trim_end_matches('/').to_owned();
-        Ok(Self::Remote {
+        Self::Remote {
             models_url: format!("{base_url}/models"),
             base_url,
             key,
-        })
+        }
     }
 
     /// For logs and the Starting event: the command, or the probe of a remote endpoint.
@@ -362,12 +358,19 @@ impl InstanceTask {
             }
             Target::Local {
                 probe: Probe::Http(health_url),
+                key,
                 ..
-            } => self.shared.local_http.get(health_url),
+            } => {
+                let request = self.shared.local_http.get(health_url);
+                match key {
+                    Some(key) => request.bearer_auth(key.expose()),
+                    None => request,
+                }
+            }
             Target::Remote { models_url, key, .. } => {
                 let request = self.shared.remote_http.get(models_url);
                 match key {
-                    Some(key) => request.bearer_auth(key),
+                    Some(key) => request.bearer_auth(key.expose()),
                     None => request,
                 }
             }

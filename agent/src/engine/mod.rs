@@ -2,7 +2,7 @@
 //!
 //! - [`command`]: the exact command lines of the engines (`llama-server`, `vllm serve`,
 //!   Skein's built-in `skein engine serve`) from an instance's [`LaunchSpec`], pure and
-//!   snapshot-tested; a remote endpoint ([`RemoteLaunch`]) is a spec without a command;
+//!   snapshot-tested, the engine's key ([`EngineKey`]) in its environment; a remote endpoint ([`RemoteLaunch`]) is a spec without a command;
 //!   the pieces of an engine split across machines ([`RayNodeLaunch`], `ray start`;
 //!   [`LlamaRpcLaunch`], `rpc-server`) are specs whose readiness is an open port.
 //! - [`supervisor`]: the [`Supervisor`] that starts instances, waits until they are
@@ -25,8 +25,8 @@ mod process;
 pub mod supervisor;
 
 pub use command::{
-    CandleLaunch, EngineCommand, EngineLaunch, LaunchError, LaunchSpec, LlamaCppLaunch, LlamaRpcLaunch, RayNodeLaunch,
-    RemoteLaunch, VllmLaunch, memory_fraction, shell_word,
+    CandleLaunch, EngineCommand, EngineKey, EngineLaunch, LaunchError, LaunchSpec, LlamaCppLaunch, LlamaRpcLaunch,
+    REDACTED, RayNodeLaunch, RemoteLaunch, VllmLaunch, memory_fraction, shell_word,
 };
 pub use logs::LOG_RING_LINES;
 pub use process::free_port;

@@ -42,6 +42,7 @@ impl EngineProcess {
         builder
             .args(&command.args)
             .envs(&command.env)
+            .envs(command.secret_env.iter().map(|(name, key)| (name, key.expose())))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

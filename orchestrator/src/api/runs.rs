@@ -13,7 +13,8 @@
 //!   after every change, until it ends.
 //! - `GET /v1/instances`: every model instance, its state and measured memory;
 //!   `GET /v1/instances/{name}/logs?tail=N`: the last lines its engine wrote, from its
-//!   agent (`{"lines": [...]}`).
+//!   agent (`{"lines": [...]}`); for admins, and for the user whose requests alone the
+//!   instance served (a log may hold prompts; anyone else gets 403).
 //! - `GET /v1/measurements`: memory instances really used once loaded, beside the
 //!   plan's estimate.
 
@@ -352,21 +353,51 @@ fn default_tail() -> u32 {
     200
 }
 
-/// The last lines an instance's engine wrote, from its agent.
+/// The last lines an instance's engine wrote, from its agent. Its log may hold the
+/// prompts of whoever used it: admins read every instance's, a user only that of an
+/// instance that served their requests alone.
 #[utoipa::path(get, operation_id = "instance_logs", path = "/v1/instances/{name}/logs", tag = "runs",
     params(("name" = String, Path, description = "The instance's name"), LogsQuery),
     responses(
         (status = 200, description = "The lines", body = Logs),
         (status = 400, description = "A bad query", body = ErrorBody),
+        (status = 403, description = "Not the caller's to read: the instance also served others (or is not known to have served only the caller)", body = ErrorBody),
         (status = 404, description = "No such instance", body = ErrorBody),
         (status = 502, description = "Its agent did not answer", body = ErrorBody),
     ))]
-async fn logs(State(state): State<ApiState>, Path(name): Path<String>, Params(query): Params<LogsQuery>) -> Response {
+async fn logs(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+    Path(name): Path<String>,
+    Params(query): Params<LogsQuery>,
+) -> Response {
     use crate::instances::InstanceError;
     if query.tail > MAX_TAIL {
         return error(
             StatusCode::BAD_REQUEST,
             &format!("`tail` is {}; ask for at most {MAX_TAIL} lines", query.tail),
+        );
+    }
+    let Some((mut readers, run)) = state.instances.log_readers(&name) else {
+        return error(StatusCode::NOT_FOUND, &InstanceError::Unknown(name).to_string());
+    };
+    // The owner of the run it was started for, even before its first request (an
+    // instance that fails to load is theirs to look into).
+    if let Some(run) = run {
+        match state.executor.get(&run) {
+            Ok(Some(record)) => {
+                readers.users.insert(record.owner);
+            }
+            Ok(None) => {}
+            Err(e) => return ApiError::internal(e).into_response(),
+        }
+    }
+    if !readers.admit(&principal.user, principal.admin) {
+        return error(
+            StatusCode::FORBIDDEN,
+            &format!(
+                "the logs of instance `{name}` can hold the prompts of everyone it served, and it did not serve only you; help: an admin can read them (`skein logs {name}` with an admin token)"
+            ),
         );
     }
     match state.instances.logs(&name, query.tail).await {

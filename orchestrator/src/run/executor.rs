@@ -928,7 +928,7 @@ impl Executor {
                                 instance: Some(name.clone()),
                                 base_url: base_url.clone(),
                                 model: name.clone(),
-                                api_key: None,
+                                api_key: view.engine_key.clone(),
                             },
                         );
                     }
@@ -1030,6 +1030,10 @@ impl Executor {
                 };
                 if let Some(record) = run.steps.iter_mut().find(|s| s.id == step) {
                     record.instance = route.instance.clone();
+                }
+                // Its engine's logs may hold this prompt from now on.
+                if let Some(instance) = &route.instance {
+                    self.inner.instances.used_by(instance, &run.owner);
                 }
                 let request = self.chat_request(&run.workflow, &step, &agent, prompt);
                 let clients = self.inner.clients.clone();

@@ -241,6 +241,8 @@ pub fn start_instance(
         gpus,
         context: planned.context,
         concurrency: planned.concurrency,
+        // Made by `Instances` when it starts the instance.
+        engine_api_key: String::new(),
         engine: Some(engine),
     };
     let distinct: BTreeSet<&str> = nodes.iter().copied().collect();
@@ -356,6 +358,8 @@ impl SplitLaunch {
                 gpus,
                 context: self.template.context,
                 concurrency: self.template.concurrency,
+                // A piece speaks no HTTP: it has no key.
+                engine_api_key: String::new(),
                 engine: Some(engine),
             },
             name,

@@ -519,7 +519,7 @@ impl Sessions {
         }
         let mut body = serde_json::json!({ "messages": sent });
         sampling.write(&definition, &mut body);
-        self.call(&route, None, body, tokens).await.map_err(engine_error)
+        self.call(&route, None, &principal.user, body, tokens).await.map_err(engine_error)
     }
 
     /// A session of `principal` (another user's is "not found").
@@ -631,7 +631,7 @@ impl Sessions {
         let mut body = self.request_body(&session.definition, &history, &turn);
         let (mut route, bound) = self.route(&session, &Pin::Anywhere).await?;
         session = bound.unwrap_or(session);
-        let mut answer = self.call(&route, Some(id), body.clone(), turn.tokens.as_ref()).await;
+        let mut answer = self.call(&route, Some(id), &principal.user, body.clone(), turn.tokens.as_ref()).await;
         if let Err(CallError::Unreachable(error)) = &answer {
             // The instance went away mid-turn: once more, elsewhere.
             tracing::warn!(session = %id, %error, "the session's instance is unreachable; moving it");
@@ -640,7 +640,7 @@ impl Sessions {
                 None => Pin::Anywhere,
             };
             (route, _) = self.route_fresh(&session, &avoid).await?;
-            answer = self.call(&route, Some(id), body.clone(), turn.tokens.as_ref()).await;
+            answer = self.call(&route, Some(id), &principal.user, body.clone(), turn.tokens.as_ref()).await;
         }
         // Refused: most likely the history is longer in tokens than its bytes promised
         // (text of few bytes per token). Halve what is sent, a few times.
@@ -658,7 +658,7 @@ impl Sessions {
             budget = budget.min(sent) / 2;
             history = store.recent(id, budget)?;
             body = self.request_body(&session.definition, &history, &turn);
-            answer = self.call(&route, Some(id), body.clone(), turn.tokens.as_ref()).await;
+            answer = self.call(&route, Some(id), &principal.user, body.clone(), turn.tokens.as_ref()).await;
         }
         let answer = answer.map_err(engine_error)?;
         let reply = NewMessage {
@@ -780,15 +780,13 @@ impl Sessions {
             Route {
                 instance: Some(view.name.clone()),
                 base_url,
+                api_key: view.engine_key.clone(),
                 model: view.name,
-                api_key: None,
             },
             Some(updated),
         ))
     }
 
-    /// Calls the engine of `route` (for `session`'s turn), counted in the instance's
-    /// serving figures.
     /// The route to a remote endpoint, with `owner`'s secret as its key.
     fn endpoint_route(&self, owner: &str, endpoint: &skein_dsl::ir::Endpoint) -> Result<Route, SessionError> {
         self.inner
@@ -798,14 +796,21 @@ impl Sessions {
             .map_err(engine_error)
     }
 
+    /// Calls the engine of `route` (for `session`'s turn, sent by `user`), counted in
+    /// the instance's serving figures; the instance records `user` among its users (its
+    /// logs may hold their prompt from now on).
     async fn call(
         &self,
         route: &Route,
         session: Option<&str>,
+        user: &str,
         body: serde_json::Value,
         tokens: Option<&mpsc::Sender<String>>,
     ) -> Result<Answer, CallError> {
         let timeout = self.inner.config.reply_timeout;
+        if let Some(instance) = &route.instance {
+            self.inner.instances.used_by(instance, user);
+        }
         let flight = route
             .instance
             .as_deref()

@@ -5,7 +5,8 @@
 //!
 //! - `SKEIN_FAKE_ENGINE_RECORD=FILE`: writes `{"args": [...], "env": {...}}` (the
 //!   arguments after the program, and every `CUDA_*`, `VLLM_*`, `HF_*` and `RAY_*`
-//!   variable, and `SKEIN_FAKE_ENGINE_NODE`) to FILE before listening.
+//!   variable, `LLAMA_API_KEY`, `SKEIN_ENGINE_API_KEY` and `SKEIN_FAKE_ENGINE_NODE`)
+//!   to FILE before listening.
 //! - `SKEIN_FAKE_ENGINE_RECORD_DIR=DIR`: the same record, with the program's name (as
 //!   started: `vllm`, `ray`, …) and the time it started (`started_ns`, Unix
 //!   nanoseconds), written to a file of its own in DIR, so that the starts of many
@@ -15,8 +16,11 @@
 //! - `SKEIN_FAKE_ENGINE_EXIT_MS=N`: exits with status 3 after N ms, as a crashing engine.
 //! - `SKEIN_FAKE_ENGINE_EXIT_IF=FILE`: exits with status 3 once FILE exists (looked for
 //!   every 100 ms), as an engine that crashes when the test says so.
-//! - `SKEIN_FAKE_ENGINE_API_KEY=KEY`: the `/v1` routes answer 401 without
-//!   `Authorization: Bearer KEY`, as a hosted API does.
+//! - `SKEIN_FAKE_ENGINE_API_KEY=KEY`, or the variable through which the agent gives
+//!   the real engine its key (`VLLM_API_KEY`, `LLAMA_API_KEY`, `SKEIN_ENGINE_API_KEY`):
+//!   the `/v1` routes answer 401 without `Authorization: Bearer KEY`, as the engines
+//!   and hosted APIs do (`/health` stays open, as theirs does). So every test that
+//!   reaches an engine through Skein shows that Skein sends the key.
 //!
 //! Started without a model name, as a piece of an engine split across machines (`ray
 //! start … --node-manager-port P` or `--head --port P`, `rpc-server --host H --port P`),
@@ -90,7 +94,8 @@ async fn run() -> Result<(), String> {
     let model = flag(&args, &["--served-model-name", "--alias", "--name"]);
     let env: BTreeMap<String, String> = std::env::vars()
         .filter(|(k, _)| {
-            ["CUDA_", "VLLM_", "HF_", "RAY_"].iter().any(|p| k.starts_with(p)) || k == "SKEIN_FAKE_ENGINE_NODE"
+            ["CUDA_", "VLLM_", "HF_", "RAY_"].iter().any(|p| k.starts_with(p))
+                || ["SKEIN_FAKE_ENGINE_NODE", "LLAMA_API_KEY", "SKEIN_ENGINE_API_KEY"].contains(&k.as_str())
         })
         .collect();
     if let Ok(path) = std::env::var("SKEIN_FAKE_ENGINE_RECORD") {
@@ -130,7 +135,14 @@ async fn run() -> Result<(), String> {
     };
     let engine = Arc::new(Engine {
         model,
-        api_key: std::env::var("SKEIN_FAKE_ENGINE_API_KEY").ok(),
+        api_key: [
+            "SKEIN_FAKE_ENGINE_API_KEY",
+            "VLLM_API_KEY",
+            "LLAMA_API_KEY",
+            "SKEIN_ENGINE_API_KEY",
+        ]
+        .iter()
+        .find_map(|name| std::env::var(name).ok().filter(|key| !key.is_empty())),
         started: Instant::now(),
         ready_after,
     });
