@@ -183,16 +183,6 @@ pub enum SupervisorError {
         /// The instance.
         instance: String,
     },
-    /// The remote endpoint's key variable is not set in the agent's environment.
-    #[error(
-        "instance `{instance}`: the API key variable `{variable}` is not set (or empty) in the agent's environment (help: export {variable}=… before starting the agent)"
-    )]
-    MissingApiKey {
-        /// The instance.
-        instance: String,
-        /// The variable [`RemoteLaunch::api_key_env`](super::RemoteLaunch::api_key_env) names.
-        variable: String,
-    },
     /// The instance's log file cannot be created.
     #[error("instance `{instance}`: cannot open the log file {}", path.display())]
     Log {
