@@ -331,6 +331,7 @@ where
     let activity = Arc::new(Activity::new());
     let router = service.router.clone();
     let max_body = service.max_body_bytes;
+    let linger = config.header_read_timeout;
     let requests = Arc::clone(&activity);
     let hyper_service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
         let mut router = router.clone();
@@ -338,7 +339,13 @@ where
         async move {
             let request = request.map(axum::body::Body::new);
             let response = match refusal(&request, max_body) {
-                Some(refused) => refused,
+                Some(mut refused) => {
+                    linger_on(request.into_body(), max_body, linger);
+                    refused
+                        .headers_mut()
+                        .insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+                    refused
+                }
                 None => match router.call(request).await {
                     Ok(response) => response,
                     Err(never) => match never {},
@@ -379,6 +386,28 @@ where
     // Idle: close it politely (HTTP/2 says GOAWAY), then for good if the peer dawdles.
     connection.as_mut().graceful_shutdown();
     let _ = tokio::time::timeout(config.header_read_timeout, connection).await;
+}
+
+/// Reads and drops what a refused request still sends of its body, up to `limit` bytes
+/// and for `timeout` at most, while its answer goes out: a client still writing a body
+/// when the server closes would get a reset in place of the answer. Past either bound
+/// the body is dropped and the connection (marked `Connection: close`) ends.
+fn linger_on(body: axum::body::Body, limit: u64, timeout: Duration) {
+    use futures::StreamExt as _;
+    // Bounded by `timeout`, so it needs no owner to end it.
+    tokio::spawn(async move {
+        let drain = async {
+            let mut stream = body.into_data_stream();
+            let mut seen = 0u64;
+            while let Some(Ok(chunk)) = stream.next().await {
+                seen = seen.saturating_add(chunk.len() as u64);
+                if seen > limit {
+                    break;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(timeout, drain).await;
+    });
 }
 
 /// The answer to a request refused before its route sees it: a target, headers or a
