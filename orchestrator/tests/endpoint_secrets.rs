@@ -25,8 +25,7 @@ fn capture() -> (String, Arc<Mutex<Vec<Option<String>>>>) {
             let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
             let mut request = Vec::new();
             let mut buffer = [0u8; 4096];
-            loop {
-                let Ok(n) = stream.read(&mut buffer) else { break };
+            while let Ok(n) = stream.read(&mut buffer) {
                 if n == 0 {
                     break;
                 }
