@@ -500,10 +500,11 @@ pub enum Error {
         file: String,
         /// The header refused (`X-Repo-Commit`, `X-Linked-Etag`, `ETag`).
         header: &'static str,
-        /// Its value, quoted and escaped (empty when missing).
-        value: String,
+        /// Its value, quoted and escaped (empty when missing). Boxed, as is `reason`
+        /// static, to keep the error small.
+        value: Box<str>,
         /// What is wrong with it.
-        reason: String,
+        reason: &'static str,
     },
 
     /// The HTTP client for downloads could not be set up.

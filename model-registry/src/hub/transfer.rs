@@ -158,13 +158,19 @@ impl HubClient {
     }
 
     /// The error for a header refused in the answer for `file`.
-    fn untrusted(resolved: &ResolvedRepo, file: &str, header: &'static str, value: &[u8], reason: &str) -> Error {
+    fn untrusted(
+        resolved: &ResolvedRepo,
+        file: &str,
+        header: &'static str,
+        value: &[u8],
+        reason: &'static str,
+    ) -> Error {
         Error::HubUntrustedAnswer {
             repo: resolved.repo.to_string(),
             file: file.to_owned(),
             header,
-            value: quoted(value),
-            reason: reason.to_owned(),
+            value: quoted(value).into_boxed_str(),
+            reason,
         }
     }
 
