@@ -154,9 +154,7 @@ fn workflows() -> Vec<(&'static str, String)> {
         ("laughs.yaml", laughs),
         (
             "server-secret.yaml",
-            format!(
-                "name: s\nagents:\n  a: {{ endpoint: {{ url: \"http://127.0.0.1:9/v1\", model: m, api_key_env: SKEIN_API_TOKEN }} }}\nsteps:\n  - {{ id: s, agent: a, prompt: hi }}\n"
-            ),
+            "name: s\nagents:\n  a: { endpoint: { url: \"http://127.0.0.1:9/v1\", model: m, api_key_env: SKEIN_API_TOKEN } }\nsteps:\n  - { id: s, agent: a, prompt: hi }\n".to_owned(),
         ),
         (
             "metadata.yaml",
