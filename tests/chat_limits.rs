@@ -9,7 +9,7 @@
 //! requests held open here are slow uploads (headers sent, body not), which count from
 //! before their body is read.
 
-use std::io::Write;
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-const API_TOKEN: &str = "chat-limits-admin-token";
 const MESSAGES: usize = 300_000;
 /// The most the server's peak memory may grow while refusing the big turns.
 const GROWTH_BOUND_KIB: u64 = 64 << 10;
@@ -26,6 +25,9 @@ struct Server {
     child: Child,
     base: String,
     port: u16,
+    /// Its admin token, its own: a request that reaches another test's server on a
+    /// reused port is refused rather than answered.
+    token: String,
 }
 
 impl Drop for Server {
@@ -41,10 +43,11 @@ fn free_port() -> u16 {
 
 fn start(data: &Path, extra: &[&str]) -> Server {
     let (port, grpc) = (free_port(), free_port());
+    let token = format!("chat-limits-{port}-{grpc}");
     let child = Command::new(env!("CARGO_BIN_EXE_skein"))
         .args(["server", "--listen", &format!("127.0.0.1:{port}")])
         .args(["--agent-listen", &format!("127.0.0.1:{grpc}")])
-        .args(["--api-token", API_TOKEN, "--data-dir"])
+        .args(["--api-token", &token, "--data-dir"])
         .arg(data)
         .args(extra)
         .env("HF_HUB_OFFLINE", "1")
@@ -57,6 +60,7 @@ fn start(data: &Path, extra: &[&str]) -> Server {
         child,
         base: format!("http://127.0.0.1:{port}"),
         port,
+        token,
     }
 }
 
@@ -78,22 +82,37 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-/// Waits for the server, then creates a session on a model (placed only at its first
-/// answered turn, so no fleet is needed to store messages).
-async fn session(http: &reqwest::Client, server: &Server) -> String {
+/// A server and a session on a model (placed only at its first answered turn, so no
+/// fleet is needed to store messages). A server whose port was taken meanwhile (it
+/// exits, or another answers there and refuses its token) is started again elsewhere.
+async fn serve(http: &reqwest::Client, data: &Path, extra: &[&str]) -> (Server, String) {
+    for _ in 0..5 {
+        let mut server = start(data, extra);
+        if let Some(id) = session(http, &mut server).await {
+            return (server, id);
+        }
+    }
+    panic!("no server started in 5 tries");
+}
+
+async fn session(http: &reqwest::Client, server: &mut Server) -> Option<String> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
+        if server.child.try_wait().unwrap().is_some() {
+            return None;
+        }
         let created = http
             .post(format!("{}/v1/sessions", server.base))
-            .bearer_auth(API_TOKEN)
+            .bearer_auth(&server.token)
             .json(&json!({"model": "Qwen/Qwen2.5-0.5B-Instruct"}))
             .send()
             .await;
         match created {
             Ok(response) if response.status() == 201 => {
                 let body: Value = response.json().await.unwrap();
-                return body["id"].as_str().unwrap().to_owned();
+                return Some(body["id"].as_str().unwrap().to_owned());
             }
+            Ok(response) if response.status() == 401 => return None,
             _ if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(100)).await,
             other => panic!("the server did not start: {other:?}"),
         }
@@ -114,10 +133,10 @@ fn tiny_messages(count: usize) -> String {
     list
 }
 
-async fn post(http: &reqwest::Client, url: String, body: &'static str) -> (u16, Option<String>, Value) {
+async fn post(http: &reqwest::Client, token: &str, url: String, body: &'static str) -> (u16, Option<String>, Value) {
     let response = http
         .post(url)
-        .bearer_auth(API_TOKEN)
+        .bearer_auth(token)
         .header("content-type", "application/json")
         .body(body)
         .send()
@@ -147,8 +166,6 @@ fn assert_too_large(answer: &(u16, Option<String>, Value)) {
 #[test]
 fn a_turn_of_300_000_messages_is_refused_with_413_and_the_server_does_not_grow() {
     let data = tempfile::tempdir().unwrap();
-    let server = start(data.path(), &[]);
-    let pid = server.child.id();
     let runtime = runtime();
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(120))
@@ -160,19 +177,20 @@ fn a_turn_of_300_000_messages_is_refused_with_413_and_the_server_does_not_grow()
     assert!(turn.len() > 9 << 20, "a body of more than 9 MiB: {}", turn.len());
 
     runtime.block_on(async {
-        let id = session(&http, &server).await;
+        let (server, id) = serve(&http, data.path(), &[]).await;
+        let pid = server.child.id();
         let turns = format!("{}/v1/sessions/{id}/messages", server.base);
         let completions = format!("{}/v1/chat/completions", server.base);
         let before = status_kib(pid, "VmHWM:");
 
-        assert_too_large(&post(&http, turns.clone(), turn).await);
-        assert_too_large(&post(&http, completions.clone(), chat).await);
+        assert_too_large(&post(&http, &server.token, turns.clone(), turn).await);
+        assert_too_large(&post(&http, &server.token, completions.clone(), chat).await);
         // Three at once, on each route.
         for (url, body) in [(&turns, turn), (&completions, chat)] {
             let answers = tokio::join!(
-                post(&http, url.clone(), body),
-                post(&http, url.clone(), body),
-                post(&http, url.clone(), body)
+                post(&http, &server.token, url.clone(), body),
+                post(&http, &server.token, url.clone(), body),
+                post(&http, &server.token, url.clone(), body)
             );
             for answer in [answers.0, answers.1, answers.2] {
                 assert_too_large(&answer);
@@ -188,7 +206,13 @@ fn a_turn_of_300_000_messages_is_refused_with_413_and_the_server_does_not_grow()
             GROWTH_BOUND_KIB >> 10
         );
         // Nothing was stored, and a turn within the limits still is.
-        let (status, _, body) = post(&http, turns.clone(), r#"{"content": "hello", "reply": false}"#).await;
+        let (status, _, body) = post(
+            &http,
+            &server.token,
+            turns.clone(),
+            r#"{"content": "hello", "reply": false}"#,
+        )
+        .await;
         assert_eq!(status, 200, "{body}");
         assert_eq!(body["session"]["messages"], 1, "{body}");
     });
@@ -200,32 +224,57 @@ fn slow_upload(server: &Server, session: &str) -> TcpStream {
     let mut stream = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
     write!(
         stream,
-        "POST /v1/sessions/{session}/messages HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {API_TOKEN}\r\n\
-         content-type: application/json\r\ncontent-length: 1000\r\n\r\n{{\"content\": "
+        "POST /v1/sessions/{session}/messages HTTP/1.1\r\nhost: 127.0.0.1\r\nauthorization: Bearer {}\r\n\
+         content-type: application/json\r\ncontent-length: 1000\r\n\r\n{{\"content\": ",
+        server.token
     )
     .unwrap();
     stream.flush().unwrap();
+    stream.set_nonblocking(true).unwrap();
     stream
+}
+
+/// Whether the server answered (or closed) a slow request: its headers were read after
+/// another request had taken the slot, so it was refused.
+fn answered(stream: &mut TcpStream) -> bool {
+    let mut buffer = [0u8; 512];
+    match stream.read(&mut buffer) {
+        Ok(_) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => false,
+        Err(_) => true,
+    }
 }
 
 #[test]
 fn a_user_past_their_requests_in_flight_is_answered_429_with_retry_after() {
     let data = tempfile::tempdir().unwrap();
-    let server = start(data.path(), &["--chat-requests-per-user", "2"]);
     let runtime = runtime();
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
         .build()
         .unwrap();
     runtime.block_on(async {
-        let id = session(&http, &server).await;
+        let (server, id) = serve(&http, data.path(), &["--chat-requests-per-user", "2"]).await;
         let turns = format!("{}/v1/sessions/{id}/messages", server.base);
-        let held = [slow_upload(&server, &id), slow_upload(&server, &id)];
-        // The server reads the slow requests' headers in its own time: ask until it
-        // counts both (a turn within the limits is stored meanwhile).
+        let mut held = [slow_upload(&server, &id), slow_upload(&server, &id)];
+        // The server reads the slow requests' headers in its own time, and may read one
+        // after a probe below took its slot (it is then refused): such a one is sent
+        // again, until a probe finds both slots held (a probe within the limits is
+        // stored meanwhile).
         let deadline = Instant::now() + Duration::from_secs(30);
         let (status, retry_after, body) = loop {
-            let answer = post(&http, turns.clone(), r#"{"content": "hi", "reply": false}"#).await;
+            for slow in &mut held {
+                if answered(slow) {
+                    *slow = slow_upload(&server, &id);
+                }
+            }
+            let answer = post(
+                &http,
+                &server.token,
+                turns.clone(),
+                r#"{"content": "hi", "reply": false}"#,
+            )
+            .await;
             if answer.0 != 200 || Instant::now() > deadline {
                 break answer;
             }
@@ -242,14 +291,26 @@ fn a_user_past_their_requests_in_flight_is_answered_429_with_retry_after() {
         assert!(seconds >= 1);
         // The OpenAI route counts against the same requests.
         let chat = r#"{"model": "Qwen/Qwen2.5-0.5B-Instruct", "messages": [{"role": "user", "content": "hi"}]}"#;
-        let (status, _, body) = post(&http, format!("{}/v1/chat/completions", server.base), chat).await;
+        let (status, _, body) = post(
+            &http,
+            &server.token,
+            format!("{}/v1/chat/completions", server.base),
+            chat,
+        )
+        .await;
         assert_eq!(status, 429, "{body}");
 
         // A client that goes away gives its request back.
         drop(held);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let (status, _, body) = post(&http, turns.clone(), r#"{"content": "again", "reply": false}"#).await;
+            let (status, _, body) = post(
+                &http,
+                &server.token,
+                turns.clone(),
+                r#"{"content": "again", "reply": false}"#,
+            )
+            .await;
             if status == 200 {
                 break;
             }
