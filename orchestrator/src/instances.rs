@@ -1138,6 +1138,27 @@ mod tests {
     }
 
     #[test]
+    fn the_serving_engine_of_a_split_gets_its_key_when_its_pieces_are_ready() {
+        let instances = Instances::default();
+        let node = NodeId("n1".to_owned());
+        let (outbound, mut commands) = mpsc::channel(16);
+        instances.node_connected(&node, outbound);
+        let vllm = pb::start_instance::Engine::Vllm(pb::VllmEngine::default());
+        let request = request("r1-writer", vllm);
+        let start = request.start.clone();
+        instances.record_split(request, vec!["r1-writer.ray-head-0".to_owned()]);
+        assert!(
+            instances.get("r1-writer").unwrap().engine_key.is_none(),
+            "nothing started yet"
+        );
+        instances.start_serving(start).unwrap();
+        let sent = sent_starts(&mut commands);
+        assert_eq!(sent[0].engine_api_key.len(), 64);
+        let key = instances.get("r1-writer").unwrap().engine_key.unwrap();
+        assert_eq!(key.expose(), sent[0].engine_api_key);
+    }
+
+    #[test]
     fn the_users_of_an_instance_are_recorded() {
         let instances = Instances::default();
         // No node is connected: the start is recorded, and sent when it connects.
