@@ -7,7 +7,8 @@
 //!
 //! A user past their chat requests in flight is answered 429 with Retry-After; the
 //! requests held open here are slow uploads (headers sent, body not), which count from
-//! before their body is read.
+//! before their body is read. A user past their streams open is answered 429 too; the
+//! stream held open here waits on a hub that never answers.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -41,7 +42,15 @@ fn free_port() -> u16 {
     skein_agent::engine::free_port("127.0.0.1").unwrap()
 }
 
+/// A server with `extra` arguments; its hub is offline unless `extra` has
+/// `HF_ENDPOINT=URL` (given to it as that environment variable).
 fn start(data: &Path, extra: &[&str]) -> Server {
+    let hub = extra.iter().find_map(|a| a.strip_prefix("HF_ENDPOINT="));
+    let extra: Vec<&str> = extra
+        .iter()
+        .copied()
+        .filter(|a| !a.starts_with("HF_ENDPOINT="))
+        .collect();
     let (port, grpc) = (free_port(), free_port());
     let token = format!("chat-limits-{port}-{grpc}");
     let child = Command::new(env!("CARGO_BIN_EXE_skein"))
@@ -49,8 +58,9 @@ fn start(data: &Path, extra: &[&str]) -> Server {
         .args(["--agent-listen", &format!("127.0.0.1:{grpc}")])
         .args(["--api-token", &token, "--data-dir"])
         .arg(data)
-        .args(extra)
-        .env("HF_HUB_OFFLINE", "1")
+        .args(&extra)
+        .env("HF_HUB_OFFLINE", if hub.is_some() { "0" } else { "1" })
+        .env("HF_ENDPOINT", hub.unwrap_or("http://127.0.0.1:9"))
         .env("HF_HOME", data.join("hf"))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -318,6 +328,70 @@ fn a_user_past_their_requests_in_flight_is_answered_429_with_retry_after() {
             assert!(
                 Instant::now() < deadline,
                 "the requests of closed connections are still counted"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+}
+
+#[test]
+fn a_user_past_their_streams_is_answered_429_with_retry_after() {
+    // A hub that accepts and never answers: a completion for a model no instance serves
+    // waits on it for the model's metadata, its stream open meanwhile.
+    let hub = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hub_url = format!("HF_ENDPOINT=http://{}", hub.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut silent = Vec::new();
+        for connection in hub.incoming() {
+            silent.push(connection);
+        }
+    });
+    let data = tempfile::tempdir().unwrap();
+    let runtime = runtime();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (server, _) = serve(&http, data.path(), &["--chat-streams-per-user", "1", &hub_url]).await;
+        let completions = format!("{}/v1/chat/completions", server.base);
+        let streamed = json!({"model": "Qwen/Qwen2.5-0.5B-Instruct", "stream": true,
+            "messages": [{"role": "user", "content": "hi"}]});
+        let open = || {
+            http.post(&completions)
+                .bearer_auth(&server.token)
+                .json(&streamed)
+                .send()
+        };
+        // Its answer has begun (200, events): the stream is open until it is dropped.
+        let first = open().await.unwrap();
+        assert_eq!(first.status(), 200);
+        let second = open().await.unwrap();
+        assert_eq!(second.status(), 429);
+        let retry_after = second
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let body: Value = second.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "overloaded", "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains("you have 1 streams open") && message.contains("at once is 1"),
+            "the message names the use and the limit: {message}"
+        );
+        assert!(retry_after.expect("a Retry-After header").parse::<u64>().unwrap() >= 1);
+        // A client that goes away closes its stream.
+        drop(first);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let next = open().await.unwrap();
+            if next.status() == 200 {
+                break;
+            }
+            assert_eq!(next.status(), 429);
+            assert!(
+                Instant::now() < deadline,
+                "the stream of a closed connection is still counted"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
