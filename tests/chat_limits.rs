@@ -3,7 +3,7 @@
 //! building anything from it, on both chat routes, one at a time and three at once,
 //! and its peak resident memory (VmHWM in /proc) grows by less than 64 MiB: the bodies
 //! themselves (3 × 9.4 MiB, held once each) and the runtime's buffers. Before the limits
-//! the same turn grew it by 1.6 GiB and three at once by 5 GB.
+//! the same turn grew it by 1.6 GiB and three at once by 3.6 GiB.
 //!
 //! A user past their chat requests in flight is answered 429 with Retry-After; the
 //! requests held open here are slow uploads (headers sent, body not), which count from
