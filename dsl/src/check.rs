@@ -350,11 +350,15 @@ fn check_expr(cx: &mut Cx<'_>, ev: &Evaluator, node: &Node, offset: usize, text:
                         Some(op) => Diagnostic::error(Code::ExprSyntax, at(cx, start, start + word.len()), message)
                             .with_label(format!("`{word}` is not a Rhai operator"))
                             .with_help(format!("write `{op}` instead of `{word}`")),
-                        None if e.message.contains("'curry'") => Diagnostic::error(Code::ExprSyntax, span, message)
+                        None if e.message.contains("'curry'")
+                            || text.get(start..).unwrap_or("").trim_start_matches('.').starts_with("curry") =>
+                        {
+                            Diagnostic::error(Code::ExprSyntax, span, message)
                             .with_label("not available")
                             .with_help(
                                 "`curry` is not available in workflows: pass every argument when calling the function",
-                            ),
+                            )
+                        }
                         None => Diagnostic::error(Code::ExprSyntax, span, message)
                             .with_label("here")
                             .with_help(format!("write a Rhai expression, e.g. `{}`", example(refs.context))),

@@ -65,7 +65,9 @@ pub fn parse(file: &SourceFile, diags: &mut Diagnostics) -> Option<Node> {
             ExprErrorKind::Syntax => {
                 let help = match keyword_key(file, at) {
                     Some(k) => format!("`{k}` is a Rhai keyword: as a map key it must be quoted, `\"{k}\": ...`"),
-                    None if err.message.contains("'curry'") => {
+                    None if err.message.contains("'curry'")
+                        || file.text().get(at..).unwrap_or("").trim_start_matches('.').starts_with("curry") =>
+                    {
                         "`curry` is not available in workflow scripts: pass every argument when calling the function".to_owned()
                     }
                     None if err.message.contains("name of a property") => {

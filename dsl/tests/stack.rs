@@ -252,3 +252,16 @@ proptest::proptest! {
         proptest::prop_assert!(!parsed.is_valid() || parsed.workflow.is_some());
     }
 }
+
+#[test]
+fn curry_is_refused_with_a_hint_in_conditions_and_scripts() {
+    let yaml = "name: c\nagents:\n  a: { model: Qwen/Qwen2.5-0.5B-Instruct }\nsteps:\n  - { id: s, agent: a, prompt: hi, when: 'Fn(\"len\").curry(\"x\").call() > 0' }\n";
+    let script = "workflow(\"c\");\nlet f = |x| 1;\nloop { f = (|h, x| h.call(x) + 1).curry(f); }\n";
+    for (name, text) in [("c.yaml", yaml), ("c.rhai", script)] {
+        let parsed = skein_dsl::parse(name, text);
+        assert!(!parsed.is_valid());
+        let d = parsed.diagnostics.iter().next().expect("a diagnostic");
+        let help = d.help.as_deref().unwrap_or("");
+        assert!(help.contains("`curry` is not available"), "{name}: {d:?}");
+    }
+}
