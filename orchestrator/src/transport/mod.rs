@@ -33,6 +33,7 @@ use std::time::Duration;
 
 use axum::http::{StatusCode, header};
 use axum::response::Response;
+use futures::FutureExt as _;
 use hyper::body::{Body as HttpBody, Frame, SizeHint};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -346,10 +347,22 @@ where
                         .insert(header::CONNECTION, header::HeaderValue::from_static("close"));
                     refused
                 }
-                None => match router.call(request).await {
-                    Ok(response) => response,
-                    Err(never) => match never {},
-                },
+                None => {
+                    let (method, path) = (request.method().clone(), request.uri().path().to_owned());
+                    // A route that panics costs its request, answered 500, never more.
+                    match std::panic::AssertUnwindSafe(router.call(request)).catch_unwind().await {
+                        Ok(Ok(response)) => response,
+                        Ok(Err(never)) => match never {},
+                        Err(_) => {
+                            tracing::error!(%method, %path, "a route panicked; answered 500");
+                            crate::api::error_with_code(
+                                StatusCode::INTERNAL_SERVER_ERROR,
+                                "internal",
+                                "the server failed on this request (it is logged); it is a bug: please report it",
+                            )
+                        }
+                    }
+                }
             };
             Ok::<_, Infallible>(response.map(|body| {
                 axum::body::Body::new(Tracked {
@@ -673,6 +686,40 @@ mod tests {
         assert_eq!(refused.status(), StatusCode::PAYLOAD_TOO_LARGE);
         assert!(refusal(&request("/v1/plans", &[("content-length", "1024")]), 1024).is_none());
         assert!(refusal(&request("/v1/plans", &[]), 1024).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_route_that_panics_costs_only_its_request() {
+        use tokio::io::AsyncReadExt as _;
+        async fn boom() -> &'static str {
+            panic!("a bug")
+        }
+        let router = axum::Router::new()
+            .route("/boom", axum::routing::get(boom))
+            .route("/ok", axum::routing::get(|| async { "ok" }));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let service = RestService {
+            router,
+            tls: None,
+            config: TransportConfig::default(),
+            max_body_bytes: 1024,
+        };
+        let server = tokio::spawn(serve_rest(listener, 16, service));
+        let get = |path: &'static str| async move {
+            let mut stream = TcpStream::connect(addr).await.unwrap();
+            let request = format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+            stream.write_all(request.as_bytes()).await.unwrap();
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer).await.unwrap();
+            answer
+        };
+        let boom = get("/boom").await;
+        assert!(boom.starts_with("HTTP/1.1 500"), "{boom}");
+        assert!(boom.contains(r#""code":"internal""#), "{boom}");
+        let ok = get("/ok").await;
+        assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+        server.abort();
     }
 
     #[tokio::test(start_paused = true)]
