@@ -126,9 +126,13 @@ impl NodeCredential {
     }
 }
 
+/// Longest encoded node name kept whole in a file name (file systems allow 255 bytes).
+const MAX_FILE_STEM: usize = 200;
+
 /// Where the credential of node `node` lives in `dir`: `<dir>/<node>.credential`, the
 /// name's characters other than letters, digits, `-`, `_` and `.` (and a leading `.`)
-/// written `%XX`, so any node name is one file name.
+/// written `%XX`, so any node name is one file name; a name longer than that allows is
+/// cut and followed by a hash of the whole name.
 pub fn credential_path(dir: &Path, node: &str) -> PathBuf {
     let mut file = String::new();
     for (i, byte) in node.bytes().enumerate() {
@@ -138,6 +142,19 @@ pub fn credential_path(dir: &Path, node: &str) -> PathBuf {
         } else {
             file.push_str(&format!("%{byte:02X}"));
         }
+    }
+    if file.len() > MAX_FILE_STEM {
+        // FNV-1a of the whole name: only names of one machine's agents share the
+        // directory, so this tells apart names that differ after the cut.
+        let hash = node.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        let mut cut = MAX_FILE_STEM - 17;
+        while !file.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        file.truncate(cut);
+        file.push_str(&format!("~{hash:016x}"));
     }
     file.push_str(".credential");
     dir.join(file)
@@ -219,5 +236,9 @@ mod tests {
         assert_eq!(credential_path(dir, "rtx-1.lab"), dir.join("rtx-1.lab.credential"));
         assert_eq!(credential_path(dir, "../x"), dir.join("%2E.%2Fx.credential"));
         assert_eq!(credential_path(dir, "a/b"), dir.join("a%2Fb.credential"));
+        let long = |last: char| format!("{}{last}", "n".repeat(252));
+        let (a, b) = (credential_path(dir, &long('a')), credential_path(dir, &long('b')));
+        assert_ne!(a, b);
+        assert!(a.file_name().unwrap().len() <= 255, "{a:?}");
     }
 }

@@ -44,6 +44,10 @@ pub const CREDENTIAL_HEX_CHARS: usize = 64;
 /// Longest name prefix or node name a join token may be limited to.
 const MAX_SCOPE_CHARS: usize = 253;
 
+/// Longest time a join token may be accepted for: ten years (longer is "until revoked",
+/// which is what leaving the expiry out gives).
+pub const MAX_EXPIRY_S: u64 = 10 * 365 * 24 * 60 * 60;
+
 /// A stored join token (never the token itself).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct JoinTokenRecord {
@@ -484,6 +488,14 @@ impl Join {
                 "an expiry of zero would make a token that never works; give a duration such as 24h".to_owned(),
             ));
         }
+        if let Some(expires_in) = spec.expires_in
+            && expires_in.as_secs() > MAX_EXPIRY_S
+        {
+            return Err(JoinError::BadSpec(format!(
+                "an expiry of {} s is longer than ten years ({MAX_EXPIRY_S} s); leave it out for a token that lasts until it is revoked",
+                expires_in.as_secs()
+            )));
+        }
         let secret = Secret::generate().map_err(JoinError::Random)?;
         let sha256 = sha256_hex(secret.expose());
         let created_at = unix_ms();
@@ -591,6 +603,16 @@ mod tests {
     #[tokio::test]
     async fn join_tokens_expire_are_revoked_and_keep_to_their_scope() {
         let join = Join::temporary(Secret::new(BOOT).unwrap()).unwrap();
+        for expires_in in [Duration::ZERO, Duration::from_secs(u64::MAX)] {
+            let spec = JoinTokenSpec {
+                expires_in: Some(expires_in),
+                ..JoinTokenSpec::default()
+            };
+            assert!(matches!(
+                join.create_token("admin", spec).await,
+                Err(JoinError::BadSpec(_))
+            ));
+        }
         let (record, secret) = join
             .create_token(
                 "admin",

@@ -342,6 +342,17 @@ async fn expired_and_unknown_join_tokens_claim_nothing_and_only_the_admin_makes_
         .call(reqwest::Method::DELETE, "/v1/join-tokens/bootstrap", Some(API), None)
         .await;
     assert_eq!(status, 400, "{body:#}");
+    // An array is no request, and an expiry past ten years is refused (it once overflowed
+    // the clock and dropped the connection).
+    for bad in [
+        json!([null, null]),
+        json!({ "expires_in_s": 9_223_372_036_854_775_808_u64 }),
+    ] {
+        let (status, body) = s
+            .call(reqwest::Method::POST, "/v1/join-tokens", Some(API), Some(bad))
+            .await;
+        assert_eq!(status, 400, "{body:#}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

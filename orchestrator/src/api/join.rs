@@ -31,8 +31,9 @@ pub(super) fn routes() -> OpenApiRouter<ApiState> {
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct CreateJoinToken {
-    /// Seconds it is accepted for; absent: until revoked.
+    /// Seconds it is accepted for (1 to ten years); absent: until revoked.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 315_360_000)]
     expires_in_s: Option<u64>,
     /// The one node name it may claim.
     #[serde(default)]
@@ -89,10 +90,12 @@ async fn create(
     if let Err(e) = admin_only(&principal) {
         return e.into_response();
     }
-    let request: CreateJoinToken = match super::body(
-        &body,
-        r#"a join token request: {"expires_in_s": SECONDS, "node": "NAME"} (every field optional)"#,
-    ) {
+    const EXPECTED: &str = r#"a join token request: {"expires_in_s": SECONDS, "node": "NAME"} (every field optional)"#;
+    // serde would take a struct from an array too (`[null, null]`): only an object is one.
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return ApiError::new(StatusCode::BAD_REQUEST, format!("the body is not {EXPECTED}")).into_response();
+    }
+    let request: CreateJoinToken = match super::body(&body, EXPECTED) {
         Ok(request) => request,
         Err(e) => return e.into_response(),
     };
