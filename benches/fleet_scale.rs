@@ -34,8 +34,9 @@ use tokio::task::JoinSet;
 const GPUS: u32 = 8;
 /// The sampling the goal is stated at.
 const SAMPLE_INTERVAL: &str = "1s";
-/// Streams per shared connection.
-const NODES_PER_CONNECTION: usize = 100;
+/// Streams per shared connection, under the server's cap of 32 streams per agent
+/// connection.
+const NODES_PER_CONNECTION: usize = 25;
 /// Registrations in flight at once while a step's nodes join.
 const JOINING_AT_ONCE: usize = 200;
 /// Longest any call may take before it counts as a stall.
