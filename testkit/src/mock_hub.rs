@@ -21,6 +21,11 @@ use serde_json::{Value, json};
 /// near this is a test reading tensor data by mistake.
 const MAX_RESPONSE_BYTES: u64 = 256 << 20;
 
+/// Range reads of a large virtual file longer than this are transfers of its content, not
+/// header reads (which are a few MiB at most): the ones [`MockHub::hold_large_downloads`]
+/// holds.
+const MAX_HEADER_READ_BYTES: u64 = 16 << 20;
+
 /// A file's content: real bytes, or a header followed by zeros up to a declared size.
 #[derive(Clone)]
 pub enum Body {
@@ -123,6 +128,10 @@ struct HubState {
     hold_large: std::sync::atomic::AtomicBool,
     /// Files (by path in the repository) answered with hostile headers.
     hostile: Mutex<BTreeMap<String, Hostile>>,
+    /// Files whose range answers carry a `Content-Range` one byte off the range sent.
+    misreported_ranges: Mutex<std::collections::BTreeSet<String>>,
+    /// Files, with how many of their next range answers break off halfway.
+    broken_ranges: Mutex<BTreeMap<String, u32>>,
 }
 
 /// Headers of a hostile (or intercepted) hub, for a file's answers: values that a client
@@ -270,16 +279,30 @@ impl MockHub {
     }
 
     /// From now on, a transfer of a large virtual file (more than a single response
-    /// may hold: a model's weights) answers its headers and then sends nothing, like a
-    /// hub that stalls: the download stays in progress for as long as the test runs,
-    /// and no disk fills with zeros. Header reads are not held.
+    /// may hold: a model's weights), whole or in ranges longer than a header read,
+    /// answers its headers and then sends nothing, like a hub that stalls: the download
+    /// stays in progress for as long as the test runs, and no disk fills with zeros.
+    /// Header reads are not held.
     pub fn hold_large_downloads(&self) {
         self.state.hold_large.store(true, Ordering::SeqCst);
+    }
+
+    /// From now on, range answers for `file` (its path in any repository) send the bytes
+    /// asked for under a `Content-Range` that says they start one byte later, as a broken
+    /// proxy could.
+    pub fn misreport_ranges(&self, file: &str) {
+        self.state.misreported_ranges.lock().unwrap().insert(file.to_owned());
     }
 
     /// From now on, answers for `file` (its path in any repository) carry `headers`.
     pub fn hostile(&self, file: &str, headers: Hostile) {
         self.state.hostile.lock().unwrap().insert(file.to_owned(), headers);
+    }
+
+    /// The next `count` range answers for `file` (its path in any repository) send half
+    /// their bytes and then break the connection, as a network that drops does.
+    pub fn break_ranges(&self, file: &str, count: u32) {
+        self.state.broken_ranges.lock().unwrap().insert(file.to_owned(), count);
     }
 
     /// Requests received so far.
@@ -455,7 +478,8 @@ async fn resolve(
     let range = headers.get(header::RANGE).and_then(|v| v.to_str().ok());
     let span = range.and_then(|r| parse_range(r, total));
     let requested = span.map_or(total, |(start, end)| end - start);
-    if requested > MAX_RESPONSE_BYTES && state.hold_large.load(Ordering::SeqCst) {
+    let transfer = total > MAX_RESPONSE_BYTES && requested > MAX_HEADER_READ_BYTES;
+    if transfer && state.hold_large.load(Ordering::SeqCst) {
         let mut response = Response::new(axum::body::Body::from_stream(futures::stream::pending::<
             Result<Vec<u8>, std::io::Error>,
         >()));
@@ -495,7 +519,34 @@ async fn resolve(
             b"mock hub refuses a range this large".to_vec(),
         );
     }
-    meta.push((header::CONTENT_RANGE, format!("bytes {start}-{}/{total}", end - 1)));
+    let shift = u64::from(state.misreported_ranges.lock().unwrap().contains(&file));
+    meta.push((
+        header::CONTENT_RANGE,
+        format!("bytes {}-{}/{total}", start + shift, end - 1 + shift),
+    ));
+    let broken = match state.broken_ranges.lock().unwrap().get_mut(&file) {
+        Some(left) if *left > 0 => {
+            *left -= 1;
+            true
+        }
+        _ => false,
+    };
+    if broken {
+        let mut half = body.slice(start, end);
+        half.truncate(half.len() / 2);
+        state.bytes_served.fetch_add(half.len() as u64, Ordering::SeqCst);
+        let parts: Vec<Result<Vec<u8>, std::io::Error>> =
+            vec![Ok(half), Err(std::io::Error::other("mock hub breaks the connection"))];
+        let mut response = Response::new(axum::body::Body::from_stream(futures::stream::iter(parts)));
+        *response.status_mut() = StatusCode::PARTIAL_CONTENT;
+        meta.push((header::CONTENT_LENGTH, (end - start).to_string()));
+        for (name, value) in meta {
+            response
+                .headers_mut()
+                .insert(name, HeaderValue::from_str(&value).unwrap());
+        }
+        return response;
+    }
     state.body(StatusCode::PARTIAL_CONTENT, meta, body.slice(start, end))
 }
 

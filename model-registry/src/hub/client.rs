@@ -144,6 +144,13 @@ impl HubClientBuilder {
         self
     }
 
+    /// Overrides the size above which files are downloaded in Range requests, and the
+    /// size of each.
+    pub fn download_chunk_bytes(mut self, bytes: u64) -> Self {
+        self.config.download_chunk_bytes = bytes;
+        self
+    }
+
     /// Builds the client. Nothing is sent yet.
     ///
     /// Errors: [`Error::HubClient`] for an endpoint that is not a URL,

@@ -20,6 +20,11 @@ pub const DEFAULT_MAX_RETRIES: usize = 5;
 /// ask (the cache is still used when offline).
 pub const DEFAULT_REF_MAX_AGE: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// Files larger than this are downloaded in HTTP Range requests of this size, a few at a
+/// time, as hf-hub and the Python client do: a CDN serving files of many gigabytes
+/// expects ranges, and a dropped connection costs one range, not the whole file.
+pub const DEFAULT_DOWNLOAD_CHUNK_BYTES: u64 = 64 << 20;
+
 /// A hub access token. It is never printed: `Debug` shows `<redacted>` and there is no
 /// `Display`.
 #[derive(Clone, PartialEq, Eq)]
@@ -73,6 +78,9 @@ pub struct HubConfig {
     pub max_retries: usize,
     /// How long a cached branch or tag resolution is trusted; see [`DEFAULT_REF_MAX_AGE`].
     pub ref_max_age: Duration,
+    /// Files larger than this are downloaded in Range requests of this size; see
+    /// [`DEFAULT_DOWNLOAD_CHUNK_BYTES`]. Zero counts as one byte.
+    pub download_chunk_bytes: u64,
 }
 
 impl HubConfig {
@@ -118,6 +126,7 @@ impl HubConfig {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             max_retries: DEFAULT_MAX_RETRIES,
             ref_max_age: DEFAULT_REF_MAX_AGE,
+            download_chunk_bytes: DEFAULT_DOWNLOAD_CHUNK_BYTES,
         }
     }
 }

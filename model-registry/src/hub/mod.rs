@@ -59,7 +59,8 @@ mod variants;
 
 pub use client::{DEFAULT_REVISION, HubClient, HubClientBuilder, MAX_SMALL_FILE_BYTES, TransferStats};
 pub use config::{
-    DEFAULT_ENDPOINT, DEFAULT_MAX_RETRIES, DEFAULT_REF_MAX_AGE, DEFAULT_REQUEST_TIMEOUT, HubConfig, HubToken,
+    DEFAULT_DOWNLOAD_CHUNK_BYTES, DEFAULT_ENDPOINT, DEFAULT_MAX_RETRIES, DEFAULT_REF_MAX_AGE, DEFAULT_REQUEST_TIMEOUT,
+    HubConfig, HubToken,
 };
 pub use download::DownloadProgress;
 pub use headers::{

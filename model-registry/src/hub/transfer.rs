@@ -16,16 +16,27 @@
 //!   hf-hub and the Python client read it) must be a hex digest: a git blob id (40) or a
 //!   SHA-256 (64).
 //!
+//! A file listed larger than [`HubConfig::download_chunk_bytes`] is fetched in Range
+//! requests of that size from the checked URL, a few at once, each written at its offset
+//! in the partial file: a CDN serving files of many gigabytes expects ranges, and a broken
+//! connection costs one range, which is tried again. Each answer must be a `206` whose
+//! `Content-Range` is the range asked for of the listed size, and, when the hub itself
+//! answers, whose ETag is the one checked; anything else stops the download.
+//!
 //! The cache layout is the standard one (`blobs/<etag>`, a relative symlink in
 //! `snapshots/<sha>/`, a lock in `.locks/`), so hf-hub, the Python client and vLLM find
 //! the files. hf-hub still does what builds no path: API calls and range reads.
 
+use std::io::SeekFrom;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue, LOCATION, USER_AGENT};
+use futures::StreamExt;
+use reqwest::header::{AUTHORIZATION, CONTENT_RANGE, HeaderMap, HeaderValue, LOCATION, RANGE, USER_AGENT};
 use reqwest::{Client, StatusCode, Url};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 
 use super::client::HubClient;
 use super::config::HubConfig;
@@ -43,6 +54,9 @@ const MAX_QUOTED_VALUE: usize = 200;
 const X_REPO_COMMIT: &str = "x-repo-commit";
 const X_LINKED_ETAG: &str = "x-linked-etag";
 const ETAG: &str = "etag";
+
+/// Range requests of one file in flight at once.
+const RANGES_IN_FLIGHT: usize = 4;
 
 /// The two HTTP clients of whole-file transfers.
 #[derive(Debug, Clone)]
@@ -344,7 +358,9 @@ impl HubClient {
         Ok(pointer)
     }
 
-    /// `GET`s the file into `<blob>.incomplete` and renames it to `blob`.
+    /// Downloads the file into `<blob>.incomplete` and renames it to `blob`: with one
+    /// `GET`, or, for a file listed larger than [`HubConfig::download_chunk_bytes`], with
+    /// Range requests of that size. A failed transfer removes the partial file.
     async fn receive(
         &self,
         resolved: &ResolvedRepo,
@@ -353,6 +369,43 @@ impl HubClient {
         blob: &Path,
         on_bytes: &(dyn Fn(u64) + Send + Sync),
     ) -> Result<(), Error> {
+        let expected = resolved.file(file).map(|listed| listed.size);
+        let partial = blob.with_file_name(format!("{}.incomplete", answer.etag));
+        if let Some(parent) = partial.parent() {
+            tokio::fs::create_dir_all(parent).await.map_err(write_error(parent))?;
+        }
+        let chunk = self.config().download_chunk_bytes.max(1);
+        let target = Target {
+            resolved,
+            file,
+            answer,
+            partial: &partial,
+        };
+        let received = match expected {
+            Some(size) if size > chunk => self.receive_ranges(&target, size, chunk, on_bytes).await,
+            _ => self.receive_whole(&target, expected, on_bytes).await,
+        };
+        if let Err(error) = received {
+            let _ = tokio::fs::remove_file(&partial).await;
+            return Err(error);
+        }
+        tokio::fs::rename(&partial, blob).await.map_err(write_error(blob))
+    }
+
+    /// One `GET` of the whole file into the partial file, which must end up `expected`
+    /// bytes long when the listing gives a size.
+    async fn receive_whole(
+        &self,
+        target: &Target<'_>,
+        expected: Option<u64>,
+        on_bytes: &(dyn Fn(u64) + Send + Sync),
+    ) -> Result<(), Error> {
+        let Target {
+            resolved,
+            file,
+            answer,
+            partial,
+        } = *target;
         let transfers = self.transfers();
         let action = || format!("download `{file}` at commit {}", resolved.sha);
         let mut response = self
@@ -367,56 +420,283 @@ impl HubClient {
         if !response.status().is_success() {
             return Err(status_error(resolved, action(), response.status(), response.url()));
         }
-        let expected = resolved.file(file).map(|listed| listed.size);
-        let partial = blob.with_file_name(format!("{}.incomplete", answer.etag));
-        let write_error = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| Error::HubCacheWrite { path, source }
-        };
-        if let Some(parent) = partial.parent() {
-            tokio::fs::create_dir_all(parent).await.map_err(write_error(parent))?;
-        }
-        let mut out = tokio::fs::File::create(&partial).await.map_err(write_error(&partial))?;
+        let mut out = tokio::fs::File::create(partial).await.map_err(write_error(partial))?;
         let mut received = 0u64;
-        loop {
-            let chunk = response.chunk().await.map_err(|source| Error::HubTransfer {
-                repo: resolved.repo.to_string(),
-                action: action(),
-                source,
-            });
-            let chunk = match chunk {
-                Ok(Some(chunk)) => chunk,
-                Ok(None) => break,
-                Err(error) => {
-                    drop(out);
-                    let _ = tokio::fs::remove_file(&partial).await;
-                    return Err(error);
-                }
-            };
+        while let Some(chunk) = response.chunk().await.map_err(|source| Error::HubTransfer {
+            repo: resolved.repo.to_string(),
+            action: action(),
+            source,
+        })? {
             received = received.saturating_add(chunk.len() as u64);
-            if let Err(source) = out.write_all(&chunk).await {
-                let _ = tokio::fs::remove_file(&partial).await;
-                return Err(Error::HubCacheWrite { path: partial, source });
-            }
+            out.write_all(&chunk).await.map_err(write_error(partial))?;
             self.count_bytes(chunk.len() as u64);
             on_bytes(received);
         }
-        if let Err(source) = out.flush().await {
-            let _ = tokio::fs::remove_file(&partial).await;
-            return Err(Error::HubCacheWrite { path: partial, source });
-        }
-        drop(out);
+        out.flush().await.map_err(write_error(partial))?;
         if let Some(size) = expected
             && size != received
         {
-            let _ = tokio::fs::remove_file(&partial).await;
             return Err(Error::HubResponse {
                 repo: resolved.repo.to_string(),
                 detail: format!("`{file}` is listed with {size} bytes, but the download sent {received}"),
             });
         }
-        tokio::fs::rename(&partial, blob).await.map_err(write_error(blob))
+        Ok(())
     }
+
+    /// The file, `size` bytes, in Range requests of `chunk` bytes, [`RANGES_IN_FLIGHT`]
+    /// at a time, each written at its offset in the partial file. The first range that
+    /// fails for good stops the others.
+    async fn receive_ranges(
+        &self,
+        target: &Target<'_>,
+        size: u64,
+        chunk: u64,
+        on_bytes: &(dyn Fn(u64) + Send + Sync),
+    ) -> Result<(), Error> {
+        let partial = target.partial;
+        let out = tokio::fs::File::create(partial).await.map_err(write_error(partial))?;
+        out.set_len(size).await.map_err(write_error(partial))?;
+        drop(out);
+        let received = AtomicU64::new(0);
+        let progress = Progress {
+            received: &received,
+            on_bytes,
+        };
+        let starts = std::iter::successors(Some(0u64), |&start| {
+            start.checked_add(chunk).filter(|&next| next < size)
+        });
+        let mut ranges = futures::stream::iter(starts.map(|start| {
+            let range = start..start.saturating_add(chunk).min(size);
+            self.receive_range(target, size, range, &progress)
+        }))
+        .buffer_unordered(RANGES_IN_FLIGHT);
+        while let Some(done) = ranges.next().await {
+            done?;
+        }
+        Ok(())
+    }
+
+    /// Bytes `range` of the file into the partial file. A body that breaks off is tried
+    /// again from the range's start, at most [`HubConfig::max_retries`] more times (a
+    /// request that gets no answer is retried as every hub call is); an answer that is not
+    /// the range asked for is an error at once.
+    async fn receive_range(
+        &self,
+        target: &Target<'_>,
+        size: u64,
+        range: Range<u64>,
+        progress: &Progress<'_>,
+    ) -> Result<(), Error> {
+        // Bytes of this range already counted in the progress, over all attempts.
+        let mut counted = 0u64;
+        let mut delay = Duration::from_millis(100);
+        let mut attempt = 0;
+        loop {
+            match self
+                .try_range(target, size, range.clone(), progress, &mut counted)
+                .await
+            {
+                Ok(()) => return Ok(()),
+                Err(RangeFailure::Broken(error)) if attempt < self.config().max_retries => {
+                    tracing::debug!(file = target.file, start = range.start, %error, "a range transfer broke off; trying again");
+                    attempt += 1;
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(5));
+                }
+                Err(RangeFailure::Broken(error) | RangeFailure::Final(error)) => return Err(error),
+            }
+        }
+    }
+
+    /// One attempt at bytes `range`: the answer must be a `206` whose `Content-Range` is
+    /// that range of a file of `size` bytes and, when the hub itself answers (no
+    /// redirect), whose ETag is the one checked on `HEAD`.
+    async fn try_range(
+        &self,
+        target: &Target<'_>,
+        size: u64,
+        range: Range<u64>,
+        progress: &Progress<'_>,
+        counted: &mut u64,
+    ) -> Result<(), RangeFailure> {
+        let Target {
+            resolved,
+            file,
+            answer,
+            partial,
+        } = *target;
+        let last = range.end.saturating_sub(1);
+        let transfers = self.transfers();
+        let action = || {
+            format!(
+                "download bytes {}-{last} of `{file}` at commit {}",
+                range.start, resolved.sha
+            )
+        };
+        let refused = |detail: String| {
+            RangeFailure::Final(Error::HubResponse {
+                repo: resolved.repo.to_string(),
+                detail: format!(
+                    "{detail}; the download of `{file}` was stopped and nothing was cached (check that \
+                     HF_ENDPOINT is the hub, and that no proxy between it and Skein rewrites its answers)"
+                ),
+            })
+        };
+        let mut response = self
+            .with_retries(resolved, &action, || {
+                transfers
+                    .get
+                    .get(answer.url.clone())
+                    .headers(transfers.auth.clone())
+                    .header(RANGE, format!("bytes={}-{last}", range.start))
+                    .send()
+            })
+            .await
+            .map_err(RangeFailure::Final)?;
+        let status = response.status();
+        if status == StatusCode::OK {
+            return Err(refused(format!(
+                "a request for bytes {}-{last} of `{file}` was answered with the whole file (HTTP 200, not 206)",
+                range.start
+            )));
+        }
+        if status != StatusCode::PARTIAL_CONTENT {
+            return Err(RangeFailure::Final(status_error(
+                resolved,
+                action(),
+                status,
+                response.url(),
+            )));
+        }
+        let headers = response.headers();
+        let content_range = headers.get(CONTENT_RANGE);
+        let answered = content_range.and_then(|value| parse_content_range(value.to_str().ok()?));
+        if answered != Some((range.start, last, size)) {
+            let shown = content_range.map_or_else(|| "missing".to_owned(), |value| quoted(value.as_bytes()));
+            return Err(refused(format!(
+                "a request for bytes {}-{last} of `{file}` (listed with {size} bytes) was answered with \
+                 Content-Range {shown}, not `bytes {}-{last}/{size}`",
+                range.start, range.start
+            )));
+        }
+        // A CDN that the hub redirects to has ETags of its own; the hub's must not change.
+        if response.url() == &answer.url
+            && let Some((header, raw)) = etag_header(headers)
+            && normalized_etag(raw.to_str().unwrap_or_default()).ok().as_deref() != Some(answer.etag.as_str())
+        {
+            return Err(refused(format!(
+                "the answer for bytes {}-{last} of `{file}` has {header} {}, but the file's headers gave `{}`: \
+                 the file changed on the hub during the download",
+                range.start,
+                quoted(raw.as_bytes()),
+                answer.etag
+            )));
+        }
+        let written = |source| {
+            RangeFailure::Final(Error::HubCacheWrite {
+                path: partial.to_path_buf(),
+                source,
+            })
+        };
+        let mut out = tokio::fs::OpenOptions::new()
+            .write(true)
+            .open(partial)
+            .await
+            .map_err(written)?;
+        out.seek(SeekFrom::Start(range.start)).await.map_err(written)?;
+        let wanted = range.end - range.start;
+        let mut at = 0u64;
+        loop {
+            let chunk = response.chunk().await.map_err(|source| {
+                RangeFailure::Broken(Error::HubTransfer {
+                    repo: resolved.repo.to_string(),
+                    action: action(),
+                    source,
+                })
+            })?;
+            let Some(chunk) = chunk else { break };
+            let len = chunk.len() as u64;
+            if at.saturating_add(len) > wanted {
+                return Err(refused(format!(
+                    "the answer for bytes {}-{last} of `{file}` sent more than the {wanted} bytes asked for",
+                    range.start
+                )));
+            }
+            out.write_all(&chunk).await.map_err(written)?;
+            self.count_bytes(len);
+            at += len;
+            if at > *counted {
+                let total = progress.received.fetch_add(at - *counted, Ordering::Relaxed) + (at - *counted);
+                *counted = at;
+                (progress.on_bytes)(total);
+            }
+        }
+        out.flush().await.map_err(written)?;
+        if at < wanted {
+            return Err(RangeFailure::Broken(Error::HubResponse {
+                repo: resolved.repo.to_string(),
+                detail: format!(
+                    "the answer for bytes {}-{last} of `{file}` ended after {at} of {wanted} bytes",
+                    range.start
+                ),
+            }));
+        }
+        Ok(())
+    }
+}
+
+/// What a download writes, and from which answer.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    resolved: &'a ResolvedRepo,
+    file: &'a str,
+    answer: &'a FileAnswer,
+    /// `<blob>.incomplete`.
+    partial: &'a Path,
+}
+
+/// The bytes received over all the ranges of a file, and who hears of them.
+struct Progress<'a> {
+    received: &'a AtomicU64,
+    on_bytes: &'a (dyn Fn(u64) + Send + Sync),
+}
+
+/// Why an attempt at a range failed.
+enum RangeFailure {
+    /// The body broke off: worth another attempt.
+    Broken(Error),
+    /// The hub failed past its retries, the answer is not the range asked for, or the
+    /// cache cannot be written.
+    Final(Error),
+}
+
+/// The ETag header of an answer, as `HEAD` reads it: `X-Linked-Etag`, else `ETag`.
+fn etag_header(headers: &HeaderMap) -> Option<(&'static str, &HeaderValue)> {
+    match (headers.get(X_LINKED_ETAG), headers.get(ETAG)) {
+        (Some(linked), _) => Some(("X-Linked-Etag", linked)),
+        (None, Some(etag)) => Some(("ETag", etag)),
+        (None, None) => None,
+    }
+}
+
+/// `bytes <first>-<last>/<size>` as `(first, last, size)`.
+fn parse_content_range(value: &str) -> Option<(u64, u64, u64)> {
+    let (span, size) = value.trim().strip_prefix("bytes ")?.split_once('/')?;
+    let (first, last) = span.split_once('-')?;
+    let number = |text: &str| {
+        let text = text.trim();
+        (!text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| text.parse::<u64>().ok())
+            .flatten()
+    };
+    Some((number(first)?, number(last)?, number(size)?))
+}
+
+/// The error of a cache write to `path`.
+fn write_error(path: &Path) -> impl FnOnce(std::io::Error) -> Error + use<> {
+    let path = path.to_path_buf();
+    move |source| Error::HubCacheWrite { path, source }
 }
 
 /// Whether a `Location` is relative to the URL asked (no scheme, no host), as hf-hub
@@ -531,6 +811,24 @@ mod tests {
     fn quoted_values_are_escaped_and_bounded() {
         assert_eq!(quoted(b"../\n"), "\"../\\n\"");
         assert!(quoted(&[b'x'; 1000]).chars().count() < MAX_QUOTED_VALUE + 5);
+    }
+
+    #[test]
+    fn content_ranges_are_read_strictly() {
+        assert_eq!(
+            parse_content_range("bytes 0-1048575/3158073"),
+            Some((0, 1_048_575, 3_158_073))
+        );
+        for bad in [
+            "bytes 0-9/*",
+            "bytes */100",
+            "0-9/100",
+            "bytes -1-9/100",
+            "bytes 0-+9/100",
+            "",
+        ] {
+            assert_eq!(parse_content_range(bad), None, "{bad}");
+        }
     }
 
     #[test]
