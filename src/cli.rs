@@ -503,7 +503,12 @@ pub struct EngineServeArgs {
     /// The key every `/v1` request must carry (`Authorization: Bearer KEY`); `/health`
     /// stays open. Give it through the environment, as the agent does: a command line
     /// is readable by every user of the machine. Unset: no key.
-    #[arg(long = "api-key", env = "SKEIN_ENGINE_API_KEY", hide_env_values = true, value_name = "KEY")]
+    #[arg(
+        long = "api-key",
+        env = "SKEIN_ENGINE_API_KEY",
+        hide_env_values = true,
+        value_name = "KEY"
+    )]
     pub api_key: Option<String>,
 }
 
@@ -558,7 +563,12 @@ pub struct ApiClientArgs {
     #[arg(long, env = "SKEIN_SERVER_FINGERPRINT", value_name = "sha256:HEX")]
     pub server_fingerprint: Option<String>,
     /// PEM CA certificate to trust for an `https://` server (default: the system's roots).
-    #[arg(long = "ca", env = "SKEIN_CA", value_name = "FILE", conflicts_with = "server_fingerprint")]
+    #[arg(
+        long = "ca",
+        env = "SKEIN_CA",
+        value_name = "FILE",
+        conflicts_with = "server_fingerprint"
+    )]
     pub tls_ca: Option<PathBuf>,
 }
 
@@ -597,7 +607,12 @@ pub struct AgentArgs {
     /// Trust only the `https://` server whose certificate has this SHA-256 fingerprint
     /// (`sha256:…`, printed by `skein server` at start and kept in its
     /// `<data dir>/tls/fingerprint`).
-    #[arg(long, env = "SKEIN_SERVER_FINGERPRINT", value_name = "sha256:HEX", conflicts_with = "ca")]
+    #[arg(
+        long,
+        env = "SKEIN_SERVER_FINGERPRINT",
+        value_name = "sha256:HEX",
+        conflicts_with = "ca"
+    )]
     pub server_fingerprint: Option<String>,
     /// Where engine logs go; default `<data dir>/logs`.
     #[arg(long, env = "SKEIN_DATA_DIR", value_name = "DIR")]

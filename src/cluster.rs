@@ -25,9 +25,7 @@ use skein_agent::{GpuSource, HostInventory, HostSampler, discover_nvml, load_fle
 use skein_proto::agent::v1::InstanceStatus;
 use tokio::sync::mpsc;
 
-use crate::cli::{
-    AgentArgs, ApiClientArgs, EXIT_OK, EngineArgs, NodesArgs, OutputFormat, ServerArgs, TlsMode, UpArgs,
-};
+use crate::cli::{AgentArgs, ApiClientArgs, EXIT_OK, EngineArgs, NodesArgs, OutputFormat, ServerArgs, TlsMode, UpArgs};
 
 /// Default REST address.
 pub const DEFAULT_API_ADDR: &str = "127.0.0.1:7878";
@@ -680,8 +678,12 @@ pub fn run_agent(args: &AgentArgs) -> anyhow::Result<ExitCode> {
     };
     // The agent keeps instance logs (users' prompts among them) in its data directory.
     let agent_dir = data_dir(args.data_dir.as_deref())?;
-    skein_orchestrator::private::private_dir(&agent_dir)
-        .with_context(|| format!("cannot make the data directory {} private (mode 0700)", agent_dir.display()))?;
+    skein_orchestrator::private::private_dir(&agent_dir).with_context(|| {
+        format!(
+            "cannot make the data directory {} private (mode 0700)",
+            agent_dir.display()
+        )
+    })?;
     let logs_dir = agent_dir.join("logs").join(&config.node_name);
     let gpus = EngineGpus {
         simulated: args.simulate.is_some(),

@@ -105,12 +105,7 @@ impl Server {
             .build()
             .unwrap();
         self.runtime.block_on(async {
-            let response = client
-                .get(&url)
-                .bearer_auth(token.trim())
-                .send()
-                .await
-                .unwrap();
+            let response = client.get(&url).bearer_auth(token.trim()).send().await.unwrap();
             assert!(response.status().is_success(), "{}", response.status());
             response.json::<Value>().await.unwrap()
         })

@@ -133,7 +133,9 @@ fn endpoint(config: &AgentConfig) -> Result<Door, AgentError> {
     };
     if let Some(pin) = config.tls_pin {
         let Some(rest) = config.join.strip_prefix("https://") else {
-            return Err(bad("a pinned certificate (--server-fingerprint) needs an https:// address".to_owned()));
+            return Err(bad(
+                "a pinned certificate (--server-fingerprint) needs an https:// address".to_owned(),
+            ));
         };
         // The connector speaks TLS itself; tonic sees a plain connection.
         let endpoint = Endpoint::from_shared(format!("http://{rest}")).map_err(|e| bad(e.to_string()))?;

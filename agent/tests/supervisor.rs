@@ -14,8 +14,8 @@ use std::time::Duration;
 use serde_json::Value;
 use skein_agent::GpuMemoryProbe;
 use skein_agent::engine::{
-    CandleLaunch, EngineKey, EngineLaunch, InstanceEvent, InstanceState, LaunchSpec, RemoteLaunch, RestartPolicy, Supervisor,
-    SupervisorConfig, SupervisorError, free_port,
+    CandleLaunch, EngineKey, EngineLaunch, InstanceEvent, InstanceState, LaunchSpec, RemoteLaunch, RestartPolicy,
+    Supervisor, SupervisorConfig, SupervisorError, free_port,
 };
 use tokio::sync::mpsc;
 

@@ -559,7 +559,8 @@ pub fn is_valid_name(s: &str) -> bool {
 pub fn is_valid_secret_name(s: &str) -> bool {
     s.len() <= 64
         && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 /// Whether `s` names a secret from a workflow: `NAME` (the user's own) or

@@ -93,9 +93,13 @@ pub fn parse_as(name: &str, text: &str, kind: SourceKind) -> Parsed {
         Err(e) => {
             let mut diagnostics = Diagnostics::default();
             diagnostics.push(
-                Diagnostic::error(Code::ScriptLimit, Span::point(0), format!("the workflow was not read: {e}"))
-                    .with_label("not read")
-                    .with_help("try again; if it persists, the server is overloaded"),
+                Diagnostic::error(
+                    Code::ScriptLimit,
+                    Span::point(0),
+                    format!("the workflow was not read: {e}"),
+                )
+                .with_label("not read")
+                .with_help("try again; if it persists, the server is overloaded"),
             );
             Parsed {
                 file: SourceFile::new(name, text),

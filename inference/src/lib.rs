@@ -39,7 +39,5 @@ pub mod template;
 pub use checkpoint::Family;
 pub use engine::{Completion, DEFAULT_MAX_TOKENS, Engine, FinishReason, GenerationRequest};
 pub use error::Error;
-pub use server::{
-    ApiKey, DeviceSpec, QUEUE_CAPACITY, RETRY_AFTER_S, RunningEngine, STREAM_BUFFER, ServeConfig, serve,
-};
+pub use server::{ApiKey, DeviceSpec, QUEUE_CAPACITY, RETRY_AFTER_S, RunningEngine, STREAM_BUFFER, ServeConfig, serve};
 pub use template::{ChatTemplate, TemplateMessage};

@@ -30,7 +30,9 @@ pub struct Clients {
 
 impl std::fmt::Debug for Clients {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Clients").field("policy", &self.policy).finish_non_exhaustive()
+        f.debug_struct("Clients")
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
     }
 }
 

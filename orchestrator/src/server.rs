@@ -351,6 +351,13 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         instances,
         reflex_events,
         reflexes,
-        tasks: vec![grpc_accept_task, grpc_task, api_task, sweep_task, executor_task, reflex_task],
+        tasks: vec![
+            grpc_accept_task,
+            grpc_task,
+            api_task,
+            sweep_task,
+            executor_task,
+            reflex_task,
+        ],
     })
 }

@@ -550,7 +550,10 @@ where
 /// case-insensitively (RFC 9110 §11.1); one or more spaces follow it.
 fn bearer_token(value: &str) -> Option<&str> {
     let (scheme, token) = value.trim_start().split_once(' ')?;
-    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim()).filter(|t| !t.is_empty())
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
 }
 
 /// Finds who presents the request's bearer token and hands them to the route as an
@@ -734,7 +737,9 @@ fn refuse_endpoints(parsed: &mut skein_dsl::Parsed, policy: &crate::egress::Egre
             parsed.diagnostics.push(
                 skein_dsl::Diagnostic::error(skein_dsl::Code::BadValue, span, refusal.to_string())
                     .with_label("this server does not call this address")
-                    .with_help("use an endpoint outside this server and its local network, or ask the admin to allow it"),
+                    .with_help(
+                        "use an endpoint outside this server and its local network, or ask the admin to allow it",
+                    ),
             );
         }
     }

@@ -223,7 +223,6 @@ impl Sampling {
     }
 }
 
-
 /// The route to a ready instance.
 fn instance_route(view: InstanceView) -> Result<Route, SessionError> {
     Route::to_instance(&view)
@@ -519,7 +518,9 @@ impl Sessions {
         }
         let mut body = serde_json::json!({ "messages": sent });
         sampling.write(&definition, &mut body);
-        self.call(&route, None, &principal.user, body, tokens).await.map_err(engine_error)
+        self.call(&route, None, &principal.user, body, tokens)
+            .await
+            .map_err(engine_error)
     }
 
     /// A session of `principal` (another user's is "not found").
@@ -578,7 +579,10 @@ impl Sessions {
     /// Errors: [`SessionError`].
     pub async fn send(&self, principal: &Principal, id: &str, mut turn: Turn) -> Result<Reply, SessionError> {
         self.get(principal, id)?;
-        self.inner.config.limits.check(RequestSize::of_messages(&turn.messages))?;
+        self.inner
+            .config
+            .limits
+            .check(RequestSize::of_messages(&turn.messages))?;
         record::check_messages(&turn.messages)?;
         turn.sampling.check()?;
         if turn.messages.is_empty() {
@@ -631,7 +635,9 @@ impl Sessions {
         let mut body = self.request_body(&session.definition, &history, &turn);
         let (mut route, bound) = self.route(&session, &Pin::Anywhere).await?;
         session = bound.unwrap_or(session);
-        let mut answer = self.call(&route, Some(id), &principal.user, body.clone(), turn.tokens.as_ref()).await;
+        let mut answer = self
+            .call(&route, Some(id), &principal.user, body.clone(), turn.tokens.as_ref())
+            .await;
         if let Err(CallError::Unreachable(error)) = &answer {
             // The instance went away mid-turn: once more, elsewhere.
             tracing::warn!(session = %id, %error, "the session's instance is unreachable; moving it");
@@ -640,7 +646,9 @@ impl Sessions {
                 None => Pin::Anywhere,
             };
             (route, _) = self.route_fresh(&session, &avoid).await?;
-            answer = self.call(&route, Some(id), &principal.user, body.clone(), turn.tokens.as_ref()).await;
+            answer = self
+                .call(&route, Some(id), &principal.user, body.clone(), turn.tokens.as_ref())
+                .await;
         }
         // Refused: most likely the history is longer in tokens than its bytes promised
         // (text of few bytes per token). Halve what is sent, a few times.
@@ -658,7 +666,9 @@ impl Sessions {
             budget = budget.min(sent) / 2;
             history = store.recent(id, budget)?;
             body = self.request_body(&session.definition, &history, &turn);
-            answer = self.call(&route, Some(id), &principal.user, body.clone(), turn.tokens.as_ref()).await;
+            answer = self
+                .call(&route, Some(id), &principal.user, body.clone(), turn.tokens.as_ref())
+                .await;
         }
         let answer = answer.map_err(engine_error)?;
         let reply = NewMessage {
