@@ -744,8 +744,11 @@ fn link(pointer: &Path, target: &Path) -> Result<(), Error> {
     if let Some(parent) = pointer.parent() {
         std::fs::create_dir_all(parent).map_err(write_error(parent))?;
     }
+    // Unique to this call: two tasks of one process may link the same file at once.
+    static LINKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = LINKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut name = pointer.file_name().unwrap_or_default().to_os_string();
-    name.push(format!(".{}.link", std::process::id()));
+    name.push(format!(".{}-{call}.link", std::process::id()));
     let temporary = pointer.with_file_name(name);
     let _ = std::fs::remove_file(&temporary);
     #[cfg(unix)]
@@ -764,6 +767,22 @@ mod tests {
 
     fn sha() -> CommitSha {
         CommitSha::parse("0123456789abcdef0123456789abcdef01234567").unwrap()
+    }
+
+    #[test]
+    fn tasks_of_one_process_link_the_same_file_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let pointer = dir.path().join("snapshots").join("c").join("config.json");
+        let target = Path::new("../../blobs/e");
+        std::thread::scope(|scope| {
+            let linking: Vec<_> = (0..16).map(|_| scope.spawn(|| link(&pointer, target))).collect();
+            for task in linking {
+                task.join().unwrap().unwrap();
+            }
+        });
+        assert_eq!(std::fs::read_link(&pointer).unwrap(), target);
+        let left: Vec<_> = std::fs::read_dir(pointer.parent().unwrap()).unwrap().collect();
+        assert_eq!(left.len(), 1, "temporary links were left behind");
     }
 
     #[test]
