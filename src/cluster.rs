@@ -81,17 +81,8 @@ pub fn load_or_create_secret(file: &Path) -> anyhow::Result<Secret> {
 
 /// Writes `text` to `file` readable by its owner only.
 fn write_private(file: &Path, text: &str) -> anyhow::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut out = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(file)
-        .with_context(|| format!("cannot create {}", file.display()))?;
-    writeln!(out, "{text}").with_context(|| format!("cannot write {}", file.display()))?;
-    out.sync_all()
-        .with_context(|| format!("cannot write {}", file.display()))?;
-    Ok(())
+    skein_orchestrator::private::create_private(file, format!("{text}\n").as_bytes())
+        .with_context(|| format!("cannot create {}", file.display()))
 }
 
 /// A secret from a flag, else a file.

@@ -66,6 +66,20 @@ pub fn write_private(file: &Path, bytes: &[u8]) -> io::Result<()> {
     written
 }
 
+/// Creates `file` with `bytes` and mode 0600, durably; never over an existing file (the
+/// error is then `AlreadyExists`), so two creators cannot replace each other's content.
+///
+/// Errors: the IO error of creating or writing it.
+pub fn create_private(file: &Path, bytes: &[u8]) -> io::Result<()> {
+    let mut out = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(FILE_MODE)
+        .open(file)?;
+    out.write_all(bytes)?;
+    out.sync_all()
+}
+
 /// Takes group and other bits away from everything under `dir` (files 0600, folders
 /// 0700, `dir` included), without following symbolic links. Returns how many entries
 /// were tightened.

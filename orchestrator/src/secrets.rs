@@ -225,20 +225,12 @@ impl SecretsKey {
                 Ok(SecretsKey(key))
             }
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                use std::io::Write;
-                use std::os::unix::fs::OpenOptionsExt;
                 if let Some(dir) = file.parent() {
                     std::fs::create_dir_all(dir).map_err(|e| fail(e.to_string()))?;
                 }
                 let key = SecretsKey::random()?;
-                let mut out = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(file)
+                crate::private::create_private(file, format!("{}\n", hex(&key.0)).as_bytes())
                     .map_err(|e| fail(e.to_string()))?;
-                writeln!(out, "{}", hex(&key.0)).map_err(|e| fail(e.to_string()))?;
-                out.sync_all().map_err(|e| fail(e.to_string()))?;
                 Ok(key)
             }
             Err(error) => Err(fail(error.to_string())),

@@ -6,7 +6,6 @@
 //! everything in the data directory); later starts reuse them, so clients that pinned
 //! the fingerprint keep trusting the server.
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -14,6 +13,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use skein_proto::tls::Fingerprint;
 
+use crate::private::create_private;
 use crate::server::TlsFiles;
 
 /// Why the server's certificate could not be read, made or used.
@@ -110,7 +110,7 @@ pub fn load_or_generate(dir: &Path, names: &[String]) -> Result<Generated, TlsEr
         let path = path.to_owned();
         move |source| TlsError::Io { path, source }
     };
-    create_private_dir(dir).map_err(io(dir))?;
+    crate::private::private_dir(dir).map_err(io(dir))?;
     let mut params = rcgen::CertificateParams::new(names.to_vec()).map_err(TlsError::Generate)?;
     params
         .distinguished_name
@@ -118,35 +118,18 @@ pub fn load_or_generate(dir: &Path, names: &[String]) -> Result<Generated, TlsEr
     let pair = rcgen::KeyPair::generate().map_err(TlsError::Generate)?;
     let certificate = params.self_signed(&pair).map_err(TlsError::Generate)?;
     // The key first: a certificate without its key is refused at the next start.
-    write_new(&key, pair.serialize_pem().as_bytes(), 0o600).map_err(io(&key))?;
-    write_new(&cert, certificate.pem().as_bytes(), 0o600).map_err(io(&cert))?;
+    create_private(&key, pair.serialize_pem().as_bytes()).map_err(io(&key))?;
+    create_private(&cert, certificate.pem().as_bytes()).map_err(io(&cert))?;
     let fingerprint = Fingerprint::of(certificate.der());
     let record = dir.join("fingerprint");
     // Replaced when stale (the certificate is the truth; this file is for people).
     let _ = std::fs::remove_file(&record);
-    write_new(&record, format!("{fingerprint}\n").as_bytes(), 0o600).map_err(io(&record))?;
+    create_private(&record, format!("{fingerprint}\n").as_bytes()).map_err(io(&record))?;
     Ok(Generated {
         files,
         fingerprint,
         new: true,
     })
-}
-
-fn create_private_dir(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)
-}
-
-/// Writes a new file (never over an old one) with `mode`, durably.
-fn write_new(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(path)?;
-    file.write_all(bytes)?;
-    file.sync_all()
 }
 
 /// The certificates of a PEM file, in order (the server's first).
