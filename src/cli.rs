@@ -677,9 +677,10 @@ pub struct EngineArgs {
     #[arg(long, env = "SKEIN_RAY", default_value = "ray", value_name = "PATH")]
     pub ray: PathBuf,
     /// llama.cpp's RPC server, for GGUF models split across machines (one per GPU of
-    /// this node that holds layers).
-    #[arg(long, env = "SKEIN_RPC_SERVER", default_value = "rpc-server", value_name = "PATH")]
-    pub rpc_server: PathBuf,
+    /// this node that holds layers). Default: `ggml-rpc-server` on PATH (its name in
+    /// current llama.cpp), else `rpc-server` (its name in older releases).
+    #[arg(long, env = "SKEIN_RPC_SERVER", value_name = "PATH")]
+    pub rpc_server: Option<PathBuf>,
     /// The address engines listen on and are reached at: this machine's address as the
     /// orchestrator (and, for a model split across nodes, the other nodes) see it; in
     /// Kubernetes, the pod's IP. Default: loopback when the server is on this machine,

@@ -216,6 +216,9 @@ pub trait InstanceHost: Send + Sync {
     /// Stops every instance (engines cleanly: a signal, a grace period, then a kill),
     /// for an agent that leaves.
     fn shutdown(&self) -> futures::future::BoxFuture<'_, ()>;
+    /// The telemetry period the orchestrator asked for at registration: engines' memory
+    /// is measured as often. Nothing by default.
+    fn sample_interval(&self, _interval: Duration) {}
 }
 
 /// Runs the agent until the orchestrator refuses it or the node leaves: registers,
@@ -418,6 +421,7 @@ async fn session(
         .into_inner();
     let interval = Duration::from_millis(u64::from(registration.sample_interval_ms.max(50)));
     tracing::info!(node = %registration.node_id, known = registration.known, ?interval, "registered");
+    engines.sample_interval(interval);
 
     let (outbound, rx) = mpsc::channel::<AgentMessage>(64);
     let hello = AgentMessage {

@@ -319,7 +319,7 @@ fn built_in_engine_on_the_first_of_its_gpus() {
     let command = s.command().expect("a command");
     assert_eq!(
         command.to_string(),
-        "CUDA_VISIBLE_DEVICES=3 /usr/local/bin/skein engine serve --model /models/qwen2.5-7b-instruct-q4_k_m.gguf \
+        "CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=3 /usr/local/bin/skein engine serve --model /models/qwen2.5-7b-instruct-q4_k_m.gguf \
          --name lab-research.vision --host 127.0.0.1 --port 8101 --seed 42 --device cuda:0"
     );
     insta::assert_yaml_snapshot!(command);

@@ -14,8 +14,8 @@ use std::time::Duration;
 use serde_json::Value;
 use skein_agent::GpuMemoryProbe;
 use skein_agent::engine::{
-    CandleLaunch, EngineKey, EngineLaunch, InstanceEvent, InstanceState, LaunchSpec, RemoteLaunch, RestartPolicy,
-    Supervisor, SupervisorConfig, SupervisorError, free_port,
+    CandleLaunch, EngineKey, EngineLaunch, InstanceEvent, InstanceState, LaunchSpec, LlamaRpcLaunch, RemoteLaunch,
+    RestartPolicy, Supervisor, SupervisorConfig, SupervisorError, free_port,
 };
 use tokio::sync::mpsc;
 
@@ -514,4 +514,89 @@ async fn an_engine_stopped_while_loading_is_gone_without_a_restart() {
     assert_eq!(names(&seen), ["stopped"]);
     // Stopping again is a no-op.
     supervisor.stop("loading").await.expect("nothing to stop");
+}
+
+/// A piece (an RPC server's stand-in, in Python) that opens its port at once, takes
+/// 200 MiB a second later (its weights arriving), and never accepts a connection, like an
+/// RPC server busy with its one client.
+const GROWING_PIECE: &str = r#"import socket, sys, time
+args = sys.argv[1:]
+host, port = args[args.index("--host") + 1], int(args[args.index("--port") + 1])
+listener = socket.socket()
+listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+listener.bind((host, port))
+listener.listen(1)
+print("listening", flush=True)
+time.sleep(1.0)
+weights = b"w" * (200 << 20)
+print("weights received", flush=True)
+time.sleep(600)
+"#;
+
+#[tokio::test]
+async fn a_pieces_memory_is_measured_again_once_its_weights_arrive_and_it_is_not_probed_busy() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let program = dir.path().join("piece.py");
+    std::fs::write(&program, format!("#!/usr/bin/env python3\n{GROWING_PIECE}")).expect("write the piece");
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).expect("executable");
+    let spec = LaunchSpec {
+        engine: EngineLaunch::LlamaRpc(LlamaRpcLaunch { program, cache: false }),
+        ..candle("coder.rpc-server-1", PathBuf::new(), &[])
+    };
+    let (supervisor, mut events) = Supervisor::new(config(dir.path()));
+    supervisor.set_measure_interval(Duration::from_millis(100));
+    supervisor.start(spec).await.expect("started");
+    let seen = events_until(&mut events, is_ready).await;
+    let InstanceState::Ready { memory, .. } = &seen.last().expect("an event").state else {
+        unreachable!("waited for it")
+    };
+    let at_ready = memory.host_rss.expect("measured");
+    assert!(at_ready < 100 << 20, "measured before the weights came: {at_ready}");
+
+    // Its memory is measured again as it runs, and the figure follows the weights.
+    let grown = events_until(&mut events, |s| {
+        matches!(s, InstanceState::Ready { memory, .. } if memory.host_rss.is_some_and(|rss| rss >= at_ready + (200 << 20)))
+    })
+    .await;
+    assert_eq!(
+        names(&grown).iter().filter(|n| **n != "ready").count(),
+        0,
+        "only new figures: {grown:#?}"
+    );
+    // It never accepts a connection, as an RPC server serving its one client: it is
+    // watched by its process, not probed (3 failed probes would restart it).
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let status = supervisor.status();
+    assert!(is_ready(&status[0].state), "{status:#?}");
+    while let Ok(event) = events.try_recv() {
+        assert!(is_ready(&event.state), "{event:#?}");
+    }
+    supervisor.stop_all().await;
+}
+
+#[tokio::test]
+async fn an_engine_that_exits_successfully_before_it_is_ready_is_failed_without_restarts() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    // As llama.cpp's RPC server does with a flag it does not know.
+    let program = dir.path().join("usage.sh");
+    std::fs::write(
+        &program,
+        "#!/bin/sh\necho \"error: unknown argument: $1\" >&2\necho 'Usage: rpc-server [options]' >&2\nexit 0\n",
+    )
+    .expect("write");
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).expect("executable");
+    let (supervisor, mut events) = Supervisor::new(config(dir.path()));
+    supervisor.start(candle("usage", program, &[])).await.expect("started");
+    let seen = events_until(&mut events, |s| matches!(s, InstanceState::Failed { .. })).await;
+    assert_eq!(names(&seen), ["starting", "loading", "failed"]);
+    let InstanceState::Failed { reason, .. } = &seen[2].state else {
+        unreachable!("checked above")
+    };
+    assert!(
+        reason.starts_with("exited with status 0 before it was ready"),
+        "{reason}"
+    );
+    assert!(reason.contains("error: unknown argument: engine"), "{reason}");
 }

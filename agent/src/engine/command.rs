@@ -70,6 +70,12 @@ impl Serialize for EngineKey {
     }
 }
 
+/// The variable that makes CUDA number GPUs as the agent does: every engine process gets
+/// it beside `CUDA_VISIBLE_DEVICES`.
+pub const CUDA_DEVICE_ORDER: &str = "CUDA_DEVICE_ORDER";
+/// [`CUDA_DEVICE_ORDER`]'s value: ascending PCI bus id, the order of NVML's indices.
+pub const PCI_BUS_ID: &str = "PCI_BUS_ID";
+
 /// How a secret shows in logs, events and serialized commands.
 pub const REDACTED: &str = "<redacted>";
 
@@ -88,7 +94,7 @@ pub enum EngineLaunch {
     /// A node of a Ray cluster (`ray start`) whose GPUs run ranks of a vLLM engine
     /// split across machines.
     RayNode(RayNodeLaunch),
-    /// llama.cpp's `rpc-server`: one GPU another node's `llama-server` offloads to.
+    /// llama.cpp's RPC server: one GPU another node's `llama-server` offloads to.
     LlamaRpc(LlamaRpcLaunch),
 }
 
@@ -123,11 +129,15 @@ pub struct RayNodeLaunch {
     pub hub_cache: Option<PathBuf>,
 }
 
-/// llama.cpp's `rpc-server` on at most one GPU (the CPU without one). A piece of an
-/// engine split across machines, ready when its port accepts connections.
+/// llama.cpp's RPC server (`ggml-rpc-server`; `rpc-server` in older releases) on at
+/// most one GPU (the CPU without one). A piece of an engine split across machines, ready
+/// when its port first accepts a connection. It then serves one client at a time (its
+/// socket listens with a backlog of 1 and it accepts the next client only when the
+/// current one leaves), so once the serving `llama-server` holds its connection a probe
+/// could not connect: its health is its process running.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LlamaRpcLaunch {
-    /// The program (`rpc-server`, or a path).
+    /// The program (`ggml-rpc-server`, or a path).
     pub program: PathBuf,
     /// `-c`: keep received tensors in the local cache.
     pub cache: bool,
@@ -307,6 +317,11 @@ impl LaunchSpec {
         // Only the plan's GPUs, in rank order: engines number what they see from 0.
         let visible = comma_list(&self.gpus);
         env.insert("CUDA_VISIBLE_DEVICES".to_owned(), visible);
+        // The indices above are the agent's: NVML's, in PCI bus order as `nvidia-smi`
+        // shows them (NVML does not promise that order; the agent warns at start when a
+        // node's is not, `gpu::nvml`). CUDA's own default order is fastest first, which
+        // on a node of mixed GPUs would put an engine on another card than planned.
+        env.insert(CUDA_DEVICE_ORDER.to_owned(), PCI_BUS_ID.to_owned());
         let mut command = match &self.engine {
             EngineLaunch::LlamaCpp(l) => self.llama_cpp(l, env),
             EngineLaunch::Vllm(v) => self.vllm(v, env),
@@ -360,7 +375,7 @@ impl LaunchSpec {
         }
     }
 
-    /// `rpc-server`: one device (the GPU it sees, or the CPU).
+    /// The RPC server: one device (the GPU it sees, or the CPU).
     fn llama_rpc(&self, r: &LlamaRpcLaunch, env: BTreeMap<String, String>) -> Result<EngineCommand, LaunchError> {
         if self.gpus.len() > 1 {
             return Err(self.invalid(

@@ -33,7 +33,8 @@ pub struct EngineHostConfig {
     pub vllm: PathBuf,
     /// `ray` (the nodes of a vLLM engine split across machines).
     pub ray: PathBuf,
-    /// llama.cpp's `rpc-server` (the GPUs of a GGUF model split across machines).
+    /// llama.cpp's RPC server (the GPUs of a GGUF model split across machines);
+    /// [`default_rpc_server`] when not given.
     pub rpc_server: PathBuf,
     /// The address engines listen on and are reached at (this machine's address as the
     /// orchestrator sees it; loopback when both run here).
@@ -333,6 +334,10 @@ impl InstanceHost for EngineHost {
         self.inner.supervisor.logs(instance, tail).map_err(|e| e.to_string())
     }
 
+    fn sample_interval(&self, interval: Duration) {
+        self.inner.supervisor.set_measure_interval(interval);
+    }
+
     fn shutdown(&self) -> futures::future::BoxFuture<'_, ()> {
         Box::pin(async move {
             for (_, task) in lock(&self.inner.preparing).drain() {
@@ -342,6 +347,24 @@ impl InstanceHost for EngineHost {
             self.inner.supervisor.stop_all().await;
         })
     }
+}
+
+/// The names of llama.cpp's RPC server, newest first: current releases build
+/// `ggml-rpc-server`; older ones built `rpc-server`.
+pub const RPC_SERVER_NAMES: [&str; 2] = ["ggml-rpc-server", "rpc-server"];
+
+/// The RPC server to run when none is named: the first of [`RPC_SERVER_NAMES`] that is an
+/// executable file in a directory of `path` (the value of `PATH`); else
+/// `ggml-rpc-server`, whose absence a start then reports.
+pub fn default_rpc_server(path: Option<&std::ffi::OsStr>) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let dirs: Vec<PathBuf> = path.map(|p| std::env::split_paths(p).collect()).unwrap_or_default();
+    let executable =
+        |file: &Path| std::fs::metadata(file).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+    RPC_SERVER_NAMES
+        .iter()
+        .find(|name| dirs.iter().any(|dir| executable(&dir.join(name))))
+        .map_or_else(|| PathBuf::from(RPC_SERVER_NAMES[0]), PathBuf::from)
 }
 
 /// The launch spec of a start command whose files are in `snapshot`. Pure.
@@ -426,6 +449,7 @@ pub fn launch_spec(
                 kv_cache_dtype: e.kv_cache_dtype.clone(),
                 ray_address: e.ray_address.clone(),
                 hub_cache,
+                kv_cache_bytes: e.kv_cache_bytes,
             })
         }
         Some(start_instance::Engine::RayNode(e)) => EngineLaunch::RayNode(RayNodeLaunch {
@@ -532,6 +556,7 @@ mod tests {
                 enforce_eager: false,
                 kv_cache_dtype: None,
                 ray_address: None,
+                kv_cache_bytes: Some(3 << 30),
             }),
             vec![2, 3, 0, 1],
         );
@@ -545,6 +570,7 @@ mod tests {
         assert_eq!(v.revision, None, "a local snapshot has no revision to resolve");
         assert_eq!(v.layer_partition, vec![30, 34]);
         assert_eq!(v.quantization.as_deref(), Some("awq"));
+        assert_eq!(v.kv_cache_bytes, Some(3 << 30));
 
         let llama = command(
             start_instance::Engine::LlamaCpp(pb::LlamaCppEngine {
@@ -650,6 +676,40 @@ mod tests {
         let beyond = command(start_instance::Engine::Candle(pb::CandleEngine::default()), vec![2]);
         let error = launch_spec(&beyond, Some(dir), &slurm, 1).unwrap_err();
         assert!(error.contains("names GPUs [2], and this node has 2"), "{error}");
+    }
+
+    #[test]
+    fn the_rpc_server_is_found_by_its_current_name_else_its_old_one() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (old, new, empty) = (dir.path().join("old"), dir.path().join("new"), dir.path().join("empty"));
+        for d in [&old, &new, &empty] {
+            std::fs::create_dir(d).unwrap();
+        }
+        let install = |dir: &Path, name: &str, mode: u32| {
+            let file = dir.join(name);
+            std::fs::write(&file, "#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        install(&old, "rpc-server", 0o755);
+        install(&new, "ggml-rpc-server", 0o755);
+        // Not executable: not a program to run.
+        install(&empty, "ggml-rpc-server", 0o644);
+        let path = |dirs: &[&Path]| std::env::join_paths(dirs).unwrap();
+        let found = |dirs: &[&Path]| default_rpc_server(Some(&path(dirs)));
+        assert_eq!(found(&[&old]), PathBuf::from("rpc-server"));
+        assert_eq!(
+            found(&[&old, &new]),
+            PathBuf::from("ggml-rpc-server"),
+            "the current name first"
+        );
+        assert_eq!(found(&[&empty, &old]), PathBuf::from("rpc-server"));
+        assert_eq!(
+            found(&[&empty]),
+            PathBuf::from("ggml-rpc-server"),
+            "nothing found: the current name"
+        );
+        assert_eq!(default_rpc_server(None), PathBuf::from("ggml-rpc-server"));
     }
 
     #[test]

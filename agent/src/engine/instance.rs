@@ -18,12 +18,19 @@ use super::supervisor::{
 };
 use crate::daemon::error_chain;
 
+/// Log lines quoted when an engine ended successfully before it was ready: enough for a
+/// usage text and the complaint above it (llama.cpp's RPC server prints 10 lines of usage
+/// after `error: unknown argument`).
+const USAGE_LOG_LINES: usize = 40;
+
 /// What an instance runs.
 pub(super) enum Target {
-    /// An engine process on this machine, probed by `probe`.
+    /// An engine process on this machine, found ready by `probe`, then watched as
+    /// `health` says.
     Local {
         command: EngineCommand,
         probe: Probe,
+        health: Health,
         /// Where it answers: an OpenAI base URL; `HOST:PORT` for a piece.
         base_url: String,
         /// The engine's key, sent with the probe too (engines leave `/health` open, but
@@ -36,6 +43,17 @@ pub(super) enum Target {
         models_url: String,
         key: Option<EngineKey>,
     },
+}
+
+/// How a ready local process is watched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Health {
+    /// Its readiness probe again, every health interval.
+    Probe,
+    /// Only its process: it is healthy while it runs. For llama.cpp's RPC server, which
+    /// serves one client at a time: once the serving `llama-server` holds its connection
+    /// no probe can connect, and the serving engine fails when a backend goes away.
+    Alive,
 }
 
 /// How a local process is found ready.
@@ -58,9 +76,14 @@ impl Target {
                     host => host,
                 };
                 if spec.is_piece() {
+                    let health = match spec.engine {
+                        EngineLaunch::LlamaRpc(_) => Health::Alive,
+                        _ => Health::Probe,
+                    };
                     return Ok(Self::Local {
                         command,
                         probe: Probe::Tcp(address(probe_host, spec.port)),
+                        health,
                         base_url: address(&spec.host, spec.port),
                         key: None,
                     });
@@ -68,6 +91,7 @@ impl Target {
                 Ok(Self::Local {
                     command,
                     probe: Probe::Http(format!("{}/health", origin(probe_host, spec.port))),
+                    health: Health::Probe,
                     base_url: format!("{}/v1", origin(&spec.host, spec.port)),
                     key: spec.api_key.clone(),
                 })
@@ -86,6 +110,21 @@ impl Target {
             models_url: format!("{base_url}/models"),
             base_url,
             key,
+        }
+    }
+
+    /// Where it answers: an OpenAI base URL, or `HOST:PORT` for a piece.
+    fn base_url(&self) -> &str {
+        match self {
+            Self::Local { base_url, .. } | Self::Remote { base_url, .. } => base_url,
+        }
+    }
+
+    /// Whether a ready instance is probed (else only its process is watched).
+    fn probed_when_ready(&self) -> bool {
+        match self {
+            Self::Local { health, .. } => *health == Health::Probe,
+            Self::Remote { .. } => true,
         }
     }
 
@@ -237,9 +276,24 @@ impl InstanceTask {
         let ready = tokio::select! {
             biased;
             () = self.cancel.cancelled() => Err(Attempt::Stopped),
-            status = exit_of(&mut process) => Err(Attempt::Failed {
-                reason: self.with_tail(format!("exited with {status} while loading"), mark),
-                ready_for: None,
+            (status, success) = exit_of(&mut process) => Err(if success {
+                // An engine never ends by itself, let alone successfully, before it
+                // serves: it refused its command line (llama.cpp's RPC server prints its
+                // usage and exits 0 on a flag it does not know). A restart cannot help.
+                Attempt::Fatal {
+                    reason: self.with_lines(
+                        format!(
+                            "exited with {status} before it was ready: the program does not run as an engine with these arguments (an unknown flag?)"
+                        ),
+                        mark,
+                        USAGE_LOG_LINES,
+                    ),
+                }
+            } else {
+                Attempt::Failed {
+                    reason: self.with_tail(format!("exited with {status} while loading"), mark),
+                    ready_for: None,
+                }
             }),
             () = tokio::time::sleep_until(deadline) => Err(Attempt::Failed {
                 reason: self.with_tail(
@@ -254,12 +308,17 @@ impl InstanceTask {
             Err(outcome) => outcome,
             Ok(()) => {
                 let memory = self.measure(pid).await;
-                let base_url = match target {
-                    Target::Local { base_url, .. } | Target::Remote { base_url, .. } => base_url.clone(),
-                };
+                let base_url = target.base_url().to_owned();
                 info!(instance = %self.name, %base_url, ?memory, "instance ready");
-                self.emit(InstanceState::Ready { base_url, memory }, restarts).await;
-                self.watch(target, &mut process, mark, restarts).await
+                self.emit(
+                    InstanceState::Ready {
+                        base_url,
+                        memory: memory.clone(),
+                    },
+                    restarts,
+                )
+                .await;
+                self.watch(target, &mut process, memory, mark, restarts).await
             }
         };
         if let Some(p) = process.as_mut() {
@@ -270,28 +329,61 @@ impl InstanceTask {
     }
 
     /// Watches a ready instance until it exits, fails [`UNHEALTHY_AFTER`] probes in a
-    /// row, or is stopped.
+    /// row (when it is probed: [`Health`]), or is stopped; meanwhile measures its memory
+    /// every measure interval and reports it again (a Ready event) when it changed from
+    /// `reported`: a piece is ready before its weights arrive, and an engine's memory
+    /// grows with its caches.
     async fn watch(
         &self,
         target: &Target,
         process: &mut Option<EngineProcess>,
+        mut reported: MeasuredMemory,
         mark: LogMark,
         restarts: u32,
     ) -> Attempt {
         let ready_at = Instant::now();
+        let pid = process.as_ref().and_then(EngineProcess::pid);
+        let probed = target.probed_when_ready();
+        let health_interval = self.shared.config.health_interval;
+        let mut next_probe = tokio::time::Instant::now() + health_interval;
+        let mut next_measure = tokio::time::Instant::now() + self.shared.measure_interval();
         let mut failures = 0u32;
         loop {
+            let wake = match (probed, pid.is_some()) {
+                (true, true) => next_probe.min(next_measure),
+                (true, false) => next_probe,
+                (false, _) => next_measure,
+            };
             tokio::select! {
                 biased;
                 () = self.cancel.cancelled() => return Attempt::Stopped,
-                status = exit_of(process) => {
+                (status, _) = exit_of(process) => {
                     return Attempt::Failed {
                         reason: self.with_tail(format!("exited with {status} after it was ready"), mark),
                         ready_for: Some(ready_at.elapsed()),
                     };
                 }
-                () = tokio::time::sleep(self.shared.config.health_interval) => {}
+                () = tokio::time::sleep_until(wake) => {}
             }
+            let now = tokio::time::Instant::now();
+            if pid.is_some() && now >= next_measure {
+                next_measure = now + self.shared.measure_interval();
+                let memory = self.measure(pid).await;
+                if memory_changed(&reported, &memory) {
+                    debug!(instance = %self.name, ?memory, "memory measured again");
+                    let base_url = target.base_url().to_owned();
+                    let state = InstanceState::Ready {
+                        base_url,
+                        memory: memory.clone(),
+                    };
+                    self.emit(state, restarts).await;
+                    reported = memory;
+                }
+            }
+            if !probed || now < next_probe {
+                continue;
+            }
+            next_probe = now + health_interval;
             match self.probe(target).await {
                 Ok(()) => failures = 0,
                 Err(not_ready) => {
@@ -393,7 +485,12 @@ impl InstanceTask {
 
     /// `reason; last log lines:` and the lines of this start, when there are any.
     fn with_tail(&self, reason: String, mark: LogMark) -> String {
-        let tail = self.log.tail_since(mark, REASON_LOG_LINES);
+        self.with_lines(reason, mark, REASON_LOG_LINES)
+    }
+
+    /// [`Self::with_tail`] with up to `lines` lines.
+    fn with_lines(&self, reason: String, mark: LogMark, lines: usize) -> String {
+        let tail = self.log.tail_since(mark, lines);
         if tail.is_empty() {
             reason
         } else {
@@ -444,13 +541,64 @@ impl InstanceTask {
     }
 }
 
-/// How the process ended (`status 3`); never, without a process.
-async fn exit_of(process: &mut Option<EngineProcess>) -> String {
+/// How the process ended (`status 3`), and whether it succeeded (status 0); never,
+/// without a process.
+async fn exit_of(process: &mut Option<EngineProcess>) -> (String, bool) {
     match process {
         Some(p) => match p.wait().await {
-            Ok(status) => describe_exit(status),
-            Err(error) => format!("an unknown status ({error})"),
+            Ok(status) => (describe_exit(status), status.success()),
+            Err(error) => (format!("an unknown status ({error})"), false),
         },
         None => std::future::pending().await,
+    }
+}
+
+/// Whether a new measurement differs enough from the one reported to report it: any
+/// figure that moved by 1 % (and at least 1 MiB), or GPUs that appeared or went. A
+/// measurement that found nothing (the process table unreadable for a moment) is not
+/// news.
+fn memory_changed(reported: &MeasuredMemory, new: &MeasuredMemory) -> bool {
+    if new.host_rss.is_none() && new.gpu.is_empty() {
+        return false;
+    }
+    let moved = |old: u64, new: u64| old.abs_diff(new) >= (old.max(new) / 100).max(1 << 20);
+    let host = match (reported.host_rss, new.host_rss) {
+        (Some(old), Some(new)) => moved(old, new),
+        (None, Some(_)) => true,
+        (_, None) => false,
+    };
+    let gpus = |m: &MeasuredMemory| m.gpu.iter().map(|&(index, _)| index).collect::<Vec<_>>();
+    host || gpus(reported) != gpus(new)
+        || reported
+            .gpu
+            .iter()
+            .zip(&new.gpu)
+            .any(|(&(_, old), &(_, new))| moved(old, new))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_memory_that_moved_is_reported_again() {
+        let mib = 1u64 << 20;
+        let at = |host: Option<u64>, gpu: &[(u32, u64)]| MeasuredMemory {
+            host_rss: host,
+            gpu: gpu.to_vec(),
+        };
+        let loaded = at(Some(840 * mib), &[(0, 4096 * mib)]);
+        // A piece measured when its port opened, before its weights arrived.
+        assert!(memory_changed(&at(Some(5 * mib), &[]), &loaded));
+        // Jitter under 1 %, or under 1 MiB of a small figure, is not news.
+        assert!(!memory_changed(&loaded, &at(Some(845 * mib), &[(0, 4100 * mib)])));
+        assert!(!memory_changed(&at(Some(mib), &[]), &at(Some(mib + mib / 2), &[])));
+        assert!(memory_changed(&loaded, &at(Some(860 * mib), &[(0, 4096 * mib)])));
+        assert!(memory_changed(&loaded, &at(Some(840 * mib), &[(0, 5000 * mib)])));
+        assert!(memory_changed(
+            &loaded,
+            &at(Some(840 * mib), &[(0, 4096 * mib), (1, mib)])
+        ));
+        assert!(!memory_changed(&loaded, &at(None, &[])), "nothing measured");
     }
 }

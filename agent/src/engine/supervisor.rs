@@ -4,7 +4,13 @@
 //! Each instance has one task (`instance.rs`), owned by the [`Supervisor`]. A local
 //! engine goes Starting → Loading (polling `GET /health`: 503 while loading) → Ready
 //! (with the memory it really holds) and is then probed every
-//! [`SupervisorConfig::health_interval`]. A remote endpoint
+//! [`SupervisorConfig::health_interval`]; its memory is measured again every
+//! [`Supervisor::set_measure_interval`] (the agent's telemetry period), and a further
+//! Ready event carries it whenever it changed. A piece of a split engine is ready once
+//! its port accepts a connection; llama.cpp's RPC server is then only watched for its
+//! process (it serves one client at a time: a probe cannot connect while the serving
+//! engine holds it). An engine that exits with status 0 before it is ready refused its
+//! command line: it is Failed at once. A remote endpoint
 //! ([`RemoteLaunch`](super::RemoteLaunch)) has no process: it is Ready once
 //! `GET {url}/models` answers 2xx with its key. A start that fails (exit, readiness
 //! timeout, [`UNHEALTHY_AFTER`] failed probes) is retried after an exponential backoff
@@ -42,6 +48,11 @@ pub(super) const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often readiness is polled while an engine loads (at most; the health interval
 /// when it is shorter).
 pub(super) const READINESS_POLL: Duration = Duration::from_millis(200);
+/// How often a ready engine's memory is measured until [`Supervisor::set_measure_interval`]
+/// says otherwise: the orchestrator's default telemetry period.
+pub const DEFAULT_MEASURE_INTERVAL: Duration = Duration::from_secs(1);
+/// The shortest measure interval taken (each measurement reads the process table).
+const MIN_MEASURE_INTERVAL: Duration = Duration::from_millis(50);
 /// Beyond the stop grace: how long [`Supervisor::stop`] waits for the instance's task.
 const STOP_SLACK: Duration = Duration::from_secs(5);
 
@@ -107,11 +118,12 @@ pub enum InstanceState {
     },
     /// Started, not yet ready (loading weights; the endpoint not yet answering).
     Loading,
-    /// Serving.
+    /// Serving. Sent again, with the same base URL, whenever its measured memory
+    /// changed.
     Ready {
         /// The OpenAI base URL: `http://host:port/v1`, or the remote endpoint's.
         base_url: String,
-        /// The memory it holds, measured once ready.
+        /// The memory it holds: measured once ready, and again every measure interval.
         memory: MeasuredMemory,
     },
     /// Health probes failed [`UNHEALTHY_AFTER`] times in a row; a restart follows.
@@ -139,7 +151,8 @@ pub enum InstanceState {
     Stopped,
 }
 
-/// Memory an instance really holds once loaded.
+/// Memory an instance really holds: measured when it is ready, then every measure
+/// interval while it runs.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct MeasuredMemory {
     /// Resident bytes of the engine and every process below it; `None` for a remote
@@ -228,6 +241,8 @@ pub(super) struct Shared {
     /// For remote endpoints: the environment's proxy settings apply.
     pub(super) remote_http: reqwest::Client,
     instances: Mutex<BTreeMap<String, Entry>>,
+    /// How often ready engines' memory is measured.
+    measure_interval: Mutex<Duration>,
 }
 
 pub(super) struct Entry {
@@ -274,6 +289,7 @@ impl Supervisor {
             local_http,
             remote_http: reqwest::Client::new(),
             instances: Mutex::new(BTreeMap::new()),
+            measure_interval: Mutex::new(DEFAULT_MEASURE_INTERVAL),
         });
         let owner = Arc::new(Owner {
             shared,
@@ -402,6 +418,17 @@ impl Supervisor {
         }
     }
 
+    /// How often ready engines' memory is measured from now on (at least every 50 ms):
+    /// the agent passes its telemetry period, once the orchestrator has said it.
+    pub fn set_measure_interval(&self, interval: Duration) {
+        *self
+            .owner
+            .shared
+            .measure_interval
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = interval.max(MIN_MEASURE_INTERVAL);
+    }
+
     /// Every instance started so far (running or not), by name.
     pub fn status(&self) -> Vec<InstanceStatus> {
         let instances = self.owner.shared.lock();
@@ -440,5 +467,9 @@ impl Drop for Owner {
 impl Shared {
     pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Entry>> {
         self.instances.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(super) fn measure_interval(&self) -> Duration {
+        *self.measure_interval.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }

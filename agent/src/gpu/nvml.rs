@@ -97,6 +97,13 @@ pub fn discover_nvml_with(config: NvmlConfig) -> Result<Option<NvmlSource>, Disc
             Err(error) => warn!(index, %error, "GPU skipped: NVML cannot identify it"),
         }
     }
+    let addresses: Vec<Option<PciAddress>> = found.iter().map(|d| d.address).collect();
+    if !in_pci_bus_order(&addresses) {
+        warn!(
+            "NVML does not list this node's GPUs in PCI bus order; engines number GPUs in PCI bus order \
+             (CUDA_DEVICE_ORDER=PCI_BUS_ID), so an engine may run on another GPU than the one planned"
+        );
+    }
     let peers = nvlink_peers(&found);
     let gpus = found
         .into_iter()
@@ -501,6 +508,17 @@ fn nvlink_peers(devices: &[FoundDevice]) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// Whether GPUs listed in NVML's index order are in ascending PCI bus order, the order
+/// CUDA numbers them in under `CUDA_DEVICE_ORDER=PCI_BUS_ID` (which every engine gets:
+/// `engine::command`). It is the order `nvidia-smi` shows, but NVML documents no order
+/// for its indices (`nvmlDeviceGetHandleByIndex`: "no guarantees of consistency between
+/// reboots"), so discovery checks it. A GPU whose address is unknown is not held
+/// against it.
+fn in_pci_bus_order(addresses: &[Option<PciAddress>]) -> bool {
+    let known: Vec<PciAddress> = addresses.iter().flatten().copied().collect();
+    known.windows(2).all(|pair| pair[0] < pair[1])
+}
+
 /// A PCI address (domain, bus, device, function), so `0000:07:00.0` and
 /// `00000000:07:00.0` compare equal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -520,6 +538,16 @@ impl PciAddress {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpus_out_of_pci_bus_order_are_noticed() {
+        let at = |text: &str| PciAddress::parse(text);
+        let ordered = [at("00000000:07:00.0"), None, at("0000:41:00.0"), at("0001:01:00.0")];
+        assert!(in_pci_bus_order(&ordered));
+        let swapped = [at("0000:41:00.0"), at("00000000:07:00.0")];
+        assert!(!in_pci_bus_order(&swapped));
+        assert!(in_pci_bus_order(&[]));
+    }
 
     fn process(pid: u32, used: Option<u64>) -> ProcessInfo {
         ProcessInfo {
