@@ -555,8 +555,9 @@ async fn a_pieces_memory_is_measured_again_once_its_weights_arrive_and_it_is_not
     assert!(at_ready < 100 << 20, "measured before the weights came: {at_ready}");
 
     // Its memory is measured again as it runs, and the figure follows the weights.
+    // (200 MiB taken; 150 MiB asked, so that a page not yet touched cannot fail it.)
     let grown = events_until(&mut events, |s| {
-        matches!(s, InstanceState::Ready { memory, .. } if memory.host_rss.is_some_and(|rss| rss >= at_ready + (200 << 20)))
+        matches!(s, InstanceState::Ready { memory, .. } if memory.host_rss.is_some_and(|rss| rss >= at_ready + (150 << 20)))
     })
     .await;
     assert_eq!(
