@@ -30,8 +30,11 @@ pub enum Family {
 pub(crate) struct ModelFiles {
     pub dir: PathBuf,
     pub weights: Weights,
-    pub tokenizer: PathBuf,
-    pub tokenizer_config: PathBuf,
+    /// `tokenizer.json`; absent beside a GGUF file, whose metadata then holds it.
+    pub tokenizer: Option<PathBuf>,
+    /// `tokenizer_config.json`; absent beside a GGUF file, whose metadata then holds
+    /// the chat template.
+    pub tokenizer_config: Option<PathBuf>,
     pub generation_config: Option<PathBuf>,
 }
 
@@ -79,7 +82,7 @@ impl Dims {
 const TOKENIZER_HELP: &str = "download the model's tokenizer files too (tokenizer.json, tokenizer_config.json)";
 
 /// Finds the model's files under `model`: a Hugging Face snapshot directory, or a GGUF
-/// file (or a directory holding one) with the tokenizer files beside it. Safetensors
+/// file (or a directory holding one), with or without the tokenizer files beside it. Safetensors
 /// checkpoints are checked tensor by tensor against `config.json`.
 pub(crate) fn locate(model: &Path) -> Result<ModelFiles, Error> {
     let is_gguf = |path: &Path| path.extension().is_some_and(|ext| ext == "gguf");
@@ -102,20 +105,30 @@ pub(crate) fn locate(model: &Path) -> Result<ModelFiles, Error> {
             })
         }
     };
-    let tokenizer = required("tokenizer.json")?;
-    let tokenizer_config = required("tokenizer_config.json")?;
-    let generation_config = Some(dir.join("generation_config.json")).filter(|path| path.is_file());
+    let optional = |file: &str| Some(dir.join(file)).filter(|path| path.is_file());
+    let generation_config = optional("generation_config.json");
     let config_path = dir.join("config.json");
     let safetensors: Vec<PathBuf> = entries
         .iter()
         .filter(|path| path.extension().is_some_and(|ext| ext == "safetensors"))
         .cloned()
         .collect();
-    let weights = match gguf.or_else(|| {
+    let gguf = gguf.or_else(|| {
         (safetensors.is_empty() || !config_path.is_file())
             .then(|| entries.iter().find(|path| is_gguf(path)).cloned())
             .flatten()
-    }) {
+    });
+    // A GGUF file carries its tokenizer and chat template in its metadata; the files
+    // beside it win when present.
+    let (tokenizer, tokenizer_config) = if gguf.is_some() {
+        (optional("tokenizer.json"), optional("tokenizer_config.json"))
+    } else {
+        (
+            Some(required("tokenizer.json")?),
+            Some(required("tokenizer_config.json")?),
+        )
+    };
+    let weights = match gguf {
         Some(path) => Weights::Gguf { path },
         None => {
             if !config_path.is_file() {

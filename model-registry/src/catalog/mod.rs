@@ -61,6 +61,13 @@ impl ModelInfo {
     pub fn architecture(&self) -> Architecture {
         self.shape.architecture
     }
+
+    /// Whether Skein's built-in engine can start `variant`: a GGUF file only of the
+    /// `llama` architecture (candle's quantized Llama, with the tokenizer and chat
+    /// template built from the file's metadata); other weights as the estimate decides.
+    pub fn builtin_engine_loads(&self, variant: &Variant) -> bool {
+        variant.format() != WeightFormat::Gguf || self.architecture() == Architecture::Llama
+    }
 }
 
 /// One way to run the model: a checkpoint in some format and precision.

