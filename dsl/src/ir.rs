@@ -126,6 +126,10 @@ pub struct ModelRequirement {
     pub prefer: Preference,
     /// Which GPUs may serve this model.
     pub gpu: GpuConstraints,
+    /// The engines that may serve it, without duplicates, in [`EngineChoice::ALL`]
+    /// order; empty means any engine (the planner chooses).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub engines: Vec<EngineChoice>,
 }
 
 /// A pinned variant: a repository, optionally one file in it (a GGUF file).
@@ -252,6 +256,58 @@ impl Preference {
             Preference::Quality => "quality",
             Preference::Speed => "speed",
             Preference::FewestGpus => "fewest_gpus",
+        }
+    }
+}
+
+/// An inference engine a workflow may allow for a model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum EngineChoice {
+    /// Skein's built-in engine (candle): the CPU, safetensors (16/32-bit) or GGUF.
+    #[serde(rename = "builtin")]
+    Builtin,
+    /// `llama-server`: GGUF, on GPUs, host RAM or the CPU.
+    #[serde(rename = "llama.cpp")]
+    LlamaCpp,
+    /// `vllm serve`: safetensors on GPUs.
+    #[serde(rename = "vllm")]
+    Vllm,
+}
+
+impl EngineChoice {
+    /// Every engine.
+    pub const ALL: [EngineChoice; 3] = [EngineChoice::Builtin, EngineChoice::LlamaCpp, EngineChoice::Vllm];
+    /// The name used in workflows.
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineChoice::Builtin => "builtin",
+            EngineChoice::LlamaCpp => "llama.cpp",
+            EngineChoice::Vllm => "vllm",
+        }
+    }
+    /// The name plans give the engine (`candle` for the built-in one).
+    pub fn plan_name(self) -> &'static str {
+        match self {
+            EngineChoice::Builtin => "candle",
+            other => other.name(),
+        }
+    }
+    /// The engine of a workflow name, case-insensitively; `candle` (the plan's name of
+    /// the built-in engine) and `llama-cpp`/`llamacpp` are accepted too.
+    pub fn parse(text: &str) -> Option<EngineChoice> {
+        match text.trim().to_ascii_lowercase().as_str() {
+            "builtin" | "built-in" | "candle" => Some(EngineChoice::Builtin),
+            "llama.cpp" | "llama-cpp" | "llamacpp" => Some(EngineChoice::LlamaCpp),
+            "vllm" => Some(EngineChoice::Vllm),
+            _ => None,
+        }
+    }
+    /// Whether the engine loads weights of `format`.
+    pub fn loads(self, format: WeightFormat) -> bool {
+        match self {
+            EngineChoice::Builtin => true,
+            EngineChoice::LlamaCpp => format == WeightFormat::Gguf,
+            EngineChoice::Vllm => format == WeightFormat::Safetensors,
         }
     }
 }

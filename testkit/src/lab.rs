@@ -203,6 +203,12 @@ impl Lab {
         self.start_agent(name, &[])
     }
 
+    /// `skein agent` as node `name` (CPU-only) with `extra` arguments (its engine
+    /// programs, say `--llama-server PATH`).
+    pub fn agent_with(&self, name: &str, extra: &[&str]) -> Killed {
+        self.start_agent(name, extra)
+    }
+
     /// `skein agent --simulate FLEET --node NAME`: node `name` of the fleet file `fleet`,
     /// whose simulated signals start when this process does.
     ///

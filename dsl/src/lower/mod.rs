@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use crate::diag::{Code, Diagnostic};
 use crate::ir::{
-    Agent, Backend, ComputeCapability, Endpoint, GpuConstraints, Input, InputType, InputValue, ModelRequirement,
-    Placement, Precision, Preference, VariantPin, WeightFormat,
+    Agent, Backend, ComputeCapability, Endpoint, EngineChoice, GpuConstraints, Input, InputType, InputValue,
+    ModelRequirement, Placement, Precision, Preference, VariantPin, WeightFormat,
 };
 use crate::node::{Node, NodeKind};
 use crate::read::{self, Cx, NameKind};
@@ -44,6 +44,7 @@ const MODEL_KEYS: &[&str] = &[
     "min_precision",
     "prefer",
     "gpu",
+    "engines",
 ];
 const VARIANT_KEYS: &[&str] = &["repo", "file", "revision"];
 const GPU_KEYS: &[&str] = &["models", "nodes", "min_compute_capability", "min_memory", "max_gpus"];
@@ -421,6 +422,7 @@ fn model_requirement(cx: &mut Cx<'_>, node: &Node, anchor: Span, agent: &str) ->
             min_precision: Precision::Int4,
             prefer: Preference::Quality,
             gpu: GpuConstraints::default(),
+            engines: Vec::new(),
         });
     }
     let what = format!("the model of agent `{agent}`");
@@ -502,6 +504,7 @@ fn model_requirement(cx: &mut Cx<'_>, node: &Node, anchor: Span, agent: &str) ->
         .entry("gpu")
         .map(|e| gpu_constraints(cx, &e.value, e.key_span))
         .unwrap_or_default();
+    let engines = m.get("engines").map(|n| engines(cx, n, &formats)).unwrap_or_default();
     m.finish(cx);
     Some(ModelRequirement {
         repo: repo?,
@@ -513,7 +516,68 @@ fn model_requirement(cx: &mut Cx<'_>, node: &Node, anchor: Span, agent: &str) ->
         min_precision,
         prefer,
         gpu,
+        engines,
     })
+}
+
+/// `engines:` — one engine or a list of them; each must be known, the list not empty,
+/// and at least one of them must load one of the accepted `formats`.
+fn engines(cx: &mut Cx<'_>, node: &Node, formats: &[WeightFormat]) -> Vec<EngineChoice> {
+    let names: Vec<&str> = EngineChoice::ALL.iter().map(|e| e.name()).collect();
+    let items = read::list(node);
+    if items.is_empty() {
+        cx.push(
+            Diagnostic::error(
+                Code::BadValue,
+                node.span,
+                "`engines` is empty: no engine could serve the model",
+            )
+            .with_label("empty list")
+            .with_help(format!("list one or more of {}, or remove `engines`", names.join(", "))),
+        );
+        return Vec::new();
+    }
+    let mut found = Vec::new();
+    let mut bad = false;
+    for item in items {
+        let Some(text) = read::string(cx, item, "an engine") else {
+            bad = true;
+            continue;
+        };
+        match EngineChoice::parse(&text) {
+            Some(e) => found.push(e),
+            None => {
+                bad = true;
+                cx.push(
+                    Diagnostic::error(Code::BadValue, item.span, format!("`{}` is not an engine", text.trim()))
+                        .with_label("unknown engine")
+                        .with_help(crate::diag::did_you_mean(&text, names.iter().copied(), "engines")),
+                );
+            }
+        }
+    }
+    found.sort();
+    found.dedup();
+    // A misspelt engine already has its diagnostic; the formats are checked against
+    // the engines that were read only when all were.
+    if !bad && !formats.is_empty() && !found.iter().any(|e| formats.iter().any(|f| e.loads(*f))) {
+        let listed: Vec<&str> = found.iter().map(|e| e.name()).collect();
+        let accepted: Vec<&str> = formats.iter().map(|f| f.name()).collect();
+        cx.push(
+            Diagnostic::error(
+                Code::BadValue,
+                node.span,
+                format!(
+                    "no engine of `engines` loads an accepted format: {} cannot load {}",
+                    listed.join(", "),
+                    accepted.join(" or ")
+                ),
+            )
+            .with_label("no engine can load the weights")
+            .with_help("llama.cpp loads gguf, vllm loads safetensors, builtin loads both"),
+        );
+    }
+    found
 }
 
 fn variant(cx: &mut Cx<'_>, node: &Node) -> Option<VariantPin> {

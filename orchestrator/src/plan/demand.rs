@@ -58,7 +58,7 @@ pub struct Instance {
 }
 
 /// Agents of `workflow` grouped into instances: agents with the same model key, formats,
-/// preference and GPU constraints share one instance (their context is the largest,
+/// preference, GPU constraints and engines share one instance (their context is the largest,
 /// their concurrency the sum, their minimum precision the highest).
 pub fn instances(workflow: &Workflow) -> Vec<Instance> {
     let mut groups: BTreeMap<(String, String), Instance> = BTreeMap::new();
@@ -68,8 +68,8 @@ pub fn instances(workflow: &Workflow) -> Vec<Instance> {
         };
         let key = model_key(requirement);
         let compatibility = format!(
-            "{key}|{:?}|{:?}|{:?}",
-            requirement.formats, requirement.prefer, requirement.gpu
+            "{key}|{:?}|{:?}|{:?}|{:?}",
+            requirement.formats, requirement.prefer, requirement.gpu, requirement.engines
         );
         let max_gpus = requirement.gpu.max_gpus.or(workflow.placement.max_gpus_per_agent);
         match groups.get_mut(&(key.clone(), compatibility.clone())) {
@@ -122,6 +122,14 @@ pub fn variant_use(requirement: &ModelRequirement, variant: &Variant) -> Variant
     };
     if !requirement.formats.contains(&format) {
         return VariantUse::Excluded(format!("{} is not among the accepted formats", format.name()));
+    }
+    if !requirement.engines.is_empty() && !requirement.engines.iter().any(|e| e.loads(format)) {
+        let names: Vec<&str> = requirement.engines.iter().map(|e| e.name()).collect();
+        return VariantUse::Excluded(format!(
+            "the workflow's engines ({}) cannot load {}",
+            names.join(", "),
+            format.name()
+        ));
     }
     let Some(tier) = tier_of(&variant.quantization) else {
         return VariantUse::Excluded(format!("{} is below every precision tier", variant.quantization));

@@ -5,7 +5,7 @@ use std::cell::OnceCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use skein_dsl::ir::Preference;
+use skein_dsl::ir::{EngineChoice, Preference};
 use skein_model_registry::catalog::ModelInfo;
 
 use super::demand::{Instance, VariantUse, variant_use};
@@ -248,10 +248,11 @@ impl<'x, 'a> Alone<'x, 'a> {
     }
 }
 
-fn distinct_key(c: &Cand) -> (usize, Family, u32, BTreeSet<usize>) {
+fn distinct_key(c: &Cand) -> (usize, Family, &'static str, u32, BTreeSet<usize>) {
     (
         c.variant,
         c.family,
+        c.estimate.engine.name(),
         c.parts.gpus,
         c.devices.iter().map(|d| d.node).collect(),
     )
@@ -498,11 +499,15 @@ fn why(
             )
         }
         Family::Cpu => format!(
-            "no GPU can serve it: the whole model on the CPU in {} of host RAM, slow",
-            show(most)
+            "no GPU can serve it: the whole model on the CPU with {} in {} of host RAM, slow",
+            engine_label(c.estimate.engine.name()),
+            show(most + c.host_extra)
         ),
     };
     lines.push(placement);
+    if let Some(line) = engines_ruled_out(unit) {
+        lines.push(line);
+    }
     lines.push(format!(
         "modelled decode speed {:.0} tokens/s per sequence ({} sequence{} at once)",
         c.parts.tokens_per_s,
@@ -524,6 +529,38 @@ fn why(
         }
     }
     lines
+}
+
+/// The built-in engine is `candle` in plans and `builtin` in workflows.
+fn engine_label(plan_name: &str) -> &str {
+    if plan_name == "candle" {
+        "the built-in engine (candle)"
+    } else {
+        plan_name
+    }
+}
+
+/// The engines that could have served one of the accepted formats but the workflow's
+/// `engines:` rules out, as a line of the plan's reasons; `None` when it rules none out.
+fn engines_ruled_out(unit: &Unit<'_>) -> Option<String> {
+    let allowed = &unit.requirement.engines;
+    if allowed.is_empty() {
+        return None;
+    }
+    let out: Vec<&str> = EngineChoice::ALL
+        .iter()
+        .filter(|e| !allowed.contains(e) && unit.requirement.formats.iter().any(|f| e.loads(*f)))
+        .map(|e| e.name())
+        .collect();
+    if out.is_empty() {
+        return None;
+    }
+    let names: Vec<&str> = allowed.iter().map(|e| e.name()).collect();
+    Some(format!(
+        "ruled out by the workflow (engines: {}): {}",
+        names.join(", "),
+        out.join(", ")
+    ))
 }
 
 fn unplaced_reason(
@@ -574,7 +611,15 @@ fn unplaced_reason(
         )),
         None => parts.push(format!("{} ({tier0}) cannot be estimated", info.variants[v0].id)),
     }
-    if eligible.is_empty() {
+    let cpu_ruled_out = unit.allowed.iter().all(|(v, _)| unit.cpu_engines(*v).is_empty());
+    if eligible.is_empty() && cpu_ruled_out {
+        let names: Vec<&str> = unit.requirement.engines.iter().map(|e| e.name()).collect();
+        parts.push(format!(
+            "no usable GPU meets the agent's gpu constraints, and the CPU is ruled out by the workflow (engines: {}): \
+             only builtin and llama.cpp run there",
+            names.join(", ")
+        ));
+    } else if eligible.is_empty() {
         parts.push(
             "no usable GPU meets the agent's gpu constraints, and the CPU is not allowed or too small".to_owned(),
         );

@@ -9,7 +9,11 @@
 //!    several nodes, and (vLLM) tensor-parallel groups as pipeline stages;
 //! 3. when no GPU placement exists for any variant: GGUF layers split between a node's
 //!    GPUs and its host RAM (llama.cpp `-ngl`), marked slow;
-//! 4. when nothing else exists: the whole model on a node's CPU (candle), marked slow.
+//! 4. when nothing else exists: the whole model on a node's CPU (the built-in engine, or
+//!    llama.cpp for GGUF), marked slow.
+//!
+//! A workflow's `engines:` rules out the others: a variant is placed on GPUs only if its
+//! engine there (llama.cpp for GGUF, vLLM for safetensors) is allowed.
 //!
 //! Candidates on a node depend only on the node's state, so they are computed once per
 //! distinct state (a signature of its GPUs and free memory) and shared by every node in
@@ -21,7 +25,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 
-use skein_dsl::ir::{ModelRequirement, Precision, Preference};
+use skein_dsl::ir::{EngineChoice, ModelRequirement, Precision, Preference};
 use skein_model_registry::catalog::ModelInfo;
 use skein_model_registry::catalog::fit::engine_for;
 use skein_model_registry::estimate::{
@@ -31,7 +35,7 @@ use skein_model_registry::{Bytes, WeightFormat};
 
 use super::demand::{VariantUse, min_compute_capability, variant_use};
 use super::fleet::{HOST_BANDWIDTH_GBS, PlanFleet, PlanGpu, PlanNode};
-use super::score::{DeviceSpeed, Hop, ScoreParts, tokens_per_second};
+use super::score::{DeviceSpeed, Hop, ScoreParts, host_speed_factor, tokens_per_second};
 
 /// Nodes with at most this many usable GPUs have every subset of them considered for
 /// tensor parallelism; larger nodes, the best-fitting ones by rule.
@@ -300,6 +304,10 @@ impl Hasher for FastHasher {
 
 /// An estimate and the bytes each device must have for it.
 type Need = (Arc<Estimate>, u64);
+
+/// A [`Need`]'s key: the variant, the tensor-parallel degree, and the engine on the CPU
+/// (`None` on GPUs).
+type NeedKey = (usize, u64, Option<&'static str>);
 
 /// Free memory as the plan reserves it.
 ///
@@ -676,7 +684,7 @@ type EngineEstimates = Vec<(Engine, Option<Arc<Estimate>>)>;
 pub struct UnitCache {
     /// The state the signature-keyed caches belong to.
     state: std::cell::Cell<Option<u64>>,
-    needs: RefCell<FastMap<(usize, u64, bool), Option<Need>>>,
+    needs: RefCell<FastMap<NeedKey, Option<Need>>>,
     local: RefCell<FastMap<u32, Arc<Vec<Cand>>>>,
     fallback: RefCell<FastMap<u32, Arc<Vec<Cand>>>>,
     /// The GPUs of a node state a variant can use, by signature and the compute
@@ -885,17 +893,15 @@ impl<'a> Unit<'a> {
             .map_or_else(|_| c.estimate.clone(), Arc::new)
     }
 
-    /// The estimate of `v` on one GPU (`k == 1`) or tensor parallel over `k`, with the
-    /// bytes each device must have (the largest need plus margin); cached.
-    fn need(&self, v: usize, k: u64, cpu: bool) -> Option<Need> {
-        if let Some(hit) = self.cache.needs.borrow().get(&(v, k, cpu)) {
+    /// The estimate of `v` on one GPU (`k == 1`) or tensor parallel over `k`, or with
+    /// `cpu`'s engine on the CPU, with the bytes each device must have (the largest need
+    /// plus margin); cached.
+    fn need(&self, v: usize, k: u64, cpu: Option<Engine>) -> Option<Need> {
+        let key = (v, k, cpu.map(|e| e.name()));
+        if let Some(hit) = self.cache.needs.borrow().get(&key) {
             return hit.clone();
         }
-        let engine = if cpu {
-            Engine::CANDLE_CPU
-        } else {
-            engine_for(self.info.variants[v].format())
-        };
+        let engine = cpu.unwrap_or_else(|| engine_for(self.info.variants[v].format()));
         let layout = if k == 1 {
             Layout::single()
         } else {
@@ -905,8 +911,34 @@ impl<'a> Unit<'a> {
             let need = e.max_device_total();
             (e, with_margin(need))
         });
-        self.cache.needs.borrow_mut().insert((v, k, cpu), result.clone());
+        self.cache.needs.borrow_mut().insert(key, result.clone());
         result
+    }
+
+    /// Whether the requirement's `engines:` allows `engine` (any when it names none).
+    pub fn engine_allowed(&self, engine: Engine) -> bool {
+        let choice = match engine {
+            Engine::Candle(_) => EngineChoice::Builtin,
+            Engine::LlamaCpp(_) => EngineChoice::LlamaCpp,
+            Engine::Vllm(_) => EngineChoice::Vllm,
+        };
+        self.requirement.engines.is_empty() || self.requirement.engines.contains(&choice)
+    }
+
+    /// Whether variant `v` may go on GPUs: its engine there is allowed.
+    fn gpu_engine_allowed(&self, v: usize) -> bool {
+        self.engine_allowed(engine_for(self.info.variants[v].format()))
+    }
+
+    /// The engines that may run variant `v` on the CPU alone: the built-in one, and
+    /// llama.cpp for GGUF, those the requirement allows.
+    pub fn cpu_engines(&self, v: usize) -> Vec<Engine> {
+        let gguf = self.info.variants[v].format() == WeightFormat::Gguf;
+        [Some(Engine::CANDLE_CPU), gguf.then_some(Engine::LLAMA_CPP)]
+            .into_iter()
+            .flatten()
+            .filter(|e| self.engine_allowed(*e))
+            .collect()
     }
 
     fn usable_gpu(&self, fleet: &PlanFleet, state: &State, v: usize, node: usize, p: usize) -> bool {
@@ -969,7 +1001,7 @@ impl<'a> Unit<'a> {
         self.memoized(List::CrossNodeBound, state, || {
             let mut out = Vec::new();
             if fleet.nodes.len() > 1 {
-                for &(v, tier) in &self.allowed {
+                for &(v, tier) in self.allowed.iter().filter(|(v, _)| self.gpu_engine_allowed(*v)) {
                     out.extend(self.cross_node(fleet, state, v, tier, usize::MAX));
                 }
             }
@@ -1028,7 +1060,7 @@ impl<'a> Unit<'a> {
             // than any one-node candidate.
             let small = fleet.nodes.iter().map(|n| n.gpus.len()).sum::<usize>() <= EXHAUSTIVE_FLEET_GPUS;
             let mut cross = Vec::new();
-            for &(v, tier) in &self.allowed {
+            for &(v, tier) in self.allowed.iter().filter(|(v, _)| self.gpu_engine_allowed(*v)) {
                 let cap = if small {
                     usize::MAX
                 } else {
@@ -1078,7 +1110,7 @@ impl<'a> Unit<'a> {
         let gpus = &fleet.nodes[node].gpus;
         let cur = &state.usable[node];
         let mut out = Vec::new();
-        for &(v, tier) in &self.allowed {
+        for &(v, tier) in self.allowed.iter().filter(|(v, _)| self.gpu_engine_allowed(*v)) {
             let eligible: Vec<usize> = (0..gpus.len())
                 .filter(|&p| self.usable_gpu(fleet, state, v, node, p))
                 .collect();
@@ -1087,7 +1119,7 @@ impl<'a> Unit<'a> {
             }
             let before = out.len();
             let vllm = self.info.variants[v].format() == WeightFormat::Safetensors;
-            if let Some((e, need)) = self.need(v, 1, false)
+            if let Some((e, need)) = self.need(v, 1, None)
                 && e.host <= Bytes::new(state.host[node])
             {
                 for &p in &eligible {
@@ -1105,7 +1137,7 @@ impl<'a> Unit<'a> {
             }
             if vllm {
                 for k in 2..=eligible.len().min(self.max_gpus) {
-                    let Some((e, need)) = self.need(v, k as u64, false) else {
+                    let Some((e, need)) = self.need(v, k as u64, None) else {
                         continue;
                     };
                     for subset in tp_groups(gpus, cur, &eligible, k, need) {
@@ -1160,7 +1192,7 @@ impl<'a> Unit<'a> {
         max_size: usize,
     ) -> Vec<Cand> {
         let engine = engine_for(self.info.variants[v].format());
-        let Some((single, _)) = self.need(v, 1, false) else {
+        let Some((single, _)) = self.need(v, 1, None) else {
             return Vec::new();
         };
         let floor: u64 = single.devices.iter().map(|d| d.weights.get() + d.kv_cache.get()).sum();
@@ -1260,7 +1292,7 @@ impl<'a> Unit<'a> {
     ) -> Vec<Cand> {
         let mut out = Vec::new();
         for k in [2usize, 4, 8] {
-            if self.need(v, k as u64, false).is_none() {
+            if self.need(v, k as u64, None).is_none() {
                 continue; // not a valid degree
             }
             // Stages node by node, only as many nodes as the counts below read.
@@ -1392,13 +1424,14 @@ impl<'a> Unit<'a> {
     }
 
     /// The last resorts on one node: GGUF layers split between its GPUs and host RAM
-    /// (llama.cpp), and the whole model on its CPU (candle).
+    /// (llama.cpp), and the whole model on its CPU (the built-in engine, and llama.cpp
+    /// for GGUF), as far as the requirement's `engines:` allows.
     pub fn fallback(&self, fleet: &PlanFleet, state: &State, node: usize) -> Vec<Cand> {
         let mut out = Vec::new();
         let host = state.host[node];
         for &(v, tier) in &self.allowed {
             let variant = &self.info.variants[v];
-            if variant.format() == WeightFormat::Gguf {
+            if variant.format() == WeightFormat::Gguf && self.engine_allowed(Engine::LLAMA_CPP) {
                 let mut gpus: Vec<usize> = (0..fleet.nodes[node].gpus.len())
                     .filter(|&p| self.usable_gpu(fleet, state, v, node, p))
                     .collect();
@@ -1411,11 +1444,13 @@ impl<'a> Unit<'a> {
                     out.push(self.cand(fleet, v, tier, Family::Offload, e, devices));
                 }
             }
-            if self.cpu_allowed
-                && let Some((e, need)) = self.need(v, 1, true)
-                && need <= host
-            {
-                out.push(self.cand(fleet, v, tier, Family::Cpu, e, vec![Dev { node, gpu: None }]));
+            for engine in self.cpu_engines(v) {
+                if self.cpu_allowed
+                    && let Some((e, need)) = self.need(v, 1, Some(engine))
+                    && need.saturating_add(e.host.get()) <= host
+                {
+                    out.push(self.cand(fleet, v, tier, Family::Cpu, e, vec![Dev { node, gpu: None }]));
+                }
             }
         }
         sort_cands(&mut out);
@@ -1537,7 +1572,7 @@ impl<'a> Unit<'a> {
                 }
                 None => speeds.push(DeviceSpeed {
                     node: d.node,
-                    bandwidth: HOST_BANDWIDTH_GBS * 1e9,
+                    bandwidth: HOST_BANDWIDTH_GBS * 1e9 * host_speed_factor(e.engine),
                     nvlink_stage: false,
                 }),
             }
@@ -1554,7 +1589,8 @@ impl<'a> Unit<'a> {
             tokens_per_s,
             card_gib: card_bytes >> 30,
         };
-        let host_extra = if family == Family::Cpu { 0 } else { e.host.get() };
+        // Only llama.cpp keeps RAM beside its devices (the token embedding), on the CPU too.
+        let host_extra = e.host.get();
         Cand {
             variant: v,
             tier,
@@ -1592,8 +1628,9 @@ impl<'a> Unit<'a> {
     }
 
     /// The candidate for variant `v` on `devices` (in layout order) with `layout`, if
-    /// it fits `state`: the estimate of the engine for the family (candle on the CPU,
-    /// llama.cpp for GGUF, vLLM for safetensors), checked device by device. A
+    /// it fits `state`: the estimate of the engine for the family (on the CPU the best of
+    /// the built-in engine and, for GGUF, llama.cpp; llama.cpp for GGUF, vLLM for
+    /// safetensors), as far as `engines:` allows, checked device by device. A
     /// placement of one's own choosing, scored like every candidate.
     pub fn evaluate(
         &self,
@@ -1605,11 +1642,38 @@ impl<'a> Unit<'a> {
         devices: Vec<Dev>,
     ) -> Option<Cand> {
         let tier = self.allowed.iter().find(|(a, _)| *a == v)?.1;
-        let engine = if family == Family::Cpu {
-            Engine::CANDLE_CPU
-        } else {
-            engine_for(self.info.variants[v].format())
-        };
+        if family == Family::Cpu {
+            // The best of the engines that may run it on the CPU.
+            let mut found: Vec<Cand> = self
+                .cpu_engines(v)
+                .into_iter()
+                .filter_map(|engine| {
+                    self.evaluate_with(fleet, state, v, tier, engine, family, layout.clone(), devices.clone())
+                })
+                .collect();
+            sort_cands(&mut found);
+            return found.into_iter().next();
+        }
+        let engine = engine_for(self.info.variants[v].format());
+        if !self.engine_allowed(engine) {
+            return None;
+        }
+        self.evaluate_with(fleet, state, v, tier, engine, family, layout, devices)
+    }
+
+    /// [`Unit::evaluate`] with `engine`.
+    #[allow(clippy::too_many_arguments)]
+    fn evaluate_with(
+        &self,
+        fleet: &PlanFleet,
+        state: &State,
+        v: usize,
+        tier: Precision,
+        engine: Engine,
+        family: Family,
+        layout: Layout,
+        devices: Vec<Dev>,
+    ) -> Option<Cand> {
         let gpu_ok = devices
             .iter()
             .all(|d| d.gpu.is_none_or(|p| self.usable_gpu(fleet, state, v, d.node, p)));
@@ -1638,7 +1702,7 @@ impl<'a> Unit<'a> {
     /// Bytes variant `v` (allowed or not) needs on one GPU with its fit margin, and
     /// its estimate; `None` when the engine cannot run it.
     pub fn single_need(&self, v: usize) -> Option<Need> {
-        self.need(v, 1, false)
+        self.need(v, 1, None)
     }
 
     /// Whether GPU `p` of `node` meets the requirement's constraints.

@@ -4,7 +4,7 @@
 use serde::Serialize;
 use skein_dsl::ir::{Precision, Preference};
 use skein_model_registry::NumberKind;
-use skein_model_registry::estimate::Estimate;
+use skein_model_registry::estimate::{Engine, Estimate};
 use skein_model_registry::quant::Quantization;
 
 /// A placement's qualities, from which its score is computed.
@@ -104,6 +104,21 @@ pub struct Hop {
     pub bits_per_s: u64,
     /// One-way latency, seconds.
     pub latency_s: f64,
+}
+
+/// The built-in engine's decode speed on the CPU relative to llama.cpp's on the same
+/// weights and machine: measured 10-12 tokens per CPU-second for the built-in engine
+/// against llama.cpp's 44 on SmolLM2-135M-Instruct Q4_1 (issue 26), so a quarter.
+/// llama.cpp on the host is the bandwidth model itself (factor 1).
+pub const BUILTIN_CPU_SPEED: f64 = 0.25;
+
+/// The share of the host's modelled bandwidth an engine reaches on the CPU or host RAM:
+/// 1 for llama.cpp, [`BUILTIN_CPU_SPEED`] for the built-in engine.
+pub fn host_speed_factor(engine: Engine) -> f64 {
+    match engine {
+        Engine::Candle(_) => BUILTIN_CPU_SPEED,
+        Engine::LlamaCpp(_) | Engine::Vllm(_) => 1.0,
+    }
 }
 
 /// Fraction of peak memory bandwidth decoding reaches.

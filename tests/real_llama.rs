@@ -1,0 +1,164 @@
+//! The real llama.cpp on a CPU-only node, end to end: the real SmolLM2-135M-Instruct
+//! Q4_1 GGUF served from the mock hub as a GGUF-only repository (the GGUF file, a README
+//! and `.gitattributes`, as such repositories are published: no `config.json`, no
+//! `tokenizer.json`), `skein server`, a CPU-only `skein agent --llama-server` running the
+//! real `llama-server` built by `tests/engines/llama-cpp.sh`, and `skein submit`. The
+//! step must answer the question correctly (greedy decoding), once with the workflow
+//! requiring llama.cpp (`engines: llama.cpp`) and once with the planner choosing it by
+//! itself. The tests fail, never skip, when the programs or the model cannot be had.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+use skein_testkit::lab::{Killed, Lab, stderr, stdout};
+use skein_testkit::mock_hub::MockRepo;
+
+const REPO: &str = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF";
+const FILE: &str = "SmolLM2-135M-Instruct-Q4_1.gguf";
+
+/// The path a `tests/engines/` script prints, or a failure with its output.
+fn prepared(script: &str) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let output = Command::new("bash")
+        .arg(root.join("tests/engines").join(script))
+        .output()
+        .unwrap_or_else(|e| panic!("tests/engines/{script} cannot run: {e}"));
+    assert!(
+        output.status.success(),
+        "tests/engines/{script} failed: {}\n{}",
+        stdout(&output),
+        stderr(&output)
+    );
+    let path = stdout(&output).trim().to_owned();
+    assert!(
+        Path::new(&path).exists(),
+        "tests/engines/{script} printed {path:?}, which does not exist"
+    );
+    path
+}
+
+/// SmolLM2's GGUF as a hub repository holds it: the weights, a model card and
+/// `.gitattributes` (LFS), nothing else.
+fn gguf_only_repo() -> MockRepo {
+    let weights = std::fs::read(prepared("smollm2.sh")).expect("the SmolLM2 GGUF file is readable");
+    MockRepo::new(REPO)
+        .file(FILE, weights)
+        .file(
+            "README.md",
+            "---\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct\ntags: [gguf]\n---\n# SmolLM2-135M-Instruct GGUF\n",
+        )
+        .file(".gitattributes", "*.gguf filter=lfs diff=lfs merge=lfs -text\n")
+        .tags(&[
+            "gguf",
+            "llama",
+            "base_model:quantized:HuggingFaceTB/SmolLM2-135M-Instruct",
+        ])
+}
+
+/// A server and one CPU-only agent whose `llama-server` is the real one.
+struct Node {
+    lab: Lab,
+    _server: Killed,
+    _agent: Killed,
+    llama_server: String,
+}
+
+fn cpu_node() -> Node {
+    let bin = prepared("llama-cpp.sh");
+    let llama_server = Path::new(&bin).join("llama-server").display().to_string();
+    let lab = Lab::with_repos(env!("CARGO_BIN_EXE_skein"), vec![gguf_only_repo()]);
+    let server = lab.server();
+    let agent = lab.agent_with("cpu-node", &["--llama-server", &llama_server]);
+    lab.nodes_up(1);
+    Node {
+        lab,
+        _server: server,
+        _agent: agent,
+        llama_server,
+    }
+}
+
+/// One agent on the GGUF repository, with `engines` added to its model, greedy.
+fn workflow(dir: &Path, engines: &str) -> String {
+    let text = format!(
+        r#"
+name: capital
+agents:
+  geo:
+    model: {{ repo: {REPO}, context: 512{engines} }}
+    system: You are a helpful assistant.
+    temperature: 0
+    max_tokens: 24
+steps:
+  - {{ id: answer, agent: geo, prompt: "What is the capital of France?" }}
+"#
+    );
+    let path = dir.join("capital.yaml");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+/// Submits the workflow, checks the answer, and returns the instance that served it.
+fn answers_paris_on_llama_cpp(node: &Node, engines: &str) {
+    let lab = &node.lab;
+    let file = workflow(lab.dir(), engines);
+
+    let plan = lab.cli(&["plan", &file, "--explain"]);
+    assert!(plan.status.success(), "{}\n{}", stdout(&plan), stderr(&plan));
+    let plan_text = stdout(&plan);
+    assert!(plan_text.contains("llama.cpp"), "{plan_text}");
+
+    let run = lab.cli(&["submit", &file, "--wait"]);
+    let answer = stdout(&run);
+    assert!(run.status.success(), "{answer}\n{}\n{}", stderr(&run), lab.logs(60));
+    assert!(
+        answer.contains("Paris"),
+        "SmolLM2 says the capital of France is Paris: {answer}"
+    );
+
+    let instances = lab.cli(&["instances", "--output", "json"]);
+    let instances: Value = serde_json::from_str(&stdout(&instances)).unwrap();
+    let instance = instances
+        .as_array()
+        .and_then(|all| all.iter().find(|i| i["state"] == "ready"))
+        .unwrap_or_else(|| panic!("a ready instance: {instances:#}"));
+    assert_eq!(instance["engine"], "llama.cpp", "{instance:#}");
+    assert_eq!(instance["node_name"], "cpu-node", "{instance:#}");
+
+    // The engine is the real llama-server with no GPU layer, on the port the
+    // orchestrator reaches it at.
+    let base_url = instance["base_url"].as_str().expect("a base URL");
+    let port = base_url.trim_end_matches("/v1").rsplit(':').next().unwrap().to_owned();
+    let args = process_with(&node.llama_server, &port)
+        .unwrap_or_else(|| panic!("no {} --port {port} process", node.llama_server));
+    let flag = |name: &str| args.windows(2).find(|w| w[0] == name).map(|w| w[1].clone());
+    assert_eq!(flag("--n-gpu-layers").as_deref(), Some("0"), "{args:?}");
+    assert!(flag("--tensor-split").is_none(), "{args:?}");
+    assert!(flag("--model").is_some_and(|m| m.ends_with(FILE)), "{args:?}");
+}
+
+/// The command line of the running `program` listening on `port`.
+fn process_with(program: &str, port: &str) -> Option<Vec<String>> {
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+        let args: Vec<String> = cmdline
+            .split(|&b| b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        (args.first().is_some_and(|a| a == program) && args.windows(2).any(|w| w[0] == "--port" && w[1] == port))
+            .then_some(args)
+    })
+}
+
+#[test]
+fn a_gguf_only_repo_answers_on_the_real_llama_server_when_the_workflow_requires_it() {
+    let node = cpu_node();
+    answers_paris_on_llama_cpp(&node, ", engines: llama.cpp");
+}
+
+#[test]
+fn the_planner_gives_a_cpu_node_llama_cpp_for_a_gguf_by_itself() {
+    let node = cpu_node();
+    answers_paris_on_llama_cpp(&node, "");
+}
