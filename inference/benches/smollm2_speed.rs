@@ -5,7 +5,8 @@
 //!
 //! CPU time is the process's user + system time from `/proc` (the bench's own process
 //! for the built-in engine, the server's for llama.cpp), so the figure does not depend on
-//! how many cores each uses. The BF16 conversion is measured too.
+//! how many cores each uses. The BF16 conversion and its F32 GGUF write-back are
+//! measured too.
 //!
 //! `cargo bench -p skein-inference --bench smollm2_speed` (Linux; builds llama.cpp on
 //! first use).
@@ -110,8 +111,12 @@ fn main() {
     drop(server);
 
     let gguf_figures = built_in(&gguf, &prompt);
-    let bf16 = smollm2::bf16_dir(Path::new(env!("CARGO_TARGET_TMPDIR")));
-    let bf16_figures = built_in(&bf16, &prompt);
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let bf16_figures = built_in(&smollm2::bf16_dir(tmp), &prompt);
+    // The same quantized-Llama code on F32 weights: how much of the gap is candle's
+    // Q4_1 kernel (scalar: candle 0.11 has AVX2 dot products for Q4_0, Q8_0 and the
+    // K-quants, not for Q4_1).
+    let f32_figures = built_in(&smollm2::f32_gguf(tmp), &prompt);
 
     println!(
         "SmolLM2-135M-Instruct, prompt {} tokens + {TOKENS} generated, median of {RUNS}, {threads} threads",
@@ -122,6 +127,7 @@ fn main() {
         ("llama.cpp llama-server, Q4_1 GGUF", &llama),
         ("built-in (candle), Q4_1 GGUF", &gguf_figures),
         ("built-in (candle), BF16 safetensors", &bf16_figures),
+        ("built-in (candle), F32 GGUF", &f32_figures),
     ] {
         println!(
             "{name:<34} {:>14.1} {:>10.1}",

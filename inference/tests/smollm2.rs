@@ -235,3 +235,42 @@ async fn the_bf16_conversion_gives_llama_cpp_s_greedy_tokens_on_the_same_numbers
         .unwrap();
     assert!(completion.text.contains("Paris"), "{completion:?}");
 }
+
+/// SmolLM2's chat template, as the GGUF carries it and as the conversion's
+/// `tokenizer_config.json` carries it, renders what `transformers` renders (jinja2's
+/// sandbox with `trim_blocks` and `lstrip_blocks`; the expected strings are its output).
+#[test]
+fn smollm2_s_chat_template_renders_as_transformers_renders_it() {
+    let gguf = smollm2::gguf_path();
+    let mut file = std::fs::File::open(&gguf).unwrap();
+    let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
+    let source = content.metadata["tokenizer.chat_template"].to_string().unwrap().clone();
+    let from_gguf =
+        skein_inference::ChatTemplate::from_source(&gguf, source, String::new(), "<|im_end|>".to_owned()).unwrap();
+    let config_path = smollm2::bf16_dir(tmp()).join("tokenizer_config.json");
+    let config: serde_json::Value = serde_json::from_slice(&std::fs::read(&config_path).unwrap()).unwrap();
+    let from_config = skein_inference::ChatTemplate::from_tokenizer_config(&config_path, &config).unwrap();
+    let message = |role: &str, content: &str| TemplateMessage {
+        role: role.to_owned(),
+        content: content.to_owned(),
+    };
+    let conversation = [
+        message("system", "Be brief."),
+        message("user", "Hi ünïcode 🙂"),
+        message("assistant", "Hello!"),
+        message("user", "2+2?"),
+    ];
+    let without_system = [message("user", "  spaced\n\nlines  ")];
+    for template in [&from_gguf, &from_config] {
+        assert_eq!(
+            template.render(&conversation, true).unwrap(),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi ünïcode 🙂<|im_end|>\n\
+             <|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert_eq!(
+            template.render(&without_system, false).unwrap(),
+            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
+             <|im_start|>user\n  spaced\n\nlines  <|im_end|>\n"
+        );
+    }
+}
