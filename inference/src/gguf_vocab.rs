@@ -13,7 +13,9 @@
 //! - The chat template is `tokenizer.chat_template`; `bos_token` and `eos_token` are the
 //!   texts of `tokenizer.ggml.bos_token_id` and `.eos_token_id`.
 //!
-//! Any other tokenizer model (`llama`'s SentencePiece scores, `bert`, `t5`, …), or a
+//! - `tokenizer.ggml.model = llama` (SentencePiece): see `sentencepiece_bpe`.
+//!
+//! Any other tokenizer model (`bert`, `t5`, `rwkv`, …), or a
 //! `gpt2` pre-tokenizer type outside the table, is an error naming the key: never a
 //! guess that would tokenize differently from the model's training.
 
@@ -21,8 +23,14 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::quantized::gguf_file::Value;
+use tokenizers::decoders::DecoderWrapper;
+use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::decoders::fuse::Fuse;
+use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+use tokenizers::decoders::strip::Strip;
 use tokenizers::models::bpe::{BPE, Vocab};
+use tokenizers::normalizers::{NormalizerWrapper, Prepend, Replace, Sequence as NormalizerSequence};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
@@ -75,7 +83,7 @@ pub(crate) fn pre_tokenizer(pre: &str) -> Option<(Vec<&'static str>, bool)> {
 /// Whether the built-in engine can build the tokenizer of a GGUF whose
 /// `tokenizer.ggml.model` is `model` and `tokenizer.ggml.pre` is `pre`.
 pub fn gguf_tokenizer_supported(model: &str, pre: Option<&str>) -> bool {
-    model == "gpt2" && pre_tokenizer(pre.unwrap_or_default()).is_some()
+    model == "llama" || (model == "gpt2" && pre_tokenizer(pre.unwrap_or_default()).is_some())
 }
 
 /// A GGUF file's tokenizer and chat template.
@@ -162,16 +170,18 @@ fn strings<'m>(metadata: &'m HashMap<String, Value>, key: &str) -> Result<Vec<&'
         .collect()
 }
 
-/// Builds the vocabulary from parsed GGUF metadata; the error names the key.
-pub(crate) fn from_metadata(metadata: &HashMap<String, Value>) -> Result<GgufVocab, String> {
-    let model = string(metadata, "tokenizer.ggml.model")?.ok_or("metadata key `tokenizer.ggml.model` is missing")?;
-    if model != "gpt2" {
-        return Err(format!(
-            "`tokenizer.ggml.model` is `{model}`; the built-in engine builds only `gpt2` (byte-level BPE) tokenizers \
-             from GGUF metadata; help: put the model's tokenizer.json and tokenizer_config.json beside the file, \
-             or serve it with llama.cpp"
-        ));
+/// The vocabulary as the BPE model's map (the first id of a repeated text wins).
+fn vocab_of(tokens: &[&str]) -> Result<Vocab, String> {
+    let mut vocab = Vocab::default();
+    for (index, token) in tokens.iter().enumerate() {
+        let index = u32::try_from(index).map_err(|_| "`tokenizer.ggml.tokens` is too long".to_owned())?;
+        vocab.entry((*token).to_owned()).or_insert(index);
     }
+    Ok(vocab)
+}
+
+/// `gpt2`: byte-level BPE with the ranked merges and llama.cpp's pre-tokenizer regexes.
+fn byte_level_bpe(metadata: &HashMap<String, Value>, tokens: &[&str]) -> Result<Tokenizer, String> {
     let pre = string(metadata, "tokenizer.ggml.pre")?.unwrap_or_default();
     let (regexes, ignore_merges) = pre_tokenizer(pre).ok_or_else(|| {
         format!(
@@ -179,28 +189,7 @@ pub(crate) fn from_metadata(metadata: &HashMap<String, Value>) -> Result<GgufVoc
              model's tokenizer.json beside the file, or serve it with llama.cpp"
         )
     })?;
-    let tokens = strings(metadata, "tokenizer.ggml.tokens")?;
-    let merges = strings(metadata, "tokenizer.ggml.merges")?;
-    let types: Vec<i32> = match metadata.get("tokenizer.ggml.token_type") {
-        None => Vec::new(),
-        Some(value) => value
-            .to_vec()
-            .map_err(|_| "metadata key `tokenizer.ggml.token_type` is not an array".to_owned())?
-            .iter()
-            .map(|v| match v {
-                Value::I32(n) => Ok(*n),
-                Value::U32(n) => i32::try_from(*n).map_err(|_| ()),
-                _ => Err(()),
-            })
-            .collect::<Result<_, ()>>()
-            .map_err(|()| "metadata key `tokenizer.ggml.token_type` holds a non-integer".to_owned())?,
-    };
-    let mut vocab = Vocab::default();
-    for (index, token) in tokens.iter().enumerate() {
-        let index = u32::try_from(index).map_err(|_| "`tokenizer.ggml.tokens` is too long".to_owned())?;
-        vocab.entry((*token).to_owned()).or_insert(index);
-    }
-    let merges = merges
+    let merges = strings(metadata, "tokenizer.ggml.merges")?
         .iter()
         .map(|merge| {
             merge
@@ -210,7 +199,7 @@ pub(crate) fn from_metadata(metadata: &HashMap<String, Value>) -> Result<GgufVoc
         })
         .collect::<Result<Vec<_>, String>>()?;
     let bpe = BPE::builder()
-        .vocab_and_merges(vocab, merges)
+        .vocab_and_merges(vocab_of(tokens)?, merges)
         .ignore_merges(ignore_merges)
         .build()
         .map_err(|e| format!("the BPE model does not build ({e})"))?;
@@ -229,6 +218,124 @@ pub(crate) fn from_metadata(metadata: &HashMap<String, Value>) -> Result<GgufVoc
     tokenizer
         .with_pre_tokenizer(Some(Sequence::new(pre_tokenizers)))
         .with_decoder(Some(ByteLevelDecoder::default()));
+    Ok(tokenizer)
+}
+
+/// `llama`: SentencePiece's BPE as llama.cpp runs it (`llm_tokenizer_spm`): spaces as
+/// `▁`, one prefixed to the text and after each special token
+/// (`tokenizer.ggml.add_space_prefix`, default on), the highest-scoring pair merged
+/// first, and characters outside the vocabulary as `<0xXX>` byte tokens. As
+/// `transformers` converts a SentencePiece model, the merges are every split of a
+/// normal piece into two normal pieces, ranked by the piece's score
+/// (`tokenizer.ggml.scores`).
+fn sentencepiece_bpe(metadata: &HashMap<String, Value>, tokens: &[&str], types: &[i32]) -> Result<Tokenizer, String> {
+    const TOKEN_TYPE_NORMAL: i32 = 1;
+    let scores: Vec<f32> = metadata
+        .get("tokenizer.ggml.scores")
+        .ok_or("metadata key `tokenizer.ggml.scores` is missing")?
+        .to_vec()
+        .map_err(|_| "metadata key `tokenizer.ggml.scores` is not an array".to_owned())?
+        .iter()
+        .map(|v| {
+            v.to_f32()
+                .map_err(|_| "`tokenizer.ggml.scores` holds a non-number".to_owned())
+        })
+        .collect::<Result<_, _>>()?;
+    let vocab = vocab_of(tokens)?;
+    let normal = |id: u32| types.get(id as usize).is_none_or(|t| *t == TOKEN_TYPE_NORMAL);
+    let mut ranked: Vec<(f32, u32, u32, &str, &str)> = Vec::new();
+    for (piece, &id) in vocab.iter() {
+        if !normal(id) {
+            continue;
+        }
+        let score = scores.get(id as usize).copied().unwrap_or(0.0);
+        for (at, _) in piece.char_indices().skip(1) {
+            let (left, right) = piece.split_at(at);
+            if let (Some(&l), Some(&r)) = (vocab.get(left), vocab.get(right))
+                && normal(l)
+                && normal(r)
+            {
+                ranked.push((score, l, r, left, right));
+            }
+        }
+    }
+    ranked.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    let merges = ranked
+        .into_iter()
+        .map(|(_, _, _, l, r)| (l.to_owned(), r.to_owned()))
+        .collect();
+    let unk = id(metadata, "tokenizer.ggml.unknown_token_id")?
+        .and_then(|id| tokens.get(id as usize))
+        .map(|t| (*t).to_owned());
+    let mut builder = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .byte_fallback(true)
+        .fuse_unk(true);
+    if let Some(unk) = unk {
+        builder = builder.unk_token(unk);
+    }
+    let bpe = builder
+        .build()
+        .map_err(|e| format!("the BPE model does not build ({e})"))?;
+    let add_space_prefix = match metadata.get("tokenizer.ggml.add_space_prefix") {
+        None => true,
+        Some(value) => value
+            .to_bool()
+            .map_err(|_| "metadata key `tokenizer.ggml.add_space_prefix` is not a boolean".to_owned())?,
+    };
+    let replace = |from: &str, to: &str| {
+        Replace::new(from, to).map_err(|e| format!("the SentencePiece normalizer does not build ({e})"))
+    };
+    let mut normalizers = Vec::new();
+    if add_space_prefix {
+        normalizers.push(NormalizerWrapper::Prepend(Prepend::new("\u{2581}".to_owned())));
+    }
+    normalizers.push(NormalizerWrapper::Replace(replace(" ", "\u{2581}")?));
+    let mut decoders = vec![
+        DecoderWrapper::Replace(replace("\u{2581}", " ")?),
+        DecoderWrapper::ByteFallback(ByteFallback::new()),
+        DecoderWrapper::Fuse(Fuse::new()),
+    ];
+    if add_space_prefix {
+        decoders.push(DecoderWrapper::Strip(Strip::new(' ', 1, 0)));
+    }
+    let mut tokenizer = Tokenizer::new(bpe);
+    tokenizer
+        .with_normalizer(Some(NormalizerSequence::new(normalizers)))
+        .map_err(|e| format!("the SentencePiece normalizer does not set ({e})"))?
+        .with_decoder(Some(DecoderSequence::new(decoders)));
+    Ok(tokenizer)
+}
+
+/// Builds the vocabulary from parsed GGUF metadata; the error names the key.
+pub(crate) fn from_metadata(metadata: &HashMap<String, Value>) -> Result<GgufVocab, String> {
+    let model = string(metadata, "tokenizer.ggml.model")?.ok_or("metadata key `tokenizer.ggml.model` is missing")?;
+    let tokens = strings(metadata, "tokenizer.ggml.tokens")?;
+    let types: Vec<i32> = match metadata.get("tokenizer.ggml.token_type") {
+        None => Vec::new(),
+        Some(value) => value
+            .to_vec()
+            .map_err(|_| "metadata key `tokenizer.ggml.token_type` is not an array".to_owned())?
+            .iter()
+            .map(|v| match v {
+                Value::I32(n) => Ok(*n),
+                Value::U32(n) => i32::try_from(*n).map_err(|_| ()),
+                _ => Err(()),
+            })
+            .collect::<Result<_, ()>>()
+            .map_err(|()| "metadata key `tokenizer.ggml.token_type` holds a non-integer".to_owned())?,
+    };
+    let mut tokenizer = match model {
+        "gpt2" => byte_level_bpe(metadata, &tokens)?,
+        "llama" => sentencepiece_bpe(metadata, &tokens, &types)?,
+        _ => {
+            return Err(format!(
+                "`tokenizer.ggml.model` is `{model}`; the built-in engine builds `gpt2` (byte-level BPE) and \
+                 `llama` (SentencePiece) tokenizers from GGUF metadata; help: put the model's tokenizer.json and \
+                 tokenizer_config.json beside the file, or serve it with llama.cpp"
+            ));
+        }
+    };
     let (mut special, mut user_defined) = (Vec::new(), Vec::new());
     for (token, kind) in tokens.iter().zip(types.iter().copied()) {
         match kind {

@@ -14,7 +14,8 @@
 //! - llama.cpp runs with an F32 KV cache and no flash attention, as the built-in engine
 //!   does; its default F16 cache flipped a near tie at the 16th token.
 //! - Tokenizers: the one built from the GGUF's metadata, and the conversion's
-//!   `tokenizer.json` (SmolLM2's published form), against llama.cpp's `/tokenize`.
+//!   `tokenizer.json` (SmolLM2's published form), against llama.cpp's `/tokenize`; and a
+//!   SentencePiece vocabulary written into a copy of the GGUF, the same way.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -272,5 +273,21 @@ fn smollm2_s_chat_template_renders_as_transformers_renders_it() {
             "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
              <|im_start|>user\n  spaced\n\nlines  <|im_end|>\n"
         );
+    }
+}
+
+/// A SentencePiece vocabulary (`tokenizer.ggml.model = llama`, as Llama 2, Mistral and
+/// TinyLlama GGUFs carry) built into a tokenizer from the metadata encodes like
+/// llama.cpp: the space prefix, `▁` for spaces, score-ranked merges, byte fallback
+/// for characters outside the vocabulary, special tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentencepiece_vocabulary_from_gguf_metadata_encodes_like_llama_cpp() {
+    let gguf = smollm2::sentencepiece_gguf(tmp());
+    let tokenizer = skein_inference::gguf_tokenizer(&gguf).unwrap();
+    let server = LlamaServer::start(&gguf, 2).await;
+    for text in TEXTS.iter().chain(&["\u{1F9EA} rare \u{2603}\u{FE0F} bytes", "x"]) {
+        let reference = server.tokenize(text).await;
+        let ours = tokenizer.encode(*text, false).unwrap().get_ids().to_vec();
+        assert_eq!(ours, reference, "SentencePiece tokenizer on {text:?}");
     }
 }

@@ -584,3 +584,119 @@ fn write_f32_gguf(original: &Path, dir: &Path, out: &Path) -> Result<(), String>
     candle_core::quantized::gguf_file::write(&mut writer, &metadata, &tensors).map_err(|e| e.to_string())?;
     std::io::Write::flush(&mut writer).map_err(|e| e.to_string())
 }
+
+/// GPT-2's byte-level alphabet reversed: the byte each character of a byte-level token
+/// stands for.
+fn byte_level_decoder() -> HashMap<char, u8> {
+    let mut printable: Vec<u8> = (b'!'..=b'~').chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut map: HashMap<char, u8> = printable.iter().map(|&b| (char::from(b), b)).collect();
+    let mut n = 0u32;
+    for b in 0..=255u8 {
+        if !printable.contains(&b) {
+            map.insert(char::from_u32(256 + n).unwrap_or('\u{0}'), b);
+            n += 1;
+        }
+    }
+    printable.clear();
+    map
+}
+
+/// A SentencePiece-vocabulary GGUF for the tokenizer tests (`tokenizer.ggml.model =
+/// llama`), as llama.cpp's converter writes one: `<unk>`, `<s>`, `</s>`, the 256
+/// `<0xXX>` byte tokens, then SmolLM2's byte-level pieces that are text, spaces as `▁`,
+/// scored by rank, every character of them a piece too, `<|im_start|>` and
+/// `<|im_end|>` as control tokens, padded with unused tokens to the model's vocabulary.
+/// The weights are SmolLM2's (llama.cpp loads the file; only its tokenizer is used).
+pub fn sentencepiece_gguf(tmp: &Path) -> PathBuf {
+    let out = tmp.join("smollm2-sentencepiece-vocab.gguf");
+    if out.is_file() {
+        return out;
+    }
+    let gguf = gguf_path();
+    let mut file = File::open(&gguf).expect("open the SmolLM2 GGUF");
+    let content = Content::read(&mut file).expect("read the SmolLM2 GGUF");
+    let source = meta_strings(&content, "tokenizer.ggml.tokens").expect("tokens");
+    let decoder = byte_level_decoder();
+    let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
+    let mut types: Vec<i32> = vec![2, 3, 3];
+    for b in 0..=255u8 {
+        tokens.push(format!("<0x{b:02X}>"));
+        types.push(6);
+    }
+    for special in ["<|im_start|>", "<|im_end|>"] {
+        tokens.push(special.to_owned());
+        types.push(3);
+    }
+    let mut seen: std::collections::HashSet<String> = tokens.iter().cloned().collect();
+    let mut pieces = Vec::new();
+    for token in source.iter().skip(17) {
+        let bytes: Option<Vec<u8>> = token.chars().map(|c| decoder.get(&c).copied()).collect();
+        let Some(text) = bytes.and_then(|b| String::from_utf8(b).ok()) else {
+            continue;
+        };
+        if text.is_empty() || text.chars().any(char::is_control) {
+            continue;
+        }
+        pieces.push(text.replace(' ', "\u{2581}"));
+    }
+    let mut chars: Vec<String> = Vec::new();
+    for piece in &pieces {
+        for c in piece.chars() {
+            chars.push(c.to_string());
+        }
+    }
+    for piece in pieces.into_iter().chain(chars) {
+        if tokens.len() >= 49_152 {
+            break;
+        }
+        if seen.insert(piece.clone()) {
+            tokens.push(piece);
+            types.push(1);
+        }
+    }
+    let mut unused = 0;
+    while tokens.len() < 49_152 {
+        tokens.push(format!("<unused{unused}>"));
+        types.push(5);
+        unused += 1;
+    }
+    let scores: Vec<GgufValue> = (0..tokens.len()).map(|i| GgufValue::F32(-(i as f32))).collect();
+    let mut metadata: Vec<(String, GgufValue)> = content
+        .metadata
+        .iter()
+        .filter(|(k, _)| !k.starts_with("tokenizer."))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    metadata.push(("tokenizer.ggml.model".into(), GgufValue::String("llama".into())));
+    metadata.push((
+        "tokenizer.ggml.tokens".into(),
+        GgufValue::Array(tokens.into_iter().map(GgufValue::String).collect()),
+    ));
+    metadata.push(("tokenizer.ggml.scores".into(), GgufValue::Array(scores)));
+    metadata.push((
+        "tokenizer.ggml.token_type".into(),
+        GgufValue::Array(types.into_iter().map(GgufValue::I32).collect()),
+    ));
+    metadata.push(("tokenizer.ggml.bos_token_id".into(), GgufValue::U32(1)));
+    metadata.push(("tokenizer.ggml.eos_token_id".into(), GgufValue::U32(2)));
+    metadata.push(("tokenizer.ggml.unknown_token_id".into(), GgufValue::U32(0)));
+    metadata.push(("tokenizer.ggml.add_bos_token".into(), GgufValue::Bool(false)));
+    let mut tensors = Vec::new();
+    let mut names: Vec<&String> = content.tensor_infos.keys().collect();
+    names.sort();
+    for name in names {
+        tensors.push((
+            name.clone(),
+            content.tensor(&mut file, name, &Device::Cpu).expect("a tensor"),
+        ));
+    }
+    let work = tmp.join(format!("smollm2-sentencepiece-vocab.{}.tmp", std::process::id()));
+    let mut writer = std::io::BufWriter::new(File::create(&work).expect("create the GGUF"));
+    let metadata: Vec<(&str, &GgufValue)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tensors: Vec<(&str, &candle_core::quantized::QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    candle_core::quantized::gguf_file::write(&mut writer, &metadata, &tensors).expect("write the GGUF");
+    std::io::Write::flush(&mut writer).expect("flush the GGUF");
+    drop(writer);
+    std::fs::rename(&work, &out).expect("move the GGUF");
+    out
+}
