@@ -934,7 +934,8 @@ impl<'a> Unit<'a> {
     /// llama.cpp for GGUF, those the requirement allows.
     pub fn cpu_engines(&self, v: usize) -> Vec<Engine> {
         let gguf = self.info.variants[v].format() == WeightFormat::Gguf;
-        [Some(Engine::CANDLE_CPU), gguf.then_some(Engine::LLAMA_CPP)]
+        let builtin = self.info.builtin_engine_loads(&self.info.variants[v]);
+        [builtin.then_some(Engine::CANDLE_CPU), gguf.then_some(Engine::LLAMA_CPP)]
             .into_iter()
             .flatten()
             .filter(|e| self.engine_allowed(*e))
