@@ -605,9 +605,10 @@ fn engine_host(
             llama_server: engines.llama_server.clone(),
             vllm: engines.vllm.clone(),
             ray: engines.ray.clone(),
-            rpc_server: engines.rpc_server.clone().unwrap_or_else(|| {
-                skein_agent::engine::host::default_rpc_server(std::env::var_os("PATH").as_deref())
-            }),
+            rpc_server: engines
+                .rpc_server
+                .clone()
+                .unwrap_or_else(|| skein_agent::engine::host::default_rpc_server(std::env::var_os("PATH").as_deref())),
             listen_host: engines.engine_host.clone().unwrap_or_else(|| engine_address(join)),
             simulated_gpus: gpus.simulated,
             devices: gpus.devices,

@@ -45,6 +45,7 @@ fn vllm(model: &str, tp: u64, partition: &[u64], reserved: &[u64], total: &[u64]
         kv_cache_dtype: None,
         ray_address: None,
         hub_cache: None,
+        kv_cache_bytes: None,
     }
 }
 
@@ -122,6 +123,9 @@ fn awq_writer_tensor_parallel_in_two_uneven_stages_spec() -> LaunchSpec {
     v.kv_cache_dtype = Some("fp8".to_owned());
     v.enforce_eager = true;
     v.revision = None;
+    // The 48-layer stage's cache: 2 × 4 KV heads per rank × 128 × 1 byte (fp8) per layer
+    // and token, for 4 × 8192 tokens and vLLM's null block.
+    v.kv_cache_bytes = Some(2 * 4 * 128 * 48 * (4 * 8192 + 16));
     spec("lab-research.writer", &[0, 1, 2, 3], 8192, 4, EngineLaunch::Vllm(v))
 }
 
@@ -199,6 +203,9 @@ fn writer_over_ray_specs() -> Vec<LaunchSpec> {
         &[RTX4090, RTX4090, RTX4090, RTX4090, V100, V100],
     );
     v.quantization = Some("gptq".to_owned());
+    // The 40-layer stage's cache: 2 × 4 KV heads per rank × 128 × 2 bytes per layer and
+    // token, for 8192 tokens and vLLM's null block.
+    v.kv_cache_bytes = Some(2 * 4 * 128 * 2 * 40 * (8192 + 16));
     v.ray_address = Some("10.0.0.12:6379".to_owned());
     v.hub_cache = Some(PathBuf::from(HF));
     let serving = LaunchSpec {
@@ -494,6 +501,11 @@ fn specs_no_engine_could_run_are_refused_with_the_reason() {
                 }),
             ),
         ),
+        ("KV cache over every reservation", {
+            let mut v = vllm("m/m", 2, &[16, 16], &[GIB; 4], &[A100; 4]);
+            v.kv_cache_bytes = Some(GIB);
+            spec("c", &[0, 1, 2, 3], 4096, 1, EngineLaunch::Vllm(v))
+        }),
         ("Ray ranks ≠ TP × PP", {
             let mut v = vllm("m/m", 2, &[16, 16], &[GIB; 2], &[A100; 2]);
             v.ray_address = Some("10.0.0.1:6379".to_owned());

@@ -37,8 +37,13 @@ impl Rng {
     }
 }
 
-/// Kills the child when dropped, however the test ends.
+/// Stops the child when dropped, however the test ends: SIGTERM twice (an agent leaves
+/// at once on the second, stopping its engines, which run in their own process groups
+/// and would outlive a SIGKILL of the agent), then SIGKILL after [`STOP_PATIENCE`].
 pub struct Killed(pub Child);
+
+/// How long a dropped process gets to stop on SIGTERM before SIGKILL.
+pub const STOP_PATIENCE: Duration = Duration::from_secs(5);
 
 impl Killed {
     /// Kills the process now (SIGKILL) and reaps it.
@@ -46,11 +51,38 @@ impl Killed {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+
+    /// SIGTERM, a second SIGTERM shortly after, then SIGKILL if it is still running
+    /// after [`STOP_PATIENCE`]; reaps it.
+    pub fn stop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        let term = |child: &Child| {
+            if let Some(pid) = i32::try_from(child.id()).ok().and_then(rustix::process::Pid::from_raw) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+            }
+        };
+        term(&self.0);
+        let started = Instant::now();
+        let mut again = true;
+        while started.elapsed() < STOP_PATIENCE {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            if again && started.elapsed() > Duration::from_millis(300) {
+                term(&self.0);
+                again = false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill();
+    }
 }
 
 impl Drop for Killed {
     fn drop(&mut self) {
-        self.kill();
+        self.stop();
     }
 }
 

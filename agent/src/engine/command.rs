@@ -179,10 +179,14 @@ pub struct LlamaCppLaunch {
     pub model: PathBuf,
     /// The multimodal projector of a vision model.
     pub mmproj: Option<PathBuf>,
-    /// Layers on the GPUs (`-ngl`); `None`: every layer (a plan without host offload).
+    /// Layers on the GPUs (`-ngl`), counting the output layer as one: llama.cpp
+    /// offloads the *last* repeating layers and the output, and keeps the first in host
+    /// RAM. `None`: every layer (a plan without host offload).
     pub gpu_layers: Option<u64>,
-    /// Share of the offloaded layers on each GPU, in the order of
-    /// [`LaunchSpec::gpus`] (`--tensor-split`); empty on one GPU.
+    /// `--tensor-split`, one entry per device (RPC servers first, then
+    /// [`LaunchSpec::gpus`]): the split that makes llama.cpp place exactly the planned
+    /// layers (`skein_model_registry::estimate::llama_cpp_tensor_split`), not the layer
+    /// counts themselves; empty on one device.
     pub tensor_split: Vec<u64>,
     /// `--batch-size`.
     pub n_batch: u64,
@@ -229,6 +233,16 @@ pub struct VllmLaunch {
     /// The Hugging Face cache holding [`VllmLaunch::model`] (a repository id then, the
     /// same on every node), read offline.
     pub hub_cache: Option<PathBuf>,
+    /// `--kv-cache-memory-bytes`: the KV cache every worker allocates, the largest the
+    /// plan sized for one (the stage with most layers). vLLM takes one size for all its
+    /// workers and then cuts each to the blocks of the worker with fewest, so a stage
+    /// with fewer layers allocates less. With it, vLLM sizes no worker's memory from
+    /// `--gpu-memory-utilization`: each holds its own weights and activations plus this
+    /// cache, and the fraction is only the free memory each GPU must have at start.
+    /// `None`: vLLM sizes the cache as total × fraction minus what it profiled, the same
+    /// budget on every GPU, which uneven stages cannot share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_bytes: Option<u64>,
 }
 
 /// A process to start: program, arguments, and the environment added to the agent's.
@@ -498,9 +512,18 @@ impl LaunchSpec {
             l.n_ubatch.to_string(),
             "--flash-attn".to_owned(),
             if l.flash_attention { "on" } else { "off" }.to_owned(),
+            // The plan sized every device: llama.cpp must not move layers or shrink the
+            // context to fit its own idea of free memory (`--fit` is on by default).
+            "--fit".to_owned(),
+            "off".to_owned(),
         ];
         if let Some(mmproj) = &l.mmproj {
             args.extend(["--mmproj".to_owned(), mmproj.display().to_string()]);
+            if l.gpu_layers.is_some() {
+                // With host offload the plan keeps the projector in host RAM (the first
+                // stage); llama.cpp would put it on a GPU.
+                args.push("--no-mmproj-offload".to_owned());
+            }
         }
         if !l.rpc_servers.is_empty() {
             args.extend(["--rpc".to_owned(), l.rpc_servers.join(",")]);
@@ -562,6 +585,9 @@ impl LaunchSpec {
                 format!("one of each per GPU ({ranks})"),
             ));
         }
+        // vLLM checks at start that every GPU has total × fraction free
+        // (`vllm/v1/worker/utils.py` `request_memory`): the smallest share reserved passes
+        // on every GPU.
         let fraction = memory_fraction(&v.reserved, &v.total).ok_or_else(|| {
             self.invalid(
                 "the reserved memory",
@@ -569,6 +595,17 @@ impl LaunchSpec {
                 "vLLM takes one fraction in hundredths: every GPU needs at least 1 % of its total reserved, and at most all of it",
             )
         })?;
+        if let Some(kv) = v.kv_cache_bytes {
+            // The worker with most layers holds all of it beside its weights.
+            let largest = v.reserved.iter().copied().max().unwrap_or(0);
+            if kv == 0 || kv >= largest {
+                return Err(self.invalid(
+                    "--kv-cache-memory-bytes",
+                    kv,
+                    format!("at least 1 byte, and less than the largest reservation ({largest} bytes)"),
+                ));
+            }
+        }
         let mut args = vec!["serve".to_owned(), v.model.clone()];
         if let Some(revision) = &v.revision {
             args.extend(["--revision".to_owned(), revision.clone()]);
@@ -593,6 +630,9 @@ impl LaunchSpec {
             "--gpu-memory-utilization".to_owned(),
             format!("{fraction:.2}"),
         ]);
+        if let Some(kv) = v.kv_cache_bytes {
+            args.extend(["--kv-cache-memory-bytes".to_owned(), kv.to_string()]);
+        }
         if let Some(q) = &v.quantization {
             args.extend(["--quantization".to_owned(), q.clone()]);
         }

@@ -449,6 +449,7 @@ pub fn launch_spec(
                 kv_cache_dtype: e.kv_cache_dtype.clone(),
                 ray_address: e.ray_address.clone(),
                 hub_cache,
+                kv_cache_bytes: e.kv_cache_bytes,
             })
         }
         Some(start_instance::Engine::RayNode(e)) => EngineLaunch::RayNode(RayNodeLaunch {
@@ -555,6 +556,7 @@ mod tests {
                 enforce_eager: false,
                 kv_cache_dtype: None,
                 ray_address: None,
+                kv_cache_bytes: Some(3 << 30),
             }),
             vec![2, 3, 0, 1],
         );
@@ -568,6 +570,7 @@ mod tests {
         assert_eq!(v.revision, None, "a local snapshot has no revision to resolve");
         assert_eq!(v.layer_partition, vec![30, 34]);
         assert_eq!(v.quantization.as_deref(), Some("awq"));
+        assert_eq!(v.kv_cache_bytes, Some(3 << 30));
 
         let llama = command(
             start_instance::Engine::LlamaCpp(pb::LlamaCppEngine {

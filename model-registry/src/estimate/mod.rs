@@ -30,6 +30,7 @@
 mod device;
 mod engine;
 mod gguf_mix;
+mod llama_split;
 mod report;
 mod shape;
 mod split;
@@ -43,6 +44,7 @@ pub use engine::{
     LLAMA_CPP_CUDA_POOL, LLAMA_CPP_PIPELINE_COPIES, LLAVA_NEXT_MAX_CROPS, LlamaCppSettings, NamedConstant,
     VLLM_BLOCK_SIZE, VLLM_CUDA_GRAPHS, VLLM_DISTRIBUTED_BUFFERS, VLLM_SAMPLER_COPIES, VLLM_VOCAB_PADDING, VllmSettings,
 };
+pub use llama_split::{llama_cpp_counts, llama_cpp_devices, tensor_split as llama_cpp_tensor_split};
 pub use report::{
     Component, DEFAULT_FIT_MARGIN, DeviceEstimate, DeviceFit, DeviceKind, Estimate, FitMargin, FitReport, Item,
     LayerRange, WeightsSummary, fits, fits_with_margin,
@@ -271,8 +273,8 @@ pub fn estimate(shape: &ModelShape, weights: &WeightGroups, request: &EstimateRe
     }
     if matches!(engine, Engine::Vllm(_)) {
         notes.push(
-            "vLLM claims --gpu-memory-utilization × total memory at start; Skein passes the device total \
-             plus margin as that fraction"
+            "vLLM checks at start that --gpu-memory-utilization × total memory is free; Skein passes the \
+             smallest reserved share as that fraction and the KV cache sized here as --kv-cache-memory-bytes"
                 .to_owned(),
         );
     }

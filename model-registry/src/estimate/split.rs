@@ -266,8 +266,8 @@ pub(crate) fn vocab_rows_per_rank(vocab: u64, k: u64, padding: u64) -> u64 {
 /// Assigns `layers` whole layers to stages in proportion to `parts`, keeping their
 /// order: stage `s` ends at `round(layers × (parts[0] + … + parts[s]) / Σ parts)`.
 ///
-/// This is also how llama.cpp reads `--tensor-split`; passing the resulting layer
-/// counts (the last one plus one for the output layer) reproduces the assignment.
+/// llama.cpp reads `--tensor-split` differently (the output layer is one more slot):
+/// [`super::llama_cpp_tensor_split`] gives the split that reproduces these ranges.
 ///
 /// Errors: [`Error::InvalidEstimateRequest`] for no stages or all-zero parts,
 /// [`Error::EmptyPipelineStage`] if a stage would get no layer.

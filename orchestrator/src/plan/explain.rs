@@ -491,11 +491,11 @@ fn why(
         }
         Family::Offload => {
             let l = planned_layout(c);
+            let ngl = l.gpu_layers.unwrap_or(0);
             format!(
-                "no GPU set holds any allowed variant: {} layers on GPUs, {} in host RAM (llama.cpp -ngl {}), slow",
-                l.gpu_layers.unwrap_or(0),
-                l.layer_partition.last().copied().unwrap_or(0),
-                l.gpu_layers.unwrap_or(0)
+                "no GPU set holds any allowed variant: the first {} layers in host RAM, the last {} and the output on GPUs (llama.cpp -ngl {ngl}), slow",
+                l.layer_partition.first().copied().unwrap_or(0),
+                ngl.saturating_sub(1),
             )
         }
         Family::Cpu => format!(

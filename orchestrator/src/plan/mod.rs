@@ -24,7 +24,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use skein_dsl::ir::{Backend, ModelRequirement, Precision, Workflow};
 use skein_model_registry::Bytes;
 use skein_model_registry::catalog::ModelInfo;
-use skein_model_registry::estimate::{Estimate, KvDtype, Stages};
+use skein_model_registry::estimate::{Estimate, KvDtype, llama_cpp_tensor_split};
 
 use crate::graph::GraphSnapshot;
 pub use demand::{Instance, model_key};
@@ -259,12 +259,21 @@ pub struct PlannedLayout {
     pub pipeline_stages: usize,
     /// Decoder layers per stage (vLLM's explicit layer partition).
     pub layer_partition: Vec<u64>,
-    /// llama.cpp `--tensor-split` proportions, one per GPU, when it splits layers.
+    /// llama.cpp `--tensor-split`, one entry per GPU in llama.cpp's device order, when it
+    /// splits layers: not the layer counts (llama.cpp counts the output as one more slot)
+    /// but the split that places exactly them (`llama_cpp_tensor_split`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tensor_split: Vec<u64>,
-    /// llama.cpp `-ngl`: layers on GPUs when some stay in host RAM.
+    /// llama.cpp `-ngl` when some layers stay in host RAM: the GPU stages' layers plus
+    /// one for the output layer (llama.cpp offloads the *last* layers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gpu_layers: Option<u64>,
+    /// vLLM `--kv-cache-memory-bytes`: the largest KV cache the estimate sized for one
+    /// GPU (its sequences' blocks) plus vLLM's null block. vLLM gives every worker this
+    /// one size and cuts each to the blocks of the worker with fewest, so each gets the
+    /// cache the plan sized for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_cache_bytes: Option<u64>,
 }
 
 /// One device of a replica.
@@ -622,7 +631,10 @@ pub fn make_units<'a>(
 /// Most replicas the planner splits one instance's concurrency into.
 pub const MAX_REPLICAS: u64 = 16;
 
-/// The layout of a candidate as engines take it.
+/// The layout of a candidate as engines take it. An offload's host stage comes first:
+/// llama.cpp keeps the first layers in host RAM and offloads the last ones and the
+/// output (`-ngl` counts the output as one more layer); its `--tensor-split` is the one
+/// that makes llama.cpp place exactly the layers each GPU stage was sized for.
 fn planned_layout(cand: &Cand) -> PlannedLayout {
     let e = &cand.estimate;
     let stages = e.layout.stages.count();
@@ -634,18 +646,40 @@ fn planned_layout(cand: &Cand) -> PlannedLayout {
     }
     let offload = cand.family == Family::Offload;
     let llama = e.engine.name() == "llama.cpp";
-    let gpu_stages = if offload { stages.saturating_sub(1) } else { stages };
+    let on_gpus = if offload {
+        &partition[1.min(stages)..]
+    } else {
+        &partition[..]
+    };
     PlannedLayout {
         tensor_parallel: e.layout.tensor_parallel,
         pipeline_stages: stages,
-        tensor_split: if llama && gpu_stages > 1 && !matches!(e.layout.stages, Stages::One) {
-            partition[..gpu_stages].to_vec()
+        tensor_split: if llama && on_gpus.len() > 1 {
+            // Never fails for a plan: every stage holds at least one layer.
+            llama_cpp_tensor_split(on_gpus).unwrap_or_default()
         } else {
             Vec::new()
         },
-        gpu_layers: offload.then(|| partition[..gpu_stages].iter().sum()),
+        gpu_layers: offload.then(|| on_gpus.iter().sum::<u64>() + 1),
         layer_partition: partition,
+        kv_cache_bytes: (e.engine.name() == "vllm").then(|| vllm_kv_cache_bytes(e)).flatten(),
     }
+}
+
+/// The KV cache vLLM is told each worker allocates: the largest device's, its
+/// `kv_tokens` (the sequences' blocks) plus the one block vLLM's block pool keeps back
+/// (`vllm/v1/core/kv_cache_planning.py` `get_kv_cache_configs`). `None` when no device
+/// holds a cache (an attention-free model: vLLM sizes it itself).
+fn vllm_kv_cache_bytes(e: &skein_model_registry::estimate::Estimate) -> Option<u64> {
+    let block = u128::from(skein_model_registry::estimate::VLLM_BLOCK_SIZE.value);
+    let tokens = u128::from(e.kv_tokens);
+    e.devices
+        .iter()
+        .map(|d| u128::from(d.kv_cache.get()))
+        .filter(|&kv| kv > 0 && tokens > 0)
+        .map(|kv| kv + (kv * block).div_ceil(tokens))
+        .max()
+        .and_then(|kv| u64::try_from(kv).ok())
 }
 
 /// Bytes as shown in reasons.

@@ -91,7 +91,7 @@ pub struct Cand {
     /// Bytes reserved on each device: its estimate plus the fit margin.
     pub reserve: Vec<u64>,
     /// Host RAM the engine needs beside its devices (llama.cpp keeps the token embedding
-    /// there), on the first device's node.
+    /// there), on the serving node ([`Cand::host_node`]).
     pub host_extra: u64,
     /// Qualities.
     pub parts: ScoreParts,
@@ -100,6 +100,18 @@ pub struct Cand {
 }
 
 impl Cand {
+    /// The node whose host RAM takes [`Cand::host_extra`]: the serving engine's. llama.cpp
+    /// split across nodes serves from the node of its last stage (the RPC servers'
+    /// devices come first in its order); every other engine from its first device's.
+    pub fn host_node(&self) -> Option<usize> {
+        let serving = if self.family == Family::CrossNode && self.estimate.engine.name() == "llama.cpp" {
+            self.devices.last()
+        } else {
+            self.devices.first()
+        };
+        serving.map(|d| d.node)
+    }
+
     /// The deterministic tie-break: variant, then devices.
     pub fn key(&self) -> (usize, &[Dev]) {
         (self.variant, &self.devices)
@@ -515,8 +527,8 @@ impl State {
             }
             touched.insert(d.node);
         }
-        if let Some(first) = cand.devices.first() {
-            adjust(&mut self.host[first.node], cand.host_extra);
+        if let Some(node) = cand.host_node() {
+            adjust(&mut self.host[node], cand.host_extra);
         }
         for n in touched {
             if self.is_reserved.len() <= n {
@@ -1463,8 +1475,10 @@ impl<'a> Unit<'a> {
     /// `None` when the host cannot take the rest.
     fn offload(&self, state: &State, v: usize, node: usize, gpus: &[usize]) -> Option<(Arc<Estimate>, Vec<Dev>)> {
         let host = state.host[node];
-        let mut memory: Vec<Bytes> = gpus.iter().map(|&p| Bytes::new(state.usable[node][p])).collect();
-        memory.push(Bytes::new(host));
+        // llama.cpp keeps the first layers in host RAM and offloads the last ones with
+        // the output (`-ngl`), so the host is the first stage and the GPUs follow.
+        let mut memory: Vec<Bytes> = vec![Bytes::new(host)];
+        memory.extend(gpus.iter().map(|&p| Bytes::new(state.usable[node][p])));
         // A first, proportional estimate gives each GPU's fixed costs and a layer's size.
         let probe = self.estimate(v, Engine::LLAMA_CPP, Layout::pipeline_by_memory(memory.clone()))?;
         let layers = probe.devices.last()?.layers.end;
@@ -1475,9 +1489,9 @@ impl<'a> Unit<'a> {
             .map(|d| (d.weights.get() + d.kv_cache.get()).div_ceil(d.layers.len()))
             .max()?
             .max(1);
-        let mut counts: Vec<u64> = probe.devices[..gpus.len()]
+        let mut counts: Vec<u64> = probe.devices[1..]
             .iter()
-            .zip(&memory)
+            .zip(&memory[1..])
             .map(|(d, usable)| {
                 let fixed = d.total.get().saturating_sub(d.layers.len() * per_layer);
                 let room = usable.get() / 100 * 95;
@@ -1497,33 +1511,30 @@ impl<'a> Unit<'a> {
             if kept.is_empty() {
                 return None;
             }
-            let mut ratios: Vec<u32> = kept
-                .iter()
-                .map(|&i| u32::try_from(counts[i]).unwrap_or(u32::MAX))
-                .collect();
-            ratios.push(u32::try_from(layers - counts.iter().sum::<u64>()).unwrap_or(u32::MAX));
+            let mut ratios: Vec<u32> = vec![u32::try_from(layers - counts.iter().sum::<u64>()).unwrap_or(u32::MAX)];
+            ratios.extend(kept.iter().map(|&i| u32::try_from(counts[i]).unwrap_or(u32::MAX)));
             let e = self.estimate(v, Engine::LLAMA_CPP, Layout::pipeline(ratios))?;
-            let usable: Vec<Bytes> = kept.iter().map(|&i| memory[i]).chain([Bytes::new(host)]).collect();
+            let usable: Vec<Bytes> = [Bytes::new(host)]
+                .into_iter()
+                .chain(kept.iter().map(|&i| memory[i + 1]))
+                .collect();
             let report = fits(&e, &usable).ok()?;
             if report.fits {
                 // The host stage's line includes what llama.cpp keeps in RAM anyway.
-                let host_need = with_margin(e.devices.last().map_or(Bytes::ZERO, |d| d.total)) + e.host.get();
+                let host_need = with_margin(e.devices.first().map_or(Bytes::ZERO, |d| d.total)) + e.host.get();
                 if host_need > host {
                     return None;
                 }
-                let mut devices: Vec<Dev> = kept
-                    .iter()
-                    .map(|&i| Dev {
-                        node,
-                        gpu: Some(gpus[i]),
-                    })
-                    .collect();
-                devices.push(Dev { node, gpu: None });
+                let mut devices = vec![Dev { node, gpu: None }];
+                devices.extend(kept.iter().map(|&i| Dev {
+                    node,
+                    gpu: Some(gpus[i]),
+                }));
                 return Some((e, devices));
             }
             // Take a layer from each GPU that does not fit.
             let before = counts.clone();
-            for (device, &i) in report.devices.iter().zip(&kept) {
+            for (device, &i) in report.devices[1..].iter().zip(&kept) {
                 if !device.fits {
                     counts[i] = counts[i].saturating_sub(1);
                 }
@@ -1611,13 +1622,8 @@ impl<'a> Unit<'a> {
         for (d, r) in cand.devices.iter().zip(&cand.reserve) {
             *used.entry(*d).or_default() += r;
         }
-        if let Some(first) = cand.devices.first() {
-            *used
-                .entry(Dev {
-                    node: first.node,
-                    gpu: None,
-                })
-                .or_default() += cand.host_extra;
+        if let Some(node) = cand.host_node() {
+            *used.entry(Dev { node, gpu: None }).or_default() += cand.host_extra;
         }
         used.iter().all(|(d, bytes)| {
             let free = match d.gpu {
@@ -1684,8 +1690,8 @@ impl<'a> Unit<'a> {
             Family::Cpu => self.cpu_allowed && devices.iter().all(|d| d.gpu.is_none()),
             Family::Offload => {
                 self.info.variants[v].format() == WeightFormat::Gguf
-                    && devices.last().is_some_and(|d| d.gpu.is_none())
-                    && devices[..devices.len() - 1].iter().all(|d| d.gpu.is_some())
+                    && devices.first().is_some_and(|d| d.gpu.is_none())
+                    && devices[1..].iter().all(|d| d.gpu.is_some())
             }
             _ => devices.iter().all(|d| d.gpu.is_some()),
         };

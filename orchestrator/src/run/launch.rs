@@ -69,6 +69,18 @@ pub enum LaunchPlanError {
         /// The piece.
         piece: String,
     },
+    /// A node's GPUs are not together in the plan's order: llama.cpp numbers the RPC
+    /// servers' devices first and its own GPUs last, so a node cannot hold stages on both
+    /// sides of another node's.
+    #[error(
+        "instance `{instance}`: node `{node}` holds stages on both sides of another node's; llama.cpp over RPC needs each node's layers together"
+    )]
+    Interleaved {
+        /// The instance.
+        instance: String,
+        /// The node.
+        node: String,
+    },
     /// The plan names an engine Skein does not start.
     #[error("instance `{instance}` is planned on engine `{engine}`, which Skein cannot start")]
     Engine {
@@ -144,8 +156,9 @@ pub struct PieceStart {
 }
 
 /// A replica split across nodes: its pieces, started wave by wave (each wave once the
-/// previous one is ready, since it needs their addresses), then the serving engine on
-/// the first node of the plan (the one with most of the model).
+/// previous one is ready, since it needs their addresses), then the serving engine: over
+/// Ray on the first node of the plan (the one with most of the model), over RPC on the
+/// node of the last stage (llama.cpp's own GPUs come after the RPC servers' devices).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SplitLaunch {
     /// The runtime.
@@ -157,7 +170,8 @@ pub struct SplitLaunch {
     /// The serving command as if every GPU were on the serving node; [`SplitLaunch::serving`]
     /// makes it the real one.
     template: pb::StartInstance,
-    /// The serving node first, then the others in plan order.
+    /// The serving node first, then the others in plan order (over RPC the serving node is
+    /// the plan's last).
     shares: Vec<NodeShare>,
 }
 
@@ -227,6 +241,7 @@ pub fn start_instance(
                 enforce_eager: false,
                 kv_cache_dtype: None,
                 ray_address: None,
+                kv_cache_bytes: planned.layout.kv_cache_bytes,
             })
         }
         other => {
@@ -278,6 +293,19 @@ pub fn start_instance(
             }),
         }
     }
+    if runtime == SplitRuntime::Rpc {
+        // llama.cpp numbers the RPC servers' devices first (in `--rpc` order) and its own
+        // GPUs last, and gives the last device the output layer: the node of the last
+        // stage serves, and the others' GPUs lead in plan order.
+        if shares.len() != nodes.len() {
+            let repeated = nodes.iter().enumerate().find(|(i, n)| nodes[..*i].contains(n));
+            return Err(LaunchPlanError::Interleaved {
+                instance: planned.instance.clone(),
+                node: repeated.map(|(_, n)| (*n).to_owned()).unwrap_or_default(),
+            });
+        }
+        shares.rotate_right(1);
+    }
     if runtime == SplitRuntime::Ray {
         // Each stage on one node: vLLM gives a node's ranks whole stages.
         for stage in 0..planned.layout.pipeline_stages.max(1) {
@@ -299,7 +327,7 @@ pub fn start_instance(
     Ok(Launch::Split(SplitLaunch {
         runtime,
         instance: name.to_owned(),
-        node,
+        node: shares[0].node.clone(),
         template: start,
         shares,
     }))
