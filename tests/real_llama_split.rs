@@ -170,7 +170,7 @@ fn run(lab: &Lab, family: &str) -> (Value, String) {
 /// layers each holds (by index; the output with the last GPU), its model buffer against
 /// the weights sized for it, its KV buffer against the KV cache sized for it. GPU
 /// devices are llama.cpp's RPC devices in order; a host device is its CPU, whose model
-/// buffer also holds the token embedding (the estimate's `host`).
+/// buffers also hold the token embedding (the estimate's `host`).
 fn check_placement(serving: &Value, log: &str) {
     let placement = &serving["placement"];
     let devices = placement["devices"].as_array().expect("devices");
@@ -191,7 +191,7 @@ fn check_placement(serving: &Value, log: &str) {
             .expect("a layer range");
         let (name, model_key, kv_key, extra) = if device["gpu"].is_null() {
             let host = estimate["host"].as_f64().expect("host bytes");
-            ("CPU".to_owned(), "CPU_Mapped".to_owned(), "CPU".to_owned(), host)
+            ("CPU".to_owned(), "CPU".to_owned(), "CPU".to_owned(), host)
         } else {
             let address = addresses.get(gpu).cloned().expect("an RPC device per GPU");
             gpu += 1;
@@ -207,7 +207,16 @@ fn check_placement(serving: &Value, log: &str) {
             "device {i} ({name} on {}) holds exactly its planned layers",
             device["node"]
         );
-        let loaded = models[&model_key];
+        // The host's weights may be in several CPU buffer types (`CPU`, `CPU_REPACK`).
+        let loaded = if model_key == "CPU" {
+            models
+                .iter()
+                .filter(|(k, _)| k.starts_with("CPU"))
+                .map(|(_, v)| v)
+                .sum()
+        } else {
+            models[&model_key]
+        };
         let weights = planned["weights"].as_f64().expect("weights") + extra;
         assert!(
             close(loaded, weights),

@@ -6,7 +6,7 @@
 # GPUs (the `--rpc` servers first, then the node's own GPUs) and places the layers and
 # the output by the same rule. Everything else is passed through unchanged, and two flags
 # are added for the tests to read what llama.cpp placed: `-lv 5` logs each layer's device
-# (`layer N assigned to device …`), and `--no-mmap` makes the host's model buffer what
+# (`layer N assigned to device …`), and `--load-mode none` (no mmap) makes the host's model buffer what
 # the host holds (with a mapped file llama.cpp logs the span of the file it maps, which
 # runs across the layers it offloads).
 # Needs SKEIN_TEST_LLAMA_BIN: the folder of tests/engines/llama-cpp.sh's build.
@@ -42,6 +42,6 @@ while [ $# -gt 0 ]; do
   fi
 done
 [ -z "$joined" ] || args+=("--rpc" "$joined")
-"$bin/llama-server" "${args[@]}" -lv 5 --no-mmap &
+"$bin/llama-server" "${args[@]}" -lv 5 --load-mode none &
 pids+=("$!")
 wait "${pids[-1]}"
