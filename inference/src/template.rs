@@ -1,8 +1,10 @@
 //! The chat template: the Jinja template of `tokenizer_config.json`, rendered with
 //! minijinja as `transformers` renders it (blocks trimmed, Python string methods,
-//! `raise_exception`), with `bos_token`, `eos_token` and `add_generation_prompt`.
+//! `raise_exception`, `strftime_now`), with `bos_token`, `eos_token` and
+//! `add_generation_prompt`.
 
 use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use minijinja::{Environment, ErrorKind, context};
 use serde::Serialize;
@@ -99,6 +101,7 @@ impl ChatTemplate {
                 Err(minijinja::Error::new(ErrorKind::InvalidOperation, message))
             },
         );
+        env.add_function("strftime_now", |format: String| strftime(&format, SystemTime::now()));
         env.add_template_owned(TEMPLATE_NAME, source)
             .map_err(|source| Error::ChatTemplate {
                 path: path.to_path_buf(),
@@ -131,5 +134,144 @@ impl ChatTemplate {
                 add_generation_prompt => add_generation_prompt,
             })
             .map_err(error)
+    }
+}
+
+const MONTHS: [&str; 12] = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+];
+const WEEKDAYS: [&str; 7] = [
+    "Sunday",
+    "Monday",
+    "Tuesday",
+    "Wednesday",
+    "Thursday",
+    "Friday",
+    "Saturday",
+];
+
+/// The calendar date of a day counted from 1970-01-01 (proleptic Gregorian):
+/// `(year, month 1..=12, day 1..=31)`.
+fn civil_date(days: i64) -> (i64, usize, i64) {
+    // Counted in 400-year eras from 0000-03-01, so that the leap day ends a year.
+    let days = days + 719_468;
+    let era = days.div_euclid(146_097);
+    let day_of_era = days.rem_euclid(146_097);
+    let year_of_era = (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_from_march = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
+    let month = if month_from_march < 10 {
+        month_from_march + 3
+    } else {
+        month_from_march - 9
+    };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    (year, usize::try_from(month).unwrap_or(1), day)
+}
+
+/// `strftime_now(format)` of `transformers`' chat templates (Python's
+/// `datetime.now().strftime(format)`), for `now` in UTC: the C locale's directives
+/// `%a %A %b %B %d %e %H %I %j %m %M %p %S %y %Y %%`; any other is written as it
+/// stands. (Python takes the local time zone; a server in UTC renders the same.)
+fn strftime(format: &str, now: SystemTime) -> String {
+    let seconds = match now.duration_since(UNIX_EPOCH) {
+        Ok(since) => i64::try_from(since.as_secs()).unwrap_or(i64::MAX),
+        Err(before) => -i64::try_from(before.duration().as_secs()).unwrap_or(i64::MAX),
+    };
+    let days = seconds.div_euclid(86_400);
+    let second_of_day = seconds.rem_euclid(86_400);
+    let (year, month, day) = civil_date(days);
+    let (hour, minute, second) = (second_of_day / 3_600, second_of_day / 60 % 60, second_of_day % 60);
+    let month_name = MONTHS.get(month.saturating_sub(1)).copied().unwrap_or_default();
+    // 1970-01-01 was a Thursday.
+    let weekday = WEEKDAYS
+        .get(usize::try_from((days + 4).rem_euclid(7)).unwrap_or(0))
+        .copied()
+        .unwrap_or_default();
+    let day_of_year = days - days_before_year(year) + 1;
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let Some(directive) = chars.next() else {
+            out.push('%');
+            break;
+        };
+        let text = match directive {
+            'a' => weekday.chars().take(3).collect(),
+            'A' => weekday.to_owned(),
+            'b' => month_name.chars().take(3).collect(),
+            'B' => month_name.to_owned(),
+            'd' => format!("{day:02}"),
+            'e' => format!("{day:2}"),
+            'H' => format!("{hour:02}"),
+            'I' => format!("{:02}", (hour + 11) % 12 + 1),
+            'j' => format!("{day_of_year:03}"),
+            'm' => format!("{month:02}"),
+            'M' => format!("{minute:02}"),
+            'p' => (if hour < 12 { "AM" } else { "PM" }).to_owned(),
+            'S' => format!("{second:02}"),
+            'y' => format!("{:02}", year.rem_euclid(100)),
+            'Y' => format!("{year}"),
+            '%' => "%".to_owned(),
+            other => format!("%{other}"),
+        };
+        out.push_str(&text);
+    }
+    out
+}
+
+/// Days from 1970-01-01 to January 1st of `year`.
+fn days_before_year(year: i64) -> i64 {
+    let before = year - 1;
+    let leap_days = |y: i64| y.div_euclid(4) - y.div_euclid(100) + y.div_euclid(400);
+    365 * (year - 1970) + leap_days(before) - leap_days(1969)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn at(seconds: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(seconds)
+    }
+
+    #[test]
+    fn strftime_writes_dates_as_python_does() {
+        // `datetime.fromtimestamp(t, timezone.utc).strftime(...)` gave the expected texts.
+        let format = "%d %b %Y|%a %A %B %e %H:%M:%S %I %p %j %m %y %%|%Q";
+        assert_eq!(
+            strftime(format, at(0)),
+            "01 Jan 1970|Thu Thursday January  1 00:00:00 12 AM 001 01 70 %|%Q"
+        );
+        // 2024-02-29 (a leap day) 23:59:59 UTC.
+        assert_eq!(
+            strftime(format, at(1_709_251_199)),
+            "29 Feb 2024|Thu Thursday February 29 23:59:59 11 PM 060 02 24 %|%Q"
+        );
+        // 2000-12-31 12:00:00 UTC: day 366 of a leap century year.
+        assert_eq!(
+            strftime(format, at(978_264_000)),
+            "31 Dec 2000|Sun Sunday December 31 12:00:00 12 PM 366 12 00 %|%Q"
+        );
+        // 2100-03-01: 2100 is no leap year.
+        assert_eq!(strftime("%Y-%m-%d %j %a", at(4_107_542_400)), "2100-03-01 060 Mon");
     }
 }

@@ -11,6 +11,8 @@
 //!   llama.cpp on the conversion written back as an F32 GGUF: the same numbers, so the
 //!   greedy tokens must be equal. (Against the Q4_1 file they are not comparable: BF16
 //!   rounding of the dequantized weights already changes the first token.)
+//! - The same BF16 values written as `MistralForCausalLM` and as `Qwen2ForCausalLM`
+//!   (zero Q/K/V biases) run through those loaders against the same F32 GGUF.
 //! - llama.cpp runs with an F32 KV cache and no flash attention, as the built-in engine
 //!   does; its default F16 cache flipped a near tie at the 16th token.
 //! - Tokenizers: the one built from the GGUF's metadata, and the conversion's
@@ -23,7 +25,7 @@ use std::time::Duration;
 use skein_inference::{Engine, GenerationRequest, TemplateMessage};
 use skein_model_registry::hub::{HubClientBuilder, HubConfig, RepoId};
 use skein_testkit::mock_hub::{MockHub, MockRepo};
-use skein_testkit::smollm2::{self, LlamaServer};
+use skein_testkit::smollm2::{self, Architecture, LlamaServer};
 
 /// Greedy tokens compared with llama.cpp.
 const GREEDY: usize = 16;
@@ -95,6 +97,62 @@ fn messages(question: &str) -> Vec<TemplateMessage> {
     }]
 }
 
+/// The built-in engine on `repo`, downloaded through a mock hub into `cache`.
+async fn engine_on(repo: MockRepo, cache: &Path) -> Engine {
+    let snapshot = download(repo, cache).await;
+    Engine::load(&snapshot, &candle_core::Device::Cpu).unwrap()
+}
+
+/// The question every greedy comparison asks.
+const QUESTION: &str = "What is the capital of France?";
+
+/// Renders [`QUESTION`] with the engine's chat template and checks that its ids are
+/// llama.cpp's, then compares the two greedy runs ([`assert_same_run`]). Returns the
+/// rendered prompt.
+async fn assert_greedy_like_llama_cpp(engine: &mut Engine, server: &LlamaServer, at_least: usize) -> String {
+    let prompt = engine.render_prompt(&messages(QUESTION)).unwrap();
+    let prompt_ids = engine
+        .tokenizer()
+        .encode(prompt.as_str(), false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
+    assert_eq!(server.tokenize(&prompt).await, prompt_ids, "the prompt's ids");
+    let (reference, _) = server.greedy(&prompt_ids, GREEDY).await;
+    let ours = engine.greedy(&prompt_ids, GREEDY).unwrap();
+    assert_same_run(engine, &ours, &reference, at_least);
+    prompt
+}
+
+/// A chat through the engine's own loop (system turn, [`QUESTION`], greedy, at most
+/// `max_tokens`): the answer names Paris.
+fn assert_answers_paris(engine: &mut Engine, max_tokens: usize) -> skein_inference::Completion {
+    let completion = engine
+        .generate(
+            &GenerationRequest {
+                messages: vec![
+                    TemplateMessage {
+                        role: "system".to_owned(),
+                        content: "You are a helpful assistant.".to_owned(),
+                    },
+                    TemplateMessage {
+                        role: "user".to_owned(),
+                        content: QUESTION.to_owned(),
+                    },
+                ],
+                max_tokens: Some(max_tokens),
+                temperature: Some(0.0),
+                top_p: None,
+                seed: 1,
+                stop: Vec::new(),
+            },
+            |_| {},
+        )
+        .unwrap();
+    assert!(completion.text.contains("Paris"), "{completion:?}");
+    completion
+}
+
 /// Strings whose ids must equal llama.cpp's: ASCII, runs of spaces and newlines,
 /// digits, accents, CJK, emoji, contractions, and the chat template's special tokens.
 const TEXTS: [&str; 10] = [
@@ -136,54 +194,16 @@ async fn a_gguf_only_repository_serves_on_the_built_in_engine_with_llama_cpp_s_g
         .collect();
     assert_eq!(names, [smollm2::GGUF_FILE], "a GGUF-only repository");
     let mut engine = Engine::load(&snapshot, &candle_core::Device::Cpu).unwrap();
-
+    let server = LlamaServer::start(&smollm2::gguf_path(), 2).await;
+    let prompt = assert_greedy_like_llama_cpp(&mut engine, &server, GREEDY - 2).await;
     // The template comes from the GGUF: SmolLM2's default system turn is written.
-    let prompt = engine
-        .render_prompt(&messages("What is the capital of France?"))
-        .unwrap();
     assert_eq!(
         prompt,
         "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
          <|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
     );
-    let prompt_ids = engine
-        .tokenizer()
-        .encode(prompt.as_str(), false)
-        .unwrap()
-        .get_ids()
-        .to_vec();
-
-    let server = LlamaServer::start(&smollm2::gguf_path(), 2).await;
-    assert_eq!(server.tokenize(&prompt).await, prompt_ids, "the prompt's ids");
-    let (reference, _) = server.greedy(&prompt_ids, GREEDY).await;
-    let ours = engine.greedy(&prompt_ids, GREEDY).unwrap();
-    assert_same_run(&engine, &ours, &reference, GREEDY - 2);
-
-    // A chat through the engine's own loop answers, and ends at the GGUF's
-    // end-of-sequence token.
-    let completion = engine
-        .generate(
-            &GenerationRequest {
-                messages: vec![
-                    TemplateMessage {
-                        role: "system".to_owned(),
-                        content: "You are a helpful assistant.".to_owned(),
-                    },
-                    TemplateMessage {
-                        role: "user".to_owned(),
-                        content: "What is the capital of France?".to_owned(),
-                    },
-                ],
-                max_tokens: Some(64),
-                temperature: Some(0.0),
-                top_p: None,
-                seed: 1,
-                stop: Vec::new(),
-            },
-            |_| {},
-        )
-        .unwrap();
-    assert!(completion.text.contains("Paris"), "{completion:?}");
+    // The chat ends at the GGUF's end-of-sequence token.
+    let completion = assert_answers_paris(&mut engine, 64);
     assert_eq!(
         completion.finish_reason,
         skein_inference::FinishReason::Stop,
@@ -191,89 +211,40 @@ async fn a_gguf_only_repository_serves_on_the_built_in_engine_with_llama_cpp_s_g
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_bf16_conversion_gives_llama_cpp_s_greedy_tokens_on_the_same_numbers() {
+/// llama.cpp on the conversion written back to GGUF (F32, Q and K permuted again): the
+/// same numbers the built-in engine computes with from `repo`, whichever architecture
+/// its `config.json` names.
+async fn assert_conversion_runs_like_llama_cpp(repo: MockRepo) {
     let cache = tempfile::tempdir().unwrap();
-    let snapshot = download(smollm2::bf16_repo(tmp()), cache.path()).await;
-    let mut engine = Engine::load(&snapshot, &candle_core::Device::Cpu).unwrap();
-    let prompt = engine
-        .render_prompt(&messages("What is the capital of France?"))
-        .unwrap();
-    let prompt_ids = engine
-        .tokenizer()
-        .encode(prompt.as_str(), false)
-        .unwrap()
-        .get_ids()
-        .to_vec();
-    // llama.cpp on the conversion written back to GGUF (F32, Q and K permuted again):
-    // the same numbers the built-in engine computes with.
+    let mut engine = engine_on(repo, cache.path()).await;
     let server = LlamaServer::start(&smollm2::f32_gguf(tmp()), 2).await;
-    assert_eq!(server.tokenize(&prompt).await, prompt_ids, "the prompt's ids");
-    let (reference, _) = server.greedy(&prompt_ids, GREEDY).await;
-    let ours = engine.greedy(&prompt_ids, GREEDY).unwrap();
-    assert_same_run(&engine, &ours, &reference, 8);
-    let completion = engine
-        .generate(
-            &GenerationRequest {
-                messages: vec![
-                    TemplateMessage {
-                        role: "system".to_owned(),
-                        content: "You are a helpful assistant.".to_owned(),
-                    },
-                    TemplateMessage {
-                        role: "user".to_owned(),
-                        content: "What is the capital of France?".to_owned(),
-                    },
-                ],
-                max_tokens: Some(48),
-                temperature: Some(0.0),
-                top_p: None,
-                seed: 1,
-                stop: Vec::new(),
-            },
-            |_| {},
-        )
-        .unwrap();
-    assert!(completion.text.contains("Paris"), "{completion:?}");
+    assert_greedy_like_llama_cpp(&mut engine, &server, 8).await;
+    assert_answers_paris(&mut engine, 48);
 }
 
-/// SmolLM2's chat template, as the GGUF carries it and as the conversion's
-/// `tokenizer_config.json` carries it, renders what `transformers` renders (jinja2's
-/// sandbox with `trim_blocks` and `lstrip_blocks`; the expected strings are its output).
-#[test]
-fn smollm2_s_chat_template_renders_as_transformers_renders_it() {
-    let gguf = smollm2::gguf_path();
-    let mut file = std::fs::File::open(&gguf).unwrap();
-    let content = candle_core::quantized::gguf_file::Content::read(&mut file).unwrap();
-    let source = content.metadata["tokenizer.chat_template"].to_string().unwrap().clone();
-    let from_gguf =
-        skein_inference::ChatTemplate::from_source(&gguf, source, String::new(), "<|im_end|>".to_owned()).unwrap();
-    let config_path = smollm2::bf16_dir(tmp()).join("tokenizer_config.json");
-    let config: serde_json::Value = serde_json::from_slice(&std::fs::read(&config_path).unwrap()).unwrap();
-    let from_config = skein_inference::ChatTemplate::from_tokenizer_config(&config_path, &config).unwrap();
-    let message = |role: &str, content: &str| TemplateMessage {
-        role: role.to_owned(),
-        content: content.to_owned(),
-    };
-    let conversation = [
-        message("system", "Be brief."),
-        message("user", "Hi ünïcode 🙂"),
-        message("assistant", "Hello!"),
-        message("user", "2+2?"),
-    ];
-    let without_system = [message("user", "  spaced\n\nlines  ")];
-    for template in [&from_gguf, &from_config] {
-        assert_eq!(
-            template.render(&conversation, true).unwrap(),
-            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi ünïcode 🙂<|im_end|>\n\
-             <|im_start|>assistant\nHello!<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
-        );
-        assert_eq!(
-            template.render(&without_system, false).unwrap(),
-            "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n\
-             <|im_start|>user\n  spaced\n\nlines  <|im_end|>\n"
-        );
-    }
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bf16_conversion_gives_llama_cpp_s_greedy_tokens_on_the_same_numbers() {
+    assert_conversion_runs_like_llama_cpp(smollm2::bf16_repo(tmp())).await;
+}
+
+/// The same weights as `MistralForCausalLM` (no sliding window, `lm_head` written
+/// out) load through the Mistral loader and compute what llama.cpp computes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_conversion_as_mistral_gives_llama_cpp_s_greedy_tokens() {
+    let dir = smollm2::architecture_dir(tmp(), Architecture::Mistral);
+    let config: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["architectures"][0], "MistralForCausalLM");
+    assert_conversion_runs_like_llama_cpp(smollm2::architecture_repo(tmp(), Architecture::Mistral)).await;
+}
+
+/// The same weights as `Qwen2ForCausalLM` (zero Q, K and V biases, tied embeddings)
+/// load through the Qwen2 loader and compute what llama.cpp computes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_conversion_as_qwen2_gives_llama_cpp_s_greedy_tokens() {
+    let dir = smollm2::architecture_dir(tmp(), Architecture::Qwen2);
+    let config: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["architectures"][0], "Qwen2ForCausalLM");
+    assert_conversion_runs_like_llama_cpp(smollm2::architecture_repo(tmp(), Architecture::Qwen2)).await;
 }
 
 /// A SentencePiece vocabulary (`tokenizer.ggml.model = llama`, as Llama 2, Mistral and

@@ -11,9 +11,12 @@
 //!   and `tokenizer_config.json` (with the chat template) from the GGUF's vocabulary.
 //!   The conversion is cached under the caller's temporary directory (the tests'
 //!   `target/tmp`), keyed by the GGUF's SHA-256.
+//! - [`architecture_repo`]: the same BF16 values written as `MistralForCausalLM` or
+//!   `Qwen2ForCausalLM` ([`Architecture`]), cached beside it.
 //!
 //! Also [`llama_cpp_bin`], the folder of the real CPU `llama-server` built by
-//! `tests/engines/llama-cpp.sh`. Both scripts run once per machine; a failure panics
+//! `tests/engines/llama-cpp.sh`, and [`vllm_python`], the python of the venv with
+//! `transformers` that `tests/engines/vllm.sh` installs. Both scripts run once per machine; a failure panics
 //! (tests that need the real programs fail, never skip).
 
 use std::collections::HashMap;
@@ -79,6 +82,12 @@ pub fn llama_cpp_bin() -> PathBuf {
     script("llama-cpp.sh")
 }
 
+/// The python of the virtual environment with the pinned vLLM, `transformers` and
+/// `tokenizers` (installed by `tests/engines/vllm.sh` on first use: minutes).
+pub fn vllm_python() -> PathBuf {
+    script("vllm.sh")
+}
+
 /// The GGUF-only repository: [`GGUF_FILE`] and nothing else.
 pub fn gguf_repo() -> MockRepo {
     let bytes = std::fs::read(gguf_path()).expect("read the SmolLM2 GGUF");
@@ -87,8 +96,12 @@ pub fn gguf_repo() -> MockRepo {
 
 /// The converted BF16 checkpoint as a repository ([`BF16_REPO_ID`]).
 pub fn bf16_repo(tmp: &Path) -> MockRepo {
-    let dir = bf16_dir(tmp);
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
+    repo_of(&bf16_dir(tmp), BF16_REPO_ID)
+}
+
+/// Every file of `dir` as the repository `id`.
+fn repo_of(dir: &Path, id: &str) -> MockRepo {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
         .expect("list the conversion")
         .map(|entry| {
             entry
@@ -99,10 +112,33 @@ pub fn bf16_repo(tmp: &Path) -> MockRepo {
         })
         .collect();
     names.sort();
-    names.into_iter().fold(MockRepo::new(BF16_REPO_ID), |repo, name| {
+    names.into_iter().fold(MockRepo::new(id), |repo, name| {
         let bytes = std::fs::read(dir.join(&name)).expect("read a converted file");
         repo.file(&name, bytes)
     })
+}
+
+/// `dir`, built by `build` into a fresh folder beside it on first use and moved into
+/// place when complete (`model.safetensors` marks it), so that tests converting at
+/// the same time, or a conversion cut short, never leave a half-written one.
+fn cached(dir: PathBuf, build: impl FnOnce(&Path) -> Result<(), String>) -> PathBuf {
+    let done = |dir: &Path| dir.join("model.safetensors").is_file();
+    if done(&dir) {
+        return dir;
+    }
+    let work = dir.with_extension(format!("{}.tmp", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).expect("create the conversion directory");
+    build(&work).unwrap_or_else(|e| panic!("convert into {}: {e}", dir.display()));
+    match std::fs::rename(&work, &dir) {
+        Ok(()) => {}
+        // Another test converted it at the same time.
+        Err(_) if done(&dir) => {
+            let _ = std::fs::remove_dir_all(&work);
+        }
+        Err(e) => panic!("move the conversion into {}: {e}", dir.display()),
+    }
+    dir
 }
 
 /// The converted BF16 checkpoint's directory under `tmp`, converted on first use and
@@ -120,23 +156,116 @@ pub fn bf16_dir(tmp: &Path) -> PathBuf {
         hasher.update(&buffer[..n]);
     }
     let hash: String = hasher.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect();
-    let dir = tmp.join(format!("smollm2-bf16-{hash}"));
-    if dir.join("model.safetensors").is_file() {
-        return dir;
-    }
-    let work = tmp.join(format!("smollm2-bf16-{hash}.{}.tmp", std::process::id()));
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work).expect("create the conversion directory");
-    convert(&gguf, &work).unwrap_or_else(|e| panic!("convert {}: {e}", gguf.display()));
-    match std::fs::rename(&work, &dir) {
-        Ok(()) => {}
-        // Another test converted it at the same time.
-        Err(_) if dir.join("model.safetensors").is_file() => {
-            let _ = std::fs::remove_dir_all(&work);
+    cached(tmp.join(format!("smollm2-bf16-{hash}")), |work| convert(&gguf, work))
+}
+
+/// A `transformers` architecture other than Llama that SmolLM2's weights can be
+/// written as without changing what the model computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Architecture {
+    /// `MistralForCausalLM`: no sliding window (`sliding_window: null`), and
+    /// `lm_head.weight` written out (Mistral does not tie it to the embeddings).
+    Mistral,
+    /// `Qwen2ForCausalLM`: zero biases on the Q, K and V projections, the sliding
+    /// window off and as long as the context, the embeddings tied as in the original.
+    Qwen2,
+}
+
+impl Architecture {
+    fn name(self) -> &'static str {
+        match self {
+            Architecture::Mistral => "mistral",
+            Architecture::Qwen2 => "qwen2",
         }
-        Err(e) => panic!("move the conversion into {}: {e}", dir.display()),
     }
-    dir
+
+    /// The repository id of its [`architecture_repo`].
+    pub fn repo_id(self) -> &'static str {
+        match self {
+            Architecture::Mistral => "skein-test/SmolLM2-135M-Instruct-as-Mistral",
+            Architecture::Qwen2 => "skein-test/SmolLM2-135M-Instruct-as-Qwen2",
+        }
+    }
+}
+
+/// The BF16 conversion written as `architecture` (the same BF16 values, so the same
+/// numbers as [`f32_gguf`]), as a repository.
+pub fn architecture_repo(tmp: &Path, architecture: Architecture) -> MockRepo {
+    repo_of(&architecture_dir(tmp, architecture), architecture.repo_id())
+}
+
+/// The BF16 conversion written as `architecture`, beside [`bf16_dir`] (converted on
+/// first use).
+pub fn architecture_dir(tmp: &Path, architecture: Architecture) -> PathBuf {
+    let source = bf16_dir(tmp);
+    let name = source
+        .file_name()
+        .map(|n| format!("{}-{}", n.to_string_lossy(), architecture.name()))
+        .unwrap_or_default();
+    cached(tmp.join(name), |work| rewrite_as(&source, architecture, work))
+}
+
+fn rewrite_as(source: &Path, architecture: Architecture, out: &Path) -> Result<(), String> {
+    for file in ["generation_config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(source.join(file), out.join(file)).map_err(|e| format!("copy {file}: {e}"))?;
+    }
+    let llama: Value = serde_json::from_slice(&std::fs::read(source.join("config.json")).map_err(|e| e.to_string())?)
+        .map_err(|e| e.to_string())?;
+    let mut tensors =
+        candle_core::safetensors::load(source.join("model.safetensors"), &Device::Cpu).map_err(|e| e.to_string())?;
+    let tied = llama["tie_word_embeddings"].as_bool().unwrap_or(false);
+    let mut config = llama.clone();
+    let (head_dim, context, layers) = {
+        let n = |key: &str| llama[key].as_u64().ok_or_else(|| format!("config.json has no `{key}`"));
+        (
+            n("hidden_size")? / n("num_attention_heads")?,
+            n("max_position_embeddings")?,
+            n("num_hidden_layers")?,
+        )
+    };
+    match architecture {
+        Architecture::Mistral => {
+            config["architectures"] = json!(["MistralForCausalLM"]);
+            config["model_type"] = json!("mistral");
+            config["head_dim"] = json!(head_dim);
+            config["sliding_window"] = Value::Null;
+            config["tie_word_embeddings"] = json!(false);
+            if tied {
+                let embeddings = tensors
+                    .get("model.embed_tokens.weight")
+                    .ok_or("no model.embed_tokens.weight")?
+                    .copy()
+                    .map_err(|e| e.to_string())?;
+                tensors.insert("lm_head.weight".to_owned(), embeddings);
+            }
+        }
+        Architecture::Qwen2 => {
+            config["architectures"] = json!(["Qwen2ForCausalLM"]);
+            config["model_type"] = json!("qwen2");
+            config["use_sliding_window"] = json!(false);
+            config["sliding_window"] = json!(context);
+            config["max_window_layers"] = json!(layers);
+            config["attention_dropout"] = json!(0.0);
+            for layer in 0..layers {
+                for projection in ["q_proj", "k_proj", "v_proj"] {
+                    let prefix = format!("model.layers.{layer}.self_attn.{projection}");
+                    let rows = tensors
+                        .get(&format!("{prefix}.weight"))
+                        .ok_or_else(|| format!("no {prefix}.weight"))?
+                        .dim(0)
+                        .map_err(|e| e.to_string())?;
+                    let bias = Tensor::zeros(rows, DType::BF16, &Device::Cpu).map_err(|e| e.to_string())?;
+                    tensors.insert(format!("{prefix}.bias"), bias);
+                }
+            }
+        }
+    }
+    std::fs::write(
+        out.join("config.json"),
+        serde_json::to_vec_pretty(&config).map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| format!("write config.json: {e}"))?;
+    candle_core::safetensors::save(&tensors, out.join("model.safetensors")).map_err(|e| e.to_string())
 }
 
 fn meta<'c>(content: &'c Content, key: &str) -> Result<&'c GgufValue, String> {
