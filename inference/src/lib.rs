@@ -8,6 +8,8 @@
 //!   architecture needs against the safetensors headers (no weights read).
 //! - `gguf_vocab`: the tokenizer and chat template of a GGUF file, from its metadata.
 //! - `model`: the candle models behind one `forward`, and the GGUF checks and loading.
+//! - `gguf_llama`: a GGUF Llama on the CPU, our own forward pass over the file's blocks.
+//! - `quant`: its matrix products (quantized activations, the Q4_1 AVX2 kernel, threads).
 //! - [`template`]: the chat template of `tokenizer_config.json`, rendered by minijinja.
 //! - [`engine`]: [`Engine`], a loaded model that generates one completion at a time.
 //! - [`openai`]: the wire format (requests, responses, stream chunks, error bodies).
@@ -32,9 +34,11 @@
 mod checkpoint;
 pub mod engine;
 mod error;
+mod gguf_llama;
 mod gguf_vocab;
 mod model;
 pub mod openai;
+mod quant;
 mod server;
 pub mod template;
 

@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use crate::Error;
 use crate::checkpoint::{Family, Weights};
+use crate::gguf_llama::GgufLlama;
 
 /// A loaded model with its KV cache.
 pub(crate) enum Model {
@@ -25,7 +26,10 @@ pub(crate) enum Model {
     },
     Mistral(mistral::Model),
     Qwen2(qwen2::ModelForCausalLM),
+    /// A GGUF Llama on a GPU: candle's `quantized_llama`.
     Gguf(quantized_llama::ModelWeights),
+    /// A GGUF Llama on the CPU: our own kernels over the file's blocks.
+    GgufCpu(Box<GgufLlama>),
 }
 
 /// A loaded model and the facts about it the engine needs.
@@ -204,10 +208,18 @@ fn load_gguf(path: &Path, device: &Device) -> Result<Loaded, Error> {
         .get("token_embd.weight")
         .and_then(|info| info.shape.dims().first().copied())
         .unwrap_or(0);
-    let model = quantized_llama::ModelWeights::from_gguf(content, &mut file, device)
-        .map_err(candle(|| format!("load the weights of `{}`", path.display())))?;
+    let model = if device.is_cpu() {
+        Model::GgufCpu(Box::new(
+            GgufLlama::load(&content, &mut file, candle_core::utils::get_num_threads()).map_err(gguf_error)?,
+        ))
+    } else {
+        Model::Gguf(
+            quantized_llama::ModelWeights::from_gguf(content, &mut file, device)
+                .map_err(candle(|| format!("load the weights of `{}`", path.display())))?,
+        )
+    };
     Ok(Loaded {
-        model: Model::Gguf(model),
+        model,
         vocab_size,
         context,
     })
@@ -230,6 +242,7 @@ impl Model {
             Model::Mistral(model) => model.clear_kv_cache(),
             Model::Qwen2(model) => model.clear_kv_cache(),
             Model::Gguf(model) => model.clear_kv_cache(),
+            Model::GgufCpu(model) => model.clear_kv_cache(),
         }
         Ok(())
     }
@@ -237,6 +250,14 @@ impl Model {
     /// Runs `tokens` at positions `position..` and returns the F32 logits of the token
     /// after the last, as a vector over the vocabulary.
     pub(crate) fn forward(&mut self, tokens: &[u32], position: usize, device: &Device) -> Result<Tensor, Error> {
+        if let Model::GgufCpu(model) = self {
+            let action = || format!("run the model on {} tokens at position {position}", tokens.len());
+            let logits = model.forward(tokens, position).map_err(|detail| Error::Candle {
+                action: action(),
+                source: candle_core::Error::Msg(detail),
+            })?;
+            return Tensor::new(logits, device).map_err(candle(action));
+        }
         let mut run = || -> candle_core::Result<Tensor> {
             let input = Tensor::new(tokens, device)?.unsqueeze(0)?;
             let logits = match self {
@@ -244,6 +265,7 @@ impl Model {
                 Model::Mistral(model) => model.forward(&input, position)?,
                 Model::Qwen2(model) => model.forward(&input, position)?,
                 Model::Gguf(model) => model.forward(&input, position)?,
+                Model::GgufCpu(_) => candle_core::bail!("the CPU GGUF model runs above"),
             };
             logits.flatten_all()?.to_dtype(DType::F32)
         };

@@ -597,6 +597,77 @@ fn candle_on_the_cpu_computes_in_f32() {
 }
 
 #[test]
+fn a_cpu_stage_of_llama_cpp_carries_the_cpu_process_not_a_cuda_context() {
+    use skein_model_registry::estimate::{DeviceKind, LLAMA_CPP_CPU_RUNTIME};
+    // Qwen2.5-0.5B ties its output to the token embedding.
+    let shape = shape_of("Qwen--Qwen2.5-0.5B-Instruct");
+    let weights = computed(&shape, q4_k_m());
+    let names = |e: &skein_model_registry::Estimate, d: usize| -> Vec<&str> {
+        e.devices[d].items.iter().map(|i| i.what).collect()
+    };
+    let gpu = run(&shape, &weights, &EstimateRequest::new(Engine::LLAMA_CPP, 2048));
+    let cpu = run(
+        &shape,
+        &weights,
+        &EstimateRequest::new(Engine::LLAMA_CPP, 2048).with_cpu_stages(1),
+    );
+    assert_eq!((gpu.device_kind, cpu.device_kind), (DeviceKind::Gpu, DeviceKind::Cpu));
+    assert_eq!(cpu.devices[0].kind, DeviceKind::Cpu);
+    assert!(names(&gpu, 0).contains(&"CUDA context"));
+    assert!(
+        names(&cpu, 0).iter().all(|w| !w.contains("CUDA")),
+        "{:?}",
+        names(&cpu, 0)
+    );
+    assert_eq!(cpu.devices[0].overhead, LLAMA_CPP_CPU_RUNTIME.bytes());
+    assert!(cpu.constants.iter().all(|c| !c.name.contains("CUDA")));
+    // On the CPU the output reads the token embedding llama.cpp keeps in RAM: no copy.
+    assert!(names(&gpu, 0).contains(&"output projection (tied copy)"));
+    assert!(!names(&cpu, 0).contains(&"output projection (tied copy)"));
+    assert_eq!(cpu.host, gpu.host);
+    assert!(cpu.devices[0].total.get() + (512 << 20) <= gpu.devices[0].total.get());
+
+    // Partial offload: the host stage (first) is the CPU, the GPU stage keeps its context.
+    let offload = run(
+        &shape,
+        &weights,
+        &EstimateRequest::new(Engine::LLAMA_CPP, 2048)
+            .with_layout(Layout::pipeline(vec![10, 14]))
+            .with_cpu_stages(1),
+    );
+    assert_eq!(offload.device_kind, DeviceKind::Gpu);
+    assert_eq!(
+        offload.devices.iter().map(|d| d.kind).collect::<Vec<_>>(),
+        [DeviceKind::Cpu, DeviceKind::Gpu]
+    );
+    assert_eq!(offload.devices[0].overhead, LLAMA_CPP_CPU_RUNTIME.bytes());
+    assert!(names(&offload, 1).contains(&"CUDA context"));
+    assert!(names(&offload, 1).contains(&"output projection (tied copy)"));
+    assert!(format!("{offload}").contains("cpu 0"));
+
+    // vLLM has no CPU stage, and no layout has more CPU stages than stages.
+    assert!(matches!(
+        estimate(
+            &shape,
+            &computed(&shape, bf16()),
+            &EstimateRequest::new(Engine::VLLM, 2048).with_cpu_stages(1)
+        ),
+        Err(Error::UnsupportedLayout { .. })
+    ));
+    assert!(matches!(
+        estimate(
+            &shape,
+            &weights,
+            &EstimateRequest::new(Engine::LLAMA_CPP, 2048).with_cpu_stages(2)
+        ),
+        Err(Error::InvalidEstimateRequest {
+            field: "cpu_stages",
+            ..
+        })
+    ));
+}
+
+#[test]
 fn every_line_adds_up() {
     let shape = shape_of("llava-hf--llava-v1.6-mistral-7b-hf");
     let weights = computed(&shape, bf16());

@@ -4,7 +4,7 @@
 //! steps, sessions and the OpenAI-compatible routes all call engines through here.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use tokio::sync::mpsc;
@@ -150,7 +150,7 @@ impl std::fmt::Display for CallError {
 }
 
 /// An engine's answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Answer {
     /// The generated text.
     pub content: String,
@@ -158,13 +158,47 @@ pub struct Answer {
     pub usage: Option<Usage>,
     /// Why generation stopped (`stop`, `length`), when given.
     pub finish_reason: Option<String>,
+    /// The decode speed of this answer, tokens/s, when it could be measured (see
+    /// [`MIN_MEASURED_TOKENS`]): the engine's own timing when it reports one (llama.cpp's
+    /// `timings.predicted_per_second`), else for a streamed answer the tokens after the
+    /// first over the time after the first piece, else the tokens over the whole call
+    /// (prefill included: a little low).
+    pub decode_tokens_per_s: Option<f64>,
 }
+
+/// Answers with fewer generated tokens give no decode speed (too noisy).
+pub const MIN_MEASURED_TOKENS: u64 = 8;
 
 #[derive(Deserialize)]
 struct Completion {
     choices: Vec<Choice>,
     #[serde(default)]
     usage: Option<CompletionUsage>,
+    /// llama-server's timings of the request.
+    #[serde(default)]
+    timings: Option<Timings>,
+}
+
+#[derive(Deserialize)]
+struct Timings {
+    #[serde(default)]
+    predicted_per_second: Option<f64>,
+}
+
+/// The decode speed of an answer of `tokens` tokens (see [`Answer::decode_tokens_per_s`]):
+/// the engine's figure, else `tokens - 1` over the time from the first piece to the end,
+/// else `tokens` over the whole time.
+fn decode_speed(tokens: Option<u64>, engine: Option<f64>, first: Option<Instant>, start: Instant) -> Option<f64> {
+    let tokens = tokens.filter(|&t| t >= MIN_MEASURED_TOKENS)?;
+    if let Some(rate) = engine.filter(|r| r.is_finite() && *r > 0.0) {
+        return Some(rate);
+    }
+    let (generated, since) = match first {
+        Some(first) => (tokens - 1, first),
+        None => (tokens, start),
+    };
+    let seconds = since.elapsed().as_secs_f64();
+    (seconds > 0.0).then(|| generated as f64 / seconds)
 }
 
 #[derive(Deserialize)]
@@ -262,6 +296,7 @@ pub async fn call(
     timeout: Duration,
 ) -> Result<Answer, CallError> {
     let url = format!("{}/chat/completions", route.base_url);
+    let start = Instant::now();
     let response = send(clients, route, body, timeout, false).await?;
     let text = response
         .text()
@@ -278,9 +313,12 @@ pub async fn call(
         .message
         .and_then(|m| m.content)
         .ok_or_else(|| CallError::Engine("the engine's answer has no message".to_owned()))?;
+    let usage = completion.usage.map(Usage::from);
+    let engine_rate = completion.timings.and_then(|t| t.predicted_per_second);
     Ok(Answer {
         content,
-        usage: completion.usage.map(Usage::from),
+        decode_tokens_per_s: decode_speed(usage.map(|u| u.completion_tokens), engine_rate, None, start),
+        usage,
         finish_reason: choice.finish_reason,
     })
 }
@@ -296,12 +334,16 @@ pub async fn call_streaming(
     tokens: &mpsc::Sender<String>,
 ) -> Result<Answer, CallError> {
     let url = format!("{}/chat/completions", route.base_url);
+    let start = Instant::now();
     let mut response = send(clients, route, body, timeout, true).await?;
     let mut answer = Answer {
         content: String::new(),
         usage: None,
         finish_reason: None,
+        decode_tokens_per_s: None,
     };
+    let mut first: Option<Instant> = None;
+    let mut engine_rate = None;
     let mut pending: Vec<u8> = Vec::new();
     let cut = |e: reqwest::Error| CallError::Unreachable(format!("the stream from {url} broke off: {e}"));
     while let Some(chunk) = response.chunk().await.map_err(cut)? {
@@ -313,6 +355,8 @@ pub async fn call_streaming(
                 continue;
             };
             if data == "[DONE]" {
+                let tokens = answer.usage.map(|u| u.completion_tokens);
+                answer.decode_tokens_per_s = decode_speed(tokens, engine_rate, first, start);
                 return Ok(answer);
             }
             let chunk: Completion = serde_json::from_str(data)
@@ -320,8 +364,12 @@ pub async fn call_streaming(
             if let Some(usage) = chunk.usage {
                 answer.usage = Some(usage.into());
             }
+            if let Some(rate) = chunk.timings.and_then(|t| t.predicted_per_second) {
+                engine_rate = Some(rate);
+            }
             for choice in chunk.choices {
                 if let Some(text) = choice.delta.and_then(|d| d.content).filter(|t| !t.is_empty()) {
+                    first.get_or_insert_with(Instant::now);
                     answer.content.push_str(&text);
                     let _ = tokens.send(text).await;
                 }

@@ -5,11 +5,11 @@ use std::ops::Range;
 
 use super::engine::{
     ACTIVATION_HIDDEN_COPIES, ACTIVATION_INTERMEDIATE_COPIES, CANDLE_CPU_RUNTIME, CUDA_CONTEXT_NATIVE,
-    CUDA_CONTEXT_TORCH, CandleDevice, Engine, KvDtype, LLAMA_CPP_CUDA_POOL, LLAMA_CPP_PIPELINE_COPIES,
-    LLAVA_NEXT_MAX_CROPS, NamedConstant, VLLM_CUDA_GRAPHS, VLLM_DISTRIBUTED_BUFFERS, VLLM_SAMPLER_COPIES,
-    VLLM_VOCAB_PADDING,
+    CUDA_CONTEXT_TORCH, CandleDevice, Engine, KvDtype, LLAMA_CPP_CPU_RUNTIME, LLAMA_CPP_CUDA_POOL,
+    LLAMA_CPP_PIPELINE_COPIES, LLAVA_NEXT_MAX_CROPS, NamedConstant, VLLM_CUDA_GRAPHS, VLLM_DISTRIBUTED_BUFFERS,
+    VLLM_SAMPLER_COPIES, VLLM_VOCAB_PADDING,
 };
-use super::report::{Component, DeviceEstimate, Item, LayerRange};
+use super::report::{Component, DeviceEstimate, DeviceKind, Item, LayerRange};
 use super::split::{kv_heads_per_rank, scale, shard, vocab_rows_per_rank};
 use super::{ModelShape, WeightGroups};
 use crate::{Bytes, Error};
@@ -41,6 +41,8 @@ pub(super) struct Plan<'a> {
     pub seq_tokens: u64,
     /// Runtime conversion of the stored weights: (numerator, denominator).
     pub weight_scale: (u64, u64),
+    /// The leading stages on the host CPU (every stage of an engine on the CPU).
+    pub cpu_stages: usize,
     /// Whether lines get their detail.
     pub details: bool,
 }
@@ -80,6 +82,11 @@ impl Lines {
 impl Plan<'_> {
     fn is_llama_cpp(&self) -> bool {
         matches!(self.engine, Engine::LlamaCpp(_))
+    }
+
+    /// Whether `stage` runs on the host CPU.
+    fn on_cpu(&self, stage: usize) -> bool {
+        stage < self.cpu_stages
     }
 
     /// A weight line, converted to the engine's runtime dtype.
@@ -122,10 +129,11 @@ impl Plan<'_> {
         };
         let first = stage == 0;
         let last = stage + 1 == self.stages;
-        self.weights_lines(&mut lines, first, last, &layers)?;
+        let cpu = self.on_cpu(stage);
+        self.weights_lines(&mut lines, first, last, cpu, &layers)?;
         self.kv_line(&mut lines, &layers)?;
         self.activation_lines(&mut lines, first, last)?;
-        self.overhead_lines(&mut lines);
+        self.overhead_lines(&mut lines, cpu);
 
         let mut sums = [Bytes::ZERO; 4];
         for item in &lines.items {
@@ -139,6 +147,7 @@ impl Plan<'_> {
         let estimate = DeviceEstimate {
             device: 0,
             stage,
+            kind: if cpu { DeviceKind::Cpu } else { DeviceKind::Gpu },
             rank,
             layers: LayerRange {
                 start: layers.start,
@@ -154,7 +163,14 @@ impl Plan<'_> {
         Ok((estimate, lines))
     }
 
-    fn weights_lines(&self, lines: &mut Lines, first: bool, last: bool, layers: &Range<u64>) -> Result<(), Error> {
+    fn weights_lines(
+        &self,
+        lines: &mut Lines,
+        first: bool,
+        last: bool,
+        cpu: bool,
+        layers: &Range<u64>,
+    ) -> Result<(), Error> {
         let (w, s, k) = (self.weights, self.shape, self.tp);
         let kv_heads_rank = kv_heads_per_rank(s.kv_heads, k);
         let mut layer_bytes = Bytes::ZERO;
@@ -206,6 +222,9 @@ impl Plan<'_> {
                     self.vocab_share(lines, w.lm_head)?
                 };
                 self.weight(lines, "output projection", share, || detail)?;
+            } else if s.tied_embeddings && self.is_llama_cpp() && cpu {
+                // On the CPU llama.cpp's output reuses the token embedding it keeps in host
+                // RAM (the estimate's `host`): no copy.
             } else if s.tied_embeddings && (self.stages > 1 || self.is_llama_cpp()) {
                 // Tied: the last stage needs the embedding matrix for its output. vLLM
                 // builds it on the last pipeline rank; llama.cpp duplicates token_embd onto
@@ -390,7 +409,7 @@ impl Plan<'_> {
         Ok(())
     }
 
-    fn overhead_lines(&self, lines: &mut Lines) {
+    fn overhead_lines(&self, lines: &mut Lines, cpu: bool) {
         let constant = |lines: &mut Lines, c: NamedConstant, what: &'static str, detail: &str| {
             lines.uses(c);
             lines.push(Component::Overhead, what, c.bytes(), || detail.to_owned());
@@ -410,6 +429,12 @@ impl Plan<'_> {
                     );
                 }
             }
+            Engine::LlamaCpp(_) if cpu => constant(
+                lines,
+                LLAMA_CPP_CPU_RUNTIME,
+                "process runtime",
+                "CPU stage: no CUDA context or pool",
+            ),
             Engine::LlamaCpp(_) => {
                 constant(lines, CUDA_CONTEXT_NATIVE, "CUDA context", "per GPU, native process");
                 constant(

@@ -86,6 +86,17 @@ pub const LLAMA_CPP_CUDA_POOL: NamedConstant = NamedConstant {
     origin: "growth of llama-server's memory after the first prompt beyond its logged buffers: tens of MiB",
 };
 
+/// Resident memory of llama.cpp's process on a CPU-only node, or of its host stage under
+/// partial offload, besides its logged model, KV and compute buffers: the binary and
+/// its libraries, the vocabulary, the server's slots and HTTP threads. No CUDA context.
+pub const LLAMA_CPP_CPU_RUNTIME: NamedConstant = NamedConstant {
+    name: "LLAMA_CPP_CPU_RUNTIME",
+    value: 64 * MIB,
+    unit: ConstantUnit::Bytes,
+    origin: "RSS of llama-server 11434 on SmolLM2-135M Q4_1 with --load-mode none, -c 512, CPU: 138 MiB, of which \
+             13 MiB binary and libraries and ~20 MiB heap beyond the weights and KV cache; rounded up",
+};
+
 /// Resident memory of the built-in candle engine on the CPU besides weights, cache and
 /// activations: the process, tokenizer, thread stacks and allocator slack.
 pub const CANDLE_CPU_RUNTIME: NamedConstant = NamedConstant {
@@ -187,10 +198,11 @@ pub const LLAVA_NEXT_MAX_CROPS: NamedConstant = NamedConstant {
 };
 
 /// Every constant, in the order `docs/models.md` lists them.
-pub const ALL_CONSTANTS: [NamedConstant; 14] = [
+pub const ALL_CONSTANTS: [NamedConstant; 15] = [
     CUDA_CONTEXT_TORCH,
     CUDA_CONTEXT_NATIVE,
     LLAMA_CPP_CUDA_POOL,
+    LLAMA_CPP_CPU_RUNTIME,
     CANDLE_CPU_RUNTIME,
     VLLM_CUDA_GRAPHS,
     VLLM_DISTRIBUTED_BUFFERS,

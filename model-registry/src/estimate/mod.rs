@@ -40,14 +40,15 @@ use serde::Serialize;
 
 pub use engine::{
     ACTIVATION_HIDDEN_COPIES, ACTIVATION_INTERMEDIATE_COPIES, ALL_CONSTANTS, CANDLE_CPU_RUNTIME, CUDA_CONTEXT_NATIVE,
-    CUDA_CONTEXT_TORCH, CandleDevice, CandleSettings, ConstantUnit, Engine, KvDtype, LLAMA_CPP_CTX_PAD,
-    LLAMA_CPP_CUDA_POOL, LLAMA_CPP_PIPELINE_COPIES, LLAVA_NEXT_MAX_CROPS, LlamaCppSettings, NamedConstant,
-    VLLM_BLOCK_SIZE, VLLM_CUDA_GRAPHS, VLLM_DISTRIBUTED_BUFFERS, VLLM_SAMPLER_COPIES, VLLM_VOCAB_PADDING, VllmSettings,
+    CUDA_CONTEXT_TORCH, CandleDevice, CandleSettings, ConstantUnit, Engine, KvDtype, LLAMA_CPP_CPU_RUNTIME,
+    LLAMA_CPP_CTX_PAD, LLAMA_CPP_CUDA_POOL, LLAMA_CPP_PIPELINE_COPIES, LLAVA_NEXT_MAX_CROPS, LlamaCppSettings,
+    NamedConstant, VLLM_BLOCK_SIZE, VLLM_CUDA_GRAPHS, VLLM_DISTRIBUTED_BUFFERS, VLLM_SAMPLER_COPIES,
+    VLLM_VOCAB_PADDING, VllmSettings,
 };
 pub use llama_split::{llama_cpp_counts, llama_cpp_devices, tensor_split as llama_cpp_tensor_split};
 pub use report::{
-    Component, DEFAULT_FIT_MARGIN, DeviceEstimate, DeviceFit, DeviceKind, Estimate, FitMargin, FitReport, Item,
-    LayerRange, WeightsSummary, fits, fits_with_margin,
+    Component, DEFAULT_FIT_MARGIN, DeviceEstimate, DeviceFit, DeviceKind, Estimate, FitMargin, FitReport,
+    HOST_FIT_MARGIN, Item, LayerRange, WeightsSummary, fits, fits_with_margin,
 };
 pub use shape::{ModelShape, VisionShape};
 pub use split::{Layout, Stages, TpDegree, TpInvalid, assign_layers, check_tp, tp_degrees};
@@ -70,6 +71,12 @@ pub struct EstimateRequest {
     pub engine: Engine,
     /// Tensor and pipeline parallelism.
     pub layout: Layout,
+    /// How many leading pipeline stages run on the host CPU and its RAM rather than on
+    /// GPUs: llama.cpp with the whole model on a CPU-only node (1 of 1 stage), or the
+    /// host stage of a partial offload (llama.cpp keeps the first layers in RAM). Such a
+    /// stage carries the CPU process's overhead, not a CUDA context. The built-in engine
+    /// on the CPU is a CPU device whatever this says; vLLM has no CPU stage.
+    pub cpu_stages: usize,
     /// Whether each line of the estimate says how it was computed ([`Item::detail`]);
     /// without, the details are empty and the figures the same (a planner weighing
     /// thousands of layouts reads only the figures).
@@ -86,6 +93,7 @@ impl EstimateRequest {
             kv_dtype: KvDtype::Auto,
             engine,
             layout: Layout::single(),
+            cpu_stages: 0,
             details: true,
         }
     }
@@ -105,6 +113,13 @@ impl EstimateRequest {
     /// With a layout.
     pub fn with_layout(mut self, layout: Layout) -> Self {
         self.layout = layout;
+        self
+    }
+
+    /// With the first `stages` pipeline stages on the host CPU (see
+    /// [`EstimateRequest::cpu_stages`]).
+    pub fn with_cpu_stages(mut self, stages: usize) -> Self {
+        self.cpu_stages = stages;
         self
     }
 
@@ -194,6 +209,17 @@ pub fn estimate(shape: &ModelShape, weights: &WeightGroups, request: &EstimateRe
         }
         _ => {}
     }
+    if request.cpu_stages > stages {
+        return Err(invalid("cpu_stages", request.cpu_stages, "at most the layout's stages"));
+    }
+    if request.cpu_stages > 0 && matches!(engine, Engine::Vllm(_)) {
+        return Err(Error::UnsupportedLayout {
+            engine: engine.name(),
+            layout: layout.to_string(),
+            help: "vLLM runs on GPUs only; use llama.cpp or the built-in engine on the CPU",
+        });
+    }
+    let cpu_stages = if engine.on_cpu() { stages } else { request.cpu_stages };
     let quantization = weights.quantization.as_ref();
     engine.check_weights(quantization)?;
     let kv_dtype = engine.resolve_kv(request.kv_dtype, quantization)?;
@@ -214,6 +240,7 @@ pub fn estimate(shape: &ModelShape, weights: &WeightGroups, request: &EstimateRe
         kv_tokens,
         seq_tokens,
         weight_scale: weight_scale(engine, quantization.map(|q| q.method), &mut notes),
+        cpu_stages,
         details: request.details,
     };
     let ranges = match &layout.stages {
@@ -280,7 +307,7 @@ pub fn estimate(shape: &ModelShape, weights: &WeightGroups, request: &EstimateRe
     }
     Ok(Estimate {
         engine,
-        device_kind: if engine.on_cpu() {
+        device_kind: if cpu_stages == stages {
             DeviceKind::Cpu
         } else {
             DeviceKind::Gpu

@@ -83,6 +83,8 @@ pub struct DeviceEstimate {
     pub device: usize,
     /// Pipeline stage.
     pub stage: usize,
+    /// A GPU, or the host CPU and its RAM.
+    pub kind: DeviceKind,
     /// Rank within the stage's tensor-parallel group.
     pub rank: u64,
     /// The decoder layers it holds (a shard of, under tensor parallelism).
@@ -101,7 +103,8 @@ pub struct DeviceEstimate {
     pub items: Vec<Item>,
 }
 
-/// What the devices are.
+/// What a device is (an estimate's `device_kind`: what all its devices are, GPUs when
+/// any is one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DeviceKind {
@@ -109,6 +112,16 @@ pub enum DeviceKind {
     Gpu,
     /// The host CPU and its RAM.
     Cpu,
+}
+
+impl DeviceKind {
+    /// `gpu` or `cpu`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DeviceKind::Gpu => "gpu",
+            DeviceKind::Cpu => "cpu",
+        }
+    }
 }
 
 /// The weights an estimate sized.
@@ -196,11 +209,8 @@ impl fmt::Display for Estimate {
             "{:<7} {:>5} {:>4} {:>9} {:>10} {:>10} {:>11} {:>10} {:>10}",
             "device", "stage", "rank", "layers", "weights", "kv cache", "activations", "overhead", "total"
         )?;
-        let kind = match self.device_kind {
-            DeviceKind::Gpu => "gpu",
-            DeviceKind::Cpu => "cpu",
-        };
         for d in &self.devices {
+            let kind = d.kind.name();
             writeln!(
                 f,
                 "{:<7} {:>5} {:>4} {:>9} {:>10} {:>10} {:>11} {:>10} {:>10}",
@@ -220,7 +230,7 @@ impl fmt::Display for Estimate {
         }
         if f.alternate() {
             for d in &self.devices {
-                writeln!(f, "{kind} {}:", d.device)?;
+                writeln!(f, "{} {}:", d.kind.name(), d.device)?;
                 for item in &d.items {
                     writeln!(
                         f,
@@ -257,6 +267,25 @@ pub const DEFAULT_FIT_MARGIN: FitMargin = FitMargin {
     permille: 50,
     minimum: Bytes::new(256 << 20),
 };
+
+/// The margin of a CPU device (host RAM): 5 % of the estimate, at least 32 MiB. No CUDA
+/// allocator fragments it, and every host keeps its own headroom for the system besides;
+/// the margin covers only what the estimate misses.
+pub const HOST_FIT_MARGIN: FitMargin = FitMargin {
+    permille: 50,
+    minimum: Bytes::new(32 << 20),
+};
+
+impl FitMargin {
+    /// The default margin of a device of `kind`: [`DEFAULT_FIT_MARGIN`] on a GPU,
+    /// [`HOST_FIT_MARGIN`] on the CPU.
+    pub const fn default_for(kind: DeviceKind) -> FitMargin {
+        match kind {
+            DeviceKind::Gpu => DEFAULT_FIT_MARGIN,
+            DeviceKind::Cpu => HOST_FIT_MARGIN,
+        }
+    }
+}
 
 impl FitMargin {
     /// The margin for a device whose estimate is `need`.
@@ -315,16 +344,26 @@ impl fmt::Display for FitReport {
     }
 }
 
-/// Whether `estimate` fits devices with `usable` bytes each (in layout order), with the
-/// [`DEFAULT_FIT_MARGIN`].
+/// Whether `estimate` fits devices with `usable` bytes each (in layout order), each with
+/// the default margin of its kind ([`FitMargin::default_for`]: [`DEFAULT_FIT_MARGIN`] on
+/// a GPU); the report's `margin` is the GPUs'.
 ///
 /// Errors: [`Error::DeviceCountMismatch`] unless there is one usable figure per device.
 pub fn fits(estimate: &Estimate, usable: &[Bytes]) -> Result<FitReport, Error> {
-    fits_with_margin(estimate, usable, DEFAULT_FIT_MARGIN)
+    fit_devices(estimate, usable, DEFAULT_FIT_MARGIN, FitMargin::default_for)
 }
 
-/// [`fits`] with a chosen margin.
+/// [`fits`] with a chosen margin, for every device whatever its kind.
 pub fn fits_with_margin(estimate: &Estimate, usable: &[Bytes], margin: FitMargin) -> Result<FitReport, Error> {
+    fit_devices(estimate, usable, margin, |_| margin)
+}
+
+fn fit_devices(
+    estimate: &Estimate,
+    usable: &[Bytes],
+    margin: FitMargin,
+    margin_of: impl Fn(DeviceKind) -> FitMargin,
+) -> Result<FitReport, Error> {
     if usable.len() != estimate.devices.len() {
         return Err(Error::DeviceCountMismatch {
             devices: estimate.devices.len(),
@@ -336,7 +375,7 @@ pub fn fits_with_margin(estimate: &Estimate, usable: &[Bytes], margin: FitMargin
         .iter()
         .zip(usable)
         .map(|(d, &usable)| {
-            let margin = margin.for_need(d.total);
+            let margin = margin_of(d.kind).for_need(d.total);
             let wanted = d.total.checked_add(margin).unwrap_or(Bytes::new(u64::MAX));
             let fits = wanted <= usable;
             DeviceFit {

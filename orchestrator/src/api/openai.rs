@@ -204,6 +204,7 @@ async fn completions(
                     content: reply.message.content,
                     usage: reply.message.usage,
                     finish_reason: Some("stop".to_owned()),
+                    decode_tokens_per_s: None,
                 })
             }
             (None, Some(target)) => {

@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 pub use model::{
     GpuFacts, GpuSample, GpuView, GraphEvent, GraphSnapshot, Health, HealthState, HostFacts, HostSample, IndexedSample,
-    Link, LinkKind, Millis, NodeId, NodeInventory, NodeView, TelemetryBatch,
+    Link, LinkKind, MeasuredSpeed, Millis, NodeId, NodeInventory, NodeView, TelemetryBatch,
 };
 
 /// How the graph judges its nodes.
@@ -89,7 +89,20 @@ struct NodeState {
     draining: Option<String>,
     /// Why the node left (its agent said so), if it did: it is not swept down.
     left: Option<String>,
+    /// Decode speeds measured on it, by engine, variant and placement: `(mean tokens/s,
+    /// answers)`.
+    measured: BTreeMap<(String, String, String), (f64, u64)>,
+    /// What the view shows of them (published when a mean moves by [`SPEED_REPUBLISH`]).
+    measured_shown: Vec<MeasuredSpeed>,
 }
+
+/// A measured decode speed is published again (a new view, a new graph version) when
+/// its mean moves by this share of the published figure: answers arrive many times a
+/// second, and every version makes planners look at the node again.
+pub const SPEED_REPUBLISH: f64 = 0.1;
+/// Answers whose speeds a measured mean averages; beyond, the mean moves as an
+/// exponential average over about this many (so an engine that got faster shows it).
+pub const SPEED_SAMPLES: u64 = 32;
 
 struct NodeCell {
     id: NodeId,
@@ -179,6 +192,9 @@ impl HardwareGraph {
                     state.gpu_health = vec![Health::OK; gpus];
                     state.drained = vec![None; gpus];
                     state.links = links(&inventory.gpus);
+                    // Other hardware: what was measured on the old is void.
+                    state.measured.clear();
+                    state.measured_shown.clear();
                 }
                 state.inventory = inventory;
                 state.alive_since_ms = now;
@@ -207,6 +223,8 @@ impl HardwareGraph {
                     drained: vec![None; gpus],
                     draining: None,
                     left: None,
+                    measured: BTreeMap::new(),
+                    measured_shown: Vec::new(),
                 };
                 let view = Arc::new(build_view(&id, &state, version));
                 let cell = Arc::new(NodeCell {
@@ -361,6 +379,66 @@ impl HardwareGraph {
         let version = self.bump();
         self.publish(&cell, version);
         Ok(())
+    }
+
+    /// Records the decode speed of one answer of `engine` serving `variant` placed as
+    /// `placement` (`plan::speed_placement`) on the node named `node`, tokens/s of its
+    /// sequence: the planner uses the mean in place of its model (docs/placement.md,
+    /// "Measured speeds"). A new view is published when the figure is new or its mean
+    /// moved by [`SPEED_REPUBLISH`]. Returns whether it was.
+    ///
+    /// Errors: no node has that name; a speed that is not a positive number is ignored.
+    pub fn record_speed(
+        &self,
+        node: &str,
+        engine: &str,
+        variant: &str,
+        placement: &str,
+        tokens_per_s: f64,
+    ) -> Result<bool, GraphError> {
+        if !tokens_per_s.is_finite() || tokens_per_s <= 0.0 {
+            return Ok(false);
+        }
+        let cell = self
+            .index()
+            .by_name
+            .get(node)
+            .cloned()
+            .ok_or_else(|| GraphError::UnknownNode(NodeId(node.to_owned())))?;
+        let changed = {
+            let mut state = lock(&cell.state);
+            let key = (engine.to_owned(), variant.to_owned(), placement.to_owned());
+            let (mean, samples) = state.measured.entry(key).or_insert((0.0, 0));
+            *samples += 1;
+            let weight = 1.0 / (*samples).min(SPEED_SAMPLES) as f64;
+            *mean += (tokens_per_s - *mean) * weight;
+            let (mean, samples) = (*mean, *samples);
+            let same = |m: &&mut MeasuredSpeed| m.engine == engine && m.variant == variant && m.placement == placement;
+            let shown = state.measured_shown.iter_mut().find(same).map(|m| m.tokens_per_s);
+            let changed = shown.is_none_or(|shown| (mean - shown).abs() > shown * SPEED_REPUBLISH);
+            if changed {
+                state.measured_shown = state
+                    .measured
+                    .iter()
+                    .map(|((engine, variant, placement), &(mean, samples))| MeasuredSpeed {
+                        engine: engine.clone(),
+                        variant: variant.clone(),
+                        placement: placement.clone(),
+                        tokens_per_s: mean,
+                        samples,
+                    })
+                    .collect();
+            } else if let Some(m) = state.measured_shown.iter_mut().find(same) {
+                // The count moves without a new view; the next one shows it.
+                m.samples = samples;
+            }
+            changed
+        };
+        if changed {
+            let version = self.bump();
+            self.publish(&cell, version);
+        }
+        Ok(changed)
     }
 
     /// Marks down every node that sent no telemetry for
@@ -613,6 +691,7 @@ fn build_view(id: &NodeId, state: &NodeState, version: u64) -> NodeView {
         host: state.host,
         links: state.links.clone(),
         gpus,
+        measured: state.measured_shown.clone(),
         version,
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A node's id: assigned at its first registration, kept for the same node name across
 /// reconnects and agent restarts.
@@ -289,8 +289,30 @@ pub struct NodeView {
     pub gpus: Vec<GpuView>,
     /// Links between its GPUs.
     pub links: Vec<Link>,
+    /// Decode speeds measured on it (by engine and variant, sorted), from the answers
+    /// of the instances it served ([`HardwareGraph::record_speed`]).
+    ///
+    /// [`HardwareGraph::record_speed`]: super::HardwareGraph::record_speed
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub measured: Vec<MeasuredSpeed>,
     /// The graph version at which this view was built.
     pub version: u64,
+}
+
+/// A decode speed measured on a node: what an engine serving a variant really did.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct MeasuredSpeed {
+    /// The engine, as plans name it (`candle`, `llama.cpp`, `vllm`).
+    pub engine: String,
+    /// The variant, as plans name it.
+    pub variant: String,
+    /// How it was placed on the node: the plan's family and its number of devices
+    /// (`CPU ×1`, `one GPU ×1`, `tensor parallel ×2`; `plan::speed_placement`).
+    pub placement: String,
+    /// Tokens per second of one sequence: the mean over the answers measured.
+    pub tokens_per_s: f64,
+    /// Answers measured.
+    pub samples: u64,
 }
 
 /// The whole graph at one version: cheap to take (one `Arc` per node), immutable, and

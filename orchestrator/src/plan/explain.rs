@@ -114,7 +114,13 @@ fn label(name: &str, replica: u32, replicas: u32) -> String {
     }
 }
 
-fn family_name(family: Family) -> &'static str {
+/// How a placement is named where its measured speed is kept: its family and its number
+/// of devices (`CPU ×1`, `tensor parallel ×2`).
+pub fn speed_placement(family: &str, devices: usize) -> String {
+    format!("{family} ×{devices}")
+}
+
+pub(super) fn family_name(family: Family) -> &'static str {
     match family {
         Family::Single => "one GPU",
         Family::TensorParallel => "tensor parallel",
@@ -338,10 +344,23 @@ fn why_not(
     let gpus = || (a.gpus > b.gpus).then(|| format!("uses {} GPUs, not {}", a.gpus, b.gpus));
     let speed = || {
         (a.tokens_per_s < b.tokens_per_s).then(|| {
-            format!(
-                "slower: {:.0} vs {:.0} tokens/s modelled",
-                a.tokens_per_s, b.tokens_per_s
-            )
+            let how = |m: bool| if m { "measured" } else { "modelled" };
+            if a.measured == b.measured {
+                format!(
+                    "slower: {:.0} vs {:.0} tokens/s {}",
+                    a.tokens_per_s,
+                    b.tokens_per_s,
+                    how(a.measured)
+                )
+            } else {
+                format!(
+                    "slower: {:.0} tokens/s {} vs {:.0} {}",
+                    a.tokens_per_s,
+                    how(a.measured),
+                    b.tokens_per_s,
+                    how(b.measured)
+                )
+            }
         })
     };
     let order: [&dyn Fn() -> Option<String>; 3] = match prefer {
@@ -508,12 +527,36 @@ fn why(
     if let Some(line) = engines_ruled_out(unit) {
         lines.push(line);
     }
-    lines.push(format!(
-        "modelled decode speed {:.0} tokens/s per sequence ({} sequence{} at once)",
-        c.parts.tokens_per_s,
-        unit.concurrency,
-        if unit.concurrency == 1 { "" } else { "s" }
-    ));
+    let measured = c
+        .parts
+        .measured
+        .then(|| {
+            let node = &fleet.nodes[c.devices.first()?.node];
+            let placement = speed_placement(family_name(c.family), c.devices.len());
+            let variant = &unit.info.variants[c.variant].id;
+            let m = node
+                .measured
+                .iter()
+                .find(|m| m.engine == c.estimate.engine.name() && m.variant == *variant && m.placement == placement)?;
+            Some(format!(
+                "measured decode speed {:.0} tokens/s per sequence (mean of {} answer{} on {}; {} sequence{} at once)",
+                m.tokens_per_s,
+                m.samples,
+                if m.samples == 1 { "" } else { "s" },
+                node.name,
+                unit.concurrency,
+                if unit.concurrency == 1 { "" } else { "s" }
+            ))
+        })
+        .flatten();
+    lines.push(measured.unwrap_or_else(|| {
+        format!(
+            "modelled decode speed {:.0} tokens/s per sequence ({} sequence{} at once)",
+            c.parts.tokens_per_s,
+            unit.concurrency,
+            if unit.concurrency == 1 { "" } else { "s" }
+        )
+    }));
     for d in &c.devices {
         if let Some(p) = d.gpu {
             let g = &fleet.nodes[d.node].gpus[p];

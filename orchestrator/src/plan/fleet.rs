@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 use skein_gpu_catalog::CardModel;
 
 use super::options::FastMap;
+use super::score::BANDWIDTH_EFFICIENCY;
+pub use crate::graph::MeasuredSpeed;
 use crate::graph::{GraphSnapshot, HealthState, NodeView};
 
 /// Usable memory is rounded down to a multiple of this (64 MiB).
@@ -21,8 +23,19 @@ pub const USABLE_QUANTUM: u64 = 64 << 20;
 pub const UNKNOWN_GPU_BANDWIDTH_GBS: f64 = 900.0;
 
 /// Host RAM bandwidth assumed for CPU inference and offloaded layers, GB/s (two or more
-/// channels of DDR4/DDR5 as a server or workstation has).
+/// channels of DDR4/DDR5 as a server or workstation has): the ceiling however many cores
+/// decode.
 pub const HOST_BANDWIDTH_GBS: f64 = 60.0;
+
+/// Weight bytes one physical core of llama.cpp streams through its quantized dot
+/// products per second while decoding, GB/s: a CPU with few cores is bound by compute,
+/// not by RAM. Measured: llama-server 11434 with 2 threads decodes SmolLM2-135M Q4_1
+/// (98 MB read per token) at 74 tokens/s on a 2-core AMD EPYC VM (AVX2), 7.3 GB/s, 3.6
+/// per core (docs/PERFORMANCE.md, "The built-in engine against llama.cpp").
+pub const CPU_CORE_DECODE_GBS: f64 = 3.6;
+
+/// Physical cores assumed for a node that did not report its CPU.
+pub const UNKNOWN_CPU_CORES: u32 = 8;
 
 /// Utilization from which a GPU that also runs processes Skein did not start counts as
 /// shared: an engine there is modelled at the share of compute the others leave.
@@ -99,6 +112,23 @@ pub struct PlanNode {
     pub network_known: bool,
     /// Round trip to the orchestrator, ms, when measured.
     pub rtt_ms: Option<f64>,
+    /// The host's modelled decode bandwidth for llama.cpp on its CPU, bytes/s: its
+    /// physical cores × [`CPU_CORE_DECODE_GBS`], at most [`HOST_BANDWIDTH_GBS`] ×
+    /// [`BANDWIDTH_EFFICIENCY`] (see [`host_decode_bandwidth`]).
+    pub host_bandwidth: f64,
+    /// Physical cores the host model used.
+    pub cpu_cores: u32,
+    /// Decode speeds measured on this node, tokens/s of one sequence, by engine (plan
+    /// name) and variant, sorted: the planner uses them in place of its model.
+    pub measured: Vec<MeasuredSpeed>,
+}
+
+/// The modelled decode bandwidth of llama.cpp on a host's CPU with `cores` physical
+/// cores (0: unknown), bytes/s: decoding streams every weight once per token, limited by
+/// the cores' dot products on a small host and by RAM on a large one.
+pub fn host_decode_bandwidth(cores: u32) -> f64 {
+    let cores = if cores == 0 { UNKNOWN_CPU_CORES } else { cores };
+    (f64::from(cores) * CPU_CORE_DECODE_GBS).min(HOST_BANDWIDTH_GBS * BANDWIDTH_EFFICIENCY) * 1e9
 }
 
 /// A GPU left out of planning, with the reason.
@@ -447,6 +477,12 @@ fn node_view(
         .host
         .map_or(node.inventory.host.memory_total, |h| h.memory_available);
     let network_bps = node.inventory.host.network_bps;
+    let facts = &node.inventory.host;
+    let cores = if facts.physical_cores > 0 {
+        facts.physical_cores
+    } else {
+        facts.logical_cores
+    };
     Some(PlanNode {
         name,
         gpus,
@@ -458,6 +494,9 @@ fn node_view(
         },
         network_known: network_bps != 0,
         rtt_ms: node.rtt_ms,
+        host_bandwidth: host_decode_bandwidth(cores),
+        cpu_cores: if cores == 0 { UNKNOWN_CPU_CORES } else { cores },
+        measured: node.measured.clone(),
     })
 }
 

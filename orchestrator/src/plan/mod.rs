@@ -28,6 +28,7 @@ use skein_model_registry::estimate::{Estimate, KvDtype, llama_cpp_tensor_split};
 
 use crate::graph::GraphSnapshot;
 pub use demand::{Instance, model_key};
+pub use explain::speed_placement;
 pub use fleet::{DEFAULT_HEADROOM, DEFAULT_HOST_HEADROOM, Excluded, FleetCache, Headroom, Held, PlanFleet};
 use options::{Cand, Family, State, Unit, UnitCache};
 

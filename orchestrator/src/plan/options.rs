@@ -29,13 +29,14 @@ use skein_dsl::ir::{EngineChoice, ModelRequirement, Precision, Preference};
 use skein_model_registry::catalog::ModelInfo;
 use skein_model_registry::catalog::fit::engine_for;
 use skein_model_registry::estimate::{
-    DEFAULT_FIT_MARGIN, Engine, Estimate, EstimateRequest, KvDtype, Layout, Stages, estimate, fits,
+    DeviceKind, Engine, Estimate, EstimateRequest, FitMargin, KvDtype, Layout, Stages, estimate, fits,
 };
 use skein_model_registry::{Bytes, WeightFormat};
 
 use super::demand::{VariantUse, min_compute_capability, variant_use};
-use super::fleet::{HOST_BANDWIDTH_GBS, PlanFleet, PlanGpu, PlanNode};
-use super::score::{DeviceSpeed, Hop, ScoreParts, host_speed_factor, tokens_per_second};
+use super::explain::{family_name, speed_placement};
+use super::fleet::{PlanFleet, PlanGpu, PlanNode};
+use super::score::{BANDWIDTH_EFFICIENCY, DeviceSpeed, Hop, ScoreParts, host_speed_factor, tokens_per_second};
 
 /// Nodes with at most this many usable GPUs have every subset of them considered for
 /// tensor parallelism; larger nodes, the best-fitting ones by rule.
@@ -757,8 +758,8 @@ struct Rankings {
 const ESTIMATE_CACHE_CAPACITY: usize = 8_192;
 
 /// A layout as a hashable key, with the variant: tensor-parallel degree, the kind of
-/// stages (one, ratios, memory) and their entries.
-type LayoutKey = (usize, u64, u8, Vec<u64>);
+/// stages (one, ratios, memory), their entries, and the leading stages on the CPU.
+type LayoutKey = (usize, u64, u8, Vec<u64>, usize);
 
 /// Candidate lists of recent states, keyed by the state's fleet epoch and the
 /// signature of every node: a plan asks about the untouched fleet several times
@@ -858,31 +859,43 @@ impl<'a> Unit<'a> {
         }
     }
 
-    fn request(&self, engine: Engine, layout: Layout) -> EstimateRequest {
+    fn request(&self, engine: Engine, layout: Layout, cpu_stages: usize) -> EstimateRequest {
         EstimateRequest::new(engine, u64::from(self.requirement.context))
             .with_concurrency(self.concurrency)
             .with_kv_dtype(self.kv_dtype)
             .with_layout(layout)
+            .with_cpu_stages(cpu_stages)
             .without_details()
     }
 
-    /// The estimate of variant `v` on `layout`, or `None` if the engine cannot run it.
+    /// The estimate of variant `v` on `layout` with GPUs only, or `None` if the engine
+    /// cannot run it.
     fn estimate(&self, v: usize, engine: Engine, layout: Layout) -> Option<Arc<Estimate>> {
+        self.estimate_on(v, engine, layout, 0)
+    }
+
+    /// The estimate of variant `v` on `layout` whose first `cpu_stages` stages are on the
+    /// host CPU, or `None` if the engine cannot run it.
+    fn estimate_on(&self, v: usize, engine: Engine, layout: Layout, cpu_stages: usize) -> Option<Arc<Estimate>> {
         let (kind, entries) = match &layout.stages {
             Stages::One => (0, Vec::new()),
             Stages::Ratios(r) => (1, r.iter().map(|&x| u64::from(x)).collect()),
             Stages::Memory(m) => (2, m.iter().map(|b| b.get()).collect()),
         };
-        let key = (v, layout.tensor_parallel, kind, entries);
+        let key = (v, layout.tensor_parallel, kind, entries, cpu_stages);
         if let Some(known) = self.cache.estimates.borrow().get(&key)
             && let Some((_, hit)) = known.iter().find(|(e, _)| *e == engine)
         {
             return hit.clone();
         }
         let variant = &self.info.variants[v];
-        let made = estimate(&self.info.shape, &variant.weights, &self.request(engine, layout))
-            .ok()
-            .map(Arc::new);
+        let made = estimate(
+            &self.info.shape,
+            &variant.weights,
+            &self.request(engine, layout, cpu_stages),
+        )
+        .ok()
+        .map(Arc::new);
         let mut estimates = self.cache.estimates.borrow_mut();
         // Layer splits by memory are keyed by free bytes, which telemetry changes from
         // plan to plan: without a bound, a kept planner would grow for as long as the
@@ -899,7 +912,7 @@ impl<'a> Unit<'a> {
     pub fn detailed_estimate(&self, c: &Cand) -> Arc<Estimate> {
         let request = EstimateRequest {
             details: true,
-            ..self.request(c.estimate.engine, c.estimate.layout.clone())
+            ..self.request(c.estimate.engine, c.estimate.layout.clone(), cpu_stages(&c.estimate))
         };
         estimate(&self.info.shape, &self.info.variants[c.variant].weights, &request)
             .map_or_else(|_| c.estimate.clone(), Arc::new)
@@ -919,10 +932,13 @@ impl<'a> Unit<'a> {
         } else {
             Layout::tensor_parallel(k)
         };
-        let result = self.estimate(v, engine, layout).map(|e| {
-            let need = e.max_device_total();
-            (e, with_margin(need))
-        });
+        let result = self
+            .estimate_on(v, engine, layout, usize::from(cpu.is_some()))
+            .map(|e| {
+                let need = e.max_device_total();
+                let kind = e.devices.first().map_or(DeviceKind::Gpu, |d| d.kind);
+                (e, with_margin(need, kind))
+            });
         self.cache.needs.borrow_mut().insert(key, result.clone());
         result
     }
@@ -1480,7 +1496,7 @@ impl<'a> Unit<'a> {
         let mut memory: Vec<Bytes> = vec![Bytes::new(host)];
         memory.extend(gpus.iter().map(|&p| Bytes::new(state.usable[node][p])));
         // A first, proportional estimate gives each GPU's fixed costs and a layer's size.
-        let probe = self.estimate(v, Engine::LLAMA_CPP, Layout::pipeline_by_memory(memory.clone()))?;
+        let probe = self.estimate_on(v, Engine::LLAMA_CPP, Layout::pipeline_by_memory(memory.clone()), 1)?;
         let layers = probe.devices.last()?.layers.end;
         let per_layer = probe
             .devices
@@ -1513,7 +1529,7 @@ impl<'a> Unit<'a> {
             }
             let mut ratios: Vec<u32> = vec![u32::try_from(layers - counts.iter().sum::<u64>()).unwrap_or(u32::MAX)];
             ratios.extend(kept.iter().map(|&i| u32::try_from(counts[i]).unwrap_or(u32::MAX)));
-            let e = self.estimate(v, Engine::LLAMA_CPP, Layout::pipeline(ratios))?;
+            let e = self.estimate_on(v, Engine::LLAMA_CPP, Layout::pipeline(ratios), 1)?;
             let usable: Vec<Bytes> = [Bytes::new(host)]
                 .into_iter()
                 .chain(kept.iter().map(|&i| memory[i + 1]))
@@ -1521,7 +1537,8 @@ impl<'a> Unit<'a> {
             let report = fits(&e, &usable).ok()?;
             if report.fits {
                 // The host stage's line includes what llama.cpp keeps in RAM anyway.
-                let host_need = with_margin(e.devices.first().map_or(Bytes::ZERO, |d| d.total)) + e.host.get();
+                let host_need =
+                    with_margin(e.devices.first().map_or(Bytes::ZERO, |d| d.total), DeviceKind::Cpu) + e.host.get();
                 if host_need > host {
                     return None;
                 }
@@ -1555,7 +1572,11 @@ impl<'a> Unit<'a> {
         e: Arc<Estimate>,
         devices: Vec<Dev>,
     ) -> Cand {
-        let reserve = e.devices.iter().map(|d| with_margin(d.total)).collect::<Vec<_>>();
+        let reserve = e
+            .devices
+            .iter()
+            .map(|d| with_margin(d.total, d.kind))
+            .collect::<Vec<_>>();
         let mut speeds = Vec::with_capacity(devices.len());
         let mut degraded = 0;
         let mut gpus = 0;
@@ -1578,19 +1599,41 @@ impl<'a> Unit<'a> {
                         .all(|(_, o)| o.gpu.is_some_and(|q| g.nvlink & (1 << q) != 0));
                     speeds.push(DeviceSpeed {
                         node: d.node,
-                        bandwidth: g.bandwidth,
+                        bandwidth: g.bandwidth * BANDWIDTH_EFFICIENCY,
+                        extra_read: 0.0,
                         nvlink_stage: nvlink,
                     });
                 }
-                None => speeds.push(DeviceSpeed {
-                    node: d.node,
-                    bandwidth: HOST_BANDWIDTH_GBS * 1e9 * host_speed_factor(e.engine),
-                    nvlink_stage: false,
-                }),
+                None => {
+                    // llama.cpp's output on the CPU reads the tied embedding in host RAM.
+                    let tied_output = family == Family::Cpu
+                        && matches!(e.engine, Engine::LlamaCpp(_))
+                        && self.info.shape.tied_embeddings;
+                    speeds.push(DeviceSpeed {
+                        node: d.node,
+                        bandwidth: fleet.nodes[d.node].host_bandwidth * host_speed_factor(e.engine),
+                        extra_read: if tied_output { e.host.get() as f64 } else { 0.0 },
+                        nvlink_stage: false,
+                    });
+                }
             }
         }
         let hops = hops(fleet, &e, &devices);
-        let tokens_per_s = tokens_per_second(&e, self.info.shape.hidden, &speeds, &hops);
+        // A speed measured on the node for this engine, variant and placement replaces
+        // the model (only for a placement on one node).
+        let measured = match devices.first() {
+            Some(first) if nodes.len() == 1 => {
+                let placement = speed_placement(family_name(family), devices.len());
+                let variant = &self.info.variants[v].id;
+                fleet.nodes[first.node]
+                    .measured
+                    .iter()
+                    .find(|m| m.engine == e.engine.name() && m.variant == *variant && m.placement == placement)
+                    .map(|m| m.tokens_per_s)
+            }
+            _ => None,
+        };
+        let tokens_per_s = measured.unwrap_or_else(|| tokens_per_second(&e, self.info.shape.hidden, &speeds, &hops));
         let parts = ScoreParts {
             tier,
             cpu: family == Family::Cpu,
@@ -1599,6 +1642,7 @@ impl<'a> Unit<'a> {
             gpus,
             nodes: nodes.len() as u32,
             tokens_per_s,
+            measured: measured.is_some(),
             card_gib: card_bytes >> 30,
         };
         // Only llama.cpp keeps RAM beside its devices (the token embedding), on the CPU too.
@@ -1734,8 +1778,20 @@ impl<'a> Unit<'a> {
     }
 }
 
-fn with_margin(need: Bytes) -> u64 {
-    need.get().saturating_add(DEFAULT_FIT_MARGIN.for_need(need).get())
+/// The leading stages of `e` on the host CPU.
+fn cpu_stages(e: &Estimate) -> usize {
+    e.devices
+        .iter()
+        .filter(|d| d.kind == DeviceKind::Cpu)
+        .map(|d| d.stage + 1)
+        .max()
+        .unwrap_or(0)
+}
+
+/// `need` and the margin of a device of `kind`.
+fn with_margin(need: Bytes, kind: DeviceKind) -> u64 {
+    need.get()
+        .saturating_add(FitMargin::default_for(kind).for_need(need).get())
 }
 
 /// Whether every device's estimate plus margin fits its usable memory.

@@ -22,8 +22,12 @@ pub struct ScoreParts {
     pub gpus: u32,
     /// Nodes spanned.
     pub nodes: u32,
-    /// Modelled decode speed of one sequence, tokens/s.
+    /// Decode speed of one sequence, tokens/s: measured on the node where a measurement
+    /// of the same engine, variant and placement exists, else modelled.
     pub tokens_per_s: f64,
+    /// Whether `tokens_per_s` was measured.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub measured: bool,
     /// Total memory of the cards used, GiB (smaller cards preferred: large ones stay free
     /// for models that need them).
     pub card_gib: u64,
@@ -91,8 +95,13 @@ pub fn tier_of(quantization: &Quantization) -> Option<Precision> {
 pub struct DeviceSpeed {
     /// Node position.
     pub node: usize,
-    /// Memory bandwidth, bytes/s.
+    /// Decode bandwidth, bytes/s: what the engine streams from the device's memory per
+    /// second while decoding (a GPU's peak × [`BANDWIDTH_EFFICIENCY`]; a host's from its
+    /// cores, `fleet::host_decode_bandwidth`).
     pub bandwidth: f64,
+    /// Bytes it reads per token besides its weights and cache (llama.cpp's output on the
+    /// CPU reads the tied token embedding kept in host RAM).
+    pub extra_read: f64,
     /// Whether it has an NVLink to every other device of its stage.
     pub nvlink_stage: bool,
 }
@@ -107,13 +116,16 @@ pub struct Hop {
 }
 
 /// The built-in engine's decode speed on the CPU relative to llama.cpp's on the same
-/// weights and machine: measured 10-12 tokens per CPU-second for the built-in engine
-/// against llama.cpp's 44 on SmolLM2-135M-Instruct Q4_1 (issue 26), so a quarter.
-/// llama.cpp on the host is the bandwidth model itself (factor 1).
-pub const BUILTIN_CPU_SPEED: f64 = 0.25;
+/// weights and machine, the prior until the node measured it: the last side-by-side
+/// bench (docs/PERFORMANCE.md, "The built-in engine against llama.cpp": 10.2 against
+/// 74.0 tokens/s on SmolLM2-135M-Instruct Q4_1, 2 threads each), rounded up. Once an
+/// instance of an engine served a variant on a node, its measured speed replaces the
+/// model there (docs/placement.md, "Measured speeds"), so the engine that really is
+/// faster on that node wins. llama.cpp on the host is the model itself (factor 1).
+pub const BUILTIN_CPU_SPEED: f64 = 0.15;
 
-/// The share of the host's modelled bandwidth an engine reaches on the CPU or host RAM:
-/// 1 for llama.cpp, [`BUILTIN_CPU_SPEED`] for the built-in engine.
+/// The share of the host's modelled decode bandwidth an engine reaches on the CPU or
+/// host RAM: 1 for llama.cpp, [`BUILTIN_CPU_SPEED`] for the built-in engine.
 pub fn host_speed_factor(engine: Engine) -> f64 {
     match engine {
         Engine::Candle(_) => BUILTIN_CPU_SPEED,
@@ -121,7 +133,7 @@ pub fn host_speed_factor(engine: Engine) -> f64 {
     }
 }
 
-/// Fraction of peak memory bandwidth decoding reaches.
+/// Fraction of a GPU's (or a large host's) peak memory bandwidth decoding reaches.
 pub const BANDWIDTH_EFFICIENCY: f64 = 0.7;
 /// One all-reduce between GPUs of a node over NVLink, seconds.
 pub const ALLREDUCE_NVLINK_S: f64 = 8e-6;
@@ -130,9 +142,10 @@ pub const ALLREDUCE_PCIE_S: f64 = 30e-6;
 /// Handing activations to the next stage on the same node, seconds.
 pub const STAGE_HOP_LOCAL_S: f64 = 20e-6;
 
-/// Modelled decode speed of one sequence, tokens/s: decoding is memory-bound, so each
-/// device's time per token is the bytes it reads (its weights, and the sequence's share
-/// of its KV cache at half the context on average) over its bandwidth; a stage takes as
+/// Modelled decode speed of one sequence, tokens/s: decoding streams every weight once
+/// per token, so each device's time per token is the bytes it reads (its weights, and
+/// the sequence's share of its KV cache at half the context on average) over its decode
+/// bandwidth; a stage takes as
 /// long as its slowest device, stages run one after another; tensor parallelism adds two
 /// all-reduces per layer, and each stage boundary a hop (local, or over the network with
 /// its latency and the transfer of one 16-bit hidden vector).
@@ -146,8 +159,8 @@ pub fn tokens_per_second(estimate: &Estimate, hidden: u64, devices: &[DeviceSpee
         let mut nvlink = true;
         for (d, speed) in estimate.devices.iter().zip(devices).filter(|(d, _)| d.stage == stage) {
             let kv = d.kv_cache.get() as f64 / estimate.concurrency.max(1) as f64 / 2.0;
-            let read = d.weights.get() as f64 + kv;
-            slowest = slowest.max(read / (speed.bandwidth * BANDWIDTH_EFFICIENCY).max(1.0));
+            let read = d.weights.get() as f64 + kv + speed.extra_read;
+            slowest = slowest.max(read / speed.bandwidth.max(1.0));
             layers = d.layers.len();
             nvlink &= speed.nvlink_stage;
         }
@@ -181,6 +194,7 @@ mod tests {
             gpus,
             nodes: 1,
             tokens_per_s,
+            measured: false,
             card_gib: 80 * u64::from(gpus),
         }
     }

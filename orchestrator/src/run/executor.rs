@@ -248,6 +248,30 @@ impl Executor {
         &self.inner.clients
     }
 
+    /// Records `rate`, the decode speed of an answer of `instance` (tokens/s), in the
+    /// graph for its node, engine, variant and placement, where the planner reads it in
+    /// place of its model (docs/placement.md, "Measured speeds"): only for an instance a
+    /// plan placed whole on one node (a split's speed is not one node's).
+    pub fn record_speed(&self, instance: &str, rate: f64) {
+        let Some(view) = self.inner.instances.get(instance) else {
+            return;
+        };
+        let Some(placement) = view.placement.as_deref() else {
+            return;
+        };
+        if !view.pieces.is_empty() || placement.devices.iter().any(|d| d.node != view.node_name) {
+            return;
+        }
+        let key = crate::plan::speed_placement(&placement.family, placement.devices.len());
+        if let Err(e) =
+            self.inner
+                .graph
+                .record_speed(&view.node_name, &placement.engine, &placement.variant, &key, rate)
+        {
+            tracing::debug!(instance, error = %e, "measured speed not recorded");
+        }
+    }
+
     /// The runs being driven now (starting or running), by id.
     pub fn active_runs(&self) -> Vec<String> {
         lock(&self.inner.active).keys().cloned().collect()
@@ -1045,8 +1069,10 @@ impl Executor {
                     _ => None,
                 };
                 let owner = run.owner.clone();
+                let executor = self.clone();
                 attempts.spawn(async move {
                     let flight = route.instance.as_deref().map(|i| load.begin(i, None));
+                    let route_instance = route.instance.clone();
                     let route = match endpoint {
                         Some(endpoint) => clients.endpoint_route(&owner, &endpoint),
                         None => Ok(route),
@@ -1057,6 +1083,11 @@ impl Executor {
                     };
                     if let (Some(flight), Ok(answer)) = (flight, &answer) {
                         flight.done(answer.usage.map_or(0, |u| u.completion_tokens));
+                    }
+                    if let (Some(instance), Ok(answer)) = (&route_instance, &answer)
+                        && let Some(rate) = answer.decode_tokens_per_s
+                    {
+                        executor.record_speed(instance, rate);
                     }
                     let _ = results.send((step, answer)).await;
                 });

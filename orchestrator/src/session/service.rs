@@ -834,6 +834,11 @@ impl Sessions {
         if let (Some(flight), Ok(answer)) = (flight, &answer) {
             flight.done(answer.usage.map_or(0, |u| u.completion_tokens));
         }
+        if let (Some(instance), Ok(answer)) = (&route.instance, &answer)
+            && let Some(rate) = answer.decode_tokens_per_s
+        {
+            self.inner.executor.record_speed(instance, rate);
+        }
         answer
     }
 
