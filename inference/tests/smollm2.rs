@@ -6,7 +6,8 @@
 //!
 //! What is compared, and why it is honest:
 //! - GGUF vs GGUF: the built-in engine and llama.cpp run the same quantized weights, so
-//!   their greedy tokens must be equal.
+//!   their greedy tokens must be equal, step by step on llama.cpp's run, wherever
+//!   llama.cpp's choice is clear of the roundings that 8-bit activations amplify.
 //! - The BF16 conversion (run by candle's safetensors Llama, in F32 on the CPU) vs
 //!   llama.cpp on the conversion written back as an F32 GGUF: the same numbers, so the
 //!   greedy tokens must be equal. (Against the Q4_1 file they are not comparable: BF16
@@ -124,6 +125,65 @@ async fn assert_greedy_like_llama_cpp(engine: &mut Engine, server: &LlamaServer,
     prompt
 }
 
+/// A top-two logit gap above which the two engines must pick the same token on the
+/// same Q4_1 file. Both requantize every activation to 8 bits, which makes the run
+/// chaotic in the last bits of F32: the built-in engine's own margins move by up to 0.3
+/// when one RMS norm's scale is multiplied by 1 + 10⁻⁷ (docs/PERFORMANCE.md), so a
+/// smaller gap is a tie between the engines' roundings, not a disagreement.
+const CLEAR_MARGIN: f64 = 0.5;
+
+/// Renders [`QUESTION`], checks its ids against llama.cpp's, and compares the engines
+/// step by step on llama.cpp's greedy run (each step given the same history, so one
+/// rounding tie does not decide every later step): wherever llama.cpp's top token leads
+/// its runner-up by more than [`CLEAR_MARGIN`] (`n_probs` log-probabilities, whose
+/// differences are logit differences), the built-in engine picks it too. At least half
+/// of the [`GREEDY`] steps must be that clear. Returns the rendered prompt.
+async fn assert_steps_like_llama_cpp(engine: &mut Engine, server: &LlamaServer) -> String {
+    let prompt = engine.render_prompt(&messages(QUESTION)).unwrap();
+    let prompt_ids = engine
+        .tokenizer()
+        .encode(prompt.as_str(), false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
+    assert_eq!(server.tokenize(&prompt).await, prompt_ids, "the prompt's ids");
+    let answer = server
+        .post(
+            "/completion",
+            &serde_json::json!({
+                "prompt": prompt_ids, "n_predict": GREEDY, "temperature": 0.0,
+                "n_probs": 2, "cache_prompt": false, "ignore_eos": true,
+            }),
+        )
+        .await;
+    let steps = answer["completion_probabilities"].as_array().expect("n_probs answers");
+    assert_eq!(steps.len(), GREEDY, "{answer}");
+    let mut history = prompt_ids.clone();
+    let mut clear = 0;
+    let mut report = Vec::new();
+    for step in steps {
+        let top = step["top_logprobs"].as_array().expect("top_logprobs");
+        let id = |i: usize| u32::try_from(top[i]["id"].as_u64().expect("an id")).unwrap();
+        let logprob = |i: usize| top[i]["logprob"].as_f64().expect("a logprob");
+        let (theirs, margin) = (id(0), logprob(0) - logprob(1));
+        let (ours, our_margin) = engine.greedy(&history, 1).unwrap()[0];
+        report.push(format!("{theirs}/{ours} {margin:.3}/{our_margin:.3}"));
+        if margin > CLEAR_MARGIN {
+            clear += 1;
+            assert_eq!(
+                ours,
+                theirs,
+                "step {} (llama.cpp's margin {margin:.3}): {report:?}",
+                report.len() - 1
+            );
+        }
+        history.push(theirs);
+    }
+    assert!(clear >= GREEDY / 2, "only {clear} clear steps: {report:?}");
+    eprintln!("{clear} clear steps equal (llama.cpp/ours, margins): {report:?}");
+    prompt
+}
+
 /// A chat through the engine's own loop (system turn, [`QUESTION`], greedy, at most
 /// `max_tokens`): the answer names Paris.
 fn assert_answers_paris(engine: &mut Engine, max_tokens: usize) -> skein_inference::Completion {
@@ -195,7 +255,7 @@ async fn a_gguf_only_repository_serves_on_the_built_in_engine_with_llama_cpp_s_g
     assert_eq!(names, [smollm2::GGUF_FILE], "a GGUF-only repository");
     let mut engine = Engine::load(&snapshot, &candle_core::Device::Cpu).unwrap();
     let server = LlamaServer::start(&smollm2::gguf_path(), 2).await;
-    let prompt = assert_greedy_like_llama_cpp(&mut engine, &server, GREEDY - 2).await;
+    let prompt = assert_steps_like_llama_cpp(&mut engine, &server).await;
     // The template comes from the GGUF: SmolLM2's default system turn is written.
     assert_eq!(
         prompt,
