@@ -60,12 +60,25 @@ fn serving_start(
     match start_instance(name, planned, models, graph, 7).expect("a launch") {
         Launch::One { start, .. } => start,
         Launch::Split(split) => {
+            // Addresses that sort against the plan's order: ranks must not follow them.
             let mut ready = BTreeMap::new();
+            let mut node_ids = Vec::new();
             for wave in 0..split.waves() {
                 for (i, piece) in split.wave(wave, &ready).expect("the wave").iter().enumerate() {
-                    ready.insert(piece.name.clone(), format!("10.0.{wave}.{}:{}", i + 1, 40_000 + i));
+                    ready.insert(piece.name.clone(), format!("10.0.{wave}.{}:{}", 200 - i, 40_000 + i));
+                    if let Some(pb::start_instance::Engine::RayNode(r)) = &piece.start.engine {
+                        node_ids.push((r.node_id.clone().expect("a pinned Ray node ID"), piece.node.clone()));
+                    }
                 }
             }
+            // vLLM ranks the driver's (head's) node first, then the others by node ID:
+            // the IDs sort in the plan's node order.
+            let mut plan_nodes: Vec<&str> = planned.devices.iter().map(|d| d.node.as_str()).collect();
+            plan_nodes.dedup();
+            let mut sorted = node_ids.clone();
+            sorted[1..].sort();
+            let by_id: Vec<&str> = sorted.iter().map(|(_, node)| node.as_str()).collect();
+            assert_eq!(by_id, plan_nodes, "{name}: Ray node IDs {node_ids:?}");
             split.serving(&ready).expect("the serving command")
         }
     }
@@ -88,21 +101,26 @@ fn case(name: &str, planned: &PlannedInstance, model: &ModelInfo, start: &pb::St
     let EngineLaunch::Vllm(v) = &spec.engine else {
         panic!("{name}: not vLLM: {spec:?}")
     };
-    // Match each rank (reserved bytes, layers of its stage) to a planned device.
+    // Rank r runs on the plan's r-th GPU: the reserved bytes and layers of its stage are
+    // that device's.
     let tp = v.tensor_parallel as usize;
-    let mut unused: Vec<_> = planned.devices.iter().filter(|d| d.gpu.is_some()).collect();
+    let devices: Vec<_> = planned.devices.iter().filter(|d| d.gpu.is_some()).collect();
+    assert_eq!(devices.len(), v.reserved.len(), "{name}: one rank per planned GPU");
     let workers: Vec<serde_json::Value> = v
         .reserved
         .iter()
         .zip(&v.total)
+        .zip(&devices)
         .enumerate()
-        .map(|(rank, (&reserved, &total))| {
+        .map(|(rank, ((&reserved, &total), d))| {
             let layers = v.layer_partition[rank / tp];
-            let at = unused
-                .iter()
-                .position(|d| d.reserved == reserved && layer_count(&d.layers) == layers)
-                .unwrap_or_else(|| panic!("{name}: rank {rank} ({reserved} bytes, {layers} layers) is planned"));
-            let d = unused.remove(at);
+            assert_eq!(
+                (reserved, layers),
+                (d.reserved, layer_count(&d.layers)),
+                "{name}: rank {rank} runs on {}'s GPU {:?} as planned",
+                d.node,
+                d.gpu
+            );
             serde_json::json!({ "reserved": reserved, "total": total, "need": d.need })
         })
         .collect();

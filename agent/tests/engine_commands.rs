@@ -169,11 +169,13 @@ fn coder_at_4_bit_split_unevenly_over_busy_4090s() {
 const V100: u64 = 16_384 << 20;
 const HF: &str = "/var/cache/skein/hf";
 
-fn ray(head: Option<&str>) -> EngineLaunch {
+/// A Ray node; the server's node ID for the plan's `n`th node sorts in plan order.
+fn ray(head: Option<&str>, n: u32) -> EngineLaunch {
     EngineLaunch::RayNode(RayNodeLaunch {
         program: PathBuf::from("ray"),
         head_address: head.map(str::to_owned),
         hub_cache: Some(PathBuf::from(HF)),
+        node_id: Some(format!("{n:08x}{}", "5e".repeat(24))),
     })
 }
 
@@ -181,12 +183,18 @@ fn writer_over_ray_specs() -> Vec<LaunchSpec> {
     let head = LaunchSpec {
         host: "10.0.0.12".to_owned(),
         port: 6379,
-        ..spec("r1-writer.ray-head-0", &[1, 2, 3, 0], 8192, 1, ray(None))
+        ..spec("r1-writer.ray-head-0", &[1, 2, 3, 0], 8192, 1, ray(None, 0))
     };
     let worker = LaunchSpec {
         host: "10.0.0.21".to_owned(),
         port: 40123,
-        ..spec("r1-writer.ray-worker-1", &[0, 1], 8192, 1, ray(Some("10.0.0.12:6379")))
+        ..spec(
+            "r1-writer.ray-worker-1",
+            &[0, 1],
+            8192,
+            1,
+            ray(Some("10.0.0.12:6379"), 1),
+        )
     };
     let mut v = vllm(
         "meta-llama/Meta-Llama-3-70B-Instruct-GPTQ-Int8",
@@ -222,6 +230,22 @@ fn writer_split_across_nodes_over_ray() {
         .map(|s| s.command().expect("a command"))
         .collect();
     insta::assert_yaml_snapshot!(commands);
+}
+
+#[test]
+fn a_ray_node_id_that_ray_would_reject_is_refused_before_the_start() {
+    for bad in ["", "00000000", &"G".repeat(56), &"AB".repeat(28), &"ab".repeat(29)] {
+        let mut spec = writer_over_ray_specs().remove(0);
+        let EngineLaunch::RayNode(r) = &mut spec.engine else {
+            panic!("a Ray node: {spec:?}")
+        };
+        r.node_id = Some(bad.to_owned());
+        let error = spec.command().expect_err("an invalid node ID").to_string();
+        assert!(
+            error.contains("Ray node ID") && error.contains("56 lowercase hex digits"),
+            "{bad:?}: {error}"
+        );
+    }
 }
 
 // lab-research's coder on lab-busy.yaml: DeepSeek-Coder-33B Q4_K_M over llama.cpp RPC,

@@ -127,6 +127,10 @@ pub struct RayNodeLaunch {
     /// The Hugging Face cache holding the model, for the ranks this node runs (they
     /// load it offline from there).
     pub hub_cache: Option<PathBuf>,
+    /// The Ray node ID to register with (56 lowercase hex digits), chosen by the server
+    /// so that vLLM's rank order follows the plan; `None`: Ray picks one.
+    #[serde(default)]
+    pub node_id: Option<String>,
 }
 
 /// llama.cpp's RPC server (`ggml-rpc-server`; `rpc-server` in older releases) on at
@@ -341,7 +345,7 @@ impl LaunchSpec {
             EngineLaunch::Vllm(v) => self.vllm(v, env),
             EngineLaunch::Candle(c) => Ok(self.candle(c, env)),
             EngineLaunch::Remote(r) => Err(self.no_command(r)),
-            EngineLaunch::RayNode(r) => Ok(self.ray_node(r, env)),
+            EngineLaunch::RayNode(r) => self.ray_node(r, env),
             EngineLaunch::LlamaRpc(r) => self.llama_rpc(r, env),
         }?;
         if let (Some(key), Some(variable)) = (&self.api_key, self.engine.key_variable()) {
@@ -359,7 +363,18 @@ impl LaunchSpec {
     /// `ray start --block`: the head listens on the GCS port, a worker on its node-manager
     /// port (the port the agent probes); both announce the agent's address, so that the
     /// cluster's other nodes reach them there.
-    fn ray_node(&self, r: &RayNodeLaunch, mut env: BTreeMap<String, String>) -> EngineCommand {
+    fn ray_node(&self, r: &RayNodeLaunch, mut env: BTreeMap<String, String>) -> Result<EngineCommand, LaunchError> {
+        if let Some(id) = &r.node_id {
+            if id.len() != 56 || !id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+                return Err(self.invalid(
+                    "the Ray node ID",
+                    id.clone(),
+                    "56 lowercase hex digits (a 28-byte Ray NodeID)",
+                ));
+            }
+            // Ray 2.60 reads a node's ID from this variable at `ray start` (ray/_private/node.py).
+            env.insert("RAY_OVERRIDE_NODE_ID_FOR_TESTING".to_owned(), id.clone());
+        }
         let mut args = vec!["start".to_owned(), "--block".to_owned()];
         match &r.head_address {
             None => args.extend(["--head".to_owned(), "--port".to_owned(), self.port.to_string()]),
@@ -381,12 +396,12 @@ impl LaunchSpec {
             args.push("--include-dashboard=false".to_owned());
         }
         offline_cache(&mut env, r.hub_cache.as_deref());
-        EngineCommand {
+        Ok(EngineCommand {
             program: r.program.clone(),
             args,
             env,
             secret_env: BTreeMap::new(),
-        }
+        })
     }
 
     /// The RPC server: one device (the GPU it sees, or the CPU).

@@ -456,6 +456,7 @@ pub fn launch_spec(
             program: config.ray.clone(),
             head_address: e.head_address.clone(),
             hub_cache: Some(hub_cache_of(name, needs_files()?)?),
+            node_id: e.node_id.clone(),
         }),
         Some(start_instance::Engine::LlamaRpc(e)) => EngineLaunch::LlamaRpc(LlamaRpcLaunch {
             program: config.rpc_server.clone(),
@@ -602,6 +603,7 @@ mod tests {
             start_instance::Engine::RayNode(pb::RayNode {
                 model: files(),
                 head_address: Some("10.0.0.1:6379".to_owned()),
+                node_id: None,
             }),
             vec![0, 1],
         );

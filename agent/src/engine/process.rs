@@ -1,6 +1,7 @@
 //! An engine process: started in its own process group with its output captured, stopped
-//! by signalling the whole group (engines such as vLLM start worker processes), and
-//! measured (resident memory of the whole process tree).
+//! by SIGTERM to the engine and then SIGKILL to the whole group (engines such as vLLM
+//! and Ray start worker processes), and measured (resident memory of the whole process
+//! tree).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -102,11 +103,15 @@ impl EngineProcess {
         }
     }
 
-    /// Stops the engine: SIGTERM to its process group, up to `grace` for the engine to
-    /// exit, then SIGKILL to the group (which also takes workers that outlived it).
+    /// Stops the engine: SIGTERM to the engine itself, up to `grace` for it to exit, then
+    /// SIGKILL to its process group (which also takes workers that outlived it). Only the
+    /// leader gets SIGTERM: an engine that supervises processes stops them in its own
+    /// order (`ray start --block` stops its raylet, then the GCS, in about 2 s; with
+    /// SIGTERM to the whole group at once its shutdown waits on a GCS that is already
+    /// going, and the head outlives any grace).
     pub(crate) async fn terminate(&mut self, grace: Duration) {
         if self.exited.is_none() {
-            self.signal(Signal::TERM);
+            self.signal_leader(Signal::TERM);
             if tokio::time::timeout(grace, self.child.wait()).await.is_err() {
                 self.signal(Signal::KILL);
             }
@@ -114,6 +119,19 @@ impl EngineProcess {
         self.signal(Signal::KILL);
         // After SIGKILL the wait is short; an error means it was already reaped.
         let _ = self.wait().await;
+    }
+
+    /// Sends `signal` to the engine's own process (without a pid, kills it).
+    fn signal_leader(&mut self, signal: Signal) {
+        match self.pid.and_then(|pid| Pid::from_raw(pid as i32)) {
+            // An error means it is gone: nothing left to signal.
+            Some(pid) => {
+                let _ = rustix::process::kill_process(pid, signal);
+            }
+            None => {
+                let _ = self.child.start_kill();
+            }
+        }
     }
 
     /// Sends `signal` to the process group (or, without one, kills the process).
@@ -178,10 +196,44 @@ pub(crate) fn process_tree(root: u32) -> (Vec<u32>, Option<u64>) {
     (tree.into_iter().collect(), Some(rss))
 }
 
-/// A TCP port free on `host` right now (the system picks it): bind port 0, read the
-/// port, release it. Another process may take it before the engine binds it, so a
-/// start on it can still fail (and is then restarted).
+/// The lowest port [`free_port`] hands out: above the fixed ports engines default to
+/// (Ray's workers take 10002–19999).
+const ENGINE_PORTS_START: u16 = 20_000;
+
+/// A TCP port free on `host` right now, for an engine to listen on.
+///
+/// It comes from below the system's ephemeral range (`ip_local_port_range`, where
+/// `bind(0)` and outgoing connections take ports) when there is room there: engines
+/// start processes that bind random ports of their own while they start (a Ray node
+/// takes half a dozen, a second or more before its raylet binds the port it was given),
+/// and a port of the ephemeral range, free when it was chosen, is often taken by then.
+/// Without room, the system picks one (`bind(0)`). Either way another process may take
+/// it before the engine binds it, so a start on it can still fail (and is restarted).
 pub fn free_port(host: &str) -> io::Result<u16> {
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    if let Some(span) = ephemeral_low
+        .checked_sub(ENGINE_PORTS_START)
+        .filter(|span| *span >= 1_000)
+    {
+        // Start at a different place each time, so that agents sharing a machine do not
+        // probe the same ports in the same order.
+        let seed = {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u32(std::process::id());
+            h.finish()
+        };
+        let offset = (seed % u64::from(span)) as u16;
+        for i in 0..span {
+            let port = ENGINE_PORTS_START + (offset + i) % span;
+            if std::net::TcpListener::bind((host, port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
     let listener = std::net::TcpListener::bind((host, 0))?;
     Ok(listener.local_addr()?.port())
 }
@@ -193,5 +245,30 @@ pub(crate) fn describe_exit(status: ExitStatus) -> String {
         (Some(code), _) => format!("status {code}"),
         (None, Some(signal)) => format!("signal {signal}"),
         (None, None) => status.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_ports_come_from_below_the_ephemeral_range() {
+        let low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .expect("Linux names its ephemeral range")
+            .split_whitespace()
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("a port");
+        let ports: Vec<u16> = (0..20).map(|_| free_port("127.0.0.1").expect("a port")).collect();
+        for &port in &ports {
+            std::net::TcpListener::bind(("127.0.0.1", port)).expect("the port is free");
+            if low >= ENGINE_PORTS_START + 1_000 {
+                assert!(
+                    (ENGINE_PORTS_START..low).contains(&port),
+                    "{port} of {ports:?}; ephemeral from {low}"
+                );
+            }
+        }
     }
 }

@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use sha2::{Digest, Sha256};
 use skein_model_registry::catalog::{ModelInfo, Variant};
 use skein_model_registry::quant::QuantMethod;
 use skein_proto::agent::v1 as pb;
@@ -69,11 +70,11 @@ pub enum LaunchPlanError {
         /// The piece.
         piece: String,
     },
-    /// A node's GPUs are not together in the plan's order: llama.cpp numbers the RPC
-    /// servers' devices first and its own GPUs last, so a node cannot hold stages on both
+    /// A node's GPUs are not together in the plan's order: llama.cpp over RPC and vLLM
+    /// over Ray number one node's devices together, so a node cannot hold stages on both
     /// sides of another node's.
     #[error(
-        "instance `{instance}`: node `{node}` holds stages on both sides of another node's; llama.cpp over RPC needs each node's layers together"
+        "instance `{instance}`: node `{node}` holds stages on both sides of another node's; a split engine needs each node's layers together"
     )]
     Interleaved {
         /// The instance.
@@ -293,17 +294,20 @@ pub fn start_instance(
             }),
         }
     }
+    // Both runtimes number a node's devices together (llama.cpp: an RPC server's, then
+    // the next; vLLM: a node's ranks, then the next node's), so a node cannot hold
+    // stages on both sides of another node's.
+    if shares.len() != nodes.len() {
+        let repeated = nodes.iter().enumerate().find(|(i, n)| nodes[..*i].contains(n));
+        return Err(LaunchPlanError::Interleaved {
+            instance: planned.instance.clone(),
+            node: repeated.map(|(_, n)| (*n).to_owned()).unwrap_or_default(),
+        });
+    }
     if runtime == SplitRuntime::Rpc {
         // llama.cpp numbers the RPC servers' devices first (in `--rpc` order) and its own
         // GPUs last, and gives the last device the output layer: the node of the last
         // stage serves, and the others' GPUs lead in plan order.
-        if shares.len() != nodes.len() {
-            let repeated = nodes.iter().enumerate().find(|(i, n)| nodes[..*i].contains(n));
-            return Err(LaunchPlanError::Interleaved {
-                instance: planned.instance.clone(),
-                node: repeated.map(|(_, n)| (*n).to_owned()).unwrap_or_default(),
-            });
-        }
         shares.rotate_right(1);
     }
     if runtime == SplitRuntime::Ray {
@@ -419,6 +423,7 @@ impl SplitLaunch {
                     pb::start_instance::Engine::RayNode(pb::RayNode {
                         model: self.model_files(),
                         head_address: None,
+                        node_id: Some(self.ray_node_id(0)),
                     }),
                 )])
             }
@@ -437,6 +442,7 @@ impl SplitLaunch {
                             pb::start_instance::Engine::RayNode(pb::RayNode {
                                 model: self.model_files(),
                                 head_address: Some(head.clone()),
+                                node_id: Some(self.ray_node_id(i + 1)),
                             }),
                         )
                     })
@@ -449,6 +455,17 @@ impl SplitLaunch {
 
     fn ray_head(&self) -> String {
         self.piece_name("ray-head", 0)
+    }
+
+    /// The Ray node ID of the plan's `n`th node (0: the head): `n` in its first 8 hex
+    /// digits, so that the IDs sort in plan order, then 48 of a digest of the instance's
+    /// name and `n`, so that they differ between instances. vLLM 0.33 ranks the driver's
+    /// node first and the others by node ID (`get_bundles_sorted_by_node` in
+    /// vllm/v1/executor/ray_utils.py); with these IDs its pipeline stages follow the plan.
+    fn ray_node_id(&self, n: usize) -> String {
+        let digest = Sha256::digest(format!("{}/{n}", self.instance).as_bytes());
+        let hex: String = digest.iter().take(24).map(|b| format!("{b:02x}")).collect();
+        format!("{n:08x}{hex}")
     }
 
     /// One RPC server per GPU of the other nodes, in plan order.
@@ -489,10 +506,11 @@ impl SplitLaunch {
     /// The serving engine's command, given the addresses of every piece by name.
     ///
     /// Over Ray, vLLM numbers its ranks by node: the serving (driver's) node first, then
-    /// nodes with fewer GPUs in the job, then by IP address (the address each Ray node
-    /// announced); its pipeline stages follow ranks, so the plan's layer counts, reserved
-    /// and total memory are listed in that order. Over RPC, llama.cpp puts the RPC
-    /// servers' devices before its own GPUs, so their shares of `--tensor-split` lead.
+    /// the others by Ray node ID, which [`Self::wave`] chose to sort in plan order; its
+    /// pipeline stages follow ranks, so the plan's stages keep their nodes and the layer
+    /// counts, reserved and total memory are listed in plan order. Over RPC, llama.cpp
+    /// puts the RPC servers' devices before its own GPUs, so their shares of
+    /// `--tensor-split` lead.
     ///
     /// Errors: [`LaunchPlanError::NoAddress`].
     pub fn serving(&self, ready: &BTreeMap<String, String>) -> Result<pb::StartInstance, LaunchPlanError> {
@@ -501,21 +519,13 @@ impl SplitLaunch {
         match (&mut start.engine, self.runtime) {
             (Some(pb::start_instance::Engine::Vllm(v)), SplitRuntime::Ray) => {
                 let head = self.address(ready, &self.ray_head())?;
-                let mut order: Vec<(bool, usize, String, &NodeShare)> =
-                    vec![(false, 0, String::new(), &self.shares[0])];
-                for (i, share) in self.shares.iter().enumerate().skip(1) {
-                    let address = self.address(ready, &self.piece_name("ray-worker", i))?;
-                    order.push((true, share.gpus.len(), host_of(&address).to_owned(), share));
+                // Every worker must be up: vLLM's placement group waits for all ranks.
+                for i in 1..self.shares.len() {
+                    self.address(ready, &self.piece_name("ray-worker", i))?;
                 }
-                // Stable: equal keys keep the plan's order.
-                order.sort_by(|a, b| (a.0, a.1, &a.2).cmp(&(b.0, b.1, &b.2)));
-                let ranks: Vec<&ShareGpu> = order.iter().flat_map(|o| o.3.gpus.iter()).collect();
+                let ranks: Vec<&ShareGpu> = self.shares.iter().flat_map(|s| s.gpus.iter()).collect();
                 v.reserved = ranks.iter().map(|g| g.reserved).collect();
                 v.total = ranks.iter().map(|g| g.total).collect();
-                let mut stages: Vec<usize> = ranks.iter().map(|g| g.stage).collect();
-                stages.dedup();
-                let partition = v.layer_partition.clone();
-                v.layer_partition = stages.iter().filter_map(|&s| partition.get(s).copied()).collect();
                 v.ray_address = Some(head);
             }
             (Some(pb::start_instance::Engine::LlamaCpp(l)), SplitRuntime::Rpc) => {
@@ -536,12 +546,6 @@ impl SplitLaunch {
         }
         Ok(start)
     }
-}
-
-/// `HOST` of `HOST:PORT` (`[V6]:PORT` gives `V6`).
-fn host_of(address: &str) -> &str {
-    let host = address.rsplit_once(':').map_or(address, |(h, _)| h);
-    host.trim_start_matches('[').trim_end_matches(']')
 }
 
 /// The total memory of a planned device's GPU, as the graph knows it.
