@@ -1611,7 +1611,8 @@ impl<'a> Unit<'a> {
                         && self.info.shape.tied_embeddings;
                     speeds.push(DeviceSpeed {
                         node: d.node,
-                        bandwidth: fleet.nodes[d.node].host_bandwidth * host_speed_factor(e.engine),
+                        bandwidth: fleet.nodes[d.node].host_bandwidth
+                            * host_speed_factor(e.engine, self.info.variants[v].format() == WeightFormat::Gguf),
                         extra_read: if tied_output { e.host.get() as f64 } else { 0.0 },
                         nvlink_stage: false,
                     });

@@ -116,18 +116,24 @@ pub struct Hop {
 }
 
 /// The built-in engine's decode speed on the CPU relative to llama.cpp's on the same
-/// weights and machine, the prior until the node measured it: the last side-by-side
-/// bench (docs/PERFORMANCE.md, "The built-in engine against llama.cpp": 10.2 against
-/// 74.0 tokens/s on SmolLM2-135M-Instruct Q4_1, 2 threads each), rounded up. Once an
-/// instance of an engine served a variant on a node, its measured speed replaces the
-/// model there (docs/placement.md, "Measured speeds"), so the engine that really is
-/// faster on that node wins. llama.cpp on the host is the model itself (factor 1).
-pub const BUILTIN_CPU_SPEED: f64 = 0.15;
+/// weights and machine, the prior until the node measured it, from the last side-by-side
+/// bench (docs/PERFORMANCE.md, "The built-in engine against llama.cpp", run 3: llama.cpp
+/// 78.0 tokens/s with 2 threads on SmolLM2-135M-Instruct Q4_1). A GGUF file runs the
+/// engine's own forward pass and kernels: 65.4 tokens/s (one thread but for the output
+/// layer). Safetensors run through candle in F32: 13.5 tokens/s. Once an instance of an
+/// engine served a variant on a node, its measured speed replaces the model there
+/// (docs/placement.md, "Measured speeds"), so the engine that really is faster on that
+/// node wins. llama.cpp on the host is the model itself (factor 1).
+pub const BUILTIN_CPU_SPEED_GGUF: f64 = 0.84;
+/// The built-in engine's prior on safetensors weights; see [`BUILTIN_CPU_SPEED_GGUF`].
+pub const BUILTIN_CPU_SPEED: f64 = 0.17;
 
 /// The share of the host's modelled decode bandwidth an engine reaches on the CPU or
-/// host RAM: 1 for llama.cpp, [`BUILTIN_CPU_SPEED`] for the built-in engine.
-pub fn host_speed_factor(engine: Engine) -> f64 {
+/// host RAM: 1 for llama.cpp, [`BUILTIN_CPU_SPEED_GGUF`] or [`BUILTIN_CPU_SPEED`] for
+/// the built-in engine on a GGUF file or on safetensors.
+pub fn host_speed_factor(engine: Engine, gguf: bool) -> f64 {
     match engine {
+        Engine::Candle(_) if gguf => BUILTIN_CPU_SPEED_GGUF,
         Engine::Candle(_) => BUILTIN_CPU_SPEED,
         Engine::LlamaCpp(_) | Engine::Vllm(_) => 1.0,
     }
