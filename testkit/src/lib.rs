@@ -39,6 +39,7 @@ pub mod smollm2;
 pub mod swarm;
 pub mod tensors;
 pub mod tiny_llama;
+pub mod tools;
 
 pub use fake_engine::fake_engine_path;
 use serde_json::{Map, Value, json};

