@@ -214,3 +214,58 @@ fn measured_means_move_with_new_answers_and_publish_only_real_changes() {
     assert_eq!((m.engine.as_str(), m.variant.as_str(), m.samples), ("candle", "v", 5));
     assert!(m.tokens_per_s > 20.0, "{m:?}");
 }
+
+/// llama.cpp 11434 built for CUDA on an H200, decoding a 6-layer cut of SmolLM2-135M
+/// Q4_1 with Skein's flags for one GPU (flash attention, 8,192 tokens): 2,108 tokens/s
+/// (median of three 256-token runs; docs/placement.md, "Speed"). Bandwidth alone
+/// models 54,000: a model this small is bound by its kernels' launches.
+const H200_SMALL_MEASURED: f64 = 2108.0;
+
+#[test]
+fn a_tiny_model_on_a_big_gpu_is_modelled_within_twice_what_was_measured() {
+    let repo = "skein-test/SmolLM2-6L";
+    let config = SMOLLM2_CONFIG.replace("\"num_hidden_layers\": 30", "\"num_hidden_layers\": 6");
+    let models = BTreeMap::from([(
+        repo.to_owned(),
+        model_info(repo, &config, &[VariantSpec::Gguf(GgufQuant::Q4_K_M)]),
+    )]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("h200.yaml");
+    std::fs::write(
+        &path,
+        "fleet: h200\nnodes:\n  vm:\n    gpus: { model: H200-141GB }\n    host: { cpu_cores: 16, memory: 128GiB }\n",
+    )
+    .unwrap();
+    let fleet = skein_agent::fleet::load_fleet(path).expect("a valid fleet file");
+    let graph = skein_orchestrator::agents::graph_from_wire(
+        skein_agent::daemon::fleet_messages(&fleet, 0.0),
+        GraphConfig::default(),
+        0,
+    )
+    .expect("the orchestrator accepts the fleet's nodes");
+    let text = format!(
+        "name: speed\nagents:\n  helper:\n    model: {{ repo: {repo}, context: 8192, formats: [gguf], engines: llama.cpp }}\n\
+         steps:\n  - {{ id: answer, agent: helper, prompt: \"hi\" }}\n"
+    );
+    let parsed = skein_dsl::parse("speed.yaml", &text);
+    let workflow = parsed.workflow.clone().expect("a valid workflow");
+    let plan = plan::plan(&PlanInput {
+        workflow: &workflow,
+        models: &models,
+        graph: &graph.snapshot(),
+        running: &[],
+        settings: PlanSettings::default(),
+    })
+    .expect("plans");
+    let h = helper(&plan);
+    assert_eq!(
+        (h.engine.as_str(), h.family.as_str()),
+        ("llama.cpp", "one GPU"),
+        "{h:#?}"
+    );
+    assert!(
+        within_twice(h.tokens_per_s, H200_SMALL_MEASURED),
+        "modelled at {} tokens/s, measured {H200_SMALL_MEASURED}",
+        h.tokens_per_s
+    );
+}

@@ -1602,6 +1602,7 @@ impl<'a> Unit<'a> {
                         bandwidth: g.bandwidth * BANDWIDTH_EFFICIENCY,
                         extra_read: 0.0,
                         nvlink_stage: nvlink,
+                        gpu: true,
                     });
                 }
                 None => {
@@ -1615,6 +1616,7 @@ impl<'a> Unit<'a> {
                             * host_speed_factor(e.engine, self.info.variants[v].format() == WeightFormat::Gguf),
                         extra_read: if tied_output { e.host.get() as f64 } else { 0.0 },
                         nvlink_stage: false,
+                        gpu: false,
                     });
                 }
             }

@@ -104,7 +104,20 @@ pub struct DeviceSpeed {
     pub extra_read: f64,
     /// Whether it has an NVLink to every other device of its stage.
     pub nvlink_stage: bool,
+    /// Whether it is a GPU: a GPU's token cannot take less than its kernels' launches
+    /// ([`GPU_LAYER_S`] a layer, [`GPU_TOKEN_S`] a token), however little it reads.
+    pub gpu: bool,
 }
+
+/// The least time a decoder layer takes on a GPU, seconds: its dozen-odd kernels'
+/// launches and syncs, not its reads, bound a small model. With [`GPU_TOKEN_S`], from
+/// llama.cpp 11434 (CUDA 13, flash attention) on an H200 decoding a 6-layer cut of
+/// SmolLM2-135M Q4_1: 2,108 tokens/s (474 µs a token) where bandwidth alone gives 54,000
+/// (docs/placement.md, "Speed").
+pub const GPU_LAYER_S: f64 = 62e-6;
+/// The least time a token takes on GPUs besides its layers, seconds: the embedding, the
+/// output layer's launch, sampling and the host's round trip.
+pub const GPU_TOKEN_S: f64 = 100e-6;
 
 /// A network hop between consecutive pipeline stages on different nodes.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -167,6 +180,9 @@ pub fn tokens_per_second(estimate: &Estimate, hidden: u64, devices: &[DeviceSpee
             let kv = d.kv_cache.get() as f64 / estimate.concurrency.max(1) as f64 / 2.0;
             let read = d.weights.get() as f64 + kv + speed.extra_read;
             slowest = slowest.max(read / speed.bandwidth.max(1.0));
+            if speed.gpu {
+                slowest = slowest.max(d.layers.len() as f64 * GPU_LAYER_S);
+            }
             layers = d.layers.len();
             nvlink &= speed.nvlink_stage;
         }
@@ -175,6 +191,9 @@ pub fn tokens_per_second(estimate: &Estimate, hidden: u64, devices: &[DeviceSpee
             let each = if nvlink { ALLREDUCE_NVLINK_S } else { ALLREDUCE_PCIE_S };
             seconds += 2.0 * layers as f64 * each;
         }
+    }
+    if devices.iter().take(estimate.devices.len()).any(|d| d.gpu) {
+        seconds += GPU_TOKEN_S;
     }
     // Activations handed to the next stage: one hidden vector per token, 16-bit.
     let activation_bytes = hidden as f64 * 2.0;
