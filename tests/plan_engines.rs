@@ -12,10 +12,7 @@ use skein_orchestrator::graph::{GraphConfig, GraphSnapshot};
 use skein_orchestrator::plan::{self, Plan, PlanInput, PlanSettings, PlannedInstance};
 
 fn models() -> BTreeMap<String, ModelInfo> {
-    skein_testkit::models::reference_models()
-        .into_iter()
-        .map(|m| (m.repo.to_string(), m))
-        .collect()
+    skein_testkit::models::reference_catalog()
 }
 
 fn graph(fleet: &str) -> GraphSnapshot {

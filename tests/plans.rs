@@ -15,10 +15,7 @@ fn root() -> &'static Path {
 }
 
 fn models() -> BTreeMap<String, ModelInfo> {
-    skein_testkit::models::reference_models()
-        .into_iter()
-        .map(|m| (m.repo.to_string(), m))
-        .collect()
+    skein_testkit::models::reference_catalog()
 }
 
 fn graph(fleet: &str) -> GraphSnapshot {

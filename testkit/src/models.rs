@@ -567,6 +567,14 @@ pub fn reference_models() -> Vec<ModelInfo> {
     REFERENCE_MODELS.iter().map(ReferenceModel::info).collect()
 }
 
+/// [`reference_models`] by repository name, as the planner takes a catalog.
+pub fn reference_catalog() -> std::collections::BTreeMap<String, ModelInfo> {
+    reference_models()
+        .into_iter()
+        .map(|m| (m.repo.to_string(), m))
+        .collect()
+}
+
 /// Every mock-hub repository of the [`REFERENCE_MODELS`] ([`ReferenceModel::hub_repos`]).
 pub fn reference_hub_repos() -> Vec<MockRepo> {
     REFERENCE_MODELS.iter().flat_map(ReferenceModel::hub_repos).collect()

@@ -222,9 +222,8 @@ pub fn free_port(host: &str) -> io::Result<u16> {
         // probe the same ports in the same order.
         let seed = {
             use std::hash::{BuildHasher, Hasher};
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_u32(std::process::id());
-            h.finish()
+            // Randomly keyed per process.
+            std::collections::hash_map::RandomState::new().build_hasher().finish()
         };
         let offset = (seed % u64::from(span)) as u16;
         for i in 0..span {
