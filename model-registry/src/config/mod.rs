@@ -170,6 +170,16 @@ impl ModelConfig {
         let Value::Object(map) = &value else {
             return Err(invalid("(root)", &value, "a JSON object"));
         };
+        // The Falcon checkpoints TII first published (`RefinedWebModel`, `RefinedWeb`) read
+        // as falcon once their old keys are mapped the way transformers' conversion does.
+        let legacy_falcon;
+        let map = match refined_web(map) {
+            Some(converted) => {
+                legacy_falcon = converted;
+                &legacy_falcon
+            }
+            None => map,
+        };
         let root = Section { map, prefix: "" };
         let architecture = root_architecture(&root)?;
         let torch_dtype = match root.str_opt("torch_dtype")? {
@@ -336,6 +346,30 @@ fn shown(value: &Value) -> String {
     }
 }
 
+/// The `model_type` strings of the Falcon checkpoints that shipped with TII's own modeling
+/// code (`RWForCausalLM`): `RefinedWebModel` (Falcon-7B, Falcon-RW) and `RefinedWeb`
+/// (Falcon-40B).
+const REFINED_WEB_MODEL_TYPES: [&str; 2] = ["RefinedWebModel", "RefinedWeb"];
+
+/// A RefinedWeb config rewritten as the falcon config it stands for, as transformers'
+/// `convert_custom_code_checkpoint.py` rewrites it: `n_head` and `n_layer` are the head and
+/// layer counts and `n_head_kv` the KV heads (all of which [`text::decoder`] reads as
+/// aliases, so errors name the keys the file has), and the presence of `n_head_kv` is what
+/// marked the new decoder architecture (grouped KV heads, two input
+/// norms per block: Falcon-40B); without it the old multi-query layout applies (Falcon-7B).
+/// `None` for every other config.
+fn refined_web(map: &Map<String, Value>) -> Option<Map<String, Value>> {
+    let model_type = map.get("model_type")?.as_str()?;
+    if !REFINED_WEB_MODEL_TYPES.contains(&model_type) {
+        return None;
+    }
+    let mut converted = map.clone();
+    converted.insert("model_type".to_owned(), Value::from(Architecture::Falcon.model_type()));
+    let new_decoder = converted.contains_key("n_head_kv");
+    converted.insert("new_decoder_architecture".to_owned(), Value::Bool(new_decoder));
+    Some(converted)
+}
+
 /// The architecture from `model_type`, or from the `architectures` class list when the
 /// config has no `model_type`. An unknown `model_type` is refused even if a class name
 /// looks familiar: `transformers` dispatches on `model_type`, so the class name alone
@@ -358,4 +392,99 @@ fn root_architecture(root: &Section<'_>) -> Result<Architecture, Error> {
         key: "architectures".to_owned(),
         found: classes.map_or_else(|| "absent (and so is `model_type`)".to_owned(), shown),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Architecture, ModelConfig};
+    use crate::params::parameter_count;
+
+    /// tiiuae/falcon-7b's config.json as TII first published it, for its own
+    /// `RWForCausalLM` code.
+    const REFINED_WEB_MODEL_7B: &str = r#"{
+        "alibi": false, "apply_residual_connection_post_layernorm": false,
+        "architectures": ["RWForCausalLM"], "attention_dropout": 0.0,
+        "auto_map": {"AutoConfig": "configuration_RW.RWConfig",
+                     "AutoModelForCausalLM": "modelling_RW.RWForCausalLM"},
+        "bias": false, "bos_token_id": 11, "eos_token_id": 11, "hidden_dropout": 0.0,
+        "hidden_size": 4544, "initializer_range": 0.02, "layer_norm_epsilon": 1e-05,
+        "model_type": "RefinedWebModel", "multi_query": true, "n_head": 71, "n_layer": 32,
+        "parallel_attn": true, "torch_dtype": "bfloat16", "transformers_version": "4.27.4",
+        "use_cache": true, "vocab_size": 65024
+    }"#;
+
+    /// The same model's config after TII moved it to transformers' Falcon classes.
+    const FALCON_7B: &str = r#"{
+        "alibi": false, "architectures": ["FalconForCausalLM"], "bias": false,
+        "hidden_size": 4544, "model_type": "falcon", "multi_query": true,
+        "new_decoder_architecture": false, "num_attention_heads": 71,
+        "num_hidden_layers": 32, "parallel_attn": true, "torch_dtype": "bfloat16",
+        "transformers_version": "4.27.4", "vocab_size": 65024
+    }"#;
+
+    /// tiiuae/falcon-40b's first config.json: `n_head_kv` marks the new decoder.
+    const REFINED_WEB_40B: &str = r#"{
+        "alibi": false, "architectures": ["RWForCausalLM"], "bias": false,
+        "hidden_size": 8192, "model_type": "RefinedWeb", "n_head": 128, "n_head_kv": 8,
+        "n_layer": 60, "parallel_attn": true, "torch_dtype": "bfloat16",
+        "transformers_version": "4.27.4", "vocab_size": 65024
+    }"#;
+
+    const FALCON_40B: &str = r#"{
+        "alibi": false, "architectures": ["FalconForCausalLM"], "bias": false,
+        "hidden_size": 8192, "model_type": "falcon", "new_decoder_architecture": true,
+        "num_attention_heads": 128, "num_hidden_layers": 60, "num_kv_heads": 8,
+        "parallel_attn": true, "torch_dtype": "bfloat16",
+        "transformers_version": "4.27.4", "vocab_size": 65024
+    }"#;
+
+    /// tiiuae/falcon-rw-1b: ALiBi, biases, sequential blocks, full multi-head attention.
+    const REFINED_WEB_MODEL_RW_1B: &str = r#"{
+        "alibi": true, "apply_residual_connection_post_layernorm": false,
+        "architectures": ["RWForCausalLM"], "bias": true, "hidden_size": 2048,
+        "model_type": "RefinedWebModel", "multi_query": false, "n_head": 32, "n_layer": 24,
+        "parallel_attn": false, "torch_dtype": "bfloat16", "transformers_version": "4.27.4",
+        "vocab_size": 50304
+    }"#;
+
+    fn parse(text: &str) -> ModelConfig {
+        ModelConfig::from_json(text).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn refined_web_configs_read_as_the_falcon_configs_they_became() {
+        let old_7b = parse(REFINED_WEB_MODEL_7B);
+        assert_eq!(old_7b.architecture, Architecture::Falcon);
+        assert_eq!(old_7b.text, parse(FALCON_7B).text);
+        assert_eq!(old_7b.text.num_kv_heads, 1, "falcon-7b is multi-query");
+        assert_eq!(old_7b.text.norms_per_layer, 1);
+        let count = parameter_count(&old_7b).unwrap_or_else(|e| panic!("{e}"));
+        // The hub's published total for tiiuae/falcon-7b.
+        assert_eq!(count.total(), 6_921_720_704);
+        // transformers before 4.33 saved a copy of the tied output matrix.
+        assert_eq!(count.stored_total(), 7_217_189_760);
+
+        let old_40b = parse(REFINED_WEB_40B);
+        assert_eq!(old_40b.architecture, Architecture::Falcon);
+        assert_eq!(old_40b.text, parse(FALCON_40B).text);
+        assert_eq!(old_40b.text.num_kv_heads, 8);
+        assert_eq!(old_40b.text.norms_per_layer, 2, "the new decoder has two input norms");
+        let count = parameter_count(&old_40b).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(count.total(), 41_303_293_952);
+
+        let rw_1b = parse(REFINED_WEB_MODEL_RW_1B);
+        assert_eq!(rw_1b.text.num_kv_heads, 32);
+        assert_eq!(rw_1b.text.norms_per_layer, 2);
+        let count = parameter_count(&rw_1b).unwrap_or_else(|e| panic!("{e}"));
+        // The hub's published total for tiiuae/falcon-rw-1b (keras-hub's preset agrees).
+        assert_eq!(count.total(), 1_311_625_216);
+    }
+
+    #[test]
+    fn refined_web_errors_name_the_keys_the_file_has() {
+        let text = REFINED_WEB_MODEL_7B.replace(r#""n_head": 71"#, r#""n_head": "many""#);
+        let error = ModelConfig::from_json(&text).err().map(|e| e.to_string());
+        let error = error.unwrap_or_default();
+        assert!(error.contains("n_head"), "{error}");
+    }
 }
