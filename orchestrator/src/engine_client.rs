@@ -302,7 +302,12 @@ pub async fn call(
         .text()
         .await
         .map_err(|e| CallError::Engine(format!("the answer from {url} was cut off: {e}")))?;
-    let completion: Completion = serde_json::from_str(&text)
+    whole_answer(&text, start)
+}
+
+/// A whole chat completion (the JSON body of an answer that did not stream), read.
+fn whole_answer(text: &str, start: Instant) -> Result<Answer, CallError> {
+    let completion: Completion = serde_json::from_str(text)
         .map_err(|e| CallError::Engine(format!("the engine's answer is not a chat completion: {e}")))?;
     let choice = completion
         .choices
@@ -336,6 +341,24 @@ pub async fn call_streaming(
     let url = format!("{}/chat/completions", route.base_url);
     let start = Instant::now();
     let mut response = send(clients, route, body, timeout, true).await?;
+    // A server that answers a streamed request with one whole completion (some
+    // OpenAI-compatible servers ignore `stream`): its text goes out as one piece.
+    let event_stream = response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_none_or(|v| v.trim_start().starts_with("text/event-stream"));
+    if !event_stream {
+        let text = response
+            .text()
+            .await
+            .map_err(|e| CallError::Engine(format!("the answer from {url} was cut off: {e}")))?;
+        let answer = whole_answer(&text, start)?;
+        if !answer.content.is_empty() {
+            let _ = tokens.send(answer.content.clone()).await;
+        }
+        return Ok(answer);
+    }
     let mut answer = Answer {
         content: String::new(),
         usage: None,

@@ -638,8 +638,11 @@ impl Sessions {
         let mut answer = self
             .call(&route, Some(id), &principal.user, body.clone(), turn.tokens.as_ref())
             .await;
-        if let Err(CallError::Unreachable(error)) = &answer {
-            // The instance went away mid-turn: once more, elsewhere.
+        if let Err(CallError::Unreachable(error)) = &answer
+            && route.instance.is_some()
+        {
+            // The instance went away mid-turn: once more, elsewhere (a remote endpoint
+            // has no elsewhere: its error is the answer).
             tracing::warn!(session = %id, %error, "the session's instance is unreachable; moving it");
             let avoid = match &session.binding {
                 Some(b) => Pin::avoid(&b.node, &b.gpus),
