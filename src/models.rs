@@ -104,7 +104,7 @@ pub fn run_inspect(args: &InspectArgs) -> anyhow::Result<ExitCode> {
     let (info, stats) = inspect(&args.hub, &args.model)?;
     match args.output {
         OutputFormat::Json => print_json(&InspectReport {
-            model: &info,
+            model: model_json(&info)?,
             transfer: stats,
         })?,
         OutputFormat::Human => {
@@ -138,7 +138,7 @@ pub fn run_fit(args: &FitArgs) -> anyhow::Result<ExitCode> {
     let any = fits.iter().any(VariantFit::fits_somewhere);
     match args.output {
         OutputFormat::Json => print_json(&FitJson {
-            model: &info,
+            model: model_json(&info)?,
             gpu_sets: &sets,
             options,
             fits: &fits,
@@ -153,19 +153,33 @@ pub fn run_fit(args: &FitArgs) -> anyhow::Result<ExitCode> {
 }
 
 #[derive(Serialize)]
-struct InspectReport<'a> {
-    model: &'a ModelInfo,
+struct InspectReport {
+    /// [`model_json`].
+    model: serde_json::Value,
     transfer: TransferStats,
 }
 
 #[derive(Serialize)]
 struct FitJson<'a> {
-    model: &'a ModelInfo,
+    /// [`model_json`].
+    model: serde_json::Value,
     gpu_sets: &'a [GpuSet],
     options: FitOptions,
     /// Best first.
     fits: &'a [VariantFit],
     transfer: TransferStats,
+}
+
+/// The model as the JSON outputs show it: [`ModelInfo`] with the parameter total the human
+/// output prints (`shape.params.total`, each tensor counted once) beside the breakdown.
+fn model_json(info: &ModelInfo) -> anyhow::Result<serde_json::Value> {
+    let mut model = serde_json::to_value(info)?;
+    let params = model
+        .pointer_mut("/shape/params")
+        .and_then(serde_json::Value::as_object_mut)
+        .context("the model's JSON has no `shape.params` object to add the parameter total to")?;
+    params.insert("total".to_owned(), serde_json::Value::from(info.shape.params.total()));
+    Ok(model)
 }
 
 fn print_json(value: &impl Serialize) -> anyhow::Result<()> {

@@ -116,6 +116,28 @@ fn inspect_lists_every_variant_from_headers_and_a_second_run_is_offline() {
     assert_eq!(hub.requests(), requests, "the second run went to the network");
     let json: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
     assert_eq!(json["model"]["shape"]["params"]["architecture"], "llama");
+    // The total the human output prints ("parameters    70,553,706,496 (…)"), in the JSON
+    // too: the parts add up to it.
+    let params = &json["model"]["shape"]["params"];
+    assert_eq!(params["total"], 70_553_706_496_u64, "{params}");
+    let parts: u64 = [
+        "embeddings",
+        "attention",
+        "mlp",
+        "router",
+        "layer_norms",
+        "final_norm",
+        "lm_head",
+    ]
+    .iter()
+    .map(|part| params[part].as_u64().unwrap())
+    .sum();
+    assert_eq!(params["total"], parts);
+    assert!(
+        text(&out.stdout).contains("parameters    70,553,706,496 "),
+        "{}",
+        text(&out.stdout)
+    );
     assert_eq!(json["transfer"]["network_calls"], 0);
     let ids: Vec<&str> = json["model"]["variants"]
         .as_array()
@@ -290,6 +312,7 @@ fn fit_ranks_variants_and_explains_the_best_on_each_set() {
 
     let json = skein(&hub, cache.path(), &[&args[..], &["--output", "json"]].concat(), false);
     let json: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(json["model"]["shape"]["params"]["total"], 70_553_706_496_u64);
     let first = &json["fits"][0];
     assert_eq!(first["id"], BASE, "full precision fits two A100s, so it ranks first");
     assert_eq!(first["sets"][2]["fits"], true);
