@@ -306,6 +306,9 @@ struct Node {
     inventory: Inventory,
     connected: bool,
     health: Health,
+    /// Why the node is draining (its agent will leave), if it is.
+    #[serde(default)]
+    draining: Option<String>,
     gpus: Vec<Gpu>,
 }
 
@@ -328,6 +331,9 @@ struct Gpu {
     facts: GpuFacts,
     latest: Option<Sample>,
     health: Health,
+    /// Why nothing new is placed on it (a reflex's drain, or its node draining).
+    #[serde(default)]
+    drained: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -369,7 +375,10 @@ fn render_nodes(graph: &Graph) -> String {
                 "-".to_owned(),
                 "-".to_owned(),
                 "-".to_owned(),
-                node_health.clone(),
+                match &node.draining {
+                    Some(reason) => format!("{node_health}; draining: {reason}"),
+                    None => node_health.clone(),
+                },
             ]);
         }
         for gpu in &node.gpus {
@@ -384,6 +393,20 @@ fn render_nodes(graph: &Graph) -> String {
             let mut health = gpu.health.state.clone();
             if let Some(reason) = gpu.health.reasons.first() {
                 let _ = write!(health, ": {reason}");
+            }
+            // Drained (a reflex) or draining (its node will leave): nothing new goes
+            // there, whatever its health.
+            if let Some(reason) = &gpu.drained {
+                let word = if node.draining.as_ref() == Some(reason) {
+                    "draining"
+                } else {
+                    "drained"
+                };
+                health = if gpu.health.state.to_string() == "ok" {
+                    format!("{word}: {reason}")
+                } else {
+                    format!("{health}; {word}: {reason}")
+                };
             }
             rows.push(vec![
                 node.inventory.name.clone(),
@@ -915,6 +938,28 @@ mod tests {
             "health": { "state": "ok", "reasons": [] },
             "gpus": gpus,
         })
+    }
+
+    #[test]
+    fn drained_and_draining_gpus_say_so_with_why() {
+        let mut reflexed = node("gpu-b", serde_json::Value::Null, 2);
+        reflexed["gpus"][1]["drained"] = serde_json::json!("reflex `failing-memory` of run r1");
+        let mut leaving = node("slurm-7", serde_json::Value::Null, 1);
+        leaving["draining"] = serde_json::json!("the Slurm job ends in 120 s");
+        leaving["gpus"][0]["drained"] = serde_json::json!("the Slurm job ends in 120 s");
+        let table = render_nodes(&graph(serde_json::json!([reflexed, leaving])));
+        let rows: Vec<&str> = table.lines().collect();
+        assert!(rows[1].trim_end().ends_with("ok"), "{table}");
+        assert!(
+            rows[2]
+                .trim_end()
+                .ends_with("drained: reflex `failing-memory` of run r1"),
+            "{table}"
+        );
+        assert!(
+            rows[3].trim_end().ends_with("draining: the Slurm job ends in 120 s"),
+            "{table}"
+        );
     }
 
     #[test]

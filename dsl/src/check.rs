@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::diag::{Code, Diagnostic, did_you_mean};
 use crate::expr::{self, Context, Evaluator, ExprErrorKind};
-use crate::ir::{Expr, Reflex, Repeat, Scope, Step, Template, TemplatePart, Workflow};
-use crate::lower::{Draft, StepDraft};
+use crate::ir::{Action, Expr, Reflex, Repeat, Scope, Step, Template, TemplatePart, Workflow};
+use crate::lower::{Draft, ReflexDraft, StepDraft};
 use crate::node::Node;
 use crate::read::Cx;
 use crate::template::{self, RawPart};
@@ -551,6 +551,9 @@ fn reflexes(cx: &mut Cx<'_>, ev: &Evaluator, draft: &Draft<'_>, agent_names: &[&
                 .with_help(did_you_mean(a, agent_names.iter().copied(), "agents")),
             );
         }
+        if let Some((scope, _)) = &r.scope {
+            endpoint_actions(cx, draft, r, scope);
+        }
         let when = r.when.and_then(|w| expression(cx, ev, w, &refs));
         let release = r.release.and_then(|w| expression(cx, ev, w, &refs));
         if let (Some((name, _)), Some(when), Some((scope, _))) = (&r.name, when, &r.scope)
@@ -571,4 +574,46 @@ fn reflexes(cx: &mut Cx<'_>, ev: &Evaluator, draft: &Draft<'_>, agent_names: &[&
         }
     }
     out
+}
+
+/// Reflexes scoped to an agent served by a remote endpoint (or an instance of one): it
+/// runs on no GPU of the fleet, so only `notify` can act there (`clone` would fail;
+/// `reroute`, `decay`, `migrate` and `drain` find nothing to change).
+fn endpoint_actions(cx: &mut Cx<'_>, draft: &Draft<'_>, r: &ReflexDraft<'_>, scope: &Scope) {
+    let names: Vec<&str> = match scope {
+        Scope::Agent(a) => vec![a.as_str()],
+        Scope::Instance(i) => i.split('+').collect(),
+        Scope::Node(_) | Scope::Zone(_) => return,
+    };
+    let Some(endpoint) = names.into_iter().find(|name| {
+        draft
+            .agents
+            .get(*name)
+            .is_some_and(|(agent, _)| matches!(agent.backend, crate::ir::Backend::Endpoint(_)))
+    }) else {
+        return;
+    };
+    for (action, span) in r.actions.iter().zip(&r.action_spans) {
+        let name = match action {
+            Action::Notify { .. } => continue,
+            Action::Clone { .. } => "clone",
+            Action::Reroute(_) => "reroute",
+            Action::Decay { .. } => "decay",
+            Action::Migrate { .. } => "migrate",
+            Action::Drain => "drain",
+        };
+        cx.push(
+            Diagnostic::error(
+                Code::CannotAct,
+                *span,
+                format!(
+                    "`{name}` cannot act on agent `{endpoint}`: it is served by a remote endpoint, on no GPU of this fleet"
+                ),
+            )
+            .with_label("nothing here to act on")
+            .with_help(format!(
+                "on an endpoint agent only `notify` works: replace `{name}` with `notify`, or scope the reflex to an agent served by a model"
+            )),
+        );
+    }
 }

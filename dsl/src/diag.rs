@@ -44,6 +44,7 @@ pub enum Code {
     ScriptError,
     ScriptLimit,
     EmptyWorkflow,
+    CannotAct,
 }
 
 impl Code {
@@ -76,6 +77,7 @@ impl Code {
             Code::ScriptError => "script-error",
             Code::ScriptLimit => "script-limit",
             Code::EmptyWorkflow => "empty-workflow",
+            Code::CannotAct => "cannot-act",
         }
     }
 }

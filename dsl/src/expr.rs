@@ -24,6 +24,7 @@ use rhai::packages::{Package, StandardPackage};
 use rhai::{AST, Dynamic, Engine, EvalAltResult, ParseError, ParseErrorType, Position, Scope};
 
 use crate::ir::Expr;
+pub use crate::truth::{Truth, absent_flag, absent_number, is_absent};
 
 /// Resource limits of one sandboxed engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -347,8 +348,10 @@ fn nests_within(v: &Dynamic, max: usize) -> bool {
 impl Evaluator {
     /// An evaluator with the given limits.
     pub fn new(limits: Limits) -> Self {
+        let mut engine = sandbox(limits);
+        crate::truth::register(&mut engine);
         Evaluator {
-            engine: Arc::new(sandbox(limits)),
+            engine: Arc::new(engine),
             limits,
         }
     }
@@ -435,6 +438,79 @@ impl Evaluator {
                 kind: ExprErrorKind::Type,
             })
         })
+    }
+    /// Evaluate a condition whose variables may hold absent metrics
+    /// ([`crate::truth`]): `True` or `False` when the present values decide it,
+    /// `Unknown` when an absent one does. Without absent metrics it is
+    /// [`Evaluator::eval_bool`].
+    ///
+    /// Errors: as [`Evaluator::eval_bool`] when nothing is absent; with absent
+    /// metrics, only the limits (time, operations): any other failure is `Unknown`.
+    pub fn eval_truth(&self, compiled: &Compiled, vars: &BTreeMap<String, Dynamic>) -> Result<Truth, ExprError> {
+        if !crate::truth::any_absent(vars) {
+            return self.eval_bool(compiled, vars).map(Truth::from);
+        }
+        let engine = Arc::clone(&self.engine);
+        let compiled = compiled.clone();
+        let vars = vars.clone();
+        let budget_ms = self.limits.budget_ms;
+        crate::pool::run(move || {
+            with_budget(budget_ms, || {
+                let mut pending: Vec<BTreeMap<String, bool>> = vec![BTreeMap::new()];
+                let (mut seen_true, mut seen_false) = (false, false);
+                let mut evaluations = 0;
+                while let Some(chosen) = pending.pop() {
+                    if evaluations == crate::truth::MAX_EVALUATIONS {
+                        return Ok(Truth::Unknown);
+                    }
+                    evaluations += 1;
+                    let atoms = Arc::new(std::sync::Mutex::new(crate::truth::Atoms {
+                        chosen: chosen.clone(),
+                        met: Vec::new(),
+                    }));
+                    let mut scope = Scope::new();
+                    for (k, v) in crate::truth::bind(&vars, &atoms) {
+                        scope.push_constant_dynamic(k, v);
+                    }
+                    let value = match engine.eval_ast_with_scope::<Dynamic>(&mut scope, &compiled.ast) {
+                        Ok(value) => value,
+                        Err(e) => {
+                            let e = eval_error(&compiled.source, &e);
+                            if e.kind == ExprErrorKind::Limit {
+                                return Err(e);
+                            }
+                            return Ok(Truth::Unknown);
+                        }
+                    };
+                    match value.as_bool() {
+                        Ok(true) => seen_true = true,
+                        Ok(false) => seen_false = true,
+                        Err(_) => return Ok(Truth::Unknown),
+                    }
+                    if seen_true && seen_false {
+                        return Ok(Truth::Unknown);
+                    }
+                    // This evaluation took every atom it met without a choice as false;
+                    // the first of them is chosen both ways next.
+                    let first = atoms
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .met
+                        .first()
+                        .cloned();
+                    if let Some(atom) = first {
+                        let mut with_false = chosen.clone();
+                        with_false.insert(atom.clone(), false);
+                        let mut with_true = chosen;
+                        with_true.insert(atom, true);
+                        pending.push(with_false);
+                        pending.push(with_true);
+                    }
+                }
+                Ok(if seen_true { Truth::True } else { Truth::False })
+            })
+        })
+        .map_err(|e| pool_error(&e))?
     }
 }
 

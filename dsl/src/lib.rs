@@ -38,6 +38,7 @@ pub mod node;
 pub mod pool;
 mod read;
 mod script;
+mod truth;
 pub mod source;
 pub mod template;
 mod yaml;

@@ -162,15 +162,15 @@ fn ecc_errors_node_loss_and_agent_figures_reach_their_reflexes() {
     let queueing = engine.add("r1", &reflexes[1]).unwrap();
     let busy = AgentReading {
         queue_depth: 9.0,
-        latency_p95_ms: 3500.0,
+        latency_p95_ms: Some(3500.0),
         ..AgentReading::default()
     };
     assert!(
-        engine.agent_sample("r2", "chat", busy, 0).is_empty(),
+        engine.agent_sample("r2", "chat", Some(busy), 0).is_empty(),
         "another run's agent"
     );
-    assert!(engine.agent_sample("r1", "chat", busy, 0).is_empty());
-    assert!(engine.agent_sample("r1", "chat", busy, 1_000).is_empty());
+    assert!(engine.agent_sample("r1", "chat", Some(busy), 0).is_empty());
+    assert!(engine.agent_sample("r1", "chat", Some(busy), 1_000).is_empty());
     // The samples stop but the figures held: the window closes on the next tick.
     let fired = engine.tick(2_500);
     assert_eq!(fired.len(), 1);
@@ -178,6 +178,66 @@ fn ecc_errors_node_loss_and_agent_figures_reach_their_reflexes() {
     assert!(fired[0].dry_run, "recorded, not acted on");
     assert_eq!(fired[0].values["agent.queue_depth"], 9.0);
     assert!(engine.is_active(queueing));
+}
+
+#[test]
+fn a_metric_with_no_data_is_absent_and_a_condition_it_decides_does_not_hold() {
+    let section = r#"
+  - name: idle
+    when: 'gpu.util < 0.1'
+    scope: { agent: chat }
+    do: [ { notify: "idle" } ]
+  - name: queue-or-heat
+    when: 'agent.queue_depth > 4 || gpu.temp > 85'
+    scope: { agent: chat }
+    do: [ notify ]
+  - name: slow
+    when: 'agent.latency_p95_ms > 1000 || !(agent.sessions > 0)'
+    scope: { agent: chat }
+    do: [ notify ]
+  - name: calm
+    when: 'agent.queue_depth > 4'
+    release: 'gpu.util < 0.5'
+    scope: { agent: chat }
+    do: [ notify ]
+    cooldown: 1s
+"#;
+    let reflexes = reflexes(section);
+    let mut engine = Engine::default();
+    let ids: Vec<_> = reflexes.iter().map(|r| engine.add("r1", r).unwrap()).collect();
+    // An agent on no GPU (a remote endpoint): its figures are measured, `gpu.*` and
+    // `node.down` have no data.
+    let quiet = AgentReading {
+        queue_depth: 0.0,
+        latency_p95_ms: None,
+        tokens_per_s: 0.0,
+        sessions: 1.0,
+    };
+    for at in [0, 1_000, 60_000] {
+        assert_eq!(engine.agent_sample("r1", "chat", Some(quiet), at), Vec::new());
+    }
+    assert!(ids.iter().all(|id| !engine.is_active(*id)), "nothing fires on no data");
+    // A known side of `||` decides alone; absent values are left out of the event.
+    let busy = AgentReading {
+        queue_depth: 9.0,
+        ..quiet
+    };
+    let fired = engine.agent_sample("r1", "chat", Some(busy), 61_000);
+    let names: Vec<&str> = fired.iter().map(|d| d.reflex.as_str()).collect();
+    assert_eq!(names, ["queue-or-heat", "calm"]);
+    assert_eq!(
+        fired[0].values,
+        std::collections::BTreeMap::from([("agent.queue_depth".to_owned(), 9.0)])
+    );
+    // Unknown lets nothing go: `calm` releases only when `gpu.util < 0.5` is true, and
+    // `queue-or-heat` (no `release`) only once its condition is false, which
+    // `false || unknown` is not.
+    assert_eq!(engine.agent_sample("r1", "chat", Some(quiet), 62_000), Vec::new());
+    assert_eq!(engine.agent_sample("r1", "chat", Some(quiet), 100_000), Vec::new());
+    assert!(engine.is_active(ids[1]) && engine.is_active(ids[3]));
+    // Nothing serving the agent: `agent.*` are absent too.
+    assert_eq!(engine.agent_sample("r1", "chat", None, 200_000), Vec::new());
+    assert!(engine.is_active(ids[3]));
 }
 
 #[test]

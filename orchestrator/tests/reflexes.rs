@@ -442,3 +442,168 @@ async fn a_zone_scope_watches_the_nodes_labelled_with_it_and_no_other() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_gpu_is_left_out_of_plans_with_why_and_its_release_names_the_node() {
+    let (s, agent, _run, original) = serving(
+        "  - name: hot\n    when: 'gpu.temp > 85'\n    scope: { agent: coder }\n    do: [ drain ]\n    cooldown: 1s\n",
+    )
+    .await;
+    let hot_gpu = original["gpus"][0].as_u64().unwrap() as u32;
+    agent.set_gpu(
+        hot_gpu,
+        GpuLoad {
+            temperature_c: 92,
+            ..GpuLoad::default()
+        },
+    );
+    let events = wait_events(&s, |e| !of_kind(e, "hot", "fire").is_empty()).await;
+    let fire = of_kind(&events, "hot", "fire")[0].clone();
+    assert_eq!(fire["actions"][0]["outcome"], "done", "{fire:#}");
+    assert!(
+        fire["actions"][0]["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("drained node-a GPU {hot_gpu}")),
+        "{fire:#}"
+    );
+
+    // `POST /v1/plans` plans what the executor would: off the drained GPU, saying why.
+    let (status, plan) = s
+        .call(
+            Method::POST,
+            "/v1/plans",
+            Some(API),
+            Some(json!({ "workflow": format!("name: again\nagents:\n  coder:\n    model: {{ repo: {MODEL}, context: 2048 }}\n") })),
+        )
+        .await;
+    assert_eq!(status, 200, "{plan:#}");
+    let devices = plan["instances"][0]["devices"].as_array().unwrap();
+    assert!(!devices.is_empty(), "{plan:#}");
+    for device in devices {
+        assert_ne!(device["gpu"], json!(hot_gpu), "placed on the drained GPU: {plan:#}");
+    }
+    let excluded = plan["excluded"].as_array().unwrap();
+    let drained = excluded
+        .iter()
+        .find(|e| e["node"] == "node-a" && e["gpu"] == json!(hot_gpu))
+        .unwrap_or_else(|| panic!("the drained GPU is not in `excluded`: {plan:#}"));
+    let reason = drained["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("drained: ") && reason.contains("reflex `hot`"),
+        "{reason}"
+    );
+
+    // Cool again: the release lifts the drain, naming the node as the fire did.
+    agent.set_gpu(hot_gpu, GpuLoad::default());
+    let events = wait_events(&s, |e| !of_kind(e, "hot", "release").is_empty()).await;
+    let release = of_kind(&events, "hot", "release")[0].clone();
+    let lifted = release["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["action"] == "drain" && a["detail"].as_str().unwrap().starts_with("drain lifted"))
+        .unwrap_or_else(|| panic!("{release:#}"));
+    assert_eq!(
+        lifted["detail"],
+        format!("drain lifted on node-a GPU {hot_gpu}"),
+        "{release:#}"
+    );
+}
+
+/// An OpenAI-compatible stand-in on loopback answering every chat request "hosted".
+fn endpoint() -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://127.0.0.1:{}/v1", listener.local_addr().unwrap().port());
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+            let mut request = Vec::new();
+            let mut buffer = [0u8; 4096];
+            while let Ok(n) = stream.read(&mut buffer) {
+                if n == 0 {
+                    break;
+                }
+                request.extend_from_slice(&buffer[..n]);
+                let text = String::from_utf8_lossy(&request).to_string();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let length = text[..end]
+                        .lines()
+                        .find_map(|l| {
+                            let (name, value) = l.split_once(':')?;
+                            name.eq_ignore_ascii_case("content-length")
+                                .then(|| value.trim().parse::<usize>().ok())
+                                .flatten()
+                        })
+                        .unwrap_or(0);
+                    if request.len() >= end + 4 + length {
+                        break;
+                    }
+                }
+            }
+            let body = json!({
+                "choices": [{"message": {"role": "assistant", "content": "hosted"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 40, "total_tokens": 43}
+            })
+            .to_string();
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    url
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_agents_turns_are_measured_and_its_absent_gpu_fires_nothing() {
+    let s = setup(quick(), None).await;
+    let url = endpoint();
+    let workflow = format!(
+        "name: hosted\nagents:\n  hosted: {{ endpoint: {{ url: \"{url}\", model: m }} }}\nreflexes:\n\
+         \x20 - name: completed\n    when: 'agent.tokens_per_s > 0 && agent.sessions == 0'\n    scope: {{ agent: hosted }}\n    do: [ notify ]\n\
+         \x20 - name: talked\n    when: 'agent.sessions >= 1'\n    scope: {{ agent: hosted }}\n    do: [ {{ notify: \"talking\" }} ]\n\
+         \x20 - name: idle\n    when: 'gpu.util < 0.1 || node.down'\n    scope: {{ agent: hosted }}\n    do: [ notify ]\n"
+    );
+    let run = serve(&s, &workflow).await;
+    // A stateless request on the OpenAI-compatible route (the run's agent by name).
+    let (status, answer) = s
+        .call(
+            Method::POST,
+            "/v1/chat/completions",
+            Some(API),
+            Some(json!({"model": "hosted", "messages": [{"role": "user", "content": "hi"}]})),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    let events = wait_events(&s, |e| !of_kind(e, "completed", "fire").is_empty()).await;
+    let fire = of_kind(&events, "completed", "fire")[0].clone();
+    // 40 tokens within the 10 s window.
+    assert_eq!(fire["values"]["agent.tokens_per_s"], 4.0, "{fire:#}");
+    assert_eq!(fire["values"]["agent.sessions"], 0.0, "{fire:#}");
+    // A session's turn.
+    let (status, session) = s
+        .call(
+            Method::POST,
+            "/v1/sessions",
+            Some(API),
+            Some(json!({"run": run, "agent": "hosted"})),
+        )
+        .await;
+    assert_eq!(status, 201, "{session}");
+    let id = session["id"].as_str().unwrap();
+    let reply = say(&s, id, "hi").await;
+    assert_eq!(reply["message"]["content"], "hosted");
+    let events = wait_events(&s, |e| !of_kind(e, "talked", "fire").is_empty()).await;
+    let fire = of_kind(&events, "talked", "fire")[0].clone();
+    assert_eq!(fire["values"]["agent.sessions"], 1.0, "{fire:#}");
+    // No GPU and no node: `gpu.util` and `node.down` are absent, and `idle` never fires.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let page = s.get("/v1/events?limit=100").await;
+    let events = page["data"].as_array().unwrap();
+    assert!(of_kind(events, "idle", "fire").is_empty(), "{events:#?}");
+    assert!(of_kind(events, "idle", "error").is_empty(), "{events:#?}");
+}

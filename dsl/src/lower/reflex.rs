@@ -48,6 +48,8 @@ pub struct ReflexDraft<'n> {
     pub scope: Option<(Scope, Span)>,
     /// `do`.
     pub actions: Vec<Action>,
+    /// Where each of `actions` is written.
+    pub action_spans: Vec<Span>,
     /// `cooldown`.
     pub cooldown: Duration,
     /// `max_replicas`.
@@ -66,6 +68,7 @@ pub(super) fn reflex<'n>(cx: &mut Cx<'_>, node: &'n Node) -> ReflexDraft<'n> {
         aggregate: Aggregate::Max,
         scope: None,
         actions: Vec::new(),
+        action_spans: Vec::new(),
         cooldown: DEFAULT_COOLDOWN,
         max_replicas: None,
         dry_run: false,
@@ -96,7 +99,7 @@ pub(super) fn reflex<'n>(cx: &mut Cx<'_>, node: &'n Node) -> ReflexDraft<'n> {
         })
         .unwrap_or(Aggregate::Max);
     draft.scope = m.require(cx, "scope", "{ agent: coder }").and_then(|n| scope(cx, n));
-    draft.actions = m
+    let actions: Vec<(Action, Span)> = m
         .require(cx, "do", "[ { clone: 1 } ]")
         .map(|n| {
             let items = read::list(n);
@@ -107,9 +110,13 @@ pub(super) fn reflex<'n>(cx: &mut Cx<'_>, node: &'n Node) -> ReflexDraft<'n> {
                         .with_help("list at least one action, e.g. `do: [ notify ]`"),
                 );
             }
-            items.into_iter().filter_map(|a| action(cx, a)).collect()
+            items
+                .into_iter()
+                .filter_map(|a| Some((action(cx, a)?, a.span)))
+                .collect()
         })
         .unwrap_or_default();
+    (draft.actions, draft.action_spans) = actions.into_iter().unzip();
     draft.cooldown = m
         .get("cooldown")
         .and_then(|n| read::duration(cx, n, "`cooldown`"))

@@ -655,7 +655,7 @@ async fn plans(
         ..PlanSettings::default()
     };
     let hub = state.hub.clone();
-    let graph = Arc::clone(&state.graph);
+    let executor = state.executor.clone();
     let planner = Arc::clone(&state.planner);
     // The hub client's futures are not `Send` (their closures borrow), so the reads run
     // on a blocking thread driven by this runtime, then the planning (pure CPU work).
@@ -664,7 +664,8 @@ async fn plans(
         let models = runtime
             .block_on(crate::catalogs::inspect_workflow(&hub, &workflow, &options))
             .map_err(|e| Box::new(error(StatusCode::BAD_GATEWAY, &skein_model_registry::error_chain(&e))))?;
-        let snapshot = graph.snapshot();
+        // The graph the executor plans on: drained GPUs are left out, with why.
+        let snapshot = executor.plan_snapshot();
         let input = PlanInput {
             workflow: &workflow,
             models: &models,

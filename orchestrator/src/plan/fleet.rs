@@ -381,6 +381,11 @@ fn node_view(
             excluded.push(exclude("GPU is down".to_owned()));
             continue;
         }
+        // Drained (by a reflex, or its node is draining): nothing new goes there.
+        if let Some(reason) = &view.drained {
+            excluded.push(exclude(format!("drained: {reason}")));
+            continue;
+        }
         let Some(free) = view.memory_free() else {
             excluded.push(exclude("no telemetry from it yet".to_owned()));
             continue;

@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use rhai::Dynamic;
 use serde::Serialize;
-use skein_dsl::expr::{Compiled, Context, Evaluator, ExprError};
+use skein_dsl::expr::{Compiled, Context, Evaluator, ExprError, Truth, absent_flag, absent_number};
 use skein_dsl::ir::{Action, Aggregate, Reflex, Scope};
 
 /// A GPU: its node's id and its index there.
@@ -98,8 +98,9 @@ impl GpuReading {
 pub struct AgentReading {
     /// Requests waiting for or in its instances.
     pub queue_depth: f64,
-    /// 95th percentile of its answers' latency, milliseconds.
-    pub latency_p95_ms: f64,
+    /// 95th percentile of its answers' latency, milliseconds; `None` (absent) when
+    /// nothing was answered in the window.
+    pub latency_p95_ms: Option<f64>,
     /// Tokens generated per second.
     pub tokens_per_s: f64,
     /// Sessions bound to it.
@@ -170,6 +171,7 @@ struct Live {
     nodes: BTreeMap<String, bool>,
     /// Whose figures `agent.*` are, if the scope has one ([`figures_of`]).
     agent: Option<String>,
+    /// Its latest figures; `None` (absent) while nothing serves it.
     agent_reading: Option<AgentReading>,
     window: Window,
 }
@@ -327,7 +329,7 @@ impl Engine {
             .filter_map(|(key, reading)| Some((key, (*reading)?)))
             .filter(|(_, reading)| {
                 let vars = variables(live, std::slice::from_ref(reading));
-                self.evaluator.eval_bool(&live.when, &vars).unwrap_or(false)
+                self.evaluator.eval_truth(&live.when, &vars).is_ok_and(Truth::holds)
             })
             .map(|(key, _)| key.clone())
             .collect()
@@ -384,8 +386,15 @@ impl Engine {
     }
 
     /// The serving figures of `subject` (an agent, or `@instance`: [`figures_of`]) of
-    /// `run` at `now_ms`.
-    pub fn agent_sample(&mut self, run: &str, agent: &str, reading: AgentReading, now_ms: i64) -> Vec<Decision> {
+    /// `run` at `now_ms`; `None` while nothing serves it (no instance is up, and it is
+    /// not served by an endpoint): `agent.*` are absent then.
+    pub fn agent_sample(
+        &mut self,
+        run: &str,
+        agent: &str,
+        reading: Option<AgentReading>,
+        now_ms: i64,
+    ) -> Vec<Decision> {
         let Some(ids) = self.by_agent.get(&(run.to_owned(), agent.to_owned())) else {
             return Vec::new();
         };
@@ -393,7 +402,7 @@ impl Engine {
         let mut decisions = Vec::new();
         for id in ids {
             if let Some(live) = self.reflexes[id.0].as_mut() {
-                live.agent_reading = Some(reading);
+                live.agent_reading = reading;
             }
             decisions.extend(self.evaluate(id, now_ms));
         }
@@ -420,12 +429,14 @@ impl Engine {
             return None;
         }
         let vars = variables(live, &readings);
-        let held = evaluator.eval_bool(&live.when, &vars);
+        // A condition decided by an absent metric neither holds nor lets go.
+        let held = evaluator.eval_truth(&live.when, &vars);
         let released = match (&live.release, &held) {
-            (Some(release), _) => evaluator.eval_bool(release, &vars),
-            (None, Ok(held)) => Ok(!held),
+            (Some(release), _) => evaluator.eval_truth(release, &vars).map(Truth::holds),
+            (None, Ok(held)) => Ok(*held == Truth::False),
             (None, Err(e)) => Err(e.clone()),
         };
+        let held = held.map(Truth::holds);
         let decision = |kind: DecisionKind, live: &Live| Decision {
             id,
             reflex: live.reflex.name.clone(),
@@ -534,48 +545,49 @@ fn variables(live: &Live, readings: &[GpuReading]) -> BTreeMap<String, Dynamic> 
             Aggregate::Avg => values.sum::<f64>() / readings.len() as f64,
         }
     };
-    let mut numbers: Vec<(&str, &str, f64)> = Vec::new();
-    let mut flags: Vec<(&str, &str, bool)> = Vec::new();
-    if !readings.is_empty() {
-        numbers.extend([
-            ("gpu", "util", combine(|r| r.util)),
-            ("gpu", "mem_used_frac", combine(|r| r.mem_used_frac)),
-            ("gpu", "temp", combine(|r| r.temp)),
-            ("gpu", "power_frac", combine(|r| r.power_frac)),
-            ("gpu", "ecc_rate", combine(|r| r.ecc_rate)),
-        ]);
-        let throttled = match live.reflex.aggregate {
-            Aggregate::Min => readings.iter().all(|r| r.throttled),
-            Aggregate::Max | Aggregate::Avg => readings.iter().any(|r| r.throttled),
-        };
-        flags.push(("gpu", "throttled", throttled));
-    } else {
-        // No GPU sample yet (or a CPU-only scope): nothing is busy, hot or failing.
-        numbers.extend(
-            ["util", "mem_used_frac", "temp", "power_frac", "ecc_rate"]
-                .into_iter()
-                .map(|m| ("gpu", m, 0.0)),
-        );
-        flags.push(("gpu", "throttled", false));
-    }
-    flags.push(("node", "down", live.nodes.values().any(|down| *down)));
-    let agent = live.agent_reading.unwrap_or_default();
+    let mut numbers: Vec<(&str, &str, Option<f64>)> = Vec::new();
+    let mut flags: Vec<(&str, &str, Option<bool>)> = Vec::new();
+    // No GPU sample yet, or a scope on no GPU (an endpoint agent): `gpu.*` are absent.
+    let any = !readings.is_empty();
     numbers.extend([
-        ("agent", "queue_depth", agent.queue_depth),
-        ("agent", "latency_p95_ms", agent.latency_p95_ms),
-        ("agent", "tokens_per_s", agent.tokens_per_s),
-        ("agent", "sessions", agent.sessions),
+        ("gpu", "util", any.then(|| combine(|r| r.util))),
+        ("gpu", "mem_used_frac", any.then(|| combine(|r| r.mem_used_frac))),
+        ("gpu", "temp", any.then(|| combine(|r| r.temp))),
+        ("gpu", "power_frac", any.then(|| combine(|r| r.power_frac))),
+        ("gpu", "ecc_rate", any.then(|| combine(|r| r.ecc_rate))),
+    ]);
+    let throttled = match live.reflex.aggregate {
+        Aggregate::Min => readings.iter().all(|r| r.throttled),
+        Aggregate::Max | Aggregate::Avg => readings.iter().any(|r| r.throttled),
+    };
+    flags.push(("gpu", "throttled", any.then_some(throttled)));
+    // A scope on no node (an endpoint agent, an agent not yet placed): absent.
+    flags.push((
+        "node",
+        "down",
+        (!live.nodes.is_empty()).then(|| live.nodes.values().any(|down| *down)),
+    ));
+    let agent = live.agent_reading;
+    numbers.extend([
+        ("agent", "queue_depth", agent.map(|a| a.queue_depth)),
+        ("agent", "latency_p95_ms", agent.and_then(|a| a.latency_p95_ms)),
+        ("agent", "tokens_per_s", agent.map(|a| a.tokens_per_s)),
+        ("agent", "sessions", agent.map(|a| a.sessions)),
     ]);
     let mut maps: BTreeMap<&str, rhai::Map> = BTreeMap::new();
     for (map, metric, value) in numbers {
-        maps.entry(map)
-            .or_default()
-            .insert(metric.into(), Dynamic::from_float(value));
+        let value = match value {
+            Some(value) => Dynamic::from_float(value),
+            None => absent_number(&format!("{map}.{metric}")),
+        };
+        maps.entry(map).or_default().insert(metric.into(), value);
     }
     for (map, metric, flag) in flags {
-        maps.entry(map)
-            .or_default()
-            .insert(metric.into(), Dynamic::from_bool(flag));
+        let flag = match flag {
+            Some(flag) => Dynamic::from_bool(flag),
+            None => absent_flag(&format!("{map}.{metric}")),
+        };
+        maps.entry(map).or_default().insert(metric.into(), flag);
     }
     maps.into_iter()
         .map(|(name, map)| (name.to_owned(), Dynamic::from_map(map)))

@@ -27,7 +27,13 @@ struct Figures {
     sessions: HashMap<String, Instant>,
 }
 
-/// Figures of every instance. Cheap to clone.
+/// The key an agent served by a remote endpoint counts its requests under, in place
+/// of an instance's name: `run/agent` (no instance name holds a `/`).
+pub fn endpoint_key(run: &str, agent: &str) -> String {
+    format!("{run}/{agent}")
+}
+
+/// Figures of every instance (and endpoint agent, [`endpoint_key`]). Cheap to clone.
 #[derive(Clone, Default)]
 pub struct Load {
     figures: Arc<Mutex<HashMap<String, Figures>>>,
@@ -104,7 +110,8 @@ impl Load {
     /// The figures of `instances` together, at `now`: requests in flight, the 95th
     /// percentile of the latency of answers in the last [`LATENCY_WINDOW`], tokens per
     /// second over the last [`RATE_WINDOW`], sessions with a turn in the last
-    /// [`SESSION_WINDOW`].
+    /// [`SESSION_WINDOW`]. An endpoint agent's requests count under
+    /// [`endpoint_key`].
     pub fn reading<'a>(&self, instances: impl IntoIterator<Item = &'a str>, now: Instant) -> AgentReading {
         let figures = lock(&self.figures);
         let mut queue = 0u32;
@@ -139,14 +146,14 @@ impl Load {
     }
 }
 
-/// The `q` quantile of `values` (nearest rank), 0 when there are none.
-fn percentile(values: &mut [f64], q: f64) -> f64 {
+/// The `q` quantile of `values` (nearest rank), `None` when there are none.
+fn percentile(values: &mut [f64], q: f64) -> Option<f64> {
     if values.is_empty() {
-        return 0.0;
+        return None;
     }
     values.sort_by(f64::total_cmp);
     let rank = ((q * values.len() as f64).ceil() as usize).clamp(1, values.len());
-    values[rank - 1]
+    Some(values[rank - 1])
 }
 
 #[cfg(test)]
@@ -163,13 +170,14 @@ mod tests {
         let reading = load.reading(["i-a", "i-b"], now);
         assert_eq!(reading.queue_depth, 3.0);
         assert_eq!(reading.sessions, 2.0);
-        assert_eq!(reading.latency_p95_ms, 0.0);
+        // Nothing answered yet: no latency, not a latency of 0.
+        assert_eq!(reading.latency_p95_ms, None);
         a.done(50);
         b.done(30);
         let reading = load.reading(["i-a", "i-b"], Instant::now());
         assert_eq!(reading.queue_depth, 1.0);
         assert_eq!(reading.tokens_per_s, 8.0);
-        assert!(reading.latency_p95_ms >= 0.0);
+        assert!(reading.latency_p95_ms.is_some_and(|l| l >= 0.0));
         assert_eq!(load.reading(["i-b"], Instant::now()).queue_depth, 0.0);
         // Old answers leave the windows.
         let later = Instant::now() + LATENCY_WINDOW + Duration::from_secs(1);
@@ -179,7 +187,8 @@ mod tests {
     #[test]
     fn the_percentile_is_the_nearest_rank() {
         let mut values: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(percentile(&mut values, 0.95), 95.0);
-        assert_eq!(percentile(&mut [7.0], 0.95), 7.0);
+        assert_eq!(percentile(&mut values, 0.95), Some(95.0));
+        assert_eq!(percentile(&mut [7.0], 0.95), Some(7.0));
+        assert_eq!(percentile(&mut [], 0.95), None);
     }
 }

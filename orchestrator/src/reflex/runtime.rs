@@ -66,6 +66,9 @@ struct Inner {
 struct Watched {
     /// Its reflexes: engine id and declaration.
     reflexes: Vec<(super::ReflexId, Reflex)>,
+    /// Its agents served by a remote endpoint (their requests count under
+    /// [`super::load::endpoint_key`]).
+    endpoints: HashSet<String>,
     /// Its actor.
     jobs: mpsc::UnboundedSender<Job>,
 }
@@ -215,7 +218,21 @@ impl Reflexes {
                 applied: BTreeMap::new(),
             };
             tokio::spawn(actor.serve(queue));
-            lock(&self.inner.runs).insert(id, Watched { reflexes, jobs });
+            let endpoints = run
+                .workflow
+                .agents
+                .iter()
+                .filter(|(_, agent)| matches!(agent.backend, skein_dsl::ir::Backend::Endpoint(_)))
+                .map(|(name, _)| name.clone())
+                .collect();
+            lock(&self.inner.runs).insert(
+                id,
+                Watched {
+                    reflexes,
+                    endpoints,
+                    jobs,
+                },
+            );
             added = true;
         }
         if added {
@@ -329,15 +346,25 @@ impl Reflexes {
                 Some(instance) => Scope::Instance(instance.to_owned()),
                 None => Scope::Agent(subject.clone()),
             };
-            let names: Vec<String> = scope_instances(&self.inner.instances, &self.inner.graph, &run, &scope)
-                .into_iter()
-                .map(|v| v.name)
-                .collect();
-            let reading = self
-                .inner
-                .instances
-                .load()
-                .reading(names.iter().map(String::as_str), now);
+            let endpoint = lock(&self.inner.runs)
+                .get(&run)
+                .is_some_and(|w| w.endpoints.contains(&subject));
+            // An endpoint agent's requests count under its key; a model agent's on its
+            // instances, and with none up nothing is measured (absent, not 0).
+            let names: Vec<String> = if endpoint {
+                vec![super::load::endpoint_key(&run, &subject)]
+            } else {
+                scope_instances(&self.inner.instances, &self.inner.graph, &run, &scope)
+                    .into_iter()
+                    .map(|v| v.name)
+                    .collect()
+            };
+            let reading = (!names.is_empty()).then(|| {
+                self.inner
+                    .instances
+                    .load()
+                    .reading(names.iter().map(String::as_str), now)
+            });
             decisions.extend(lock(&self.inner.engine).agent_sample(&run, &subject, reading, now_ms));
         }
         decisions.extend(lock(&self.inner.engine).tick(now_ms));
@@ -980,7 +1007,13 @@ impl Actor {
                     .set_drained(&NodeId(key.node.clone()), key.index, None)
                     .unwrap_or(false)
                 {
-                    lifted.push(format!("{} GPU {}", key.node, key.index));
+                    // By the node's name, as the drain said it.
+                    let name = self
+                        .inner
+                        .graph
+                        .node(&NodeId(key.node.clone()))
+                        .map_or_else(|| key.node.clone(), |n| n.inventory.name.clone());
+                    lifted.push(format!("{name} GPU {}", key.index));
                 }
             }
             records.push(ActionRecord {

@@ -684,6 +684,16 @@ impl Executor {
         let cached = lock(&self.inner.catalogs).get(cache_key).cloned();
         let models = match cached {
             Some(models) => models,
+    /// The graph every plan is made on, the executor's and `POST /v1/plans`'s alike:
+    /// the live snapshot with the memory of instances that telemetry does not show yet
+    /// held. The planner leaves drained GPUs out and says why in the plan's `excluded`.
+    pub fn plan_snapshot(&self) -> crate::graph::GraphSnapshot {
+        self.inner
+            .graph
+            .snapshot()
+            .with_held(&self.inner.instances.unaccounted())
+    }
+
             None => {
                 let hub = self.inner.hub.clone();
                 let read_workflow = workflow.clone();
@@ -713,13 +723,7 @@ impl Executor {
                 }
             }
         }
-        let snapshot = placement.restrict(
-            self.inner
-                .graph
-                .snapshot()
-                .with_held(&self.inner.instances.unaccounted())
-                .without_drained(),
-        );
+        let snapshot = placement.restrict(self.plan_snapshot());
         // Planning is CPU work under the planner's lock: off the async workers.
         let planner = Arc::clone(&self.inner.planner);
         let catalogs = Arc::clone(&models);
@@ -1071,7 +1075,13 @@ impl Executor {
                 let owner = run.owner.clone();
                 let executor = self.clone();
                 attempts.spawn(async move {
-                    let flight = route.instance.as_deref().map(|i| load.begin(i, None));
+                    // An endpoint agent's requests count under the agent, as reflexes read them.
+                    let counted = match (&route.instance, &endpoint) {
+                        (Some(instance), _) => Some(instance.clone()),
+                        (None, Some(_)) => Some(crate::reflex::load::endpoint_key(&run_id, &agent)),
+                        (None, None) => None,
+                    };
+                    let flight = counted.map(|key| load.begin(&key, None));
                     let route_instance = route.instance.clone();
                     let route = match endpoint {
                         Some(endpoint) => clients.endpoint_route(&owner, &endpoint),
@@ -1081,6 +1091,7 @@ impl Executor {
                         Ok(route) => call(&clients, &route, request.0, request.1).await,
                         Err(error) => Err(error),
                     };
+                let run_id = run.id.clone();
                     if let (Some(flight), Ok(answer)) = (flight, &answer) {
                         flight.done(answer.usage.map_or(0, |u| u.completion_tokens));
                     }

@@ -495,7 +495,10 @@ impl Sessions {
             },
             None => principal.user.clone(),
         };
-        let route = match (&definition.backend, run.and_then(|r| self.run_instance(&r, &agent))) {
+        let route = match (
+            &definition.backend,
+            run.as_ref().and_then(|r| self.run_instance(r, &agent)),
+        ) {
             (Backend::Endpoint(endpoint), _) => self.endpoint_route(&owner, endpoint)?,
             (_, Some(view)) => instance_route(view)?,
             (_, None) => {
@@ -518,7 +521,8 @@ impl Sessions {
         }
         let mut body = serde_json::json!({ "messages": sent });
         sampling.write(&definition, &mut body);
-        self.call(&route, None, &principal.user, body, tokens)
+        let serves = run.as_deref().map(|r| (r, agent.as_str()));
+        self.call(&route, serves, None, &principal.user, body, tokens)
             .await
             .map_err(engine_error)
     }
@@ -636,7 +640,14 @@ impl Sessions {
         let (mut route, bound) = self.route(&session, &Pin::Anywhere).await?;
         session = bound.unwrap_or(session);
         let mut answer = self
-            .call(&route, Some(id), &principal.user, body.clone(), turn.tokens.as_ref())
+            .call(
+                &route,
+                session.run.as_deref().map(|r| (r, session.agent.as_str())),
+                Some(id),
+                &principal.user,
+                body.clone(),
+                turn.tokens.as_ref(),
+            )
             .await;
         if let Err(CallError::Unreachable(error)) = &answer
             && route.instance.is_some()
@@ -650,7 +661,14 @@ impl Sessions {
             };
             (route, _) = self.route_fresh(&session, &avoid).await?;
             answer = self
-                .call(&route, Some(id), &principal.user, body.clone(), turn.tokens.as_ref())
+                .call(
+                    &route,
+                    session.run.as_deref().map(|r| (r, session.agent.as_str())),
+                    Some(id),
+                    &principal.user,
+                    body.clone(),
+                    turn.tokens.as_ref(),
+                )
                 .await;
         }
         // Refused: most likely the history is longer in tokens than its bytes promised
@@ -670,7 +688,14 @@ impl Sessions {
             history = store.recent(id, budget)?;
             body = self.request_body(&session.definition, &history, &turn);
             answer = self
-                .call(&route, Some(id), &principal.user, body.clone(), turn.tokens.as_ref())
+                .call(
+                    &route,
+                    session.run.as_deref().map(|r| (r, session.agent.as_str())),
+                    Some(id),
+                    &principal.user,
+                    body.clone(),
+                    turn.tokens.as_ref(),
+                )
                 .await;
         }
         let answer = answer.map_err(engine_error)?;
@@ -810,8 +835,9 @@ impl Sessions {
     }
 
     /// Calls the engine of `route` (for `session`'s turn, sent by `user`), counted in
-    /// the instance's serving figures; the instance records `user` among its users (its
-    /// logs may hold their prompt from now on).
+    /// the instance's serving figures, or, for a remote endpoint serving the agent of a
+    /// run (`serves`: run and agent), in the agent's; the instance records `user` among
+    /// its users (its logs may hold their prompt from now on).
     async fn call(
         &self,
         route: &Route,
@@ -824,12 +850,15 @@ impl Sessions {
         if let Some(instance) = &route.instance {
             self.inner.instances.used_by(instance, user);
         }
-        let flight = route
-            .instance
-            .as_deref()
-            .map(|i| self.inner.instances.load().begin(i, session));
+        let counted = match (&route.instance, serves) {
+            (Some(instance), _) => Some(instance.clone()),
+            (None, Some((run, agent))) => Some(crate::reflex::load::endpoint_key(run, agent)),
+            (None, None) => None,
+        };
+        let flight = counted.map(|key| self.inner.instances.load().begin(&key, session));
         let answer = match tokens {
             Some(tokens) => {
+        serves: Option<(&str, &str)>,
                 engine_client::call_streaming(self.inner.executor.clients(), route, body, timeout, tokens).await
             }
             None => engine_client::call(self.inner.executor.clients(), route, body, timeout).await,
