@@ -385,11 +385,14 @@ pub struct LogsArgs {
     pub remote: RemoteArgs,
 }
 
+/// The REST address the client commands reach without `--server`.
+pub const DEFAULT_SERVER: &str = "http://127.0.0.1:7878";
+
 /// A running server's REST address and token.
 #[derive(Debug, Args)]
 pub struct RemoteArgs {
     /// The server's REST address.
-    #[arg(long, default_value = "http://127.0.0.1:7878", value_name = "URL")]
+    #[arg(long, default_value = DEFAULT_SERVER, value_name = "URL")]
     pub server: String,
     /// How to reach the server.
     #[command(flatten)]

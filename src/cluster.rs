@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde::Deserialize;
 use skein_orchestrator::agents::Secret;
-use skein_orchestrator::graph::GraphConfig;
+use skein_orchestrator::graph::{GraphConfig, HealthState};
 use skein_orchestrator::server::{ServerConfig, ServerTls, TlsFiles};
 use skein_orchestrator::transport::TransportConfig;
 
@@ -322,7 +322,7 @@ struct Inventory {
 
 #[derive(Debug, Deserialize)]
 struct Health {
-    state: String,
+    state: HealthState,
     reasons: Vec<String>,
 }
 
@@ -362,8 +362,8 @@ fn render_nodes(graph: &Graph) -> String {
     for node in &graph.nodes {
         let first_row = rows.len();
         // Down and left say the agent is gone already.
-        let node_health = if node.connected || node.health.state == "down" || node.health.state == "left" {
-            node.health.state.clone()
+        let node_health = if node.connected || node.health.state.is_unavailable() {
+            node.health.state.to_string()
         } else {
             format!("{} (disconnected)", node.health.state)
         };
@@ -390,7 +390,7 @@ fn render_nodes(graph: &Graph) -> String {
                 ),
                 None => ("-".to_owned(), "-".to_owned(), "-".to_owned()),
             };
-            let mut health = gpu.health.state.clone();
+            let mut health = gpu.health.state.to_string();
             if let Some(reason) = gpu.health.reasons.first() {
                 let _ = write!(health, ": {reason}");
             }
@@ -402,7 +402,7 @@ fn render_nodes(graph: &Graph) -> String {
                 } else {
                     "drained"
                 };
-                health = if gpu.health.state.to_string() == "ok" {
+                health = if gpu.health.state == HealthState::Ok {
                     format!("{word}: {reason}")
                 } else {
                     format!("{health}; {word}: {reason}")
@@ -830,9 +830,14 @@ pub fn run_up(args: &UpArgs) -> anyhow::Result<ExitCode> {
                 departures,
             })));
         }
+        let reach = client_flags(
+            &door_url(server.rest_tls, loopback(server.api_addr)),
+            args.server.data_dir.as_deref(),
+            &data_dir(None).ok(),
+        );
         eprintln!(
             "skein is up: {nodes} node{} with {gpus} GPU{}; REST API on {} (token in {}); \
-             more agents join at {}.\nTry: skein nodes, skein submit workflows/hello.yaml --wait",
+             more agents join at {}.\nTry: skein nodes{reach}\n     skein submit workflows/hello.yaml --wait{reach}",
             if nodes == 1 { "" } else { "s" },
             if gpus == 1 { "" } else { "s" },
             door_url(server.rest_tls, server.api_addr),
@@ -892,6 +897,39 @@ fn engine_address(join: &str) -> String {
 }
 
 /// An address to connect to: a wildcard listen address becomes loopback.
+/// The flags a client command on this machine needs to reach a server whose REST API
+/// answers at `api` (on loopback) and whose data directory is `data_dir_flag` (its
+/// `--data-dir`, `None` for the default, which `default_dir` is): ` --server URL` unless
+/// `api` is [`DEFAULT_SERVER`](crate::cli::DEFAULT_SERVER), ` --data-dir DIR` (where the
+/// token is, and an `https://` server's certificate) unless the client's default finds
+/// it. Empty when the defaults reach it.
+fn client_flags(api: &str, data_dir_flag: Option<&Path>, default_dir: &Option<PathBuf>) -> String {
+    let mut flags = String::new();
+    if api != crate::cli::DEFAULT_SERVER {
+        let _ = write!(flags, " --server {}", shell_word(api));
+    }
+    if let Some(dir) = data_dir_flag
+        && default_dir.as_deref() != Some(dir)
+    {
+        let _ = write!(flags, " --data-dir {}", shell_word(&dir.display().to_string()));
+    }
+    flags
+}
+
+/// `word` as a shell reads it back: as it is when it holds nothing the shell would
+/// interpret, else in single quotes.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-:=@,+%".contains(c));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
 fn loopback(addr: SocketAddr) -> SocketAddr {
     if addr.ip().is_unspecified() {
         SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), addr.port())
@@ -903,6 +941,34 @@ fn loopback(addr: SocketAddr) -> SocketAddr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_banner_suggests_the_flags_that_reach_the_server() {
+        let default_dir = Some(PathBuf::from("/home/me/.local/share/skein"));
+        // The defaults reach it: no flag.
+        assert_eq!(client_flags("http://127.0.0.1:7878", None, &default_dir), "");
+        assert_eq!(
+            client_flags(
+                "http://127.0.0.1:7878",
+                Some(Path::new("/home/me/.local/share/skein")),
+                &default_dir
+            ),
+            ""
+        );
+        // Another port, TLS, another data directory.
+        assert_eq!(
+            client_flags("http://127.0.0.1:9000", None, &default_dir),
+            " --server http://127.0.0.1:9000"
+        );
+        assert_eq!(
+            client_flags("https://127.0.0.1:7878", Some(Path::new("/srv/skein")), &default_dir),
+            " --server https://127.0.0.1:7878 --data-dir /srv/skein"
+        );
+        assert_eq!(
+            client_flags("http://127.0.0.1:7878", Some(Path::new("/tmp/my lab's dir")), &None),
+            r#" --data-dir '/tmp/my lab'\''s dir'"#
+        );
+    }
 
     #[test]
     fn engines_listen_where_the_server_reaches_them() {

@@ -11,13 +11,15 @@ use crate::cli::{
     EXIT_FAILURE, EXIT_OK, InstancesArgs, ListArgs, LogsArgs, MeasuredArgs, OutputFormat, RunIdArgs, SubmitArgs,
 };
 use crate::client::{ApiClient, refused_error};
+use skein_orchestrator::instances::InstanceState;
+use skein_orchestrator::run::{RunState, StepState};
 
 /// What the commands read of a run (`GET /v1/runs/{id}`).
 #[derive(Debug, Deserialize)]
 struct Run {
     id: String,
     workflow: Workflow,
-    state: String,
+    state: RunState,
     #[serde(default)]
     reason: Option<String>,
     submitted_at: String,
@@ -35,7 +37,7 @@ struct Workflow {
 struct Step {
     id: String,
     agent: String,
-    state: String,
+    state: StepState,
     iteration: u32,
     attempts: u32,
     #[serde(default)]
@@ -121,14 +123,14 @@ fn wait(client: &ApiClient, id: &str, output: OutputFormat) -> anyhow::Result<Ex
             progress(last.as_ref(), &run);
         }
         final_json = data.to_owned();
-        let ended = matches!(run.state.as_str(), "succeeded" | "failed" | "cancelled");
+        let ended = run.state.is_final();
         last = Some(run);
         !ended
     })?;
     let Some(run) = last else {
         bail!("the server ended the event stream of run {id} at once");
     };
-    if !matches!(run.state.as_str(), "succeeded" | "failed" | "cancelled") {
+    if !run.state.is_final() {
         bail!(
             "lost the server while run {id} was {}; `skein run show {id}` shows where it is",
             run.state
@@ -138,7 +140,7 @@ fn wait(client: &ApiClient, id: &str, output: OutputFormat) -> anyhow::Result<Ex
         OutputFormat::Json => println!("{final_json}"),
         OutputFormat::Human => print_outputs(&run),
     }
-    Ok(ExitCode::from(if run.state == "succeeded" {
+    Ok(ExitCode::from(if run.state == RunState::Succeeded {
         EXIT_OK
     } else {
         EXIT_FAILURE
@@ -159,7 +161,7 @@ fn progress(before: Option<&Run>, now: &Run) {
         if old.is_some_and(|o| o.state == step.state && o.attempts == step.attempts && o.iteration == step.iteration) {
             continue;
         }
-        if old.is_none() && step.state == "pending" {
+        if old.is_none() && step.state == StepState::Pending {
             continue;
         }
         let pass = if step.iteration > 1 {
@@ -167,23 +169,23 @@ fn progress(before: Option<&Run>, now: &Run) {
         } else {
             String::new()
         };
-        let detail = match step.state.as_str() {
-            "running" => format!(
+        let detail = match step.state {
+            StepState::Running => format!(
                 "attempt {} on {}",
                 step.attempts,
                 step.instance.as_deref().unwrap_or(&step.agent)
             ),
-            "retried" | "failed" | "skipped" => step.error.clone().unwrap_or_default(),
-            "done" => format!("{} characters", step.output.as_deref().map_or(0, |o| o.chars().count())),
-            _ => String::new(),
+            StepState::Retrying | StepState::Failed | StepState::Skipped => step.error.clone().unwrap_or_default(),
+            StepState::Done => format!("{} characters", step.output.as_deref().map_or(0, |o| o.chars().count())),
+            StepState::Pending | StepState::Queued | StepState::Cancelled => String::new(),
         };
         eprintln!("  step {}{pass}: {} {detail}", step.id, step.state);
     }
 }
 
 fn print_outputs(run: &Run) {
-    match run.state.as_str() {
-        "succeeded" => eprintln!("run {} succeeded", run.id),
+    match run.state {
+        RunState::Succeeded => eprintln!("run {} succeeded", run.id),
         other => eprintln!(
             "run {} {other}: {}",
             run.id,
@@ -209,7 +211,7 @@ pub fn run_list(args: &ListArgs) -> anyhow::Result<ExitCode> {
     struct Summary {
         id: String,
         workflow: String,
-        state: String,
+        state: RunState,
         reason: Option<String>,
         steps_done: usize,
         steps: usize,
@@ -227,7 +229,7 @@ pub fn run_list(args: &ListArgs) -> anyhow::Result<ExitCode> {
             vec![
                 r.id.clone(),
                 r.workflow.clone(),
-                r.state.clone(),
+                r.state.to_string(),
                 format!("{}/{}", r.steps_done, r.steps),
                 r.submitted_at.clone(),
                 r.reason.clone().unwrap_or_default(),
@@ -274,7 +276,7 @@ pub fn run_show(args: &RunIdArgs) -> anyhow::Result<ExitCode> {
             vec![
                 s.id.clone(),
                 s.agent.clone(),
-                s.state.clone(),
+                s.state.to_string(),
                 s.attempts.to_string(),
                 s.iteration.to_string(),
                 s.started_at.clone().unwrap_or_default(),
@@ -337,7 +339,7 @@ pub fn run_instances(args: &InstancesArgs) -> anyhow::Result<ExitCode> {
         variant: String,
         gpus: Vec<u32>,
         estimated_bytes: u64,
-        state: String,
+        state: InstanceState,
         detail: String,
         measured_host_rss: Option<u64>,
         measured_gpu: Vec<(u32, u64)>,
@@ -363,7 +365,7 @@ pub fn run_instances(args: &InstancesArgs) -> anyhow::Result<ExitCode> {
                 gpus,
                 i.engine.clone(),
                 i.variant.clone(),
-                i.state.clone(),
+                i.state.to_string(),
                 gib(i.estimated_bytes),
                 if measured > 0 { gib(measured) } else { "-".to_owned() },
                 i.detail.lines().next().unwrap_or("").to_owned(),

@@ -28,7 +28,7 @@ use crate::reflex::load::Load;
 use crate::store::Tree;
 
 /// What an instance is doing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum InstanceState {
     /// Asked for; the agent has not answered yet.
@@ -54,6 +54,37 @@ pub enum InstanceState {
 }
 
 impl InstanceState {
+    /// Every state.
+    pub const ALL: [InstanceState; 10] = [
+        InstanceState::Requested,
+        InstanceState::Downloading,
+        InstanceState::Starting,
+        InstanceState::Loading,
+        InstanceState::Ready,
+        InstanceState::Unhealthy,
+        InstanceState::Restarting,
+        InstanceState::Failed,
+        InstanceState::Stopped,
+        InstanceState::Lost,
+    ];
+
+    /// The state's name: the API writes it (serde's `snake_case` name, the same), the
+    /// CLI and a run's progress print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            InstanceState::Requested => "requested",
+            InstanceState::Downloading => "downloading",
+            InstanceState::Starting => "starting",
+            InstanceState::Loading => "loading",
+            InstanceState::Ready => "ready",
+            InstanceState::Unhealthy => "unhealthy",
+            InstanceState::Restarting => "restarting",
+            InstanceState::Failed => "failed",
+            InstanceState::Stopped => "stopped",
+            InstanceState::Lost => "lost",
+        }
+    }
+
     fn from_wire(state: i32) -> InstanceState {
         match pb::InstanceState::try_from(state) {
             Ok(pb::InstanceState::Downloading) => InstanceState::Downloading,
@@ -74,6 +105,12 @@ impl InstanceState {
             self,
             InstanceState::Failed | InstanceState::Stopped | InstanceState::Lost
         )
+    }
+}
+
+impl std::fmt::Display for InstanceState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
     }
 }
 

@@ -160,7 +160,7 @@ pub struct TelemetryBatch {
 }
 
 /// Whether something can be planned on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum HealthState {
     /// Working normally.
@@ -176,6 +176,25 @@ pub enum HealthState {
 }
 
 impl HealthState {
+    /// Every state.
+    pub const ALL: [HealthState; 4] = [
+        HealthState::Ok,
+        HealthState::Degraded,
+        HealthState::Down,
+        HealthState::Left,
+    ];
+
+    /// The state's name: the API writes it (serde's `snake_case` name, the same), the
+    /// CLI prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            HealthState::Ok => "ok",
+            HealthState::Degraded => "degraded",
+            HealthState::Down => "down",
+            HealthState::Left => "left",
+        }
+    }
+
     /// Whether nothing can run there: [`Down`](Self::Down) or [`Left`](Self::Left).
     pub fn is_unavailable(self) -> bool {
         matches!(self, HealthState::Down | HealthState::Left)
@@ -184,12 +203,7 @@ impl HealthState {
 
 impl std::fmt::Display for HealthState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(match self {
-            HealthState::Ok => "ok",
-            HealthState::Degraded => "degraded",
-            HealthState::Down => "down",
-            HealthState::Left => "left",
-        })
+        f.pad(self.name())
     }
 }
 

@@ -667,6 +667,16 @@ impl Executor {
         lock(&self.inner.queue).retain(|(_, q)| q != id);
     }
 
+    /// The graph every plan is made on, the executor's and `POST /v1/plans`'s alike:
+    /// the live snapshot with the memory of instances that telemetry does not show yet
+    /// held. The planner leaves drained GPUs out and says why in the plan's `excluded`.
+    pub fn plan_snapshot(&self) -> crate::graph::GraphSnapshot {
+        self.inner
+            .graph
+            .snapshot()
+            .with_held(&self.inner.instances.unaccounted())
+    }
+
     /// The run's plan on the live graph, with the catalogs it was made with.
     async fn plan(&self, run: &RunRecord, warm: &[String]) -> Result<(Plan, Arc<BTreeMap<String, ModelInfo>>), String> {
         self.plan_workflow(&run.id, &run.workflow, warm, &Pin::Anywhere).await
@@ -684,16 +694,6 @@ impl Executor {
         let cached = lock(&self.inner.catalogs).get(cache_key).cloned();
         let models = match cached {
             Some(models) => models,
-    /// The graph every plan is made on, the executor's and `POST /v1/plans`'s alike:
-    /// the live snapshot with the memory of instances that telemetry does not show yet
-    /// held. The planner leaves drained GPUs out and says why in the plan's `excluded`.
-    pub fn plan_snapshot(&self) -> crate::graph::GraphSnapshot {
-        self.inner
-            .graph
-            .snapshot()
-            .with_held(&self.inner.instances.unaccounted())
-    }
-
             None => {
                 let hub = self.inner.hub.clone();
                 let read_workflow = workflow.clone();
@@ -947,7 +947,7 @@ impl Executor {
             if let Some(lost) = Lost::of(name, Some(&view)) {
                 return Readiness::Lost(lost);
             }
-            match (view.state, view.base_url) {
+            match (view.state, view.base_url.clone()) {
                 (InstanceState::Ready, Some(base_url)) => {
                     for agent in &view.agents {
                         routes.insert(
@@ -964,13 +964,7 @@ impl Executor {
                 (InstanceState::Failed, _) => {
                     return Readiness::Failed(format!("instance {name} on {} failed: {}", view.node_name, view.detail));
                 }
-                (state, _) => waiting.push(waiting_for(
-                    &view.agents,
-                    state,
-                    view.downloaded,
-                    view.download_total,
-                    &view.node_name,
-                )),
+                (state, _) => waiting.push(waiting_for(&view, state)),
             }
         }
         if waiting.is_empty() {
@@ -1091,7 +1085,7 @@ impl Executor {
                         Ok(route) => call(&clients, &route, request.0, request.1).await,
                         Err(error) => Err(error),
                     };
-                let run_id = run.id.clone();
+                    let run_id = run.id.clone();
                     if let (Some(flight), Ok(answer)) = (flight, &answer) {
                         flight.done(answer.usage.map_or(0, |u| u.completion_tokens));
                     }
@@ -1180,17 +1174,48 @@ impl Executor {
 }
 
 /// What an instance being started is doing, for people: `writer+editor: downloading 40%
-/// on node-a`. Download progress goes in steps of 10 %, so a run's record changes a few
-/// times per download, not per chunk.
-fn waiting_for(agents: &[String], state: InstanceState, done: u64, total: u64, node: &str) -> String {
+/// on node-a`; a restart says why, from the engine's own report (`writer: restarting
+/// (restart 2): exited with status 1 while loading; last log line: …`), and the
+/// starts after it say which restart they are. Download progress goes in steps of 10 %,
+/// so a run's record changes a few times per download, not per chunk.
+fn waiting_for(view: &InstanceView, state: InstanceState) -> String {
+    let (done, total) = (view.downloaded, view.download_total);
     let doing = match state {
         InstanceState::Downloading if total > 0 => {
             format!("downloading {}%", (done.saturating_mul(10) / total).min(10) * 10)
         }
         InstanceState::Requested => "asked for".to_owned(),
-        other => format!("{other:?}").to_lowercase(),
+        InstanceState::Restarting => format!("restarting (restart {}): {}", view.restarts, why(&view.detail)),
+        InstanceState::Unhealthy => format!("unhealthy: {}", why(&view.detail)),
+        other if view.restarts > 0 => format!("{other} (restart {})", view.restarts),
+        other => other.name().to_owned(),
     };
-    format!("{}: {doing} on {node}", agents.join("+"))
+    format!("{}: {doing} on {}", view.agents.join("+"), view.node_name)
+}
+
+/// The longest engine log line a run's progress quotes.
+const WHY_LINE_CHARS: usize = 240;
+
+/// An engine's failure report (`exited with status 1 while loading; last log
+/// lines:` and the lines) on one line: the reason and the last line the engine wrote.
+fn why(detail: &str) -> String {
+    let (reason, tail) = detail.split_once("; last log lines:").unwrap_or((detail, ""));
+    let reason = reason.lines().next().unwrap_or_default().trim();
+    let reason = if reason.is_empty() {
+        "no reason reported"
+    } else {
+        reason
+    };
+    match tail.lines().map(str::trim).rfind(|line| !line.is_empty()) {
+        Some(last) => {
+            let mut shown: String = last.chars().take(WHY_LINE_CHARS).collect();
+            if shown.len() < last.len() {
+                shown.push('…');
+            }
+            format!("{reason}; last log line: {shown}")
+        }
+        None => reason.to_owned(),
+    }
 }
 
 /// What a model instance serves, exactly: a warm instance is reused only by a run

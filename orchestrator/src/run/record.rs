@@ -83,12 +83,23 @@ pub enum RunState {
 }
 
 impl RunState {
+    /// Every state, in the order a run goes through them.
+    pub const ALL: [RunState; 6] = [
+        RunState::Queued,
+        RunState::Starting,
+        RunState::Running,
+        RunState::Succeeded,
+        RunState::Failed,
+        RunState::Cancelled,
+    ];
+
     /// Whether the run has ended.
     pub fn is_final(self) -> bool {
         matches!(self, RunState::Succeeded | RunState::Failed | RunState::Cancelled)
     }
 
-    /// The state's name, as the API writes it.
+    /// The state's name: the API writes it (serde's `snake_case` name, the same), the
+    /// CLI prints it.
     pub fn name(self) -> &'static str {
         match self {
             RunState::Queued => "queued",
@@ -130,23 +141,42 @@ pub enum StepState {
 }
 
 impl StepState {
+    /// Every state.
+    pub const ALL: [StepState; 8] = [
+        StepState::Pending,
+        StepState::Queued,
+        StepState::Running,
+        StepState::Retrying,
+        StepState::Done,
+        StepState::Skipped,
+        StepState::Failed,
+        StepState::Cancelled,
+    ];
+
     /// Whether the step has finished for this pass (steps after it may start).
     pub fn is_finished(self) -> bool {
         matches!(self, StepState::Done | StepState::Skipped)
     }
 
-    /// The state's name, as expressions (`steps.x.status`) and the API see it.
+    /// The state's name, one for every use: expressions (`steps.x.status`), the API
+    /// (serde's `snake_case` name, the same) and the CLI.
     pub fn name(self) -> &'static str {
         match self {
             StepState::Pending => "pending",
             StepState::Queued => "queued",
             StepState::Running => "running",
-            StepState::Retrying => "retried",
+            StepState::Retrying => "retrying",
             StepState::Done => "done",
             StepState::Skipped => "skipped",
             StepState::Failed => "failed",
             StepState::Cancelled => "cancelled",
         }
+    }
+}
+
+impl fmt::Display for StepState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
