@@ -343,6 +343,10 @@ pub fn run_instances(args: &InstancesArgs) -> anyhow::Result<ExitCode> {
         detail: String,
         measured_host_rss: Option<u64>,
         measured_gpu: Vec<(u32, u64)>,
+        #[serde(default)]
+        runs: Vec<String>,
+        #[serde(default)]
+        sessions: Vec<String>,
     }
     let instances: Vec<Instance> =
         serde_json::from_str(&body).context("the server's instances are not what this skein expects")?;
@@ -368,6 +372,7 @@ pub fn run_instances(args: &InstancesArgs) -> anyhow::Result<ExitCode> {
                 i.state.to_string(),
                 gib(i.estimated_bytes),
                 if measured > 0 { gib(measured) } else { "-".to_owned() },
+                used_by(&i.runs, &i.sessions),
                 i.detail.lines().next().unwrap_or("").to_owned(),
             ]
         })
@@ -382,12 +387,19 @@ pub fn run_instances(args: &InstancesArgs) -> anyhow::Result<ExitCode> {
         crate::table::render(
             &style,
             &[
-                "INSTANCE", "NODE", "GPUS", "ENGINE", "VARIANT", "STATE", "EST GiB", "USED GiB", "DETAIL"
+                "INSTANCE", "NODE", "GPUS", "ENGINE", "VARIANT", "STATE", "EST GiB", "USED GiB", "USED BY", "DETAIL"
             ],
             &rows
         )
     );
     Ok(ExitCode::from(EXIT_OK))
+}
+
+/// Who uses an instance, for its row: the runs it served, then the sessions bound to
+/// it (`-` for none).
+fn used_by(runs: &[String], sessions: &[String]) -> String {
+    let all: Vec<&str> = runs.iter().chain(sessions).map(String::as_str).collect();
+    if all.is_empty() { "-".to_owned() } else { all.join(",") }
 }
 
 /// `skein logs`.

@@ -170,3 +170,88 @@ fn session_chat_works_with_a_remote_endpoint_agent() {
     assert_eq!(whole_answered.load(Ordering::SeqCst), 3);
     drop(tasks);
 }
+
+/// Two agents on the tiny model (one instance serves both), greedy, one step each.
+const STORY: &str = r#"
+name: story
+agents:
+  writer: { model: { repo: skein-test/tiny-llama, context: 256 }, temperature: 0, max_tokens: 8 }
+  editor: { model: { repo: skein-test/tiny-llama, context: 256 }, temperature: 0, max_tokens: 8, system: "Edit." }
+steps:
+  - { id: draft, agent: writer, prompt: "Tell me about GPUs" }
+  - { id: edit, agent: editor, after: [draft], prompt: "Edit: {{ steps.draft.output }}" }
+"#;
+
+#[test]
+fn one_warm_instance_serves_the_run_the_openai_route_and_sessions_on_its_model() {
+    let lab = Lab::new(env!("CARGO_BIN_EXE_skein"));
+    let _server = lab.server();
+    let _agent = lab.agent("laptop");
+    lab.nodes_up(1);
+    let file = write(lab.dir(), "story.yaml", STORY);
+    let run = run_to_the_end(&lab, &file);
+    let instances = || -> Vec<Value> {
+        let listed = lab.cli(&["instances", "--output", "json"]);
+        assert!(listed.status.success(), "{}", stderr(&listed));
+        serde_json::from_str::<Value>(&stdout(&listed))
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let warm = instances();
+    assert_eq!(warm.len(), 1, "{warm:#?}");
+    let name = warm[0]["name"].as_str().unwrap().to_owned();
+    assert_eq!(warm[0]["run"], Value::Null, "the run ended: its instance is warm");
+    assert_eq!(warm[0]["runs"], json!([run]));
+
+    // The run's agent by name on the OpenAI route, after the run ended.
+    let (status, body) = lab.post(
+        "/v1/chat/completions",
+        &json!({"model": "writer", "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]}),
+    );
+    assert_eq!(status, 200, "{body:#}\n{}", lab.logs(30));
+    // A session on the same model, named alone (the language's default context is
+    // larger than the instance's: any context of the model will do), and one on the
+    // run's agent.
+    let mut sessions = Vec::new();
+    let run_agent = ["session", "create", "--agent", "editor", "--run", run.as_str()];
+    for args in [
+        &["session", "create", "--model", "skein-test/tiny-llama"][..],
+        &run_agent[..],
+    ] {
+        let created = lab.cli(args);
+        assert!(created.status.success(), "{args:?}: {}", stderr(&created));
+        let id = stdout(&created).trim().to_owned();
+        let said = lab.cli(&["session", "chat", &id, "--message", "hello there"]);
+        assert!(said.status.success(), "{}\n{}", stderr(&said), lab.logs(30));
+        sessions.push(id);
+    }
+
+    let now = instances();
+    assert_eq!(
+        now.iter().map(|i| i["name"].as_str().unwrap()).collect::<Vec<_>>(),
+        [name.as_str()],
+        "one instance serves them all: {now:#?}"
+    );
+    assert_eq!(now[0]["runs"], json!([run]), "{:#}", now[0]);
+    let mut bound: Vec<String> = now[0]["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_owned())
+        .collect();
+    bound.sort();
+    sessions.sort();
+    assert_eq!(bound, sessions, "{:#}", now[0]);
+
+    // `skein instances` says who uses it.
+    let table = lab.cli(&["instances"]);
+    assert!(table.status.success(), "{}", stderr(&table));
+    let table = stdout(&table);
+    assert!(table.contains("USED BY"), "{table}");
+    let row = table.lines().find(|l| l.starts_with(&name)).unwrap();
+    for user in sessions.iter().chain([&run]) {
+        assert!(row.contains(user.as_str()), "{user} in {table}");
+    }
+}

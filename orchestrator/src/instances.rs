@@ -183,6 +183,19 @@ pub struct InstanceView {
     /// exactly this may use it while it is warm.
     #[serde(skip)]
     pub warm_key: String,
+    /// The model instance of the plan it was started for (model, merged requirement,
+    /// constraints): what sessions and the OpenAI routes match against to reuse it
+    /// (`run::executor::serves`). `None` for one no plan of this server started.
+    #[serde(skip)]
+    pub serves: Option<Arc<crate::plan::demand::Instance>>,
+    /// Every run it has served since it started, first use first: the run it was
+    /// started for or that claimed it warm, and runs whose agents were called through
+    /// it (a session on a run's agent, the OpenAI route by agent name). `run` is the one
+    /// that holds it now.
+    pub runs: Vec<String>,
+    /// The sessions bound to it now (those the caller may see), filled in by
+    /// `GET /v1/instances` from the session store.
+    pub sessions: Vec<String>,
     /// Since when no run uses it (kept warm for the next one).
     #[serde(skip)]
     pub idle_since: Option<std::time::Instant>,
@@ -234,6 +247,8 @@ pub struct InstanceRequest {
     pub held: Vec<(u32, u64)>,
     /// What it serves, for reuse by later runs (see [`InstanceView::warm_key`]).
     pub warm_key: String,
+    /// What it serves, for reuse by sessions (see [`InstanceView::serves`]).
+    pub serves: Option<Arc<crate::plan::demand::Instance>>,
     /// The reflex adding it as a replica, if one is.
     pub clone_of: Option<String>,
     /// The plan it is started from.
@@ -703,6 +718,22 @@ impl Instances {
         }
     }
 
+    /// A request of `run`'s agent went to the instance `name` (a session on the run's
+    /// agent, a call of the agent by name): the run is among its
+    /// [`InstanceView::runs`] from now on.
+    pub fn served_run(&self, name: &str, run: &str) {
+        let added = match lock(&self.entries).get_mut(name) {
+            Some(entry) if !entry.view.runs.iter().any(|r| r == run) => {
+                entry.view.runs.push(run.to_owned());
+                true
+            }
+            _ => false,
+        };
+        if added {
+            self.bump();
+        }
+    }
+
     /// Who has used the instance `name`, and the run it serves now (whose owner is one
     /// of its users too); `None` for an unknown instance.
     pub fn log_readers(&self, name: &str) -> Option<(LogReaders, Option<String>)> {
@@ -762,6 +793,9 @@ impl Instances {
         })?;
         entry.view.run = Some(run.to_owned());
         entry.view.idle_since = None;
+        if !entry.view.runs.iter().any(|r| r == run) {
+            entry.view.runs.push(run.to_owned());
+        }
         Some(entry.view.clone())
     }
 
@@ -960,6 +994,8 @@ fn requested_view(request: &InstanceRequest) -> InstanceView {
     view.placement.clone_from(&request.placement);
     view.part_of.clone_from(&request.part_of);
     view.warm_key.clone_from(&request.warm_key);
+    view.serves.clone_from(&request.serves);
+    view.runs = request.run.iter().cloned().collect();
     view
 }
 
@@ -991,6 +1027,9 @@ fn new_view(name: &str, node: &NodeId, node_name: &str) -> InstanceView {
         pieces: Vec::new(),
         failed_on: None,
         warm_key: String::new(),
+        serves: None,
+        runs: Vec::new(),
+        sessions: Vec::new(),
         idle_since: None,
         engine_key: None,
     }
@@ -1066,6 +1105,7 @@ mod tests {
             estimated_bytes: 0,
             held: Vec::new(),
             warm_key: String::new(),
+            serves: None,
             clone_of: None,
             placement: None,
             part_of: None,

@@ -310,11 +310,27 @@ fn run_stream(state: ApiState, id: String) -> impl Stream<Item = Result<Event, I
     )
 }
 
-/// Every model instance, its state, placement and measured memory.
+/// Every model instance, its state, placement and measured memory, and who uses it:
+/// the runs it has served and the sessions bound to it (of the caller; an admin: all).
 #[utoipa::path(get, operation_id = "list_instances", path = "/v1/instances", tag = "runs",
     responses((status = 200, description = "The instances", body = Vec<InstanceView>)))]
-async fn instances(State(state): State<ApiState>) -> Response {
-    axum::Json(state.instances.list()).into_response()
+async fn instances(State(state): State<ApiState>, Extension(principal): Extension<Principal>) -> Response {
+    let mut list = state.instances.list();
+    let names: Vec<String> = list.iter().map(|i| i.name.clone()).collect();
+    let bound = match state.sessions.bound_to(&names) {
+        Ok(bound) => bound,
+        Err(e) => return ApiError::from(e).into_response(),
+    };
+    for session in bound.into_iter().filter(|s| principal.may_see(&s.owner)) {
+        if let Some(instance) = session
+            .binding
+            .as_ref()
+            .and_then(|b| list.iter_mut().find(|i| i.name == b.instance))
+        {
+            instance.sessions.push(session.id);
+        }
+    }
+    axum::Json(list).into_response()
 }
 
 /// Memory instances really used once loaded, beside the plan's estimate.

@@ -402,13 +402,21 @@ impl Executor {
 
     /// A ready model instance serving `agent` as `definition` says, for sessions and the
     /// OpenAI-compatible routes: a live instance that serves exactly the same model
-    /// (warm, or used by a run: engines serve many clients) where `pin` allows, else a
-    /// new one planned on the live graph within `pin`, started, and waited for. A new
-    /// instance belongs to no run: it stays warm while it is used
-    /// ([`Instances::touch`]) and is stopped when idle, as warm instances are.
+    /// ([`serves`]: warm, or used by a run: engines serve many clients) where `pin`
+    /// allows, else a new one planned on the live graph within `pin`, started, and
+    /// waited for. `context` says whether the definition's context was asked for (an
+    /// agent's) or is the language's default (a model named alone), which any instance
+    /// of the model serves. A new instance belongs to no run: it stays warm while it is
+    /// used ([`Instances::touch`]) and is stopped when idle, as warm instances are.
     ///
     /// Errors: [`ProvideError`].
-    pub async fn provide(&self, agent: &str, definition: &Agent, pin: &Pin) -> Result<InstanceView, ProvideError> {
+    pub async fn provide(
+        &self,
+        agent: &str,
+        definition: &Agent,
+        pin: &Pin,
+        context: ContextWanted,
+    ) -> Result<InstanceView, ProvideError> {
         if matches!(definition.backend, Backend::Endpoint(_)) {
             return Err(ProvideError::Endpoint(agent.to_owned()));
         }
@@ -434,20 +442,29 @@ impl Executor {
             reflexes: Vec::new(),
             placement: skein_dsl::ir::Placement::default(),
         };
-        let key = crate::plan::demand::instances(&workflow)
-            .first()
-            .map(warm_key)
-            .unwrap_or_default();
+        let wanted = crate::plan::demand::instances(&workflow).into_iter().next();
+        let key = wanted.as_ref().map(warm_key).unwrap_or_default();
         // One placement per model at a time: concurrent first messages share it.
-        let gate = Arc::clone(lock(&self.inner.provides).entry(key.clone()).or_default());
+        let gate = Arc::clone(
+            lock(&self.inner.provides)
+                .entry(wanted.as_ref().map(|w| w.key.clone()).unwrap_or_default())
+                .or_default(),
+        );
         let _turn = gate.lock().await;
-        let live = |v: &InstanceView| v.warm_key == key && v.state == InstanceState::Ready && pin.admits(v);
+        let live = |v: &InstanceView| {
+            v.state == InstanceState::Ready
+                && v.base_url.is_some()
+                && pin.admits(v)
+                && (v.warm_key == key || wanted.as_ref().is_some_and(|w| serves(v, w, context)))
+        };
+        // The one planned for exactly this first, then the one with the largest context.
         let found = self
             .inner
             .instances
             .filter(live)
             .into_iter()
-            .find(|v| !self.on_drained(v));
+            .filter(|v| !self.on_drained(v))
+            .max_by_key(|v| (v.warm_key == key, v.placement.as_ref().map_or(0, |p| p.context)));
         if let Some(view) = found {
             return Ok(self.inner.instances.touch(&view.name).unwrap_or(view));
         }
@@ -895,17 +912,18 @@ impl Executor {
             let name = format!("{prefix}-{}", planned.instance.replace('+', "-"));
             let launch = launch::start_instance(&name, planned, models, &snapshot, self.inner.config.seed)
                 .map_err(|e| e.to_string())?;
-            let warm_key = crate::plan::demand::instances(workflow)
-                .iter()
+            let serves = crate::plan::demand::instances(workflow)
+                .into_iter()
                 .find(|i| i.agents == planned.agents)
-                .map(warm_key)
-                .unwrap_or_default();
+                .map(Arc::new);
+            let warm_key = serves.as_deref().map(warm_key).unwrap_or_default();
             let (node_name, start, split) = match launch {
                 launch::Launch::One { node, start } => (node, start, None),
                 launch::Launch::Split(split) => (split.node.clone(), split.template().clone(), Some(split)),
             };
             let request = InstanceRequest {
                 warm_key,
+                serves,
                 node: node_id(&node_name),
                 node_name,
                 run: run.map(str::to_owned),
@@ -1067,6 +1085,7 @@ impl Executor {
                     _ => None,
                 };
                 let owner = run.owner.clone();
+                let run_id = run.id.clone();
                 let executor = self.clone();
                 attempts.spawn(async move {
                     // An endpoint agent's requests count under the agent, as reflexes read them.
@@ -1085,7 +1104,6 @@ impl Executor {
                         Ok(route) => call(&clients, &route, request.0, request.1).await,
                         Err(error) => Err(error),
                     };
-                    let run_id = run.id.clone();
                     if let (Some(flight), Ok(answer)) = (flight, &answer) {
                         flight.done(answer.usage.map_or(0, |u| u.completion_tokens));
                     }
@@ -1222,6 +1240,42 @@ fn why(detail: &str) -> String {
 /// whose agents need the same model, requirement and constraints.
 fn warm_key(instance: &crate::plan::demand::Instance) -> String {
     format!("{}|{:?}|{:?}", instance.key, instance.requirement, instance.max_gpus)
+}
+
+/// Whether a session or request may use a model's context of the language's default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContextWanted {
+    /// The agent's context was asked for: the instance must hold at least as much.
+    AtLeast,
+    /// A model named alone: any context of an instance of the model will do (the
+    /// history sent is then cut to the instance's context).
+    Any,
+}
+
+/// Whether the ready instance `view` serves `wanted` (a session's or a request's model
+/// instance) exactly enough to be shared (docs/sessions.md, "Which instance serves"):
+/// the same repository, revision and pinned variants; a variant whose format, precision
+/// tier and engine `wanted` accepts; at least its context (unless [`ContextWanted::Any`]);
+/// the same GPU constraints, or none asked, and no more GPUs than it allows. Concurrency
+/// and preference do not count: a session or a request is one sequence more.
+pub fn serves(view: &InstanceView, wanted: &crate::plan::demand::Instance, context: ContextWanted) -> bool {
+    let (Some(has), Some(planned)) = (view.serves.as_deref(), view.placement.as_deref()) else {
+        return false;
+    };
+    let asked = &wanted.requirement;
+    let format = if planned.variant.to_ascii_lowercase().ends_with(".gguf") {
+        skein_dsl::ir::WeightFormat::Gguf
+    } else {
+        skein_dsl::ir::WeightFormat::Safetensors
+    };
+    let gpus = planned.devices.iter().filter(|d| d.gpu.is_some()).count();
+    has.key == wanted.key
+        && asked.formats.contains(&format)
+        && planned.precision >= asked.min_precision
+        && (asked.engines.is_empty() || asked.engines.iter().any(|e| e.plan_name() == planned.engine))
+        && (context == ContextWanted::Any || planned.context >= u64::from(asked.context))
+        && (asked.gpu == skein_dsl::ir::GpuConstraints::default() || asked.gpu == has.requirement.gpu)
+        && wanted.max_gpus.is_none_or(|most| gpus <= most as usize)
 }
 
 /// Remote endpoints, keyed by agent: called directly (their keys are read from the
@@ -1435,5 +1489,122 @@ fn off_worker<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
         _ => f(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::demand;
+
+    /// The model instance of a one-agent workflow whose agent reads `model`.
+    fn wanted(model: &str) -> demand::Instance {
+        let text =
+            format!("name: w\nagents:\n  a: {{ model: {model} }}\nsteps:\n  - {{ id: s, agent: a, prompt: x }}\n");
+        let parsed = skein_dsl::parse("w.yaml", &text);
+        let workflow = parsed.workflow.unwrap_or_else(|| panic!("{:?}", parsed.diagnostics));
+        demand::instances(&workflow).remove(0)
+    }
+
+    /// A ready instance started for `started`, planned on the CPU with `context`, the
+    /// variant `variant` at `precision` on `engine`.
+    fn instance(started: &str, context: u64, variant: &str, precision: &str, engine: &str) -> InstanceView {
+        let instances = Instances::default();
+        let serves = Arc::new(wanted(started));
+        let planned: crate::plan::PlannedInstance = serde_json::from_value(serde_json::json!({
+            "instance": "a", "agents": ["a"], "model": serves.requirement.repo, "replica": 1, "replicas": 1,
+            "context": context, "concurrency": 1, "variant": variant, "precision": precision,
+            "quantization": "x", "engine": engine, "family": "cpu",
+            "layout": {"tensor_parallel": 1, "pipeline_stages": 1, "layer_partition": []},
+            "devices": [], "tokens_per_s": 1.0, "slow": true, "score": 0, "why": [], "rejected": [],
+        }))
+        .unwrap();
+        let _not_connected = instances.start(InstanceRequest {
+            node: NodeId("n".to_owned()),
+            node_name: "n".to_owned(),
+            run: None,
+            agents: vec!["a".to_owned()],
+            engine: engine.to_owned(),
+            variant: variant.to_owned(),
+            estimated_bytes: 0,
+            held: Vec::new(),
+            warm_key: warm_key(&serves),
+            serves: Some(serves),
+            clone_of: None,
+            placement: Some(Arc::new(planned)),
+            part_of: None,
+            start: skein_proto::agent::v1::StartInstance {
+                instance: "i".to_owned(),
+                ..Default::default()
+            },
+        });
+        instances.get("i").unwrap()
+    }
+
+    #[test]
+    fn an_instance_serves_the_same_model_within_what_it_was_planned_for() {
+        let run = instance("{ repo: o/m, context: 256 }", 256, "o/m", "fp32", "candle");
+        // Concurrency and preference do not count; a smaller context does.
+        assert!(serves(
+            &run,
+            &wanted("{ repo: o/m, context: 128, concurrency: 4 }"),
+            ContextWanted::AtLeast
+        ));
+        assert!(serves(
+            &run,
+            &wanted("{ repo: o/m, context: 256, prefer: speed }"),
+            ContextWanted::AtLeast
+        ));
+        // More context than it holds: only when none was asked (a model named alone).
+        assert!(!serves(&run, &wanted("o/m"), ContextWanted::AtLeast));
+        assert!(serves(&run, &wanted("o/m"), ContextWanted::Any));
+        // Another model, revision or pinned variant.
+        assert!(!serves(&run, &wanted("p/m"), ContextWanted::Any));
+        assert!(!serves(
+            &run,
+            &wanted("{ repo: o/m, revision: v2 }"),
+            ContextWanted::Any
+        ));
+        // A variant the request does not accept: format, precision, engine.
+        assert!(!serves(
+            &run,
+            &wanted("{ repo: o/m, formats: [gguf] }"),
+            ContextWanted::Any
+        ));
+        assert!(!serves(
+            &run,
+            &wanted("{ repo: o/m, engines: [llama.cpp] }"),
+            ContextWanted::Any
+        ));
+        let gguf = instance(
+            "{ repo: o/m, formats: [gguf] }",
+            4096,
+            "o/m:m-Q4_K_M.gguf",
+            "int4",
+            "llama.cpp",
+        );
+        assert!(serves(
+            &gguf,
+            &wanted("{ repo: o/m, formats: [gguf] }"),
+            ContextWanted::AtLeast
+        ));
+        assert!(!serves(
+            &gguf,
+            &wanted("{ repo: o/m, min_precision: int8 }"),
+            ContextWanted::Any
+        ));
+        // Other GPU constraints than it was placed under; none asked is fine.
+        assert!(!serves(
+            &run,
+            &wanted("{ repo: o/m, gpu: { models: [A100] } }"),
+            ContextWanted::Any
+        ));
+        let a100 = instance("{ repo: o/m, gpu: { models: [A100] } }", 4096, "o/m", "bf16", "vllm");
+        assert!(serves(&a100, &wanted("o/m"), ContextWanted::AtLeast));
+        assert!(serves(
+            &a100,
+            &wanted("{ repo: o/m, gpu: { models: [A100] } }"),
+            ContextWanted::AtLeast
+        ));
     }
 }

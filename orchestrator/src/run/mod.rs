@@ -8,5 +8,5 @@ pub mod launch;
 pub mod record;
 pub mod split;
 
-pub use executor::{Executor, ExecutorConfig, Pin, ProvideError, SubmitError};
+pub use executor::{ContextWanted, Executor, ExecutorConfig, Pin, ProvideError, SubmitError};
 pub use record::{RunRecord, RunState, StepRecord, StepState};

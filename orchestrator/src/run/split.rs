@@ -145,6 +145,7 @@ async fn bring_up(instances: Arc<Instances>, variant: String, split: SplitLaunch
                 estimated_bytes: piece.held.iter().map(|h| h.1).sum(),
                 held: piece.held.clone(),
                 warm_key: String::new(),
+                serves: None,
                 clone_of: None,
                 placement: None,
                 part_of: Some(replica.clone()),

@@ -24,7 +24,7 @@ use crate::auth::Principal;
 use crate::engine_client::{self, Answer, CallError, Route};
 use crate::instances::{InstanceState, InstanceView, Instances};
 use crate::run::executor::unix_ms;
-use crate::run::{Executor, Pin, ProvideError};
+use crate::run::{ContextWanted, Executor, Pin, ProvideError};
 use crate::store::StoreError;
 
 /// The most messages a page of messages holds.
@@ -487,6 +487,8 @@ impl Sessions {
             }
             Target::Model(model) => (model.clone(), model_agent(model)?, None),
         };
+        let context = context_wanted(run.as_deref());
+        let served = run.clone();
         // An endpoint's key is the secret of the run's owner.
         let owner = match &run {
             Some(run) => match self.inner.executor.get(run)? {
@@ -505,12 +507,13 @@ impl Sessions {
                 let view = self
                     .inner
                     .executor
-                    .provide(&agent, &definition, &Pin::Anywhere)
+                    .provide(&agent, &definition, &Pin::Anywhere, context)
                     .await
                     .map_err(provide_error)?;
                 instance_route(view)?
             }
         };
+        self.note_run(&route, served.as_deref());
         let has_system = messages.iter().any(|m| m.role == Role::System);
         let mut sent = Vec::new();
         if let (false, Some(system)) = (has_system, &definition.system) {
@@ -634,11 +637,12 @@ impl Sessions {
                 replayed: appended.replayed,
             });
         }
-        let mut budget = history_budget(&session.definition, turn.sampling.max_tokens);
-        let mut history = store.recent(id, budget)?;
-        let mut body = self.request_body(&session.definition, &history, &turn);
         let (mut route, bound) = self.route(&session, &Pin::Anywhere).await?;
         session = bound.unwrap_or(session);
+        self.note_run(&route, session.run.as_deref());
+        let mut budget = self.turn_budget(&session.definition, turn.sampling.max_tokens, &route);
+        let mut history = store.recent(id, budget)?;
+        let mut body = self.request_body(&session.definition, &history, &turn);
         let mut answer = self
             .call(
                 &route,
@@ -660,6 +664,7 @@ impl Sessions {
                 None => Pin::Anywhere,
             };
             (route, _) = self.route_fresh(&session, &avoid).await?;
+            self.note_run(&route, session.run.as_deref());
             answer = self
                 .call(
                     &route,
@@ -753,7 +758,12 @@ impl Sessions {
             _ => self
                 .inner
                 .executor
-                .provide(&session.agent, &session.definition, &pin)
+                .provide(
+                    &session.agent,
+                    &session.definition,
+                    &pin,
+                    context_wanted(session.run.as_deref()),
+                )
                 .await
                 .map_err(provide_error)?,
         };
@@ -802,7 +812,12 @@ impl Sessions {
         let view = self
             .inner
             .executor
-            .provide(&session.agent, &session.definition, pin)
+            .provide(
+                &session.agent,
+                &session.definition,
+                pin,
+                context_wanted(session.run.as_deref()),
+            )
             .await
             .map_err(provide_error)?;
         let base_url = view
@@ -841,6 +856,7 @@ impl Sessions {
     async fn call(
         &self,
         route: &Route,
+        serves: Option<(&str, &str)>,
         session: Option<&str>,
         user: &str,
         body: serde_json::Value,
@@ -858,7 +874,6 @@ impl Sessions {
         let flight = counted.map(|key| self.inner.instances.load().begin(&key, session));
         let answer = match tokens {
             Some(tokens) => {
-        serves: Option<(&str, &str)>,
                 engine_client::call_streaming(self.inner.executor.clients(), route, body, timeout, tokens).await
             }
             None => engine_client::call(self.inner.executor.clients(), route, body, timeout).await,
@@ -895,6 +910,34 @@ impl Sessions {
         }
     }
 
+    /// `run`'s agent sent a request to the instance of `route` (if it is one): the run
+    /// is among the runs it served.
+    fn note_run(&self, route: &Route, run: Option<&str>) {
+        if let (Some(instance), Some(run)) = (&route.instance, run) {
+            self.inner.instances.served_run(instance, run);
+        }
+    }
+
+    /// The bytes of history a turn on `route` may send: [`history_budget`], within the
+    /// context the instance was planned with (a session on a model named alone may be
+    /// served by an instance of a smaller context than the default).
+    fn turn_budget(&self, agent: &Agent, max_tokens: Option<u32>, route: &Route) -> usize {
+        let budget = history_budget(agent, max_tokens);
+        let planned = route
+            .instance
+            .as_deref()
+            .and_then(|name| self.inner.instances.get(name))
+            .and_then(|view| view.placement.as_ref().map(|p| p.context));
+        match planned {
+            Some(context) => {
+                let reply = u64::from(max_tokens.or(agent.max_tokens).unwrap_or(0));
+                let bytes = context.saturating_sub(reply).saturating_mul(BYTES_PER_TOKEN as u64);
+                budget.min(usize::try_from(bytes).unwrap_or(usize::MAX))
+            }
+            None => budget,
+        }
+    }
+
     /// The chat request of a turn: the agent's system prompt, then `history` (the most
     /// recent messages that fit the model's context, [`history_budget`]).
     fn request_body(&self, agent: &Agent, history: &[MessageRecord], turn: &Turn) -> serde_json::Value {
@@ -928,6 +971,15 @@ fn engine_error(e: CallError) -> SessionError {
     match e {
         CallError::Refused(message) | CallError::Denied(message) => SessionError::Invalid(message),
         other => SessionError::Engine(other.to_string()),
+    }
+}
+
+/// What context a session or request of `run` (none: a model named alone) asks of an
+/// instance: its agent's, or any.
+fn context_wanted(run: Option<&str>) -> ContextWanted {
+    match run {
+        Some(_) => ContextWanted::AtLeast,
+        None => ContextWanted::Any,
     }
 }
 
