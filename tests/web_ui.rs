@@ -6,7 +6,13 @@
 //! playwright-core: the GPUs and links appear with their memory and bandwidth, the
 //! fleet's load shows on the right GPU within 2 s of its sample, the lab workflow's
 //! shards show on the GPUs its instances hold, a user sees only their own runs and
-//! sessions and moves a session from the page, and a lost connection recovers.
+//! sessions and moves a session from the page, and a lost connection recovers. Items of
+//! issue 27 too: free memory per card and fleet-wide, health tints and nvtop levels, a
+//! minimum zoom, the sortable GPU table, one PCIe bus per node, split replicas marked
+//! (one split across rtx-1 and old-1, end to end), stale values greyed, sparklines
+//! preloaded, a phone-sized window, the favicon, the remembered token; an 8-GPU node
+//! (dgx.yaml's, joined at the end) wraps its GPUs into rows. Any console error, failed
+//! request or 4xx/5xx answer fails it.
 //!
 //! `web/tests/install.sh` installs Chromium and playwright-core first (once). The
 //! screenshots are left in `target/web-artifacts/`.
@@ -32,6 +38,11 @@ fn the_page_in_a_real_browser() {
         "web/tests/install.sh failed: the browser tests need Debian's chromium and npm"
     );
 
+    // The pieces of a GGUF model split across nodes are llama.cpp RPC servers; the fake
+    // engine stands in for them (it listens on its port), so that a split replica's
+    // pieces start on their nodes and hold their GPUs.
+    // SAFETY: set before this test starts any thread or process that reads it.
+    unsafe { std::env::set_var("SKEIN_RPC_SERVER", skein_testkit::fake_engine_path()) };
     let lab = Lab::with_repos(
         env!("CARGO_BIN_EXE_skein"),
         skein_testkit::models::reference_hub_repos(),
@@ -39,6 +50,7 @@ fn the_page_in_a_real_browser() {
     lab.hub().hold_large_downloads();
     let fleet = root.join("workflows/fleets/lab.yaml");
     let mut up = lab.up(&fleet);
+    let mut dgx = None;
     lab.nodes_up(4);
 
     let artifacts = root.join("target/web-artifacts");
@@ -85,6 +97,10 @@ fn the_page_in_a_real_browser() {
                 up = lab.up(&fleet);
                 writeln!(answers, "started").unwrap();
             }
+            "@dgx" => {
+                dgx = Some(lab.simulated_agent(&root.join("workflows/fleets/dgx.yaml"), "dgx-1"));
+                writeln!(answers, "dgx").unwrap();
+            }
             _ => {}
         }
     }
@@ -96,5 +112,6 @@ fn the_page_in_a_real_browser() {
         artifacts.display(),
         lab.logs(60)
     );
+    drop(dgx);
     drop(up);
 }

@@ -6,8 +6,14 @@
 (() => {
   const TOKEN_KEY = "skein.token";
   const HISTORY = 120; // samples kept per GPU for the sparklines (the server keeps as many)
-  const GPU_W = 212;
-  const GPU_H = 124;
+  const GPU_W = 232;
+  const GPU_H = 150;
+  const GPU_COLS = 4; // GPUs per row inside a node box
+  const GPU_GAP = 14; // between cards of a row
+  const ROW_GAP = 46; // between rows: room for an NVLink band and the next PCIe branch
+  const NODE_PAD = 14;
+  const BUS_Y = 62; // the PCIe bus label, under the node's title lines
+  const GPU_TOP = BUS_Y + 22 + 26; // the first row of GPUs
   const COLLAPSED_W = 300;
   const COLLAPSED_H = 96;
   const AUTO_COLLAPSE_GPUS = 256; // beyond this, nodes open collapsed
@@ -15,7 +21,7 @@
   const GONE = new Set(["stopped", "lost", "failed"]);
 
   const state = {
-    token: sessionStorage.getItem(TOKEN_KEY) || "",
+    token: localStorage.getItem(TOKEN_KEY) || sessionStorage.getItem(TOKEN_KEY) || "",
     user: "",
     admin: false,
     sampleIntervalMs: 1000,
@@ -37,6 +43,10 @@
     allDirty: false,
     frame: 0,
     connection: null, // AbortController of the live stream
+    lastUpdate: 0, // when the last event arrived (ms)
+    table: false, // the GPU table shown instead of the graph
+    sort: { key: "name", descending: false }, // the GPU table's order
+    samplesLoaded: false, // the server's recent samples merged since the last `graph`
   };
 
   // ---------------------------------------------------------------- helpers
@@ -65,18 +75,18 @@
     return e;
   }
 
-  /** A colour per model instance: the ten of Tableau's palette (d3.schemeTableau10)
-   *  in the order instances first appear, then hues from the name's hash. */
+  /** A colour per model instance (a piece of a replica split across nodes takes its
+   *  replica's), the same on every load (from a hash of its name),
+   *  from a palette of blues, cyans, magentas and browns: never the health colours
+   *  (green, yellow, red, purple) nor grey. */
+  const PALETTE = ["#1f5fa8", "#0e7c86", "#b0307f", "#8a5a2b", "#3d52a0", "#0b8fb3", "#7a2f8f", "#2e6f8e", "#2a7ab0", "#a23b5f", "#5b6bbf", "#00707a"];
   const colours = new Map();
   function colourOf(name) {
     let colour = colours.get(name);
     if (!colour) {
-      if (colours.size < d3.schemeTableau10.length) colour = d3.schemeTableau10[colours.size];
-      else {
-        let hash = 2166136261;
-        for (let i = 0; i < name.length; i++) hash = Math.imul(hash ^ name.charCodeAt(i), 16777619);
-        colour = `hsl(${(hash >>> 0) % 360}, 60%, 42%)`;
-      }
+      let hash = 2166136261;
+      for (let i = 0; i < name.length; i++) hash = Math.imul(hash ^ name.charCodeAt(i), 16777619);
+      colour = PALETTE[(hash >>> 0) % PALETTE.length];
       colours.set(name, colour);
     }
     return colour;
@@ -114,6 +124,8 @@
     state.token = $("token").value.trim();
     if (!state.token) return;
     sessionStorage.setItem(TOKEN_KEY, state.token);
+    if ($("remember").checked) localStorage.setItem(TOKEN_KEY, state.token);
+    else localStorage.removeItem(TOKEN_KEY);
     $("token").value = "";
     $("login").close();
     connect();
@@ -121,6 +133,7 @@
   $("login").addEventListener("cancel", (e) => e.preventDefault());
   $("sign-out").addEventListener("click", () => {
     sessionStorage.removeItem(TOKEN_KEY);
+    localStorage.removeItem(TOKEN_KEY);
     state.token = "";
     $("who").textContent = "";
     $("sign-out").hidden = true;
@@ -128,10 +141,15 @@
   });
 
   // ---------------------------------------------------------------- live stream
+  /** Shows the connection's state; while it is lost the page's values are greyed
+   *  (they are as of the last update, whose time is shown). */
   function setConnection(kind, text) {
     const e = $("connection");
     e.dataset.state = kind;
-    e.textContent = text;
+    const stale = kind === "lost" && state.lastUpdate > 0;
+    document.body.classList.toggle("stale", stale);
+    e.dataset.lastUpdate = state.lastUpdate || "";
+    e.textContent = stale ? `${text} · values as of ${fmtTime(state.lastUpdate)}` : text;
   }
 
   /** Reads `/v1/live` (fetch, so the token travels in a header), and reconnects by
@@ -215,6 +233,7 @@
   }
 
   function dispatch(name, data) {
+    state.lastUpdate = Date.now();
     switch (name) {
       case "hello":
         state.user = data.user;
@@ -227,6 +246,7 @@
         state.nodes = new Map(data.nodes.map((n) => [n.id, n]));
         for (const node of data.nodes) recordSamples(node.inventory.name, node.gpus.map((g) => [g.facts.index, g.latest]));
         graphChanged();
+        loadAllHistory();
         break;
       case "node":
         state.nodes.set(data.id, data);
@@ -279,8 +299,31 @@
       if (!ring) state.history.set(key, (ring = []));
       const last = ring[ring.length - 1];
       if (last && last.t >= s.unix_ms) continue;
-      ring.push({ t: s.unix_ms, util: s.utilization_pct, temp: s.temperature_c, used: s.memory_used });
+      ring.push({ t: s.unix_ms, util: s.utilization_pct, temp: s.temperature_c, used: s.memory_used, power: s.power_mw });
       if (ring.length > HISTORY) ring.splice(0, ring.length - HISTORY);
+    }
+  }
+
+  /** Every GPU's recent samples from the server (`GET /v1/graph/samples`, one
+   *  request), so the sparklines start with the last minutes rather than empty. */
+  async function loadAllHistory() {
+    try {
+      const answer = await api("/v1/graph/samples");
+      const at = Object.fromEntries(answer.columns.map((c, i) => [c, i]));
+      for (const node of answer.nodes) {
+        for (const gpu of node.gpus) {
+          const key = gpuKey(node.node, gpu.index);
+          const ring = gpu.samples.map((r) => ({ t: r[at.unix_ms], util: r[at.utilization_pct], temp: r[at.temperature_c], used: r[at.memory_used], power: r[at.power_mw] }));
+          const live = (state.history.get(key) || []).filter((p) => !ring.length || p.t > ring[ring.length - 1].t);
+          state.history.set(key, ring.concat(live).slice(-HISTORY));
+        }
+      }
+      state.samplesLoaded = true;
+      state.allDirty = true;
+      scheduleDraw();
+      if (state.selected?.kind === "gpu") renderDetails(true);
+    } catch (error) {
+      // The sparklines then start with the live samples.
     }
   }
 
@@ -319,8 +362,24 @@
 
   const svg = d3.select("#graph");
   const viewport = svg.append("g").attr("class", "viewport");
-  const zoom = d3.zoom().scaleExtent([0.05, 4]).on("zoom", (e) => viewport.attr("transform", e.transform));
+  /** The smallest zoom: the graph's smallest text (11 px) stays at 9 px or more; a
+   *  fleet larger than the window scrolls instead of shrinking. */
+  const MIN_TEXT_PX = 11;
+  const MIN_ZOOM = Math.ceil((9 / MIN_TEXT_PX) * 1000) / 1000;
+  const zoom = d3.zoom().scaleExtent([MIN_ZOOM, 4])
+    // The wheel scrolls (pans); Ctrl or ⌘ with the wheel zooms, as on a map.
+    .filter((e) => (e.type === "wheel" ? e.ctrlKey || e.metaKey : !e.ctrlKey && !e.button))
+    .on("zoom", (e) => {
+      viewport.attr("transform", e.transform);
+      $("graph").dataset.scale = e.transform.k.toFixed(3);
+    });
   svg.call(zoom).on("dblclick.zoom", null);
+  svg.on("wheel.pan", (e) => {
+    if (e.ctrlKey || e.metaKey) return;
+    e.preventDefault();
+    const k = d3.zoomTransform(svg.node()).k;
+    zoom.translateBy(svg, -(e.shiftKey ? e.deltaY : e.deltaX) / k, -(e.shiftKey ? 0 : e.deltaY) / k);
+  });
   const elk = new ELK();
 
   function nodesInOrder() {
@@ -366,6 +425,26 @@
   }
 
   const textWidth = (text, px = 11) => Math.ceil(text.length * px * 0.6) + 8;
+  const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+
+  /** Where a node's parts go inside its box: one PCIe bus (a label, a trunk down the
+   *  left, a branch above each row, a drop to each GPU), GPUs in rows of at most
+   *  `GPU_COLS`, and each NVLink island as a band under its members. */
+  function nodeLayout(node) {
+    const n = node.gpus.length;
+    const cols = Math.max(1, Math.min(GPU_COLS, n));
+    const rows = Math.max(1, Math.ceil(n / cols));
+    const cards = node.gpus.map((g, i) => ({
+      index: g.facts.index,
+      x: NODE_PAD + (i % cols) * (GPU_W + GPU_GAP),
+      y: GPU_TOP + Math.floor(i / cols) * (GPU_H + ROW_GAP),
+      row: Math.floor(i / cols),
+    }));
+    const islands = nvlinkGroups(node);
+    const width = Math.max(320, NODE_PAD + cols * GPU_W + (cols - 1) * GPU_GAP + NODE_PAD + 12);
+    const height = GPU_TOP + rows * GPU_H + (rows - 1) * ROW_GAP + (islands.length ? 34 : 0) + NODE_PAD;
+    return { cols, rows, cards, islands, width, height };
+  }
 
   function elkGraph() {
     const children = [{ id: "net", width: 130, height: 54 }];
@@ -373,41 +452,11 @@
     for (const node of nodesInOrder()) {
       const label = networkLabel(node);
       edges.push({ id: `net>${node.id}`, sources: ["net"], targets: [node.id], labels: [{ text: label, width: textWidth(label), height: 16 }] });
-      if (isCollapsed(node)) {
-        children.push({ id: node.id, width: COLLAPSED_W, height: COLLAPSED_H });
-        continue;
+      if (isCollapsed(node)) children.push({ id: node.id, width: COLLAPSED_W, height: COLLAPSED_H });
+      else {
+        const inside = nodeLayout(node);
+        children.push({ id: node.id, width: inside.width, height: inside.height });
       }
-      const inner = [];
-      const innerEdges = [];
-      const bridge = `${node.id}|pcie`;
-      const bridgeText = pcieLabel(node);
-      inner.push({ id: bridge, width: Math.max(170, textWidth(bridgeText) + 16), height: 26 });
-      nvlinkGroups(node).forEach((group, i) => {
-        const hub = `${node.id}|nvlink|${i}`;
-        inner.push({ id: hub, width: 170, height: 26 });
-        for (const m of group.members) innerEdges.push({ id: `${hub}>${m}`, sources: [hub], targets: [`${node.id}|gpu|${m}`] });
-      });
-      for (const gpu of node.gpus) {
-        const id = `${node.id}|gpu|${gpu.facts.index}`;
-        inner.push({ id, width: GPU_W, height: GPU_H });
-        innerEdges.push({ id: `${bridge}>${gpu.facts.index}`, sources: [bridge], targets: [id] });
-      }
-      children.push({
-        id: node.id,
-        layoutOptions: {
-          "elk.algorithm": "layered",
-          "elk.direction": "DOWN",
-          "elk.padding": "[top=48,left=14,bottom=14,right=14]",
-          "elk.spacing.nodeNode": "14",
-          "elk.layered.spacing.nodeNodeBetweenLayers": "28",
-          "elk.edgeRouting": "ORTHOGONAL",
-          "elk.layered.considerModelOrder.strategy": "NODES_AND_EDGES",
-          "elk.nodeSize.constraints": "MINIMUM_SIZE",
-          "elk.nodeSize.minimum": "(300,100)",
-        },
-        children: inner,
-        edges: innerEdges,
-      });
     }
     return {
       id: "root",
@@ -415,11 +464,11 @@
         "elk.algorithm": "layered",
         "elk.direction": "RIGHT",
         "elk.spacing.nodeNode": "30",
-        "elk.layered.spacing.nodeNodeBetweenLayers": "110",
+        "elk.layered.spacing.nodeNodeBetweenLayers": "80",
         "elk.edgeRouting": "ORTHOGONAL",
         "elk.layered.considerModelOrder.strategy": "NODES_AND_EDGES",
         "elk.edgeLabels.placement": "CENTER",
-        "elk.padding": "[top=40,left=20,bottom=60,right=20]",
+        "elk.padding": "[top=40,left=20,bottom=60,right=50]",
       },
       children,
       edges,
@@ -496,16 +545,19 @@
   }
 
   /** The drawn node boxes by node name and GPU cards by "node:gpu" (D3 selections),
-   *  so that updates find them without querying the document. */
-  const drawn = { nodes: new Map(), gpus: new Map() };
+   *  so that updates find them without querying the document; `boxes`: each node
+   *  box's place, for the lines that join a replica split across nodes. */
+  const drawn = { nodes: new Map(), gpus: new Map(), boxes: new Map(), splits: null };
 
-  /** Draws what the layout decides: node boxes, hubs, links, GPU cards (empty). */
+  /** Draws what the layout decides: node boxes, the PCIe bus, NVLink islands, links,
+   *  GPU cards (empty). */
   function drawStructure() {
     const layout = state.layout;
     const nodes = new Map(nodesInOrder().map((n) => [n.id, n]));
     viewport.selectAll("*").remove();
     drawn.nodes.clear();
     drawn.gpus.clear();
+    drawn.boxes.clear();
     const edgeLayer = viewport.append("g").attr("class", "edges");
     for (const e of layout.edges || []) {
       edgeLayer.append("path").attr("class", "edge network").attr("d", edgePath(e));
@@ -517,11 +569,12 @@
     const netG = viewport.append("g").attr("class", "net").attr("transform", `translate(${net.x},${net.y})`);
     netG.append("rect").attr("width", net.width).attr("height", net.height).attr("rx", 8);
     netG.append("text").attr("x", 12).attr("y", 22).attr("class", "node-title").text("network");
-    netG.append("text").attr("x", 12).attr("y", 40).attr("class", "node-sub").text(`${nodes.size} node${nodes.size === 1 ? "" : "s"}`);
+    netG.append("text").attr("x", 12).attr("y", 40).attr("class", "node-sub").text(plural(nodes.size, "node"));
 
     for (const box of layout.children) {
       const node = nodes.get(box.id);
       if (!node) continue;
+      drawn.boxes.set(node.inventory.name, box);
       const g = viewport.append("g").attr("class", "node").attr("data-node", node.inventory.name).attr("transform", `translate(${box.x},${box.y})`);
       drawn.nodes.set(node.inventory.name, g);
       g.append("rect").attr("class", `node-box${node.connected ? "" : " down"}`).attr("width", box.width).attr("height", box.height).attr("rx", 8);
@@ -540,69 +593,115 @@
       toggle.on("click", flip).on("keydown", onKeyActivate(flip));
       g.append("text").attr("class", "node-title").attr("x", 14).attr("y", 22).text(node.inventory.name);
       g.append("text").attr("class", "node-sub node-line").attr("x", 14).attr("y", 38);
+      g.append("text").attr("class", "node-sub node-offload").attr("x", 14).attr("y", 54);
       if (collapsed) {
         g.append("text").attr("class", "node-sub node-summary").attr("x", 14).attr("y", 58);
         g.append("text").attr("class", "node-sub node-summary2").attr("x", 14).attr("y", 76);
         continue;
       }
-      for (const e of box.edges || []) {
-        const kind = e.id.includes("|nvlink|") ? "nvlink" : "pcie";
-        g.append("path").attr("class", `edge ${kind}`).attr("d", edgePath(e));
+      const inside = nodeLayout(node);
+      const centre = (c) => c.x + GPU_W / 2;
+      // One PCIe bus: its label, a trunk down the left, a branch above each row and a
+      // drop to each GPU.
+      const busText = pcieLabel(node);
+      const trunkX = NODE_PAD + 8;
+      const busTop = BUS_Y + 22;
+      let bus = "";
+      let lastBranch = busTop;
+      for (let r = 0; r < inside.rows; r++) {
+        const row = inside.cards.filter((c) => c.row === r);
+        if (!row.length) continue;
+        const y = row[0].y - 12;
+        lastBranch = y;
+        bus += `M${trunkX},${y}H${centre(row[row.length - 1])}`;
+        for (const c of row) bus += `M${centre(c)},${y}V${c.y}`;
       }
-      for (const child of box.children || []) {
-        const parts = child.id.split("|");
-        if (parts[1] === "pcie" || parts[1] === "nvlink") {
-          const hub = g.append("g").attr("class", "hub").attr("transform", `translate(${child.x},${child.y})`);
-          hub.append("rect").attr("width", child.width).attr("height", child.height).attr("rx", 4);
-          let text = pcieLabel(node);
-          if (parts[1] === "nvlink") {
-            const group = nvlinkGroups(node)[Number(parts[2])];
-            text = `NVLink${group?.gbps ? ` · ${group.gbps} GB/s` : ""}`;
-          }
-          hub.append("text").attr("x", 8).attr("y", 17).text(text);
-          continue;
+      bus = `M${trunkX},${busTop}V${lastBranch}` + bus;
+      g.append("path").attr("class", "edge pcie").attr("data-gpus", inside.cards.length).attr("d", bus);
+      const hub = g.append("g").attr("class", "hub pcie-bus").attr("transform", `translate(${NODE_PAD},${BUS_Y})`);
+      hub.append("rect").attr("width", Math.max(170, textWidth(busText) + 16)).attr("height", 22).attr("rx", 4);
+      hub.append("text").attr("x", 8).attr("y", 15).text(busText);
+      // Each NVLink island: a band under its members in each row, joined on the right.
+      inside.islands.forEach((island, i) => {
+        const members = inside.cards.filter((c) => island.members.has(c.index));
+        if (!members.length) return;
+        const rowsOf = [...new Set(members.map((c) => c.row))].sort((a, b) => a - b);
+        const right = box.width - 10;
+        let d = "";
+        const bands = [];
+        for (const r of rowsOf) {
+          const inRow = members.filter((c) => c.row === r);
+          const y = inRow[0].y + GPU_H + 12 + i * 4;
+          bands.push(y);
+          const end = rowsOf.length > 1 ? right : centre(inRow[inRow.length - 1]);
+          d += `M${centre(inRow[0])},${y}H${end}`;
+          for (const c of inRow) d += `M${centre(c)},${c.y + GPU_H}V${y}`;
         }
-        const index = Number(parts[2]);
+        if (bands.length > 1) d += `M${right},${bands[0]}V${bands[bands.length - 1]}`;
+        g.append("path").attr("class", "edge nvlink").attr("data-members", [...island.members].sort((a, b) => a - b).join(",")).attr("d", d);
+        const text = `NVLink${island.gbps ? ` · ${island.gbps} GB/s` : ""}`;
+        const first = members.filter((c) => c.row === rowsOf[0]);
+        const w = textWidth(text) + 8;
+        const mid = first.length > 1 ? (centre(first[0]) + centre(first[1])) / 2 : centre(first[0]) + 20;
+        const label = g.append("g").attr("class", "hub nvlink-hub").attr("transform", `translate(${mid - w / 2},${bands[0] - 9})`);
+        label.append("rect").attr("width", w).attr("height", 18).attr("rx", 4);
+        label.append("text").attr("x", 8).attr("y", 13).text(text);
+      });
+      for (const place of inside.cards) {
+        const index = place.index;
         const gpu = node.gpus[index];
         const key = gpuKey(node.inventory.name, index);
-        const card = g.append("g").attr("class", "gpu").attr("data-gpu", key).attr("transform", `translate(${child.x},${child.y})`);
+        const card = g.append("g").attr("class", "gpu").attr("data-gpu", key).attr("transform", `translate(${place.x},${place.y})`);
         drawn.gpus.set(key, card);
-        card
-          .attr("tabindex", 0).attr("role", "button");
+        card.attr("tabindex", 0).attr("role", "button");
         card.append("rect").attr("class", "card").attr("width", GPU_W).attr("height", GPU_H).attr("rx", 6);
-        card.append("text").attr("class", "title").attr("x", 8).attr("y", 16).text(`GPU ${index} · ${shortName(gpu.facts.name)}`);
-        const badge = card.append("g").attr("class", "badge").attr("transform", `translate(${GPU_W - 66},22)`);
-        badge.append("rect").attr("class", "badge-bg").attr("width", 58).attr("height", 15).attr("rx", 7);
-        badge.append("text").attr("class", "badge-text").attr("x", 29).attr("y", 11).attr("text-anchor", "middle");
-        card.append("text").attr("class", "sub mem-text").attr("x", 8).attr("y", 33);
-        card.append("g").attr("class", "bar").attr("transform", "translate(8,39)");
-        card.append("text").attr("class", "sub shard-text").attr("x", 8).attr("y", 68);
-        card.append("text").attr("class", "sub util-text").attr("x", 8).attr("y", 86);
-        card.append("text").attr("class", "sub temp-text").attr("x", 108).attr("y", 86);
-        card.append("path").attr("class", "spark util").attr("transform", "translate(8,92)");
-        card.append("path").attr("class", "spark temp").attr("transform", "translate(108,92)");
+        card.append("text").attr("class", "title").attr("x", 8).attr("y", 17).text(clip(`GPU ${index} · ${shortName(gpu.facts.name)}`, TITLE_CHARS));
+        const badge = card.append("g").attr("class", "badge").attr("transform", `translate(${GPU_W - 68},5)`);
+        badge.append("rect").attr("class", "badge-bg").attr("width", 62).attr("height", 16).attr("rx", 8);
+        badge.append("text").attr("class", "badge-text").attr("x", 31).attr("y", 12).attr("text-anchor", "middle");
+        card.append("text").attr("class", "mem-text").attr("x", 8).attr("y", 36);
+        card.append("text").attr("class", "sub mem-detail").attr("x", 8).attr("y", 51);
+        card.append("g").attr("class", "bar").attr("transform", "translate(8,57)");
+        card.append("text").attr("class", "sub shard-text").attr("x", 8).attr("y", 85);
+        card.append("text").attr("class", "sub shard-text2").attr("x", 8).attr("y", 99);
+        card.append("text").attr("class", "util-text").attr("x", 8).attr("y", 116);
+        card.append("text").attr("class", "temp-text").attr("x", 84).attr("y", 116);
+        card.append("text").attr("class", "sub power-text").attr("x", 146).attr("y", 116);
+        card.append("text").attr("class", "sub throttle-text").attr("x", 8).attr("y", 130);
+        card.append("path").attr("class", "spark util").attr("transform", `translate(8,${GPU_H - 14})`);
+        card.append("path").attr("class", "spark temp").attr("transform", `translate(${GPU_W / 2 + 4},${GPU_H - 14})`);
         card.append("title");
         const select = () => selectItem({ kind: "gpu", node: node.inventory.name, index });
         card.on("click", select).on("keydown", onKeyActivate(select));
       }
     }
+    drawn.splits = viewport.append("g").attr("class", "splits");
     markSelection();
   }
 
+  /** At most `n` characters: longer text ends in "…" (the card's label has it all). */
+  const clip = (text, n) => (text.length > n ? text.slice(0, n - 1) + "…" : text);
+  const TITLE_CHARS = 20; // what fits left of the health badge, at 12 px
+
   const shortName = (name) => name.replace(/^NVIDIA\s+/, "").replace(/^GeForce\s+/, "").replace(/^Tesla\s+/, "");
 
+  /** Free memory of the fleet, as the cards count it. */
   function updateFleetLine() {
-    let gpus = 0, total = 0, used = 0, down = 0, left = 0;
+    let gpus = 0, total = 0, free = 0, down = 0, left = 0;
     for (const n of state.nodes.values()) {
       if (n.health.state === "left") left++;
       else if (!n.connected) down++;
       for (const g of n.gpus) {
         gpus++;
-        total += g.facts.memory_total;
-        used += g.latest ? g.latest.memory_used : 0;
+        const mem = memoryOf(n, g);
+        total += mem.total;
+        free += mem.free;
       }
     }
-    $("fleet").textContent = `${state.nodes.size} nodes${down ? ` (${down} down)` : ""}${left ? ` (${left} left)` : ""} · ${gpus} GPUs · ${gib(used)} of ${gib(total)} GiB in use`;
+    const fleet = $("fleet");
+    fleet.dataset.free = free;
+    fleet.dataset.total = total;
+    fleet.textContent = `${plural(state.nodes.size, "node")}${down ? ` (${down} down)` : ""}${left ? ` (${left} left)` : ""} · ${plural(gpus, "GPU")} · ${gib(free)} of ${gib(total)} GiB free`;
     $("graph-note").textContent = state.nodes.size ? "" : "No node has joined yet: start `skein agent` on a GPU server.";
   }
 
@@ -614,31 +713,117 @@
     return [`${inst.engine} of ${whole ? whole.agents.join("+") : inst.part_of}`];
   }
 
-  /** The memory of the GPU `key` as the bar shows it: each instance's shard (measured
-   *  once loaded, reserved before), what others use, and what is free. */
+  /** GPU indices as ranges: [0, 1, 2, 5] → "0–2,5". */
+  function ranges(indices) {
+    const sorted = [...new Set(indices)].sort((a, b) => a - b);
+    const out = [];
+    for (let i = 0; i < sorted.length; i++) {
+      let j = i;
+      while (j + 1 < sorted.length && sorted[j + 1] === sorted[j] + 1) j++;
+      out.push(j > i ? `${sorted[i]}–${sorted[j]}` : `${sorted[i]}`);
+      i = j;
+    }
+    return out.join(",");
+  }
+
+  /** How a replica is split, for its GPUs' cards: `{kind, where, layers}` per
+   *  `node:gpu` ("writer · TP2 · a100-box 0–1", "writer · layers 0–39 · rtx-1 0–3 +
+   *  old-1 0–1"), or null for a model on one GPU. The replica is the instance itself or,
+   *  for a piece of one split across nodes, the instance it is part of. */
+  function splitOf(inst) {
+    const whole = inst.part_of ? state.instances.find((i) => i.name === inst.part_of) || inst : inst;
+    const p = whole.placement;
+    const devices = (p?.devices || []).filter((d) => d.gpu != null);
+    const byNode = new Map();
+    for (const d of devices) {
+      if (!byNode.has(d.node)) byNode.set(d.node, []);
+      byNode.get(d.node).push(d.gpu);
+    }
+    if (!byNode.size) {
+      byNode.set(whole.node_name, whole.gpus);
+      for (const piece of state.instances.filter((i) => i.part_of === whole.name)) byNode.set(piece.node_name, piece.gpus);
+    }
+    const count = [...byNode.values()].reduce((a, g) => a + g.length, 0);
+    if (count < 2) return null;
+    const tp = p?.layout?.tensor_parallel ?? 1;
+    const stages = p?.layout?.pipeline_stages ?? 1;
+    const where = [...byNode.entries()].map(([node, gpus]) => `${node} ${ranges(gpus)}`).join(" + ");
+    const agents = whole.agents.join("+");
+    const layersOn = new Map();
+    for (const d of devices) {
+      const [a, b] = String(d.layers).split("..").map(Number);
+      layersOn.set(`${d.node}:${d.gpu}`, Number.isFinite(a) && Number.isFinite(b) && b > a ? `layers ${a}–${b - 1}` : null);
+    }
+    const kind = tp > 1 ? `TP${tp}` : null;
+    const label = (key) => {
+      const layers = stages > 1 ? layersOn.get(key) : null;
+      return [agents, kind, layers, where].filter(Boolean).join(" · ");
+    };
+    return { replica: whole.name, agents, where, nodes: [...byNode.keys()], label, head: [agents, kind, stages > 1 ? `${stages} stages` : null].filter(Boolean).join(" · ") };
+  }
+
+  /** The live replicas whose plan gives them each GPU ("node:gpu" → instances),
+   *  rebuilt when the instances change. */
+  let planned = { of: null, map: new Map() };
+  function plannedOn() {
+    if (planned.of === state.instances) return planned.map;
+    const map = new Map();
+    for (const inst of state.instances) {
+      if (GONE.has(inst.state) || inst.part_of || !inst.placement) continue;
+      for (const d of inst.placement.devices || []) {
+        if (d.gpu == null) continue;
+        const key = gpuKey(d.node, d.gpu);
+        if (!map.has(key)) map.set(key, []);
+        map.get(key).push(inst);
+      }
+    }
+    planned = { of: state.instances, map };
+    return map;
+  }
+
+  /** The memory of a GPU as its card shows it: each instance's shard (measured once
+   *  loaded, reserved before), what others use (the larger of what the agent measured
+   *  as not Skein's and memory in use beyond Skein's instances), and what is free:
+   *  total less the larger of memory in use and Skein's reservations plus others'. */
   function memoryOf(node, gpu) {
     const total = gpu.facts.memory_total;
     const used = gpu.latest ? gpu.latest.memory_used : 0;
     const shards = [];
     let measured = 0;
+    let reserved = 0;
     for (const inst of state.instances) {
       if (inst.node_name !== node.inventory.name || GONE.has(inst.state)) continue;
       const m = inst.measured_gpu.find(([i]) => i === gpu.facts.index);
       const held = inst.held.find(([i]) => i === gpu.facts.index);
       if (!m && !held) continue;
-      const bytes = m ? m[1] : held[1];
+      const bytes = m ? Math.max(m[1], held ? held[1] : 0) : held[1];
       if (m) measured += m[1];
-      shards.push({ name: inst.name, agents: agentsOf(inst), bytes, measured: !!m });
+      reserved += bytes;
+      shards.push({ name: inst.name, inst, agents: agentsOf(inst), bytes, measured: !!m });
     }
-    const skein = shards.reduce((a, s) => a + s.bytes, 0);
-    const other = Math.max(0, used - measured);
-    const free = Math.max(0, total - skein - other);
-    return { total, used, shards, other, free };
+    const foreign = gpu.latest?.foreign_memory;
+    const other = Math.max(0, foreign ?? 0, used - measured);
+    const free = Math.max(0, total - Math.max(used, reserved + other));
+    return { total, used, reserved, shards, other, free };
   }
 
   function healthOf(gpu) {
     if (gpu.drained) return "drained";
     return gpu.health.state;
+  }
+
+  /** Busy and temperature levels, as nvtop colours them. */
+  const utilLevel = (u) => (u == null ? "none" : u >= 90 ? "high" : u >= 60 ? "mid" : "low");
+  const tempLevel = (t) => (t == null ? "none" : t >= 85 ? "high" : t >= 75 ? "mid" : "low");
+
+  /** What throttles the GPU, from NVML's reason bits (skein_proto::throttle). */
+  function throttleOf(bits) {
+    if (!bits) return null;
+    const why = [];
+    if (bits & (0x8 | 0x20 | 0x40)) why.push("thermal");
+    if (bits & (0x4 | 0x80)) why.push("power");
+    if (!why.length && bits & ~0x1 & ~0x10 & ~0x2 & ~0x100) why.push("other");
+    return why.length ? why.join(", ") : null;
   }
 
   function scheduleDraw() {
@@ -674,7 +859,10 @@
       const name = node.inventory.name;
       const group = drawn.nodes.get(name);
       if (!group) continue;
-      group.select(".node-line").text(`${node.gpus.length} GPUs · ${node.connected ? "connected" : "disconnected"} · ${node.health.state}${node.health.reasons.length ? ": " + node.health.reasons.join("; ") : ""}`);
+      if (all) {
+        group.select(".node-line").text(`${plural(node.gpus.length, "GPU")} · ${node.connected ? "connected" : "disconnected"} · ${node.health.state}${node.health.reasons.length ? ": " + node.health.reasons.join("; ") : ""}`);
+        drawOffload(group, node);
+      }
       if (isCollapsed(node)) {
         drawCollapsed(group, node);
         continue;
@@ -686,23 +874,79 @@
         if (card) drawGpu(card, node, gpu, key);
       }
     }
+    if (all) drawSplits();
+    if (all || performance.now() - fleetLineAt > 1000) {
+      fleetLineAt = performance.now();
+      updateFleetLine();
+    }
+    if (state.table) renderTable(true);
     timing("draw", started);
   }
 
+  let fleetLineAt = 0;
+
+  /** Host RAM the node's instances hold (layers offloaded to the CPU). */
+  function drawOffload(group, node) {
+    const parts = [];
+    let bytes = 0;
+    for (const inst of state.instances) {
+      if (GONE.has(inst.state) || !inst.placement) continue;
+      for (const d of inst.placement.devices || []) {
+        if (d.gpu != null || d.node !== node.inventory.name || !d.reserved) continue;
+        bytes += d.reserved;
+        parts.push(`${inst.agents.join("+")} ${fmtBytes(d.reserved)}${d.layers ? ` (layers ${d.layers.replace("..", "–")})` : ""}`);
+      }
+    }
+    group.attr("data-offload", bytes || null);
+    group.select(".node-offload").text(parts.length ? `host RAM offload: ${parts.join(", ")}` : "");
+  }
+
+  /** A bracket on the right of the node column joining the boxes of each replica
+   *  split across nodes, in the replica's colour and named. */
+  function drawSplits() {
+    if (!drawn.splits) return;
+    const layer = drawn.splits;
+    layer.selectAll("*").remove();
+    const seen = new Set();
+    let right = 0;
+    for (const box of drawn.boxes.values()) right = Math.max(right, box.x + box.width);
+    let lane = 0;
+    for (const inst of state.instances) {
+      if (GONE.has(inst.state) || inst.part_of) continue;
+      const split = splitOf(inst);
+      if (!split || split.nodes.length < 2 || seen.has(split.replica)) continue;
+      seen.add(split.replica);
+      const boxes = split.nodes.map((n) => drawn.boxes.get(n)).filter(Boolean);
+      if (boxes.length < 2) continue;
+      const x = right + 16 + lane * 14;
+      lane++;
+      const ys = boxes.map((b) => b.y + b.height / 2);
+      let d = "";
+      for (const [i, b] of boxes.entries()) d += `M${b.x + b.width},${ys[i]}H${x}`;
+      d += `M${x},${Math.min(...ys)}V${Math.max(...ys)}`;
+      const g = layer.append("g").attr("class", "split-link").attr("data-instance", split.replica).attr("data-nodes", split.nodes.join(","));
+      g.append("path").attr("d", d).attr("stroke", colourOf(split.replica));
+      g.append("text").attr("class", "split-label").attr("x", x + 6).attr("y", Math.min(...ys) + 4)
+        .attr("fill", colourOf(split.replica)).text(`${split.agents} split`);
+      g.append("title").text(`${split.head} · ${split.where}`);
+    }
+  }
+
   function drawCollapsed(group, node) {
-    let total = 0, used = 0, util = 0, temp = -Infinity;
+    let total = 0, free = 0, util = 0, temp = -Infinity;
     const states = { ok: 0, degraded: 0, down: 0, left: 0, drained: 0 };
     for (const g of node.gpus) {
-      total += g.facts.memory_total;
+      const mem = memoryOf(node, g);
+      total += mem.total;
+      free += mem.free;
       if (g.latest) {
-        used += g.latest.memory_used;
         util = Math.max(util, g.latest.utilization_pct ?? 0);
         if (g.latest.temperature_c != null) temp = Math.max(temp, g.latest.temperature_c);
       }
       states[healthOf(g)]++;
     }
     const health = Object.entries(states).filter(([, n]) => n).map(([s, n]) => `${n} ${s}`).join(", ");
-    group.select(".node-summary").text(`${gib(used)} of ${gib(total)} GiB in use · busiest ${util}% · hottest ${temp === -Infinity ? "–" : temp + " °C"}`);
+    group.select(".node-summary").text(`${gib(free)} of ${gib(total)} GiB free · busiest ${util}% · hottest ${temp === -Infinity ? "–" : temp + " °C"}`);
     group.select(".node-summary2").text(`GPUs: ${health}`);
   }
 
@@ -713,11 +957,19 @@
     const health = healthOf(gpu);
     const util = s?.utilization_pct;
     const temp = s?.temperature_c;
-    card.attr("data-util", util ?? "").attr("data-temp", temp ?? "").attr("data-mem-used", mem.used)
-      .attr("data-mem-total", mem.total).attr("data-health", health).attr("data-sampled-at", s ? s.unix_ms : "");
+    const watts = s?.power_mw != null ? Math.round(s.power_mw / 1000) : null;
+    const throttle = s ? throttleOf(s.throttle_reasons) : null;
+    const ring = state.history.get(key) || [];
+    card.attr("class", `gpu health-${health}${state.selected?.kind === "gpu" && gpuKey(state.selected.node, state.selected.index) === key ? " selected" : ""}`)
+      .attr("data-util", util ?? "").attr("data-temp", temp ?? "").attr("data-mem-used", mem.used)
+      .attr("data-mem-total", mem.total).attr("data-mem-free", mem.free).attr("data-mem-reserved", mem.reserved)
+      .attr("data-mem-other", mem.other).attr("data-health", health).attr("data-sampled-at", s ? s.unix_ms : "")
+      .attr("data-util-level", utilLevel(util)).attr("data-temp-level", tempLevel(temp))
+      .attr("data-power", watts ?? "").attr("data-throttle", throttle ?? "").attr("data-history", ring.length);
     card.select(".badge-bg").attr("class", `badge-bg ${health}`);
     card.select(".badge-text").text(health);
-    card.select(".mem-text").text(`${gib(mem.used)} / ${gib(mem.total)} GiB used`);
+    card.select(".mem-text").text(`${gib(mem.free)} of ${gib(mem.total)} GiB free`);
+    card.select(".mem-detail").text(`reserved ${gib(mem.reserved)} · used ${gib(mem.used)}${mem.other ? ` · others ${gib(mem.other)}` : ""}`);
     const width = GPU_W - 16;
     const scale = width / Math.max(mem.total, mem.shards.reduce((a, x) => a + x.bytes, 0) + mem.other);
     const segments = [
@@ -743,32 +995,71 @@
       .attr("class", (d) => d.kind)
       .attr("data-instance", (d) => (d.kind === "shard" ? d.name : null))
       .attr("data-bytes", (d) => d.bytes)
-      .attr("fill", (d) => (d.kind === "shard" ? colourOf(d.name) : null))
+      .attr("fill", (d) => (d.kind === "shard" ? colourOf(d.inst.part_of || d.name) : null))
       .attr("aria-label", (d) => (d.kind === "shard" ? `instance ${d.name}: ${fmtBytes(d.bytes)} ${d.measured ? "measured" : "reserved"}` : null))
       .attr("x", (d) => { const at = x; x += d.bytes * scale; return at; })
       .attr("width", (d) => Math.max(0, d.bytes * scale))
       .each(function (d) {
         if (d.kind === "shard") d3.select(this).select("title").text(`${d.name} (${d.agents.join(", ")}): ${fmtBytes(d.bytes)} ${d.measured ? "measured" : "reserved"}`);
       });
-    const names = mem.shards.map((x) => `${x.agents.join("+")} ${gib(x.bytes)}`);
-    card.select(".shard-text").text(names.length ? names.join(" · ") : "no model placed");
-    card.select(".util-text").text(`busy ${util ?? "–"}%`);
-    card.select(".temp-text").text(`${temp ?? "–"} °C`);
-    const ring = state.history.get(key) || [];
-    card.select(".spark.util").attr("d", sparkPath(ring, "util", 0, 100, 90, 24));
-    card.select(".spark.temp").attr("d", sparkPath(ring, "temp", 20, 100, 90, 24));
-    const label = `${node.inventory.name} GPU ${gpu.facts.index}, ${shortName(gpu.facts.name)}: ${gib(mem.used)} of ${gib(mem.total)} GiB used, busy ${util ?? "unknown"}%, ${temp ?? "unknown"} °C, ${health}${mem.shards.length ? ", models: " + names.join(", ") : ""}`;
+    // What runs here: a split names its kind, its layers here and all its GPUs, also
+    // on the GPUs its plan gave it whose piece has not started yet.
+    const splits = [];
+    const names = [];
+    const replicas = new Set();
+    for (const shard of mem.shards) {
+      const split = splitOf(shard.inst);
+      if (split) { splits.push(split.label(key)); replicas.add(split.replica); }
+      names.push(`${shard.agents.join("+")} ${gib(shard.bytes)}`);
+    }
+    for (const inst of plannedOn().get(key) || []) {
+      const split = splitOf(inst);
+      if (!split || replicas.has(split.replica)) continue;
+      replicas.add(split.replica);
+      splits.push(split.label(key));
+      names.push(`${split.agents} (starting)`);
+    }
+    card.attr("data-split", splits.length ? splits.join(" | ") : null);
+    let line1 = names.length ? names.join(" · ") : "no model placed";
+    let line2 = "";
+    if (splits.length === 1 && mem.shards.length === 1) {
+      const label = splits[0];
+      const cut = label.lastIndexOf(" · ");
+      line1 = label.slice(0, cut);
+      line2 = label.slice(cut + 3);
+    } else if (splits.length) line2 = splits.map((l) => l.slice(l.lastIndexOf(" · ") + 3)).join("; ");
+    card.select(".shard-text").text(line1);
+    card.select(".shard-text2").text(line2);
+    card.select(".util-text").attr("class", `util-text level-${utilLevel(util)}`).text(`busy ${util ?? "–"}%`);
+    card.select(".temp-text").attr("class", `temp-text level-${tempLevel(temp)}`).text(`${temp ?? "–"} °C`);
+    card.select(".power-text").text(watts != null ? `${watts} W${gpu.facts.power_limit_mw ? ` / ${Math.round(gpu.facts.power_limit_mw / 1000)}` : ""}` : "– W");
+    card.select(".throttle-text").attr("class", `sub throttle-text${throttle ? " throttled" : ""}`)
+      .text(throttle ? `throttled: ${throttle}` : s ? "not throttled" : "");
+    card.select(".spark.util").attr("d", sparkPath(ring, "util", 0, 100, GPU_W / 2 - 12, 12));
+    card.select(".spark.temp").attr("d", sparkPath(ring, "temp", 20, 100, GPU_W / 2 - 12, 12));
+    const label = `${node.inventory.name} GPU ${gpu.facts.index}, ${shortName(gpu.facts.name)}: ${gib(mem.free)} of ${gib(mem.total)} GiB free (${gib(mem.reserved)} reserved, ${gib(mem.used)} used), busy ${util ?? "unknown"}%, ${temp ?? "unknown"} °C, ${watts ?? "unknown"} W${throttle ? `, throttled (${throttle})` : ""}, ${health}${mem.shards.length ? ", models: " + (splits.length ? splits.join(", ") : names.join(", ")) : ""}`;
     card.attr("aria-label", label);
     card.select(":scope > title").text(label);
   }
 
+  /** Shows the whole graph if it fits at the smallest zoom; otherwise its top left at
+   *  that zoom, in a narrow window its first node's (scroll or drag for the rest). */
   function fit() {
     const bounds = viewport.node().getBBox();
     const box = $("graph").getBoundingClientRect();
-    if (!bounds.width || !bounds.height) return;
-    const k = Math.min(2, 0.95 * Math.min(box.width / bounds.width, box.height / bounds.height));
-    const tx = (box.width - bounds.width * k) / 2 - bounds.x * k;
-    const ty = (box.height - bounds.height * k) / 2 - bounds.y * k;
+    if (!bounds.width || !bounds.height || !box.width || !box.height) return;
+    const wanted = Math.min(2, 0.95 * Math.min(box.width / bounds.width, box.height / bounds.height));
+    const k = Math.max(MIN_ZOOM, wanted);
+    let tx = (box.width - bounds.width * k) / 2 - bounds.x * k;
+    let ty = (box.height - bounds.height * k) / 2 - bounds.y * k;
+    if (bounds.width * k > box.width) {
+      // Too wide: start at the left; in a narrow window (a phone) at the node boxes,
+      // past the network's column, so that the GPUs are what shows first.
+      let left = bounds.x;
+      if (box.width < 700 && drawn.boxes.size) left = Math.min(...[...drawn.boxes.values()].map((b) => b.x)) - 6;
+      tx = 8 - left * k;
+    }
+    if (bounds.height * k > box.height) ty = 8 - bounds.y * k;
     svg.transition().duration(0).call(zoom.transform, d3.zoomIdentity.translate(tx, ty).scale(k));
   }
   $("fit").addEventListener("click", fit);
@@ -781,6 +1072,87 @@
     graphChanged();
   });
   window.addEventListener("resize", () => { if (state.layout) fit(); });
+
+  // ---------------------------------------------------------------- the GPU table
+  const COLUMNS = [
+    { key: "name", label: "GPU", value: (r) => r.name, text: (r) => r.name },
+    { key: "node", label: "node", value: (r) => r.node, text: (r) => r.node },
+    { key: "model", label: "model", value: (r) => r.model, text: (r) => r.model },
+    { key: "free", label: "free GiB", num: true, value: (r) => r.free, text: (r) => gib(r.free) },
+    { key: "busy", label: "busy %", num: true, value: (r) => r.busy ?? -1, text: (r) => (r.busy ?? "–"), level: (r) => utilLevel(r.busy) },
+    { key: "temp", label: "°C", num: true, value: (r) => r.temp ?? -1, text: (r) => (r.temp ?? "–"), level: (r) => tempLevel(r.temp) },
+    { key: "power", label: "W", num: true, value: (r) => r.power ?? -1, text: (r) => (r.power ?? "–") },
+    { key: "health", label: "health", value: (r) => r.health, text: (r) => r.health },
+  ];
+
+  function tableRows() {
+    const rows = [];
+    for (const node of nodesInOrder()) {
+      for (const gpu of node.gpus) {
+        const s = gpu.latest;
+        rows.push({
+          key: gpuKey(node.inventory.name, gpu.facts.index),
+          name: `${node.inventory.name} · ${gpu.facts.index}`,
+          node: node.inventory.name,
+          index: gpu.facts.index,
+          model: shortName(gpu.facts.name),
+          free: memoryOf(node, gpu).free,
+          busy: s?.utilization_pct ?? null,
+          temp: s?.temperature_c ?? null,
+          power: s?.power_mw != null ? Math.round(s.power_mw / 1000) : null,
+          health: healthOf(gpu),
+        });
+      }
+    }
+    const column = COLUMNS.find((c) => c.key === state.sort.key) || COLUMNS[0];
+    const dir = state.sort.descending ? -1 : 1;
+    rows.sort((a, b) => {
+      const x = column.value(a), y = column.value(b);
+      const order = typeof x === "number" ? x - y : String(x).localeCompare(String(y), undefined, { numeric: true });
+      return order * dir || a.name.localeCompare(b.name, undefined, { numeric: true });
+    });
+    return rows;
+  }
+
+  let tableTimer = 0;
+  /** Draws the table of every GPU (`soon`: at most twice a second, for telemetry). */
+  function renderTable(soon) {
+    if (soon) {
+      if (!tableTimer) tableTimer = setTimeout(() => { tableTimer = 0; renderTable(); }, 500);
+      return;
+    }
+    const pane = $("table-pane");
+    if (!state.table) return;
+    const head = h("tr", {}, COLUMNS.map((c) => {
+      const sorted = state.sort.key === c.key;
+      return h("th", { class: c.num ? "num" : null, scope: "col", "aria-sort": sorted ? (state.sort.descending ? "descending" : "ascending") : "none" },
+        h("button", {
+          type: "button", class: "sort", "data-sort": c.key,
+          onclick: () => {
+            state.sort = { key: c.key, descending: state.sort.key === c.key ? !state.sort.descending : !!c.num };
+            renderTable();
+            document.querySelector(`#table-pane button[data-sort="${c.key}"]`)?.focus();
+          },
+        }, c.label, sorted ? (state.sort.descending ? " ▼" : " ▲") : ""));
+    }));
+    const body = tableRows().map((r) => h("tr", {
+      "data-gpu": r.key, class: `health-${r.health}`, tabindex: 0,
+      onclick: () => selectItem({ kind: "gpu", node: r.node, index: r.index }),
+      onkeydown: onKeyActivate(() => selectItem({ kind: "gpu", node: r.node, index: r.index })),
+    }, COLUMNS.map((c) => h("td", { class: [c.num ? "num" : "", c.level ? `level-${c.level(r)}` : ""].join(" ").trim() || null, "data-col": c.key }, c.text(r)))));
+    pane.replaceChildren(h("div", { class: "table-wrap" }, h("table", { id: "gpu-table", "aria-label": "Every GPU" }, h("thead", {}, head), h("tbody", {}, body))));
+  }
+
+  function showTable(on) {
+    state.table = on;
+    $("view-toggle").setAttribute("aria-pressed", String(on));
+    $("view-toggle").textContent = on ? "Graph" : "Table";
+    $("graph-pane").hidden = on;
+    $("table-pane").hidden = !on;
+    if (on) renderTable();
+    else if (state.layout) fit();
+  }
+  $("view-toggle").addEventListener("click", () => showTable(!state.table));
 
   // ---------------------------------------------------------------- side panel
   const TABS = ["details", "runs", "sessions", "events"];
@@ -825,7 +1197,7 @@
     try {
       const answer = await api(`/v1/graph/nodes/${encodeURIComponent(nodeName)}/gpus/${index}/samples`);
       const key = gpuKey(nodeName, index);
-      const ring = answer.samples.map((s) => ({ t: s.unix_ms, util: s.utilization_pct, temp: s.temperature_c, used: s.memory_used }));
+      const ring = answer.samples.map((s) => ({ t: s.unix_ms, util: s.utilization_pct, temp: s.temperature_c, used: s.memory_used, power: s.power_mw }));
       const live = (state.history.get(key) || []).filter((p) => !ring.length || p.t > ring[ring.length - 1].t);
       state.history.set(key, ring.concat(live).slice(-HISTORY));
       state.dirty.add(key);
@@ -891,10 +1263,11 @@
         gpu.drained ? h("p", {}, `Drained: ${gpu.drained}`) : null,
         h("dl", { class: "facts" },
           h("dt", {}, "model"), h("dd", {}, f.name + (f.simulated ? " (simulated)" : "")),
-          h("dt", {}, "memory"), h("dd", {}, `${gib(mem.used)} of ${gib(mem.total)} GiB used, ${gib(mem.free)} GiB free for Skein`),
+          h("dt", {}, "memory"), h("dd", { class: "mem-facts" }, `${gib(mem.free)} of ${gib(mem.total)} GiB free: ${gib(mem.reserved)} reserved by Skein, ${gib(mem.other)} used by others, ${gib(mem.used)} in use`),
           h("dt", {}, "busy"), h("dd", {}, s?.utilization_pct != null ? `${s.utilization_pct}%` : "unknown"),
           h("dt", {}, "temperature"), h("dd", {}, s?.temperature_c != null ? `${s.temperature_c} °C` : "unknown"),
           h("dt", {}, "power"), h("dd", {}, s?.power_mw != null ? `${(s.power_mw / 1000).toFixed(0)} W of ${f.power_limit_mw ? (f.power_limit_mw / 1000).toFixed(0) : "?"} W` : "unknown"),
+          h("dt", {}, "throttle"), h("dd", {}, s ? (throttleOf(s.throttle_reasons) ? `throttled: ${throttleOf(s.throttle_reasons)}` : "not throttled") : "unknown"),
           h("dt", {}, "compute"), h("dd", {}, f.compute_capability ? f.compute_capability.join(".") : "unknown"),
           h("dt", {}, "PCIe"), h("dd", {}, f.pcie ? `gen ${f.pcie[0]} ×${f.pcie[1]}` : "unknown"),
           h("dt", {}, "NVLink to"), h("dd", {}, node.links.filter((l) => l.kind === "nvlink" && (l.a === f.index || l.b === f.index)).map((l) => `GPU ${l.a === f.index ? l.b : l.a}`).join(", ") || "none"),
@@ -923,6 +1296,15 @@
     view.replaceChildren(...kids(...parts));
   }
 
+  /** Download progress: "12.3 of 131.4 GiB (9%)". */
+  function downloadText(done, total) {
+    const pct = total ? Math.floor((done / total) * 100) : 0;
+    return `${gib(done)} of ${gib(total)} GiB (${pct}%)`;
+  }
+
+  /** An instance's detail with byte counts written as GiB and percent. */
+  const readableDetail = (detail) => detail.replace(/\((\d+) of (\d+) bytes\)/g, (_, done, total) => `(${downloadText(Number(done), Number(total)).replace(" (", ", ").replace(/\)$/, "")})`);
+
   function instanceBlock(inst, link) {
     const p = inst.placement;
     const split = p
@@ -932,7 +1314,7 @@
       ? h("button", { type: "button", class: "link", onclick: () => selectItem({ kind: "instance", name: inst.name }) }, inst.name)
       : h("span", {}, inst.name);
     return h("div", { class: "instance", "data-instance": inst.name },
-      h("h3", {}, h("span", { class: "swatch", style: `background:${colourOf(inst.name)}` }), " ", title, " ", h("span", { class: `badge ${inst.state}` }, inst.state)),
+      h("h3", {}, h("span", { class: "swatch", style: `background:${colourOf(inst.part_of || inst.name)}` }), " ", title, " ", h("span", { class: `badge ${inst.state}` }, inst.state)),
       h("dl", { class: "facts" },
         h("dt", {}, "agents"), h("dd", {}, agentsOf(inst).join(", ")),
         inst.part_of ? [h("dt", {}, "part of"), h("dd", {}, inst.part_of)] : null,
@@ -942,21 +1324,25 @@
         h("dt", {}, "engine"), h("dd", {}, inst.engine),
         h("dt", {}, "placed on"), h("dd", { class: "placed" }, `${inst.node_name}: GPU ${inst.gpus.join(", ")}`),
         h("dt", {}, "split"), h("dd", {}, split),
+        splitOf(inst) ? [h("dt", {}, "across"), h("dd", { class: "split-where" }, splitOf(inst).where)] : null,
         p ? [h("dt", {}, "precision"), h("dd", {}, `${p.precision} (${p.quantization})`)] : null,
         p ? [h("dt", {}, "speed"), h("dd", {}, `${p.tokens_per_s.toFixed(0)} tokens/s per sequence (modelled)`)] : null,
         h("dt", {}, "memory"), h("dd", {}, inst.held.map(([g, b]) => `GPU ${g}: ${fmtBytes(b)} reserved`).concat(inst.measured_gpu.map(([g, b]) => `GPU ${g}: ${fmtBytes(b)} measured`)).join("; ") || "none"),
         inst.clone_of ? [h("dt", {}, "added by"), h("dd", {}, `reflex ${inst.clone_of}`)] : null,
         h("dt", {}, "share"), h("dd", {}, `${Math.round(inst.share * 100)}% of new sessions`),
-        inst.detail ? [h("dt", {}, "detail"), h("dd", {}, inst.detail)] : null,
+        inst.download_total ? [h("dt", {}, "download"), h("dd", { class: "download" },
+          h("progress", { max: inst.download_total, value: Math.min(inst.downloaded || 0, inst.download_total), "aria-label": `download of ${inst.name}` }), " ",
+          downloadText(inst.downloaded || 0, inst.download_total))] : null,
+        inst.detail ? [h("dt", {}, "detail"), h("dd", { class: "detail" }, readableDetail(inst.detail))] : null,
       ),
-      p && p.devices?.length ? h("table", {},
+      p && p.devices?.length ? h("div", { class: "table-wrap" }, h("table", {},
         h("thead", {}, h("tr", {}, h("th", {}, "device"), h("th", {}, "stage"), h("th", { class: "num" }, "layers"), h("th", { class: "num" }, "reserved"))),
         h("tbody", {}, p.devices.map((d) => h("tr", {},
           h("td", {}, d.gpu != null ? `${d.node}:${d.gpu}` : `${d.node} (host)`),
           h("td", {}, d.stage ?? ""),
           h("td", { class: "num" }, d.layers ?? ""),
           h("td", { class: "num" }, fmtBytes(d.reserved))))),
-      ) : null,
+      )) : null,
       p && p.why?.length ? [h("h3", {}, "Why the planner chose it"), h("ul", { class: "plain" }, p.why.map((w) => h("li", {}, w)))] : null,
       p && p.rejected?.length ? [h("h3", {}, "Turned down"), h("ul", { class: "plain" }, p.rejected.map((r) => h("li", {}, `${r.option}: ${r.why}`)))] : null,
     );
@@ -970,9 +1356,9 @@
       h("tbody", {}, state.runs.map((r) => h("tr", { "data-run": r.id },
         h("td", {}, h("button", { type: "button", onclick: () => openRun(r.id) }, r.id.slice(0, 10))),
         h("td", {}, r.workflow),
-        h("td", {}, h("span", { class: `badge ${r.state}` }, r.state), r.reason ? h("div", { class: "hint" }, r.reason) : null),
+        h("td", {}, h("span", { class: `badge ${r.state}` }, r.state), r.reason ? h("div", { class: "hint reason" }, r.reason) : null),
         h("td", { class: "num" }, `${r.steps_done}/${r.steps}`)))));
-    const parts = [h("h2", {}, "Runs"), state.runs.length ? list : h("p", { class: "hint" }, "No runs yet: `skein submit workflow.yaml`.")];
+    const parts = [h("h2", {}, "Runs"), state.runs.length ? h("div", { class: "table-wrap" }, list) : h("p", { class: "hint" }, "No runs yet: `skein submit workflow.yaml`.")];
     const detail = h("div", { id: "run-detail" });
     parts.push(detail);
     view.replaceChildren(...kids(...parts));
@@ -987,13 +1373,13 @@
       if (!detail) return;
       detail.replaceChildren(...kids(
         h("h3", {}, `Run ${run.id}`),
-        h("p", {}, `${run.workflow.name} · `, h("span", { class: `badge ${run.state}` }, run.state), run.reason ? ` · ${run.reason}` : ""),
-        h("table", {},
+        h("p", { class: "reason" }, `${run.workflow.name} · `, h("span", { class: `badge ${run.state}` }, run.state), run.reason ? ` · ${run.reason}` : ""),
+        h("div", { class: "table-wrap" }, h("table", {},
           h("thead", {}, h("tr", {}, h("th", {}, "step"), h("th", {}, "agent"), h("th", {}, "state"), h("th", {}, "instance"))),
           h("tbody", {}, run.steps.map((s) => h("tr", { "data-step": s.id },
             h("td", {}, s.id), h("td", {}, s.agent),
-            h("td", {}, h("span", { class: `badge ${s.state}` }, s.state), s.error ? h("div", { class: "error" }, s.error) : null),
-            h("td", {}, s.instance || ""))))),
+            h("td", {}, h("span", { class: `badge ${s.state}` }, s.state), s.error ? h("div", { class: "error reason" }, s.error) : null),
+            h("td", {}, s.instance || "")))))),
       ));
       if (!quiet) detail.querySelector("h3").scrollIntoView({ block: "nearest" });
     } catch (error) {
@@ -1017,7 +1403,7 @@
     for (const node of nodesInOrder()) {
       if (!node.connected) continue;
       targets.push([`${node.inventory.name}`, `${node.inventory.name} (any GPU)`]);
-      for (const g of node.gpus) targets.push([`${node.inventory.name}:${g.facts.index}`, `${node.inventory.name} GPU ${g.facts.index} (${gib(g.latest ? g.latest.memory_free : 0)} GiB free)`]);
+      for (const g of node.gpus) targets.push([`${node.inventory.name}:${g.facts.index}`, `${node.inventory.name} GPU ${g.facts.index} (${gib(memoryOf(node, g).free)} GiB free)`]);
     }
     return targets;
   }
@@ -1029,21 +1415,21 @@
       const open = state.migrating === s.id;
       return [
         h("tr", { "data-session": s.id },
-          h("td", {}, h("code", {}, s.id.slice(0, 12))),
+          h("td", {}, h("code", { title: s.id }, s.id.slice(0, 10))),
           h("td", {}, s.owner),
           h("td", {}, s.agent || s.definition?.model?.repo || ""),
           h("td", { class: "gpu-cell" }, placeOf(s.binding)),
           h("td", { class: "num" }, s.messages),
-          h("td", {}, h("button", { type: "button", id: `migrate-${s.id}`, "aria-expanded": String(open), onclick: () => { state.migrating = open ? null : s.id; renderSessions(); } }, "Migrate…"))),
+          h("td", { class: "action" }, h("button", { type: "button", class: "migrate", id: `migrate-${s.id}`, "aria-expanded": String(open), onclick: () => { state.migrating = open ? null : s.id; renderSessions(); } }, "Migrate…"))),
         open ? h("tr", { class: "migrate-row" }, h("td", { colspan: 6 }, migrateForm(s))) : null,
       ];
     });
     view.replaceChildren(...kids(
       h("h2", {}, "Sessions"),
       state.sessions.data.length
-        ? h("table", {},
-          h("thead", {}, h("tr", {}, h("th", {}, "id"), h("th", {}, "owner"), h("th", {}, "agent"), h("th", {}, "GPU"), h("th", { class: "num" }, "messages"), h("th", {}, ""))),
-          h("tbody", {}, rows))
+        ? h("div", { class: "table-wrap" }, h("table", { class: "sessions" },
+          h("thead", {}, h("tr", {}, h("th", {}, "id"), h("th", {}, "owner"), h("th", {}, "agent"), h("th", {}, "GPU"), h("th", { class: "num" }, "msgs"), h("th", {}, h("span", { class: "sr-only" }, "move")))),
+          h("tbody", {}, rows)))
         : h("p", { class: "hint" }, "No sessions yet: `skein session create --agent NAME --run RUN`."),
       state.sessions.more ? h("p", { class: "hint" }, "More sessions exist than are shown; `skein sessions` lists them all.") : null,
       h("p", { id: "migrate-result", role: "status", "aria-live": "polite" }, migrateResult),

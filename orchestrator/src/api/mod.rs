@@ -84,6 +84,7 @@ pub fn router(state: ApiState) -> Router {
         .merge(protected.route_layer(middleware::from_fn_with_state(state.clone(), authorize)))
         .route("/", axum::routing::get(web::index))
         .route("/web/{*path}", axum::routing::get(web::file))
+        .route("/favicon.ico", axum::routing::get(web::favicon))
         .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route; see /v1/openapi.json") })
         .layer(middleware::map_response(json_errors))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -104,6 +105,7 @@ fn protected_routes() -> OpenApiRouter<ApiState> {
         .routes(routes!(graph))
         .routes(routes!(events))
         .routes(routes!(gpu_samples))
+        .routes(routes!(graph_samples))
         .routes(routes!(plans))
         .merge(live::routes())
         .merge(runs::routes())
@@ -874,6 +876,94 @@ async fn gpu_samples(
         gpu: index,
         samples,
     }))
+}
+
+/// Every GPU's recent samples at once, as `GET /v1/graph/samples` answers them.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct GraphSamples {
+    /// What each row of `samples` holds, in order.
+    pub columns: [&'static str; 5],
+    /// Every node, sorted by name.
+    pub nodes: Vec<NodeSamples>,
+}
+
+/// One node's GPUs in [`GraphSamples`].
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct NodeSamples {
+    /// The node's name.
+    pub node: String,
+    /// Its GPUs, by index.
+    pub gpus: Vec<GpuSampleRows>,
+}
+
+/// One GPU's samples in [`GraphSamples`], oldest first, one row per sample.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct GpuSampleRows {
+    /// The GPU's index on its node.
+    pub index: u32,
+    /// `[unix_ms, utilization_pct, temperature_c, memory_used, power_mw]` per sample
+    /// (`null` where a value was not measured).
+    #[schema(value_type = Vec<Vec<Object>>)]
+    pub samples: Vec<SampleRow>,
+}
+
+/// One sample in [`GpuSampleRows`]: `(unix_ms, utilization_pct, temperature_c,
+/// memory_used, power_mw)`.
+pub type SampleRow = (i64, Option<u32>, Option<i32>, u64, Option<u32>);
+
+/// The columns of [`GpuSampleRows::samples`].
+const SAMPLE_COLUMNS: [&str; 5] = ["unix_ms", "utilization_pct", "temperature_c", "memory_used", "power_mw"];
+
+/// How many samples per GPU `GET /v1/graph/samples` returns (`last`, at most the window).
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+struct SamplesQuery {
+    /// The newest N samples of each GPU (default: all the graph keeps, 120).
+    last: Option<usize>,
+}
+
+/// Every GPU's recent telemetry in one answer, oldest first (what the web page draws
+/// its sparklines from when it opens, instead of one request per GPU).
+#[utoipa::path(get, operation_id = "graph_samples", path = "/v1/graph/samples", tag = "graph",
+    params(SamplesQuery),
+    responses((status = 200, description = "Every GPU's samples, oldest first", body = GraphSamples)))]
+async fn graph_samples(
+    State(state): State<ApiState>,
+    axum::extract::Query(query): axum::extract::Query<SamplesQuery>,
+) -> Result<Response, ApiError> {
+    let graph = state.graph.clone();
+    off_runtime(move || {
+        let snapshot = graph.snapshot();
+        let nodes = snapshot
+            .nodes
+            .iter()
+            .map(|view| NodeSamples {
+                node: view.inventory.name.clone(),
+                gpus: view
+                    .gpus
+                    .iter()
+                    .map(|gpu| {
+                        let index = gpu.facts.index;
+                        let window = graph.window(&view.id, index).unwrap_or_default();
+                        let skip = query.last.map_or(0, |last| window.len().saturating_sub(last));
+                        GpuSampleRows {
+                            index,
+                            samples: window
+                                .iter()
+                                .skip(skip)
+                                .map(|s| (s.unix_ms, s.utilization_pct, s.temperature_c, s.memory_used, s.power_mw))
+                                .collect(),
+                        }
+                    })
+                    .collect(),
+            })
+            .collect();
+        json_bytes(&GraphSamples {
+            columns: SAMPLE_COLUMNS,
+            nodes,
+        })
+    })
+    .await
 }
 
 /// Graph changes as server-sent events: `node_registered`, `node_connection`,

@@ -31,6 +31,7 @@ const ASSETS: &[Asset] = &[
     asset!("index.html", "text/html; charset=utf-8"),
     asset!("app.js", "text/javascript; charset=utf-8"),
     asset!("style.css", "text/css; charset=utf-8"),
+    asset!("favicon.svg", "image/svg+xml"),
     asset!("vendor/d3.min.js", "text/javascript; charset=utf-8"),
     asset!("vendor/elk.bundled.js", "text/javascript; charset=utf-8"),
     asset!("vendor/LICENSES.txt", "text/plain; charset=utf-8"),
@@ -88,6 +89,11 @@ fn serve(path: &str, request: &HeaderMap) -> Response {
 /// `GET /`: the page.
 pub(super) async fn index(request: HeaderMap) -> Response {
     serve("index.html", &request)
+}
+
+/// `GET /favicon.ico`: the page's icon (an SVG), for browsers that ask for it there.
+pub(super) async fn favicon(request: HeaderMap) -> Response {
+    serve("favicon.svg", &request)
 }
 
 /// `GET /web/{*path}`: its scripts, styles and the vendored libraries' licences.
