@@ -433,6 +433,31 @@ steps:
   await page.click("#fit");
   check(colours.size === 1, `the replica and its pieces share one colour (${[...colours].join(", ")})`);
 
+  // ------------------------------------------------------------------ host RAM offload (5)
+  // The same model allowed only on old-1 (two 16 GB V100s): the GPUs take what they
+  // hold and the rest of the layers go to old-1's host RAM, which its node box shows.
+  await api(ADMIN, "POST", `/v1/runs/${splitRun.id}/cancel`);
+  await until("the split replica to stop", async () => {
+    const all = await api(ADMIN, "GET", "/v1/instances");
+    return !all.some((i) => (i.run === splitRun.id || i.part_of === replica.head.name) && !["stopped", "lost", "failed"].includes(i.state));
+  }, 60);
+  const offloadRun = await api(ADMIN, "POST", "/v1/runs", { workflow: splitWorkflow.replace("nodes: [rtx-1, old-1]", "nodes: [old-1]").replace("name: split", "name: offload"), name: "offload.yaml" });
+  const offloaded = await until("an instance with layers in old-1's host RAM", async () => {
+    const all = await api(ADMIN, "GET", "/v1/instances");
+    const inst = all.find((i) => i.run === offloadRun.id && i.placement);
+    if (!inst) return null;
+    const host = inst.placement.devices.filter((d) => d.gpu == null && d.node === "old-1");
+    return host.length ? { inst, bytes: host.reduce((a, d) => a + d.reserved, 0), layers: host[0].layers } : null;
+  }, 60);
+  const box = await page.waitForFunction((bytes) => {
+    const g = document.querySelector('g.node[data-node="old-1"]');
+    return Number(g.dataset.offload) === bytes && g.querySelector(".node-offload").textContent;
+  }, offloaded.bytes, { timeout: 10000 });
+  const offloadText = await box.jsonValue();
+  check(offloadText.startsWith("host RAM offload: big ") && offloadText.includes(`layers ${offloaded.layers.replace("..", "–")}`),
+    `old-1's box shows the host offload ("${offloadText}", ${offloaded.bytes} bytes as the plan reserves)`);
+  await api(ADMIN, "POST", `/v1/runs/${offloadRun.id}/cancel`);
+
   // ------------------------------------------------------------------ the GPU table (3)
   await page.click("#view-toggle");
   await page.waitForSelector("#gpu-table tbody tr");
@@ -475,7 +500,6 @@ steps:
   await laptop.context().close();
 
   await api(ADMIN, "POST", `/v1/runs/${labRun.id}/cancel`);
-  await api(ADMIN, "POST", `/v1/runs/${splitRun.id}/cancel`);
 
   // ------------------------------------------------------------------ users and migration
   const ada = (await api(ADMIN, "POST", "/v1/tokens", { user: "ada" })).token;
