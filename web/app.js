@@ -47,6 +47,7 @@
     table: false, // the GPU table shown instead of the graph
     sort: { key: "name", descending: false }, // the GPU table's order
     samplesLoaded: false, // the server's recent samples merged since the last `graph`
+    samplesWanted: false, // a whole graph arrived: read the recent samples once it is drawn
   };
 
   // ---------------------------------------------------------------- helpers
@@ -245,8 +246,8 @@
       case "graph":
         state.nodes = new Map(data.nodes.map((n) => [n.id, n]));
         for (const node of data.nodes) recordSamples(node.inventory.name, node.gpus.map((g) => [g.facts.index, g.latest]));
+        state.samplesWanted = true;
         graphChanged();
-        loadAllHistory();
         break;
       case "node":
         state.nodes.set(data.id, data);
@@ -496,8 +497,17 @@
     } else {
       state.allDirty = true;
       scheduleDraw();
+      samplesAfterDraw();
     }
     renderDetails();
+  }
+
+  /** Reads every GPU's recent samples once the whole graph is drawn (so the first
+   *  picture does not wait for them). */
+  function samplesAfterDraw() {
+    if (!state.samplesWanted) return;
+    state.samplesWanted = false;
+    setTimeout(loadAllHistory, 0);
   }
 
   async function relayout() {
@@ -513,6 +523,7 @@
       state.allDirty = true;
       drawGpus();
       timing("layout", started);
+      samplesAfterDraw();
       if (firstFit && state.nodes.size) {
         firstFit = false;
         fit();
@@ -950,8 +961,38 @@
     group.select(".node-summary2").text(`GPUs: ${health}`);
   }
 
+  /** Sets an attribute only when it changed: a redraw touches what moved, nothing else. */
+  function setAttr(el, name, value) {
+    if (value === null || value === undefined) {
+      if (el.hasAttribute(name)) el.removeAttribute(name);
+      return;
+    }
+    const text = String(value);
+    if (el.getAttribute(name) !== text) el.setAttribute(name, text);
+  }
+  function setText(el, text) {
+    if (el.textContent !== text) el.textContent = text;
+  }
+
+  /** A card's elements, found once per layout. */
+  function partsOf(card) {
+    const el = card.node();
+    if (!el.skeinParts) {
+      const q = (selector) => el.querySelector(selector);
+      el.skeinParts = {
+        badgeBg: q(".badge-bg"), badgeText: q(".badge-text"), memText: q(".mem-text"), memDetail: q(".mem-detail"),
+        shard1: q(".shard-text"), shard2: q(".shard-text2"), util: q(".util-text"), temp: q(".temp-text"),
+        power: q(".power-text"), throttle: q(".throttle-text"), sparkUtil: q(".spark.util"), sparkTemp: q(".spark.temp"),
+        title: q(":scope > title"), barSig: "",
+      };
+    }
+    return el.skeinParts;
+  }
+
   function drawGpu(card, node, gpu, key) {
     if (card.empty()) return;
+    const el = card.node();
+    const parts = partsOf(card);
     const s = gpu.latest;
     const mem = memoryOf(node, gpu);
     const health = healthOf(gpu);
@@ -960,16 +1001,76 @@
     const watts = s?.power_mw != null ? Math.round(s.power_mw / 1000) : null;
     const throttle = s ? throttleOf(s.throttle_reasons) : null;
     const ring = state.history.get(key) || [];
-    card.attr("class", `gpu health-${health}${state.selected?.kind === "gpu" && gpuKey(state.selected.node, state.selected.index) === key ? " selected" : ""}`)
-      .attr("data-util", util ?? "").attr("data-temp", temp ?? "").attr("data-mem-used", mem.used)
-      .attr("data-mem-total", mem.total).attr("data-mem-free", mem.free).attr("data-mem-reserved", mem.reserved)
-      .attr("data-mem-other", mem.other).attr("data-health", health).attr("data-sampled-at", s ? s.unix_ms : "")
-      .attr("data-util-level", utilLevel(util)).attr("data-temp-level", tempLevel(temp))
-      .attr("data-power", watts ?? "").attr("data-throttle", throttle ?? "").attr("data-history", ring.length);
-    card.select(".badge-bg").attr("class", `badge-bg ${health}`);
-    card.select(".badge-text").text(health);
-    card.select(".mem-text").text(`${gib(mem.free)} of ${gib(mem.total)} GiB free`);
-    card.select(".mem-detail").text(`reserved ${gib(mem.reserved)} · used ${gib(mem.used)}${mem.other ? ` · others ${gib(mem.other)}` : ""}`);
+    const selected = state.selected?.kind === "gpu" && gpuKey(state.selected.node, state.selected.index) === key;
+    setAttr(el, "class", `gpu health-${health}${selected ? " selected" : ""}`);
+    setAttr(el, "data-util", util ?? "");
+    setAttr(el, "data-temp", temp ?? "");
+    setAttr(el, "data-mem-used", mem.used);
+    setAttr(el, "data-mem-total", mem.total);
+    setAttr(el, "data-mem-free", mem.free);
+    setAttr(el, "data-mem-reserved", mem.reserved);
+    setAttr(el, "data-mem-other", mem.other);
+    setAttr(el, "data-health", health);
+    setAttr(el, "data-sampled-at", s ? s.unix_ms : "");
+    setAttr(el, "data-util-level", utilLevel(util));
+    setAttr(el, "data-temp-level", tempLevel(temp));
+    setAttr(el, "data-power", watts ?? "");
+    setAttr(el, "data-throttle", throttle ?? "");
+    setAttr(el, "data-history", ring.length);
+    setAttr(parts.badgeBg, "class", `badge-bg ${health}`);
+    setText(parts.badgeText, health);
+    setText(parts.memText, `${gib(mem.free)} of ${gib(mem.total)} GiB free`);
+    setText(parts.memDetail, `reserved ${gib(mem.reserved)} · used ${gib(mem.used)}${mem.other ? ` · others ${gib(mem.other)}` : ""}`);
+    // The bar: redrawn only when a segment changed.
+    const barSig = mem.shards.map((x) => `${x.name}=${x.bytes}${x.measured ? "m" : ""}`).join(",") + `|${mem.other}|${mem.free}`;
+    if (barSig !== parts.barSig) {
+      parts.barSig = barSig;
+      drawBar(card, mem);
+    }
+    // What runs here: a split names its kind, its layers here and all its GPUs, also
+    // on the GPUs its plan gave it whose piece has not started yet.
+    const splits = [];
+    const names = [];
+    const replicas = new Set();
+    for (const shard of mem.shards) {
+      const split = splitOf(shard.inst);
+      if (split) { splits.push(split.label(key)); replicas.add(split.replica); }
+      names.push(`${shard.agents.join("+")} ${gib(shard.bytes)}`);
+    }
+    for (const inst of plannedOn().get(key) || []) {
+      const split = splitOf(inst);
+      if (!split || replicas.has(split.replica)) continue;
+      replicas.add(split.replica);
+      splits.push(split.label(key));
+      names.push(`${split.agents} (starting)`);
+    }
+    setAttr(el, "data-split", splits.length ? splits.join(" | ") : null);
+    let line1 = names.length ? names.join(" · ") : "no model placed";
+    let line2 = "";
+    if (splits.length === 1 && mem.shards.length === 1) {
+      const label = splits[0];
+      const cut = label.lastIndexOf(" · ");
+      line1 = label.slice(0, cut);
+      line2 = label.slice(cut + 3);
+    } else if (splits.length) line2 = splits.map((l) => l.slice(l.lastIndexOf(" · ") + 3)).join("; ");
+    setText(parts.shard1, line1);
+    setText(parts.shard2, line2);
+    setAttr(parts.util, "class", `util-text level-${utilLevel(util)}`);
+    setText(parts.util, `busy ${util ?? "–"}%`);
+    setAttr(parts.temp, "class", `temp-text level-${tempLevel(temp)}`);
+    setText(parts.temp, `${temp ?? "–"} °C`);
+    setText(parts.power, watts != null ? `${watts} W${gpu.facts.power_limit_mw ? ` / ${Math.round(gpu.facts.power_limit_mw / 1000)}` : ""}` : "– W");
+    setAttr(parts.throttle, "class", `sub throttle-text${throttle ? " throttled" : ""}`);
+    setText(parts.throttle, throttle ? `throttled: ${throttle}` : s ? "not throttled" : "");
+    setAttr(parts.sparkUtil, "d", sparkPath(ring, "util", 0, 100, GPU_W / 2 - 12, 12));
+    setAttr(parts.sparkTemp, "d", sparkPath(ring, "temp", 20, 100, GPU_W / 2 - 12, 12));
+    const label = `${node.inventory.name} GPU ${gpu.facts.index}, ${shortName(gpu.facts.name)}: ${gib(mem.free)} of ${gib(mem.total)} GiB free (${gib(mem.reserved)} reserved, ${gib(mem.used)} used), busy ${util ?? "unknown"}%, ${temp ?? "unknown"} °C, ${watts ?? "unknown"} W${throttle ? `, throttled (${throttle})` : ""}, ${health}${mem.shards.length ? ", models: " + (splits.length ? splits.join(", ") : names.join(", ")) : ""}`;
+    setAttr(el, "aria-label", label);
+    setText(parts.title, label);
+  }
+
+  /** A card's memory bar: each instance's shard, others' memory, free space. */
+  function drawBar(card, mem) {
     const width = GPU_W - 16;
     const scale = width / Math.max(mem.total, mem.shards.reduce((a, x) => a + x.bytes, 0) + mem.other);
     const segments = [
@@ -1002,44 +1103,6 @@
       .each(function (d) {
         if (d.kind === "shard") d3.select(this).select("title").text(`${d.name} (${d.agents.join(", ")}): ${fmtBytes(d.bytes)} ${d.measured ? "measured" : "reserved"}`);
       });
-    // What runs here: a split names its kind, its layers here and all its GPUs, also
-    // on the GPUs its plan gave it whose piece has not started yet.
-    const splits = [];
-    const names = [];
-    const replicas = new Set();
-    for (const shard of mem.shards) {
-      const split = splitOf(shard.inst);
-      if (split) { splits.push(split.label(key)); replicas.add(split.replica); }
-      names.push(`${shard.agents.join("+")} ${gib(shard.bytes)}`);
-    }
-    for (const inst of plannedOn().get(key) || []) {
-      const split = splitOf(inst);
-      if (!split || replicas.has(split.replica)) continue;
-      replicas.add(split.replica);
-      splits.push(split.label(key));
-      names.push(`${split.agents} (starting)`);
-    }
-    card.attr("data-split", splits.length ? splits.join(" | ") : null);
-    let line1 = names.length ? names.join(" · ") : "no model placed";
-    let line2 = "";
-    if (splits.length === 1 && mem.shards.length === 1) {
-      const label = splits[0];
-      const cut = label.lastIndexOf(" · ");
-      line1 = label.slice(0, cut);
-      line2 = label.slice(cut + 3);
-    } else if (splits.length) line2 = splits.map((l) => l.slice(l.lastIndexOf(" · ") + 3)).join("; ");
-    card.select(".shard-text").text(line1);
-    card.select(".shard-text2").text(line2);
-    card.select(".util-text").attr("class", `util-text level-${utilLevel(util)}`).text(`busy ${util ?? "–"}%`);
-    card.select(".temp-text").attr("class", `temp-text level-${tempLevel(temp)}`).text(`${temp ?? "–"} °C`);
-    card.select(".power-text").text(watts != null ? `${watts} W${gpu.facts.power_limit_mw ? ` / ${Math.round(gpu.facts.power_limit_mw / 1000)}` : ""}` : "– W");
-    card.select(".throttle-text").attr("class", `sub throttle-text${throttle ? " throttled" : ""}`)
-      .text(throttle ? `throttled: ${throttle}` : s ? "not throttled" : "");
-    card.select(".spark.util").attr("d", sparkPath(ring, "util", 0, 100, GPU_W / 2 - 12, 12));
-    card.select(".spark.temp").attr("d", sparkPath(ring, "temp", 20, 100, GPU_W / 2 - 12, 12));
-    const label = `${node.inventory.name} GPU ${gpu.facts.index}, ${shortName(gpu.facts.name)}: ${gib(mem.free)} of ${gib(mem.total)} GiB free (${gib(mem.reserved)} reserved, ${gib(mem.used)} used), busy ${util ?? "unknown"}%, ${temp ?? "unknown"} °C, ${watts ?? "unknown"} W${throttle ? `, throttled (${throttle})` : ""}, ${health}${mem.shards.length ? ", models: " + (splits.length ? splits.join(", ") : names.join(", ")) : ""}`;
-    card.attr("aria-label", label);
-    card.select(":scope > title").text(label);
   }
 
   /** Shows the whole graph if it fits at the smallest zoom; otherwise its top left at
