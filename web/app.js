@@ -522,6 +522,7 @@
       drawStructure();
       state.allDirty = true;
       drawGpus();
+      boundPanning();
       timing("layout", started);
       samplesAfterDraw();
       if (firstFit && state.nodes.size) {
@@ -1103,6 +1104,19 @@
       .each(function (d) {
         if (d.kind === "shard") d3.select(this).select("title").text(`${d.name} (${d.agents.join(", ")}): ${fmtBytes(d.bytes)} ${d.measured ? "measured" : "reserved"}`);
       });
+  }
+
+  /** Keeps the graph in view: panning and scrolling stop a margin past its edges
+   *  (never into empty space), whatever the zoom. */
+  function boundPanning() {
+    const bounds = viewport.node().getBBox();
+    if (!bounds.width || !bounds.height) return;
+    const margin = 40;
+    zoom.translateExtent([
+      [bounds.x - margin, bounds.y - margin],
+      [bounds.x + bounds.width + margin, bounds.y + bounds.height + margin],
+    ]);
+    svg.call(zoom.transform, d3.zoomTransform(svg.node()));
   }
 
   /** Shows the whole graph if it fits at the smallest zoom; otherwise its top left at

@@ -654,8 +654,21 @@ reflexes:
   await page.click("#fit");
   smallest = await smallestText(page);
   check(smallest >= 9, `with 5 nodes and 22 GPUs Fit keeps the text at ${smallest.toFixed(1)} px`);
+  // Scroll (the wheel pans) until dgx-1's box is at the top of the graph.
+  const graphTop = await page.$eval("#graph", (svg) => svg.getBoundingClientRect().top);
+  const dgxTop = await page.$eval('g.node[data-node="dgx-1"]', (g) => g.getBoundingClientRect().top);
   await page.mouse.move(600, 500);
-  await page.mouse.wheel(0, 2000);
+  await page.mouse.wheel(0, dgxTop - graphTop - 20);
+  await page.waitForTimeout(200);
+  const dgxBox = await page.$eval('g.node[data-node="dgx-1"]', (g) => { const r = g.getBoundingClientRect(); return { top: r.top, bottom: r.bottom }; });
+  check(dgxBox.top >= graphTop && dgxBox.top < graphTop + 200, `the wheel scrolls dgx-1 into view (its box at ${Math.round(dgxBox.top - graphTop)} px from the top)`);
+  // Scrolling far past the end stops with the graph's last node still in view.
+  await page.mouse.wheel(0, 20000);
+  await page.waitForTimeout(200);
+  const lastBottom = await page.$$eval("g.node", (gs) => Math.max(...gs.map((g) => g.getBoundingClientRect().bottom)));
+  check(lastBottom > graphTop + 100, `scrolling past the end stops at the graph's edge (its last node ends ${Math.round(lastBottom - graphTop)} px below the top)`);
+  await page.mouse.wheel(0, -20000);
+  await page.mouse.wheel(0, dgxTop - graphTop - 20);
   await page.waitForTimeout(200);
   await shot(page, "dgx.png");
 
