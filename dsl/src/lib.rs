@@ -38,9 +38,9 @@ pub mod node;
 pub mod pool;
 mod read;
 mod script;
-mod truth;
 pub mod source;
 pub mod template;
+mod truth;
 mod yaml;
 
 pub use diag::{Code, Diagnostic, Diagnostics, RenderOptions, Severity};
