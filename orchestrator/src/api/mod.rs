@@ -926,10 +926,13 @@ struct SamplesQuery {
 /// its sparklines from when it opens, instead of one request per GPU).
 #[utoipa::path(get, operation_id = "graph_samples", path = "/v1/graph/samples", tag = "graph",
     params(SamplesQuery),
-    responses((status = 200, description = "Every GPU's samples, oldest first", body = GraphSamples)))]
+    responses(
+        (status = 200, description = "Every GPU's samples, oldest first", body = GraphSamples),
+        (status = 400, description = "A bad query (`last` is a whole number from 0)", body = ErrorBody),
+    ))]
 async fn graph_samples(
     State(state): State<ApiState>,
-    axum::extract::Query(query): axum::extract::Query<SamplesQuery>,
+    Params(query): Params<SamplesQuery>,
 ) -> Result<Response, ApiError> {
     let graph = state.graph.clone();
     off_runtime(move || {
