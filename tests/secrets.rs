@@ -11,14 +11,14 @@
 //!   directory.
 //! - `skein secret set|list|rm` read the value from standard input.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use skein_testkit::endpoint::WholeAnswer;
 
 const ADMIN: &str = "admin-token-from-the-environment-0123456789";
 const JOIN: &str = "join-token-from-the-environment-0123456789";
@@ -26,72 +26,6 @@ const HF: &str = "hf_token_from_the_environment_0123456789";
 const ALICE_KEY: &str = "sk-alice-0123456789abcdef";
 const LAB_KEY: &str = "sk-lab-shared-0123456789abcdef";
 const PATIENCE: Duration = Duration::from_secs(60);
-
-/// A listener the user owns: an OpenAI-compatible stand-in that keeps every request it
-/// is sent, whole (headers included).
-struct Capture {
-    port: u16,
-    requests: Arc<Mutex<Vec<String>>>,
-}
-
-impl Capture {
-    fn start() -> Capture {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let requests = Arc::new(Mutex::new(Vec::new()));
-        let kept = Arc::clone(&requests);
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { continue };
-                let kept = Arc::clone(&kept);
-                std::thread::spawn(move || {
-                    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-                    let mut request = Vec::new();
-                    let mut buffer = [0u8; 4096];
-                    // Headers, then the body its Content-Length announces.
-                    loop {
-                        let Ok(n) = stream.read(&mut buffer) else { return };
-                        if n == 0 {
-                            break;
-                        }
-                        request.extend_from_slice(&buffer[..n]);
-                        let text = String::from_utf8_lossy(&request).to_string();
-                        if let Some(end) = text.find("\r\n\r\n") {
-                            let length = text[..end]
-                                .lines()
-                                .find_map(|l| {
-                                    let (name, value) = l.split_once(':')?;
-                                    name.eq_ignore_ascii_case("content-length")
-                                        .then(|| value.trim().parse::<usize>().ok())
-                                        .flatten()
-                                })
-                                .unwrap_or(0);
-                            if request.len() >= end + 4 + length {
-                                break;
-                            }
-                        }
-                    }
-                    kept.lock().unwrap().push(String::from_utf8_lossy(&request).to_string());
-                    let body = json!({
-                        "choices": [{"message": {"role": "assistant", "content": "captured"}, "finish_reason": "stop"}],
-                        "usage": {"prompt_tokens": 1, "completion_tokens": 1}
-                    })
-                    .to_string();
-                    let _ = write!(
-                        stream,
-                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                        body.len()
-                    );
-                });
-            }
-        });
-        Capture { port, requests }
-    }
-
-    fn requests(&self) -> Vec<String> {
-        self.requests.lock().unwrap().clone()
-    }
-}
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -223,7 +157,7 @@ fn endpoint_workflow(url: &str, key: &str) -> String {
 #[test]
 fn a_workflow_cannot_send_the_servers_tokens_to_a_listener_of_its_own() {
     let dir = tempfile::tempdir().unwrap();
-    let capture = Capture::start();
+    let capture = WholeAnswer::start("captured");
     let server = Server::start(dir.path(), &[]);
     let alice = server.token_for("alice");
 
@@ -276,7 +210,7 @@ fn a_workflow_cannot_send_the_servers_tokens_to_a_listener_of_its_own() {
 #[test]
 fn a_run_uses_its_owners_secret_only_and_no_value_shows_anywhere() {
     let dir = tempfile::tempdir().unwrap();
-    let capture = Capture::start();
+    let capture = WholeAnswer::start("captured");
     // `localhost` is allowed by name: the listener is reachable as `localhost`, and
     // loopback by address is still refused.
     let server = Server::start(dir.path(), &["--endpoint-allow", "localhost"]);

@@ -8,72 +8,13 @@
 //!   the OpenAI route after the run ended, and a session on the same model share it,
 //!   and `skein instances` says who uses it.
 
-use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use serde_json::{Value, json};
 use skein_testkit::agent::{EngineBehaviour, Tasks, fake_engine};
+use skein_testkit::endpoint::WholeAnswer;
 use skein_testkit::lab::{Lab, stderr, stdout};
-
-/// An OpenAI-compatible server on loopback that answers every chat request with one
-/// whole completion (`application/json`), `stream: true` or not; returns its base URL
-/// and the count of requests it answered.
-fn whole_answer_endpoint() -> (String, Arc<AtomicU64>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let answered = Arc::new(AtomicU64::new(0));
-    let count = Arc::clone(&answered);
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let count = Arc::clone(&count);
-            std::thread::spawn(move || {
-                let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-                let mut request = Vec::new();
-                let mut buffer = [0u8; 4096];
-                loop {
-                    let Ok(n) = stream.read(&mut buffer) else { return };
-                    if n == 0 {
-                        return;
-                    }
-                    request.extend_from_slice(&buffer[..n]);
-                    let text = String::from_utf8_lossy(&request).to_string();
-                    if let Some(end) = text.find("\r\n\r\n") {
-                        let length = text[..end]
-                            .lines()
-                            .find_map(|l| {
-                                let (name, value) = l.split_once(':')?;
-                                name.eq_ignore_ascii_case("content-length")
-                                    .then(|| value.trim().parse::<usize>().ok())
-                                    .flatten()
-                            })
-                            .unwrap_or(0);
-                        if request.len() >= end + 4 + length {
-                            break;
-                        }
-                    }
-                }
-                count.fetch_add(1, Ordering::SeqCst);
-                let body = json!({
-                    "id": "c", "object": "chat.completion",
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "a whole answer"}, "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 4, "completion_tokens": 3}
-                })
-                .to_string();
-                let _ = write!(
-                    stream,
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-            });
-        }
-    });
-    (format!("http://127.0.0.1:{port}/v1"), answered)
-}
 
 fn write(dir: &Path, name: &str, text: &str) -> String {
     let path = dir.join(name);
@@ -107,7 +48,8 @@ fn session_chat_works_with_a_remote_endpoint_agent() {
         .unwrap();
     let tasks = Tasks::default();
     let streaming = runtime.block_on(fake_engine(EngineBehaviour::default(), &tasks));
-    let (whole, whole_answered) = whole_answer_endpoint();
+    let plain = WholeAnswer::start("a whole answer");
+    let whole = plain.url();
     // A port nothing listens on any more.
     let gone = {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -167,7 +109,7 @@ fn session_chat_works_with_a_remote_endpoint_agent() {
     assert!(!error.contains("GPU"), "{error}");
 
     // The step, the streamed turn and the plain turn reached the plain endpoint.
-    assert_eq!(whole_answered.load(Ordering::SeqCst), 3);
+    assert_eq!(plain.requests().len(), 3);
     drop(tasks);
 }
 

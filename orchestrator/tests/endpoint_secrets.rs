@@ -4,73 +4,16 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-
 use common::{quick, setup};
 use reqwest::Method;
 use serde_json::{Value, json};
-
-/// An OpenAI-compatible stand-in on loopback that keeps the `Authorization` header of
-/// every request.
-fn capture() -> (String, Arc<Mutex<Vec<Option<String>>>>) {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://127.0.0.1:{}/v1", listener.local_addr().unwrap().port());
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let kept = Arc::clone(&seen);
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-            let mut request = Vec::new();
-            let mut buffer = [0u8; 4096];
-            while let Ok(n) = stream.read(&mut buffer) {
-                if n == 0 {
-                    break;
-                }
-                request.extend_from_slice(&buffer[..n]);
-                let text = String::from_utf8_lossy(&request).to_string();
-                if let Some(end) = text.find("\r\n\r\n") {
-                    let length = text[..end]
-                        .lines()
-                        .find_map(|l| {
-                            let (name, value) = l.split_once(':')?;
-                            name.eq_ignore_ascii_case("content-length")
-                                .then(|| value.trim().parse::<usize>().ok())
-                                .flatten()
-                        })
-                        .unwrap_or(0);
-                    if request.len() >= end + 4 + length {
-                        break;
-                    }
-                }
-            }
-            let text = String::from_utf8_lossy(&request).to_string();
-            let authorization = text.lines().find_map(|l| {
-                let (name, value) = l.split_once(':')?;
-                name.eq_ignore_ascii_case("authorization")
-                    .then(|| value.trim().to_owned())
-            });
-            kept.lock().unwrap().push(authorization);
-            let body = json!({
-                "choices": [{"message": {"role": "assistant", "content": "hosted"}, "finish_reason": "stop"}]
-            })
-            .to_string();
-            let _ = write!(
-                stream,
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
-    (url, seen)
-}
+use skein_testkit::endpoint::WholeAnswer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_on_an_endpoint_sends_the_run_owners_secret_read_at_each_turn() {
     let s = setup(quick(), None).await;
-    let (url, seen) = capture();
+    let hosted = WholeAnswer::start("hosted");
+    let url = hosted.url();
     let ada = s.token_for("ada").await;
     let bob = s.token_for("bob").await;
     let (status, _) = s
@@ -121,7 +64,7 @@ async fn a_session_on_an_endpoint_sends_the_run_owners_secret_read_at_each_turn(
         .await;
     assert_eq!(status, 200, "{reply}");
     assert_eq!(reply["message"]["content"], "hosted");
-    assert_eq!(seen.lock().unwrap().clone(), [Some("Bearer sk-ada-0123".to_owned())]);
+    assert_eq!(hosted.authorizations(), [Some("Bearer sk-ada-0123".to_owned())]);
 
     // Removed: the next turn is refused with the fix, and nothing is sent.
     let (status, _) = s.call(Method::DELETE, "/v1/secrets/hosted-key", Some(&ada), None).await;
@@ -135,7 +78,7 @@ async fn a_session_on_an_endpoint_sends_the_run_owners_secret_read_at_each_turn(
         message.contains("secret `hosted-key` is not set for user ada; help: `skein secret set hosted-key`"),
         "{refused}"
     );
-    assert_eq!(seen.lock().unwrap().len(), 1);
+    assert_eq!(hosted.requests().len(), 1);
     let listed: Value = s.get("/v1/secrets").await;
     assert!(!listed.to_string().contains("sk-"), "{listed}");
 }

@@ -511,57 +511,10 @@ async fn a_drained_gpu_is_left_out_of_plans_with_why_and_its_release_names_the_n
     );
 }
 
-/// An OpenAI-compatible stand-in on loopback answering every chat request "hosted".
-fn endpoint() -> String {
-    use std::io::{Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://127.0.0.1:{}/v1", listener.local_addr().unwrap().port());
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
-            let mut request = Vec::new();
-            let mut buffer = [0u8; 4096];
-            while let Ok(n) = stream.read(&mut buffer) {
-                if n == 0 {
-                    break;
-                }
-                request.extend_from_slice(&buffer[..n]);
-                let text = String::from_utf8_lossy(&request).to_string();
-                if let Some(end) = text.find("\r\n\r\n") {
-                    let length = text[..end]
-                        .lines()
-                        .find_map(|l| {
-                            let (name, value) = l.split_once(':')?;
-                            name.eq_ignore_ascii_case("content-length")
-                                .then(|| value.trim().parse::<usize>().ok())
-                                .flatten()
-                        })
-                        .unwrap_or(0);
-                    if request.len() >= end + 4 + length {
-                        break;
-                    }
-                }
-            }
-            let body = json!({
-                "choices": [{"message": {"role": "assistant", "content": "hosted"}, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 40, "total_tokens": 43}
-            })
-            .to_string();
-            let _ = write!(
-                stream,
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
-    url
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_endpoint_agents_turns_are_measured_and_its_absent_gpu_fires_nothing() {
     let s = setup(quick(), None).await;
-    let url = endpoint();
+    let url = skein_testkit::endpoint::WholeAnswer::start("hosted").url();
     let workflow = format!(
         "name: hosted\nagents:\n  hosted: {{ endpoint: {{ url: \"{url}\", model: m }} }}\nreflexes:\n\
          \x20 - name: completed\n    when: 'agent.tokens_per_s > 0 && agent.sessions == 0'\n    scope: {{ agent: hosted }}\n    do: [ notify ]\n\
@@ -581,8 +534,8 @@ async fn an_endpoint_agents_turns_are_measured_and_its_absent_gpu_fires_nothing(
     assert_eq!(status, 200, "{answer}");
     let events = wait_events(&s, |e| !of_kind(e, "completed", "fire").is_empty()).await;
     let fire = of_kind(&events, "completed", "fire")[0].clone();
-    // 40 tokens within the 10 s window.
-    assert_eq!(fire["values"]["agent.tokens_per_s"], 4.0, "{fire:#}");
+    // The endpoint's 3 completion tokens within the 10 s window.
+    assert_eq!(fire["values"]["agent.tokens_per_s"], 0.3, "{fire:#}");
     assert_eq!(fire["values"]["agent.sessions"], 0.0, "{fire:#}");
     // A session's turn.
     let (status, session) = s

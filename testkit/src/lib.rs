@@ -7,6 +7,8 @@
 //! - [`fake_engine`]: [`fake_engine_path`], the `fake-engine` binary (a fake inference
 //!   engine process, `src/bin/fake-engine.rs`) for other crates' tests.
 //! - [`mock_hub`]: the hub (`MockHub`, `MockRepo`) with virtual file bodies.
+//! - [`endpoint`]: a remote OpenAI-compatible endpoint on loopback that answers whole
+//!   completions and keeps what it was sent (endpoint agents' tests).
 //! - [`agent`]: a test agent over the real agent protocol whose engines are in-process
 //!   OpenAI-compatible fakes (the orchestrator's executor tests and benchmarks).
 //! - [`swarm`]: thousands of simulated agents in one process over the real agent
@@ -31,6 +33,7 @@
 //!   for the root package's end-to-end tests and benchmarks.
 
 pub mod agent;
+pub mod endpoint;
 pub mod fake_engine;
 pub mod lab;
 pub mod mock_hub;

@@ -1,0 +1,106 @@
+//! A remote OpenAI-compatible endpoint on loopback, as a workflow's endpoint agent
+//! reaches one: it answers every request with one whole chat completion
+//! (`application/json`, even when `stream: true` was asked, as some hosted services
+//! do) and keeps every request it was sent, whole (headers included), so tests can
+//! check what the server sent there (its key, its body) and how often.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+
+/// The endpoint: its port and what it was sent. It serves until the test process ends.
+pub struct WholeAnswer {
+    /// Its port on 127.0.0.1.
+    pub port: u16,
+    requests: Arc<Mutex<Vec<String>>>,
+}
+
+impl WholeAnswer {
+    /// Starts one answering `content` to every request.
+    pub fn start(content: &str) -> WholeAnswer {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port for the endpoint");
+        let port = listener.local_addr().expect("the endpoint's address").port();
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let kept = Arc::clone(&requests);
+        let body = json!({
+            "id": "whole", "object": "chat.completion",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 4, "completion_tokens": 3}
+        })
+        .to_string();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let kept = Arc::clone(&kept);
+                let body = body.clone();
+                std::thread::spawn(move || answer(stream, &kept, &body));
+            }
+        });
+        WholeAnswer { port, requests }
+    }
+
+    /// Its base URL on 127.0.0.1 (`http://127.0.0.1:PORT/v1`).
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/v1", self.port)
+    }
+
+    /// Every request it answered so far, whole, in the order they came.
+    pub fn requests(&self) -> Vec<String> {
+        self.requests
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The `Authorization` header of every request it answered (`None` where absent).
+    pub fn authorizations(&self) -> Vec<Option<String>> {
+        self.requests()
+            .iter()
+            .map(|request| header(request.split("\r\n\r\n").next().unwrap_or_default(), "authorization"))
+            .collect()
+    }
+}
+
+/// One connection: reads the request (its head, then the body its Content-Length
+/// announces), keeps it and answers `body`. A connection closed before a whole request
+/// is dropped unanswered.
+fn answer(mut stream: TcpStream, kept: &Mutex<Vec<String>>, body: &str) {
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut request = Vec::new();
+    let mut buffer = [0u8; 4096];
+    loop {
+        let Ok(n) = stream.read(&mut buffer) else { return };
+        if n == 0 {
+            return;
+        }
+        request.extend_from_slice(&buffer[..n]);
+        let text = String::from_utf8_lossy(&request);
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length = header(&text[..end], "content-length")
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(0);
+            if request.len() >= end + 4 + length {
+                break;
+            }
+        }
+    }
+    kept.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(String::from_utf8_lossy(&request).into_owned());
+    let _ = write!(
+        stream,
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+/// The value of header `name` (any case) in an HTTP head.
+fn header(head: &str, name: &str) -> Option<String> {
+    head.lines().find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        key.eq_ignore_ascii_case(name).then(|| value.trim().to_owned())
+    })
+}
