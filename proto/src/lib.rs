@@ -28,6 +28,11 @@ pub mod tls;
 /// The metadata key that carries the join token (`Bearer <token>`).
 pub const AUTHORIZATION: &str = "authorization";
 
+/// What separates an engine's failure reason from its last log lines (one a line) in
+/// an instance's `detail`: the agent writes `REASON; last log lines:\nLINE…`, the
+/// orchestrator quotes the reason and the last line in a run's progress.
+pub const LAST_LOG_LINES: &str = "; last log lines:";
+
 /// NVML's clocks-throttle-reason bits, as `GpuSample.throttle_reasons` carries them
 /// (`nvmlClocksEventReason*` in `nvml.h`).
 pub mod throttle {

@@ -494,7 +494,7 @@ impl InstanceTask {
         if tail.is_empty() {
             reason
         } else {
-            format!("{reason}; last log lines:\n{}", tail.join("\n"))
+            format!("{reason}{}\n{}", skein_proto::LAST_LOG_LINES, tail.join("\n"))
         }
     }
 

@@ -33,6 +33,17 @@ pub fn endpoint_key(run: &str, agent: &str) -> String {
     format!("{run}/{agent}")
 }
 
+/// The key a request counts under: the instance it went to, else, for a remote
+/// endpoint serving a run's agent (`endpoint_of`: run and agent), [`endpoint_key`];
+/// `None` for a request counted nowhere (a model named alone on an endpoint).
+pub fn counted_under(instance: Option<&str>, endpoint_of: Option<(&str, &str)>) -> Option<String> {
+    match (instance, endpoint_of) {
+        (Some(instance), _) => Some(instance.to_owned()),
+        (None, Some((run, agent))) => Some(endpoint_key(run, agent)),
+        (None, None) => None,
+    }
+}
+
 /// Figures of every instance (and endpoint agent, [`endpoint_key`]). Cheap to clone.
 #[derive(Clone, Default)]
 pub struct Load {

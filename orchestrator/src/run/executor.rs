@@ -1089,11 +1089,10 @@ impl Executor {
                 let executor = self.clone();
                 attempts.spawn(async move {
                     // An endpoint agent's requests count under the agent, as reflexes read them.
-                    let counted = match (&route.instance, &endpoint) {
-                        (Some(instance), _) => Some(instance.clone()),
-                        (None, Some(_)) => Some(crate::reflex::load::endpoint_key(&run_id, &agent)),
-                        (None, None) => None,
-                    };
+                    let counted = crate::reflex::load::counted_under(
+                        route.instance.as_deref(),
+                        endpoint.as_ref().map(|_| (run_id.as_str(), agent.as_str())),
+                    );
                     let flight = counted.map(|key| load.begin(&key, None));
                     let route_instance = route.instance.clone();
                     let route = match endpoint {
@@ -1217,7 +1216,7 @@ const WHY_LINE_CHARS: usize = 240;
 /// An engine's failure report (`exited with status 1 while loading; last log
 /// lines:` and the lines) on one line: the reason and the last line the engine wrote.
 fn why(detail: &str) -> String {
-    let (reason, tail) = detail.split_once("; last log lines:").unwrap_or((detail, ""));
+    let (reason, tail) = detail.split_once(skein_proto::LAST_LOG_LINES).unwrap_or((detail, ""));
     let reason = reason.lines().next().unwrap_or_default().trim();
     let reason = if reason.is_empty() {
         "no reason reported"

@@ -643,10 +643,12 @@ impl Sessions {
         let mut budget = self.turn_budget(&session.definition, turn.sampling.max_tokens, &route);
         let mut history = store.recent(id, budget)?;
         let mut body = self.request_body(&session.definition, &history, &turn);
+        // The run's agent this session talks to: an endpoint's requests count under it.
+        let serves = session.run.as_deref().map(|r| (r, session.agent.as_str()));
         let mut answer = self
             .call(
                 &route,
-                session.run.as_deref().map(|r| (r, session.agent.as_str())),
+                serves,
                 Some(id),
                 &principal.user,
                 body.clone(),
@@ -668,7 +670,7 @@ impl Sessions {
             answer = self
                 .call(
                     &route,
-                    session.run.as_deref().map(|r| (r, session.agent.as_str())),
+                    serves,
                     Some(id),
                     &principal.user,
                     body.clone(),
@@ -695,7 +697,7 @@ impl Sessions {
             answer = self
                 .call(
                     &route,
-                    session.run.as_deref().map(|r| (r, session.agent.as_str())),
+                    serves,
                     Some(id),
                     &principal.user,
                     body.clone(),
@@ -866,11 +868,7 @@ impl Sessions {
         if let Some(instance) = &route.instance {
             self.inner.instances.used_by(instance, user);
         }
-        let counted = match (&route.instance, serves) {
-            (Some(instance), _) => Some(instance.clone()),
-            (None, Some((run, agent))) => Some(crate::reflex::load::endpoint_key(run, agent)),
-            (None, None) => None,
-        };
+        let counted = crate::reflex::load::counted_under(route.instance.as_deref(), serves);
         let flight = counted.map(|key| self.inner.instances.load().begin(&key, session));
         let answer = match tokens {
             Some(tokens) => {
