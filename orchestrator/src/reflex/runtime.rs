@@ -1064,11 +1064,10 @@ impl Moved {
 
 /// The actions whose effects a release undoes.
 fn undoable(actions: &[Action]) -> impl Iterator<Item = &Action> {
-    actions.iter().filter(|a| {
-        matches!(
-            a,
-            Action::Clone { .. } | Action::Reroute(_) | Action::Decay { .. } | Action::Drain
-        )
+    actions.iter().filter(|a| match a {
+        Action::Clone { .. } | Action::Reroute(_) | Action::Decay { .. } | Action::Drain => true,
+        // A migration moves sessions once and a note is only recorded: neither is taken back on release.
+        Action::Migrate { .. } | Action::Notify { .. } => false,
     })
 }
 
