@@ -20,66 +20,14 @@ use skein_proto::agent::v1::{
 use tokio::sync::{broadcast, mpsc};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::base::Clock;
+pub use crate::base::Secret;
 use crate::graph::{
     GpuFacts, GpuSample, GraphEvent, HardwareGraph, HostFacts, HostSample, IndexedSample, Millis, NodeId,
     NodeInventory, TelemetryBatch,
 };
 use crate::instances::Instances;
 use crate::join::{Admission, Join, JoinError};
-
-/// A shared secret: the join token agents present, or the API token of the REST API.
-/// Its `Debug` and `Display` never show it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    /// A secret from its text; `None` when empty.
-    pub fn new(text: impl Into<String>) -> Option<Secret> {
-        let text = text.into();
-        (!text.trim().is_empty()).then(|| Secret(text.trim().to_owned()))
-    }
-
-    /// A fresh random secret: 32 bytes from the operating system, hex.
-    pub fn generate() -> std::io::Result<Secret> {
-        use std::io::Read;
-        let mut bytes = [0u8; 32];
-        std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
-        Ok(Secret(bytes.iter().map(|b| format!("{b:02x}")).collect()))
-    }
-
-    /// The text, for sending it.
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-
-    /// Compares in time independent of where the texts differ.
-    pub fn matches(&self, presented: &str) -> bool {
-        let (a, b) = (self.0.as_bytes(), presented.as_bytes());
-        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-    }
-}
-
-impl std::fmt::Debug for Secret {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Secret(…)")
-    }
-}
-
-/// The orchestrator's monotonic clock, in [`Millis`] since it started.
-#[derive(Debug, Clone, Copy)]
-pub struct Clock(Instant);
-
-impl Clock {
-    /// Starts now.
-    pub fn start() -> Clock {
-        Clock(Instant::now())
-    }
-
-    /// Milliseconds since the start.
-    pub fn now(&self) -> Millis {
-        u64::try_from(self.0.elapsed().as_millis()).unwrap_or(u64::MAX)
-    }
-}
 
 /// How long an agent has to send its `Hello` after opening the stream.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);

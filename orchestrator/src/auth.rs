@@ -8,12 +8,8 @@
 
 use std::sync::Arc;
 
-use sha2::{Digest, Sha256};
-
-use crate::agents::Secret;
+use crate::base::{Secret, UnixMs, sha256_hex, unix_ms};
 use crate::idempotency::{Claim, IdempotencyKeys, Idempotent};
-use crate::run::executor::unix_ms;
-use crate::run::record::UnixMs;
 use crate::store::{Db, StoreError, Tree, WriteBatch};
 
 /// The user the admin token belongs to.
@@ -113,15 +109,6 @@ pub fn check_user(name: &str) -> Result<(), TokenError> {
     } else {
         Err(TokenError::BadUser(name.chars().take(80).collect()))
     }
-}
-
-pub(crate) fn sha256_hex(token: &str) -> String {
-    sha256_hex_bytes(token.as_bytes())
-}
-
-/// The SHA-256 of `bytes`, in hex.
-pub(crate) fn sha256_hex_bytes(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The tokens, in the server's database (keyed by hash, so a request costs one read).

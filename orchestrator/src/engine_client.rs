@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use tokio::sync::mpsc;
 
-use crate::agents::Secret;
+use crate::base::Secret;
 use crate::egress::EgressPolicy;
 use crate::run::record::Usage;
 use crate::secrets::Secrets;

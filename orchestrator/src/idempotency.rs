@@ -13,7 +13,7 @@ use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
 
-use crate::run::record::UnixMs;
+use crate::base::{UnixMs, lock, sha256_hex_bytes};
 use crate::session::record::{Invalid, check_idempotency_key};
 use crate::store::{Db, StoreError, Tree, WriteBatch};
 
@@ -112,11 +112,6 @@ impl Drop for Pending<'_> {
     }
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // The set is changed by whole inserts and removes: usable after a panic elsewhere.
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 impl IdempotencyKeys {
     /// The keys stored in `db`'s tree `name`.
     ///
@@ -137,7 +132,7 @@ impl IdempotencyKeys {
             return Err(KeyError::Malformed(reason));
         }
         let slot = format!("{owner}/{key}");
-        let request_sha256 = crate::auth::sha256_hex_bytes(request);
+        let request_sha256 = sha256_hex_bytes(request);
         if !lock(&self.in_progress).insert(slot.clone()) {
             return Err(KeyError::InProgress(key.to_owned()));
         }

@@ -22,7 +22,7 @@ use skein_proto::agent::v1::{self as pb, OrchestratorMessage, orchestrator_messa
 use tokio::sync::{mpsc, oneshot, watch};
 use tonic::Status;
 
-use crate::agents::Secret;
+use crate::base::{Secret, lock};
 use crate::graph::NodeId;
 use crate::reflex::load::Load;
 use crate::store::Tree;
@@ -373,10 +373,6 @@ pub enum InstanceError {
         /// Why.
         reason: String,
     },
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Instances {

@@ -29,10 +29,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::agents::Secret;
-use crate::auth::sha256_hex;
-use crate::run::executor::unix_ms;
-use crate::run::record::UnixMs;
+use crate::base::{Secret, UnixMs, lock, sha256_hex, unix_ms};
 use crate::store::{Db, StoreError, Tree};
 
 /// The id under which the bootstrap token appears (it is never stored).
@@ -313,7 +310,7 @@ impl Join {
 
     fn claimed(&self) -> std::sync::MutexGuard<'_, HashMap<String, Claim>> {
         // Every change is one insert or remove: a poisoned map is still consistent.
-        self.inner.claimed.lock().unwrap_or_else(|p| p.into_inner())
+        lock(&self.inner.claimed)
     }
 
     /// Whether `credential` is the one `name` is claimed for: `Some(true)` yes,

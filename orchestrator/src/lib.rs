@@ -3,6 +3,9 @@
 //! module by module; each module is documented in `docs/ARCHITECTURE.md`.
 //!
 //! # Layout
+//! - [`base`]: the ground floor every module may import: Unix and monotonic time,
+//!   ids, the poison-tolerant lock, secrets and SHA-256 in hex. It imports nothing of
+//!   the crate.
 //! - [`workflows`]: reading workflow files from disk into the IR (the file
 //!   edge in front of the pure `skein-dsl` core).
 //! - [`graph`]: the live hardware graph (nodes, GPUs, links, telemetry windows, health)
@@ -43,6 +46,7 @@
 pub mod agents;
 pub mod api;
 pub mod auth;
+pub mod base;
 pub mod catalogs;
 pub mod egress;
 pub mod engine_client;

@@ -19,10 +19,8 @@ use std::path::Path;
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 
-use crate::agents::Secret;
 use crate::auth::Principal;
-use crate::run::executor::unix_ms;
-use crate::run::record::UnixMs;
+use crate::base::{Secret, UnixMs, unix_ms};
 use crate::store::{Db, StoreError, Tree, WriteBatch};
 
 /// The prefix that names a shared secret in a workflow: `shared/NAME`.

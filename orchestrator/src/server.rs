@@ -11,7 +11,8 @@ use tokio::net::TcpListener;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
-use crate::agents::{AgentGateway, Clock, Secret};
+use crate::agents::AgentGateway;
+use crate::base::{Clock, Secret};
 use crate::api::{ApiState, router};
 use crate::graph::{GraphConfig, GraphEvent, HardwareGraph, HealthState};
 use crate::instances::Instances;

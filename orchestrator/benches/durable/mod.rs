@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use skein_dsl::ir::{Agent, Backend, Endpoint};
-use skein_orchestrator::run::executor::unix_ms;
+use skein_orchestrator::base::unix_ms;
 use skein_orchestrator::session::SessionRecord;
 
 /// One round: writes per second and the latency percentiles of one write.

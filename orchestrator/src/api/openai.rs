@@ -56,7 +56,7 @@ struct CompletionRequest {
 }
 
 fn meta(model: &str) -> ResponseMeta {
-    let now = crate::run::executor::unix_ms().0;
+    let now = crate::base::unix_ms().0;
     ResponseMeta {
         id: format!("chatcmpl-{now:x}{:04x}", rand_suffix()),
         created: u64::try_from(now / 1000).unwrap_or(0),

@@ -115,7 +115,7 @@ async fn create(
 ) -> Result<Response, ApiError> {
     let key = idempotency_key(&headers)?.map(|key| CreateKey {
         key,
-        request_sha256: crate::auth::sha256_hex_bytes(&bytes),
+        request_sha256: crate::base::sha256_hex_bytes(&bytes),
     });
     let request: CreateSession = body(
         &bytes,

@@ -21,6 +21,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use crate::base::lock;
+
 pub use model::{
     GpuFacts, GpuSample, GpuView, GraphEvent, GraphSnapshot, Health, HealthState, HostFacts, HostSample, IndexedSample,
     Link, LinkKind, MeasuredSpeed, Millis, NodeId, NodeInventory, NodeView, TelemetryBatch,
@@ -135,12 +137,6 @@ pub struct Registration {
     pub id: NodeId,
     /// Whether the name was registered before.
     pub known: bool,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic while holding the lock leaves consistent data here (every update is a
-    // whole-value replacement), so a poisoned lock is still usable.
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl HardwareGraph {

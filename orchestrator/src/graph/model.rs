@@ -18,9 +18,7 @@ impl std::fmt::Display for NodeId {
     }
 }
 
-/// Milliseconds on the orchestrator's monotonic clock (since it started). The graph
-/// never reads a clock: callers pass the time.
-pub type Millis = u64;
+pub use crate::base::Millis;
 
 /// What a node reported about itself at registration.
 #[derive(Debug, Clone, PartialEq, Serialize)]

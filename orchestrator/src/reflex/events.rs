@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use skein_dsl::ir::Action;
 use tokio::sync::broadcast;
 
-use crate::run::record::UnixMs;
+use crate::base::UnixMs;
 use crate::store::{Db, StoreError, Tree};
 
 /// Events a slow stream reader may fall behind by before it is told it missed some.
@@ -110,7 +110,7 @@ impl Events {
 
     /// Stores `event` under a new id (flushed before this returns), then announces it.
     pub async fn record(&self, mut event: EventRecord) -> Result<EventRecord, StoreError> {
-        event.id = crate::run::executor::new_id('e', &self.ids);
+        event.id = crate::base::new_id('e', &self.ids);
         self.tree.put(&event.id, &event).await?;
         let _ = self.changes.send(event.clone());
         Ok(event)

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::AgentReading;
+use crate::base::lock;
 
 /// Answers whose latency counts towards `latency_p95_ms`.
 pub const LATENCY_WINDOW: Duration = Duration::from_secs(30);
@@ -54,10 +55,6 @@ impl std::fmt::Debug for Load {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Load").finish_non_exhaustive()
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A request in flight on an instance; counted until it is dropped. [`InFlight::done`]

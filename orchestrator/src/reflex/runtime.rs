@@ -26,10 +26,10 @@ use super::{
     ActionRecord, Decision, DecisionKind, Engine, EventKind, EventRecord, Events, GpuKey, GpuReading, Outcome,
 };
 use crate::auth::Principal;
+use crate::base::{UnixMs, lock, unix_ms};
 use crate::graph::{GpuSample, GraphEvent, GraphSnapshot, HardwareGraph, NodeId, NodeView};
 use crate::instances::{InstanceView, Instances};
-use crate::run::executor::{Executor, Pin, unix_ms};
-use crate::run::record::UnixMs;
+use crate::run::executor::{Executor, Pin};
 use crate::session::{MoveTo, Sessions};
 
 /// How often the agents' serving figures are read and open windows re-evaluated.
@@ -82,10 +82,6 @@ enum Job {
     Record(EventRecord),
     /// The run ended: undo what its reflexes added, then stop.
     End,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The principal reflexes act as: they move any session bound where they act.

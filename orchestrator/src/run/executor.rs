@@ -10,9 +10,9 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use skein_dsl::Workflow;
 use skein_dsl::expr::Evaluator;
@@ -23,7 +23,8 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinSet;
 
 use super::launch;
-use super::record::{AfterFailure, Next, RetryPolicy, RunRecord, RunState, UnixMs, typed_inputs};
+use super::record::{AfterFailure, Next, RetryPolicy, RunRecord, RunState, typed_inputs};
+use crate::base::{lock, new_id, unix_ms};
 use crate::engine_client::{Answer, CallError, Route, call};
 use crate::graph::{HardwareGraph, NodeId};
 use crate::idempotency::{Claim, IdempotencyKeys, Idempotent, KeyError};
@@ -158,26 +159,6 @@ struct Inner {
     changes: watch::Sender<(u64, String)>,
     wake: Notify,
     ids: AtomicU64,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// A new id: `prefix`, the time in milliseconds (hex, so ids sort by creation), and
-/// three hex digits of `counter` for ids made in the same millisecond.
-pub(crate) fn new_id(prefix: char, counter: &AtomicU64) -> String {
-    let sequence = counter.fetch_add(1, Ordering::Relaxed);
-    format!("{prefix}{:011x}{:03x}", unix_ms().0, sequence & 0xfff)
-}
-
-/// Now, Unix milliseconds.
-pub fn unix_ms() -> UnixMs {
-    UnixMs(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
-    )
 }
 
 impl Executor {

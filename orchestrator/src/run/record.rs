@@ -12,57 +12,7 @@ use serde::{Deserialize, Serialize};
 use skein_dsl::expr::{Context, Evaluator};
 use skein_dsl::ir::{InputType, InputValue, Step, TemplatePart, Workflow};
 
-/// Unix time in milliseconds; written as RFC 3339 text (`2026-11-25T04:31:07.412Z`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, utoipa::ToSchema)]
-#[schema(value_type = String, format = DateTime)]
-pub struct UnixMs(pub i64);
-
-impl UnixMs {
-    /// Milliseconds later.
-    pub fn plus(self, duration: Duration) -> UnixMs {
-        UnixMs(
-            self.0
-                .saturating_add(i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)),
-        )
-    }
-
-    /// How long from `self` until `later` (zero if it is not later).
-    pub fn until(self, later: UnixMs) -> Duration {
-        Duration::from_millis(u64::try_from(later.0.saturating_sub(self.0)).unwrap_or(0))
-    }
-
-    fn system_time(self) -> std::time::SystemTime {
-        let epoch = std::time::UNIX_EPOCH;
-        match u64::try_from(self.0) {
-            Ok(ms) => epoch + Duration::from_millis(ms),
-            Err(_) => epoch,
-        }
-    }
-}
-
-impl fmt::Display for UnixMs {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", humantime::format_rfc3339_millis(self.system_time()))
-    }
-}
-
-impl Serialize for UnixMs {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> Deserialize<'de> for UnixMs {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        let time = humantime::parse_rfc3339(&text).map_err(serde::de::Error::custom)?;
-        let ms = time
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_err(serde::de::Error::custom)?
-            .as_millis();
-        Ok(UnixMs(i64::try_from(ms).map_err(serde::de::Error::custom)?))
-    }
-}
+pub use crate::base::UnixMs;
 
 /// Where a run is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

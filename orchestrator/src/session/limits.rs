@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use super::record::NewMessage;
+use crate::base::lock;
 
 /// The most messages one request may carry. OpenAI's own API takes at most 2048, so a
 /// client written for it never meets this limit; a longer conversation belongs in a
@@ -400,10 +401,6 @@ impl InFlight {
 #[derive(Debug, Clone, Default)]
 pub struct Admission {
     users: Arc<Mutex<HashMap<String, InFlight>>>,
-}
-
-fn lock(users: &Mutex<HashMap<String, InFlight>>) -> std::sync::MutexGuard<'_, HashMap<String, InFlight>> {
-    users.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Admission {

@@ -18,7 +18,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::record::{Binding, MessageRecord, NewMessage, SessionRecord};
 use super::store::{Appended, CreatedKey, SessionStore, Write};
-use crate::run::executor::unix_ms;
+use crate::base::unix_ms;
 use crate::store::StoreError;
 
 /// Requests that may wait for the writer; more wait in their callers.

@@ -35,7 +35,7 @@ mod tests {
     use skein_dsl::ir::{Agent, Backend, Endpoint};
 
     use super::*;
-    use crate::run::executor::unix_ms;
+    use crate::base::unix_ms;
 
     fn agent() -> Agent {
         Agent {

@@ -21,9 +21,9 @@ use super::log::{CreateKey, Created, LogError, SessionLog};
 use super::record::{self, Binding, Invalid, MessageRecord, NewMessage, Role, SessionRecord};
 use super::store::Page;
 use crate::auth::Principal;
+use crate::base::{lock, new_id, unix_ms};
 use crate::engine_client::{self, Answer, CallError, Route};
 use crate::instances::{InstanceState, InstanceView, Instances};
-use crate::run::executor::unix_ms;
 use crate::run::{ContextWanted, Executor, Pin, ProvideError};
 use crate::store::StoreError;
 
@@ -297,10 +297,6 @@ struct Inner {
     ids: std::sync::atomic::AtomicU64,
 }
 
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 /// The idempotency key under which the reply to the turn keyed `key` is stored (a
 /// control character no client key may hold keeps the two apart).
 fn reply_key(key: &str) -> String {
@@ -405,7 +401,7 @@ impl Sessions {
         }
         let now = unix_ms();
         let session = SessionRecord {
-            id: crate::run::executor::new_id('s', &self.inner.ids),
+            id: new_id('s', &self.inner.ids),
             owner: principal.user.clone(),
             agent,
             run,
