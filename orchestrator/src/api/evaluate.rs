@@ -10,7 +10,8 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use skein_dsl::{Parsed, SourceKind};
 
-use super::{Principal, error};
+use super::Principal;
+use super::error::error;
 
 /// Workflows one user may have read at once through the API (plans, runs).
 pub const MAX_EVALUATIONS_PER_USER: usize = 2;

@@ -12,7 +12,11 @@ use tokio::sync::broadcast;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{ApiError, ApiState, ErrorBody, Listed, PageQuery, Params, Principal, ServerSentEvent};
+use super::error::{ApiError, ErrorBody};
+use super::extract::Params;
+use super::openapi::ServerSentEvent;
+use super::paging::{Listed, PageQuery};
+use super::{ApiState, Principal};
 use crate::reflex::EventRecord;
 
 pub(super) fn routes() -> OpenApiRouter<ApiState> {

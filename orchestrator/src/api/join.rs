@@ -15,8 +15,11 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::error::{ApiError, ErrorBody, error};
+use super::extract::{Params, body as read_body};
+use super::paging::{Listed, PageQuery};
 use super::tokens::admin_only;
-use super::{ApiError, ApiState, ErrorBody, Listed, PageQuery, Params, Principal, error};
+use super::{ApiState, Principal};
 use crate::join::{JoinError, JoinTokenRecord, JoinTokenSpec};
 
 pub(super) fn routes() -> OpenApiRouter<ApiState> {
@@ -95,7 +98,7 @@ async fn create(
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return ApiError::new(StatusCode::BAD_REQUEST, format!("the body is not {EXPECTED}")).into_response();
     }
-    let request: CreateJoinToken = match super::body(&body, EXPECTED) {
+    let request: CreateJoinToken = match read_body(&body, EXPECTED) {
         Ok(request) => request,
         Err(e) => return e.into_response(),
     };

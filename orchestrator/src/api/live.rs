@@ -28,8 +28,9 @@ use tokio::sync::{broadcast, watch};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use super::openapi::ServerSentEvent;
 use super::runs::RunSummary;
-use super::{ApiState, Principal, ServerSentEvent};
+use super::{ApiState, Principal};
 use crate::graph::{GpuSample, GraphEvent, Health, HostSample, Millis, NodeId};
 use crate::reflex::EventRecord;
 

@@ -30,8 +30,11 @@ use tokio::sync::mpsc;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::sessions::{chat_body, idempotency_key};
-use super::{ApiError, ApiState, ErrorBody, Principal, ServerSentEvent, body};
+use super::error::{ApiError, ErrorBody};
+use super::extract::{body, idempotency_key};
+use super::openapi::ServerSentEvent;
+use super::sessions::chat_body;
+use super::{ApiState, Principal};
 use crate::engine_client::Answer;
 use crate::session::{Flight, NewMessage, Role, Sampling, SessionError, Turn};
 

@@ -30,11 +30,12 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::sessions::idempotency_key;
-use super::{
-    ApiError, ApiState, ErrorBody, IDEMPOTENT_REPLAYED, InvalidWorkflow, Listed, PageQuery, Params, Principal,
-    ServerSentEvent, error, parse_workflow,
-};
+use super::error::{ApiError, ErrorBody, error};
+use super::extract::{IDEMPOTENT_REPLAYED, Params, idempotency_key};
+use super::openapi::ServerSentEvent;
+use super::paging::{Listed, PageQuery};
+use super::plans::{InvalidWorkflow, parse_workflow};
+use super::{ApiState, Principal};
 use crate::idempotency::Idempotent;
 use crate::instances::{InstanceView, Measurement};
 use crate::run::SubmitError;

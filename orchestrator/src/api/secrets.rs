@@ -15,7 +15,10 @@ use serde::Deserialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{ApiError, ApiState, ErrorBody, Listed, PageQuery, Params, Principal};
+use super::error::{ApiError, ErrorBody};
+use super::extract::{Params, body as read_body};
+use super::paging::{Listed, PageQuery};
+use super::{ApiState, Principal};
 use crate::secrets::{Scope, SecretError, SecretInfo};
 
 pub(super) fn routes() -> OpenApiRouter<ApiState> {
@@ -50,7 +53,7 @@ fn secret_error(e: SecretError) -> ApiError {
 }
 
 async fn put(state: &ApiState, scope: Scope, name: &str, body: &[u8]) -> Result<Json<SecretInfo>, ApiError> {
-    let request: SetSecret = super::body(body, r#"a secret: {"value": "..."}"#)?;
+    let request: SetSecret = read_body(body, r#"a secret: {"value": "..."}"#)?;
     state
         .secrets
         .set(&scope, name, &request.value)

@@ -31,7 +31,11 @@ use tokio::sync::mpsc;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{ApiError, ApiState, ErrorBody, Listed, PageQuery, Params, Principal, ServerSentEvent, body, page_size};
+use super::error::{ApiError, ErrorBody};
+use super::extract::{IDEMPOTENT_REPLAYED, Params, body, idempotency_key};
+use super::openapi::ServerSentEvent;
+use super::paging::{Listed, PageQuery, page_size};
+use super::{ApiState, Principal};
 use crate::session::limits::BUSY_RETRY_AFTER_S;
 use crate::session::{
     Binding, CreateKey, Flight, MessageRecord, MoveTo, NewMessage, NewSession, Reply, Role, Sampling, SessionError,
@@ -156,7 +160,7 @@ async fn create(
         let mut response = (StatusCode::OK, Json(created.session)).into_response();
         response
             .headers_mut()
-            .insert(super::IDEMPOTENT_REPLAYED, axum::http::HeaderValue::from_static("true"));
+            .insert(IDEMPOTENT_REPLAYED, axum::http::HeaderValue::from_static("true"));
         Ok(response)
     } else {
         Ok((StatusCode::CREATED, Json(created.session)).into_response())
@@ -316,19 +320,6 @@ impl From<Reply> for TurnAnswer {
             replayed: reply.replayed,
             session: reply.session,
         }
-    }
-}
-
-/// The `Idempotency-Key` header, if any.
-pub(super) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    match headers.get("idempotency-key") {
-        None => Ok(None),
-        Some(value) => value.to_str().map(|v| Some(v.trim().to_owned())).map_err(|_| {
-            ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "the Idempotency-Key header must be printable ASCII",
-            )
-        }),
     }
 }
 

@@ -13,7 +13,10 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::{ApiError, ApiState, ErrorBody, Listed, PageQuery, Params, Principal, error};
+use super::error::{ApiError, ErrorBody, error, error_with_code};
+use super::extract::{Params, body as read_body, idempotency_key};
+use super::paging::{Listed, PageQuery};
+use super::{ApiState, Principal};
 use crate::auth::{TokenError, TokenRecord};
 use crate::idempotency::Idempotent;
 
@@ -59,7 +62,7 @@ fn token_error(e: TokenError) -> Response {
         TokenError::BadUser(_) | TokenError::Admin => StatusCode::BAD_REQUEST,
         TokenError::NotFound(_) => StatusCode::NOT_FOUND,
         TokenError::AlreadyCreated(_) => {
-            return super::error_with_code(StatusCode::CONFLICT, "already_created", &e.to_string());
+            return error_with_code(StatusCode::CONFLICT, "already_created", &e.to_string());
         }
         TokenError::Random(_) => StatusCode::INTERNAL_SERVER_ERROR,
     };
@@ -85,11 +88,11 @@ async fn create(
     if let Err(e) = admin_only(&principal) {
         return e.into_response();
     }
-    let request: CreateToken = match super::body(&body, r#"a token request: {"user": "NAME"}"#) {
+    let request: CreateToken = match read_body(&body, r#"a token request: {"user": "NAME"}"#) {
         Ok(request) => request,
         Err(e) => return e.into_response(),
     };
-    let key = match super::sessions::idempotency_key(&headers) {
+    let key = match idempotency_key(&headers) {
         Ok(key) => key,
         Err(e) => return e.into_response(),
     };

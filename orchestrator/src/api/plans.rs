@@ -1,0 +1,186 @@
+//! `POST /v1/plans`: a placement plan of a workflow on the live graph, and reading a
+//! workflow sent as text (which runs share).
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use skein_dsl::SourceKind;
+use skein_model_registry::hub::InspectOptions;
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use super::ApiState;
+use super::error::{ErrorBody, ErrorDetail, error};
+use super::evaluate;
+use crate::auth::Principal;
+use crate::plan::{PlanInput, PlanSettings, Planner};
+
+/// The routes of this module (behind the API token).
+pub(super) fn routes() -> OpenApiRouter<ApiState> {
+    OpenApiRouter::new().routes(routes!(plans))
+}
+
+/// The body of `POST /v1/plans`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PlanRequest {
+    /// The workflow's text, YAML or Rhai.
+    pub workflow: String,
+    /// Its file name, for diagnostics and to tell the language (`.yaml`, `.yml`,
+    /// `.rhai`); default `workflow.yaml`.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Whether lower-priority instances may be preempted.
+    #[serde(default)]
+    pub allow_preemption: bool,
+    /// Quantized derivatives to consider per model (the hub's most downloaded first).
+    #[serde(default)]
+    pub derivatives: Option<usize>,
+}
+
+/// A workflow the checker refused: the error, and every diagnostic with its place.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct InvalidWorkflow<'a> {
+    error: ErrorDetail<'a>,
+    /// What is wrong, where (file, line, column) and how to fix it.
+    #[schema(value_type = Vec<Object>)]
+    diagnostics: Vec<skein_dsl::diag::JsonDiagnostic>,
+}
+
+/// A placement plan of a workflow on the live graph (nothing is started).
+#[utoipa::path(post, operation_id = "create_plan", path = "/v1/plans", tag = "plans", request_body = PlanRequest,
+    responses(
+        (status = 200, description = "The plan: per agent the chosen variant, engine, GPUs and memory estimate (docs/placement.md)", body = Object),
+        (status = 400, description = "Not a plan request", body = ErrorBody),
+        (status = 422, description = "The workflow is invalid", body = InvalidWorkflow),
+        (status = 429, description = "Two of this user's workflows are being evaluated already", body = ErrorBody),
+        (status = 502, description = "The model hub could not be read", body = ErrorBody),
+    ))]
+async fn plans(
+    State(state): State<ApiState>,
+    axum::extract::Extension(principal): axum::extract::Extension<Principal>,
+    body: axum::body::Bytes,
+) -> Response {
+    let request: PlanRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("the body is not a plan request ({e}); send {{\"workflow\": \"<YAML or Rhai text>\"}}"),
+            );
+        }
+    };
+    let workflow = match parse_workflow(
+        &principal,
+        request.name.as_deref(),
+        &request.workflow,
+        state.executor.clients().policy(),
+    )
+    .await
+    {
+        Ok(workflow) => workflow,
+        Err(response) => return *response,
+    };
+    let options = InspectOptions {
+        derivatives: request
+            .derivatives
+            .unwrap_or(skein_model_registry::hub::DEFAULT_DERIVATIVES),
+        ..InspectOptions::default()
+    };
+    let settings = PlanSettings {
+        allow_preemption: request.allow_preemption,
+        ..PlanSettings::default()
+    };
+    let hub = state.hub.clone();
+    let executor = state.executor.clone();
+    let planner = Arc::clone(&state.planner);
+    // The hub client's futures are not `Send` (their closures borrow), so the reads run
+    // on a blocking thread driven by this runtime, then the planning (pure CPU work).
+    let planned = tokio::task::spawn_blocking(move || {
+        let runtime = tokio::runtime::Handle::current();
+        let models = runtime
+            .block_on(crate::catalogs::inspect_workflow(&hub, &workflow, &options))
+            .map_err(|e| Box::new(error(StatusCode::BAD_GATEWAY, &skein_model_registry::error_chain(&e))))?;
+        // The graph the executor plans on: drained GPUs are left out, with why.
+        let snapshot = executor.plan_snapshot();
+        let input = PlanInput {
+            workflow: &workflow,
+            models: &models,
+            graph: &snapshot,
+            running: &[],
+            settings,
+        };
+        Planner::plan_shared(&planner, &input)
+            .map_err(|e| Box::new(error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())))
+    })
+    .await;
+    match planned {
+        Ok(Ok(plan)) => axum::Json(plan).into_response(),
+        Ok(Err(response)) => *response,
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &format!("the planner failed: {e}")),
+    }
+}
+
+/// A workflow sent as text: 400 for a name of no known language, 422 with the
+/// diagnostics for an invalid workflow, or one whose endpoints the `policy` refuses.
+pub(crate) async fn parse_workflow(
+    principal: &Principal,
+    name: Option<&str>,
+    text: &str,
+    policy: &crate::egress::EgressPolicy,
+) -> Result<skein_dsl::Workflow, Box<Response>> {
+    let name = name.unwrap_or("workflow.yaml");
+    let Some(kind) = SourceKind::from_name(name) else {
+        return Err(Box::new(error(
+            StatusCode::BAD_REQUEST,
+            "`name` must end in .yaml, .yml or .rhai",
+        )));
+    };
+    // On the Rhai pool, a few at a time per user (429 beyond).
+    let mut parsed = evaluate::parse(principal, name, text, kind).await.map_err(Box::new)?;
+    refuse_endpoints(&mut parsed, policy);
+    match parsed.workflow {
+        Some(w) if !parsed.diagnostics.has_errors() => Ok(w),
+        _ => {
+            let body = InvalidWorkflow {
+                error: ErrorDetail {
+                    code: "invalid_workflow",
+                    message: "the workflow is invalid",
+                },
+                diagnostics: skein_dsl::diag::to_json(&parsed.diagnostics, &parsed.file),
+            };
+            Err(Box::new(
+                (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(body)).into_response(),
+            ))
+        }
+    }
+}
+
+/// Adds a diagnostic at the `url` of every endpoint agent whose URL the policy refuses.
+fn refuse_endpoints(parsed: &mut skein_dsl::Parsed, policy: &crate::egress::EgressPolicy) {
+    use skein_dsl::ir::Backend;
+    let Some(workflow) = &parsed.workflow else {
+        return;
+    };
+    for (agent, definition) in &workflow.agents {
+        let Backend::Endpoint(endpoint) = &definition.backend else {
+            continue;
+        };
+        if let Err(refusal) = policy.check_url(&endpoint.url) {
+            let span = parsed
+                .endpoint_urls
+                .get(agent)
+                .copied()
+                .unwrap_or(skein_dsl::Span::point(0));
+            parsed.diagnostics.push(
+                skein_dsl::Diagnostic::error(skein_dsl::Code::BadValue, span, refusal.to_string())
+                    .with_label("this server does not call this address")
+                    .with_help(
+                        "use an endpoint outside this server and its local network, or ask the admin to allow it",
+                    ),
+            );
+        }
+    }
+}
