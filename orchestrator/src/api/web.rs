@@ -58,7 +58,7 @@ fn etags() -> &'static [String] {
 
 fn serve(path: &str, request: &HeaderMap) -> Response {
     let Some(index) = ASSETS.iter().position(|a| a.path == path) else {
-        return super::error(StatusCode::NOT_FOUND, &format!("no file `/web/{path}` in the web page"));
+        return super::error::error(StatusCode::NOT_FOUND, &format!("no file `/web/{path}` in the web page"));
     };
     let asset = &ASSETS[index];
     let etag = &etags()[index];
