@@ -2,8 +2,8 @@
 //!
 //! An agent runs on every machine that lends hardware to Skein. It discovers the host
 //! and its GPUs — real ones through NVML, or a simulated node of a fleet file — and
-//! samples them; it will stream inventory and telemetry to the orchestrator over gRPC
-//! (through the `proto` types) and start and stop inference engines on the GPUs it is
+//! samples them; it streams inventory and telemetry to the orchestrator over gRPC
+//! (through the `proto` types) and starts and stops inference engines on the GPUs it is
 //! assigned. Simulated and real GPUs go through the same code after discovery: both
 //! are a [`GpuSource`].
 //!
@@ -43,7 +43,8 @@
 //! # Invariants
 //!
 //! The agent shares only the wire protocol with the orchestrator; it does not depend on
-//! the orchestrator, DSL or model-registry crates. `telemetry`, `sim`, `slurm` (but for
+//! the orchestrator or the DSL. It uses the model registry for hub downloads (an
+//! instance's weights) and the GPU catalog for simulated fleets. `telemetry`, `sim`, `slurm` (but for
 //! its `squeue` call) and fleet checking are pure (no clock, no IO): a simulated reading is a function of the
 //! fleet file and `t`, and only [`load_fleet`] reads files. Discovery reads the local
 //! system and blocks briefly (files under `/proc` and `/sys` on Linux, NVML calls);

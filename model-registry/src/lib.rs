@@ -1,9 +1,9 @@
 //! Model metadata and memory estimation for Skein.
 //!
-//! This crate will answer "how many bytes does this model need on this GPU?" from
-//! headers alone: `config.json`, safetensors headers and GGUF tensor tables. Today it
-//! holds the foundation every estimate is built on: the storage element types of both
-//! weight formats and an exact byte count for a tensor of each type.
+//! This crate answers "how many bytes does this model need on this GPU?" from headers
+//! alone: `config.json`, safetensors headers and GGUF tensor tables, read from the
+//! Hugging Face Hub with Range requests. It also lists a model's quantized variants and
+//! says which of them fit a set of GPUs.
 //!
 //! # Layout
 //!
@@ -37,6 +37,11 @@
 //!   give an [`Estimate`]: per-device weights, KV cache, activations and overhead, each
 //!   line explained, with the named constants used; [`fits`] checks it against usable
 //!   memory; [`tp_degrees`] lists valid tensor-parallel degrees and why others fail.
+//! - [`catalog`]: what Skein knows about one model before anything is downloaded
+//!   ([`ModelInfo`]): its shape and every variant with its weight bytes, and where each
+//!   fits.
+//! - [`gpu`]: GPUs by name for plans made before the fleet reports in (`--gpu
+//!   A100-80GB`, GPU sets such as `RTX4090-24GB:2`), from the shared GPU catalog.
 //! - [`hub`]: the IO edge. [`hub::HubClient`] resolves a repository on the Hugging Face
 //!   Hub, downloads `config.json` and friends, reads safetensors and GGUF headers with
 //!   HTTP Range requests (never weights), discovers quantized variants, and caches all of

