@@ -6,13 +6,21 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 
 use crate::base::Secret;
 use crate::egress::EgressPolicy;
-use crate::run::record::Usage;
 use crate::secrets::Secrets;
+
+/// Token counts of one answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: u64,
+    /// Generated tokens.
+    pub completion_tokens: u64,
+}
 
 /// How long a connection to an engine or endpoint may take to open.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);

@@ -14,8 +14,25 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 
 use crate::base::{UnixMs, lock, sha256_hex_bytes};
-use crate::session::record::{Invalid, check_idempotency_key};
 use crate::store::{Db, StoreError, Tree, WriteBatch};
+
+/// The longest idempotency key accepted, in bytes.
+pub const MAX_IDEMPOTENCY_KEY: usize = 256;
+
+/// Checks an idempotency key: 1 to [`MAX_IDEMPOTENCY_KEY`] bytes of printable ASCII.
+///
+/// Errors: what is wrong with the key, worded to follow "the idempotency key".
+pub fn check_key(key: &str) -> Result<(), &'static str> {
+    if key.is_empty() {
+        Err("is empty")
+    } else if key.len() > MAX_IDEMPOTENCY_KEY {
+        Err("is longer than 256 bytes")
+    } else if !key.bytes().all(|b| b.is_ascii_graphic()) {
+        Err("must be printable ASCII without spaces (a UUID is a good key)")
+    } else {
+        Ok(())
+    }
+}
 
 /// An `Idempotency-Key` and the request it came with.
 #[derive(Debug, Clone, Copy)]
@@ -128,7 +145,7 @@ impl IdempotencyKeys {
     /// Errors: [`KeyError::Malformed`], [`KeyError::Mismatch`], [`KeyError::InProgress`],
     /// [`KeyError::Store`].
     pub fn claim(&self, owner: &str, Idempotent { key, request }: Idempotent<'_>) -> Result<Claim<'_>, KeyError> {
-        if let Err(Invalid::IdempotencyKey(reason)) = check_idempotency_key(key) {
+        if let Err(reason) = check_key(key) {
             return Err(KeyError::Malformed(reason));
         }
         let slot = format!("{owner}/{key}");

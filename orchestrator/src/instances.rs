@@ -24,7 +24,7 @@ use tonic::Status;
 
 use crate::base::{Secret, lock};
 use crate::graph::NodeId;
-use crate::reflex::load::Load;
+use crate::load::Load;
 use crate::store::Tree;
 
 /// What an instance is doing.

@@ -1,6 +1,6 @@
 //! The Skein orchestrator: it owns workflows, the live hardware graph, the
-//! placement planner, the executor and durable sessions. Later parts arrive
-//! module by module; each module is documented in `docs/ARCHITECTURE.md`.
+//! placement planner, the executor, durable sessions and the reflexes. Each module is
+//! described in `docs/ARCHITECTURE.md`.
 //!
 //! # Layout
 //! - [`base`]: the ground floor every module may import: Unix and monotonic time,
@@ -25,12 +25,17 @@
 //!   revocable) and node identities (each name claimed by one agent's credential).
 //! - [`idempotency`]: `Idempotency-Key` of the routes that create runs, sessions and
 //!   tokens: stored with what they created, in the same write.
+//! - [`load`]: the serving figures of model instances (requests in flight, latency,
+//!   tokens per second, sessions), counted where requests pass; reflexes read them.
 //! - [`instances`]: the model instances agents were asked to run, their commands down
 //!   the agents' streams and the status that comes back.
 //! - [`run`]: runs of workflows: the stored record and its pure rules, the commands a
 //!   plan becomes, and the executor (admission, instances, steps, retries, resume).
 //! - [`session`]: sessions (conversations with agents): the stored records, the
 //!   [`session::SessionStore`] trait over sled, and the group-committing writer.
+//! - [`reflex`]: the workflow's reflexes (`on … do …`) evaluated against the live graph
+//!   within a second of each sample: the pure engine, the runtime that acts, and its
+//!   events.
 //! - [`store`]: durable records in sled: one writer thread with group commit owns every
 //!   write and the flush (a write is acknowledged once it is on disk).
 //! - [`private`]: the data directory (0700) and the files in it (0600): make, write,
@@ -54,6 +59,7 @@ pub mod graph;
 pub mod idempotency;
 pub mod instances;
 pub mod join;
+pub mod load;
 pub mod plan;
 pub mod private;
 pub mod reflex;

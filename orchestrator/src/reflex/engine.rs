@@ -26,6 +26,8 @@ use serde::Serialize;
 use skein_dsl::expr::{Compiled, Context, Evaluator, ExprError, Truth, absent_flag, absent_number};
 use skein_dsl::ir::{Action, Aggregate, Reflex, Scope};
 
+pub use crate::load::AgentReading;
+
 /// A GPU: its node's id and its index there.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct GpuKey {
@@ -91,20 +93,6 @@ impl GpuReading {
             ecc_rate,
         }
     }
-}
-
-/// An agent's serving figures (`agent.*`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct AgentReading {
-    /// Requests waiting for or in its instances.
-    pub queue_depth: f64,
-    /// 95th percentile of its answers' latency, milliseconds; `None` (absent) when
-    /// nothing was answered in the window.
-    pub latency_p95_ms: Option<f64>,
-    /// Tokens generated per second.
-    pub tokens_per_s: f64,
-    /// Sessions bound to it.
-    pub sessions: f64,
 }
 
 /// A reflex of the engine.

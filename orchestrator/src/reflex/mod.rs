@@ -12,7 +12,6 @@
 
 pub mod engine;
 pub mod events;
-pub mod load;
 pub mod runtime;
 
 pub use engine::{AgentReading, Decision, DecisionKind, Engine, GpuKey, GpuReading, ReflexId};

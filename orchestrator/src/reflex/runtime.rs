@@ -67,7 +67,7 @@ struct Watched {
     /// Its reflexes: engine id and declaration.
     reflexes: Vec<(super::ReflexId, Reflex)>,
     /// Its agents served by a remote endpoint (their requests count under
-    /// [`super::load::endpoint_key`]).
+    /// [`crate::load::endpoint_key`]).
     endpoints: HashSet<String>,
     /// Its actor.
     jobs: mpsc::UnboundedSender<Job>,
@@ -348,7 +348,7 @@ impl Reflexes {
             // An endpoint agent's requests count under its key; a model agent's on its
             // instances, and with none up nothing is measured (absent, not 0).
             let names: Vec<String> = if endpoint {
-                vec![super::load::endpoint_key(&run, &subject)]
+                vec![crate::load::endpoint_key(&run, &subject)]
             } else {
                 scope_instances(&self.inner.instances, &self.inner.graph, &run, &scope)
                     .into_iter()

@@ -1070,7 +1070,7 @@ impl Executor {
                 let executor = self.clone();
                 attempts.spawn(async move {
                     // An endpoint agent's requests count under the agent, as reflexes read them.
-                    let counted = crate::reflex::load::counted_under(
+                    let counted = crate::load::counted_under(
                         route.instance.as_deref(),
                         endpoint.as_ref().map(|_| (run_id.as_str(), agent.as_str())),
                     );

@@ -172,14 +172,7 @@ pub struct StepRecord {
     pub usage: Option<Usage>,
 }
 
-/// Token counts of one answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Usage {
-    /// Prompt tokens.
-    pub prompt_tokens: u64,
-    /// Generated tokens.
-    pub completion_tokens: u64,
-}
+pub use crate::engine_client::Usage;
 
 /// A submitted workflow and everything that happened to it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]

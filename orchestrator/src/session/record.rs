@@ -6,10 +6,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use skein_dsl::ir::Agent;
 
-use crate::run::record::{UnixMs, Usage};
-
-/// The longest idempotency key accepted (bytes).
-pub const MAX_IDEMPOTENCY_KEY: usize = 256;
+use crate::base::UnixMs;
+use crate::engine_client::Usage;
 
 /// The largest message content accepted (bytes): a long conversation is many messages,
 /// not one huge one.
@@ -178,19 +176,10 @@ pub fn check_messages(messages: &[NewMessage]) -> Result<(), Invalid> {
     Ok(())
 }
 
-/// Checks an idempotency key: 1 to 256 bytes of printable ASCII.
+/// Checks an idempotency key: 1 to 256 bytes of printable ASCII
+/// ([`crate::idempotency::check_key`]).
 pub fn check_idempotency_key(key: &str) -> Result<(), Invalid> {
-    if key.is_empty() {
-        Err(Invalid::IdempotencyKey("is empty"))
-    } else if key.len() > MAX_IDEMPOTENCY_KEY {
-        Err(Invalid::IdempotencyKey("is longer than 256 bytes"))
-    } else if !key.bytes().all(|b| b.is_ascii_graphic()) {
-        Err(Invalid::IdempotencyKey(
-            "must be printable ASCII without spaces (a UUID is a good key)",
-        ))
-    } else {
-        Ok(())
-    }
+    crate::idempotency::check_key(key).map_err(Invalid::IdempotencyKey)
 }
 
 /// Checks a session's metadata.

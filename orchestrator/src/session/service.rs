@@ -864,7 +864,7 @@ impl Sessions {
         if let Some(instance) = &route.instance {
             self.inner.instances.used_by(instance, user);
         }
-        let counted = crate::reflex::load::counted_under(route.instance.as_deref(), serves);
+        let counted = crate::load::counted_under(route.instance.as_deref(), serves);
         let flight = counted.map(|key| self.inner.instances.load().begin(&key, session));
         let answer = match tokens {
             Some(tokens) => {

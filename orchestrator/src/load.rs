@@ -1,13 +1,14 @@
 //! The serving figures of model instances, measured where requests pass: every chat
 //! request the orchestrator sends to an engine (a session's turn, an OpenAI-compatible
 //! completion, a run's step) is counted while in flight and timed when it ends. Reflexes
-//! read them as `agent.*` over the instances serving an agent.
+//! read them as `agent.*` over the instances serving an agent ([`AgentReading`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::AgentReading;
+use serde::Serialize;
+
 use crate::base::lock;
 
 /// Answers whose latency counts towards `latency_p95_ms`.
@@ -43,6 +44,20 @@ pub fn counted_under(instance: Option<&str>, endpoint_of: Option<(&str, &str)>) 
         (None, Some((run, agent))) => Some(endpoint_key(run, agent)),
         (None, None) => None,
     }
+}
+
+/// An agent's serving figures (`agent.*`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct AgentReading {
+    /// Requests waiting for or in its instances.
+    pub queue_depth: f64,
+    /// 95th percentile of its answers' latency, milliseconds; `None` (absent) when
+    /// nothing was answered in the window.
+    pub latency_p95_ms: Option<f64>,
+    /// Tokens generated per second.
+    pub tokens_per_s: f64,
+    /// Sessions bound to it.
+    pub sessions: f64,
 }
 
 /// Figures of every instance (and endpoint agent, [`endpoint_key`]). Cheap to clone.
