@@ -10,10 +10,10 @@
 use std::collections::BTreeMap;
 
 use crate::HostInventory;
-use crate::fleet::catalog::CardModel;
 use crate::gpu::{GpuInfo, GpuSample, GpuSource, SampleError, ThrottleReasons};
 use crate::host::{HostField, Unavailable};
 use crate::telemetry::Model;
+use skein_gpu_catalog::CardModel;
 
 /// Memory a GPU reports in use with nothing running (driver and context
 /// reservations), as a fraction of its total.
