@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use skein_model_registry::error_chain;
 use skein_proto::agent::v1::{
     self as pb, AgentMessage, RegisterRequest, agent_message, agent_service_client::AgentServiceClient,
     orchestrator_message,
@@ -539,19 +540,6 @@ async fn session(
             }
         }
     }
-}
-
-/// An error and its causes, `: `-separated (tonic's and reqwest's own messages omit
-/// the cause).
-pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// The inventory as the protocol carries it, without labels (which come from the

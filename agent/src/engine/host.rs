@@ -19,8 +19,38 @@ use super::command::{
     VllmLaunch,
 };
 use super::free_port;
-use super::supervisor::{InstanceEvent, InstanceState, Supervisor};
+use super::supervisor::{InstanceEvent, InstanceState, Supervisor, SupervisorError};
 use crate::daemon::InstanceHost;
+
+/// Why an instance could not be started on this agent. Its Failed status says this
+/// with every cause ([`skein_model_registry::error_chain`]).
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// The command names a repository id that is not one.
+    #[error(transparent)]
+    Repo(skein_model_registry::Error),
+    /// The hub could not resolve the revision or download the files.
+    #[error(transparent)]
+    Hub(skein_model_registry::Error),
+    /// The download's thread ended without an answer.
+    #[error("the download task failed")]
+    DownloadTask(#[source] tokio::task::JoinError),
+    /// No port was free for the engine.
+    #[error("no free port on {host}")]
+    NoPort {
+        /// The address engines listen on.
+        host: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The command cannot become a launch spec ([`launch_spec`]).
+    #[error("{0}")]
+    Spec(String),
+    /// The supervisor refused the start.
+    #[error(transparent)]
+    Supervisor(#[from] SupervisorError),
+}
 
 /// Where the engines' programs are and how engines are reached.
 #[derive(Debug, Clone)]
@@ -162,7 +192,8 @@ impl Inner {
         let _ = self.reports.try_send(status);
     }
 
-    async fn fail(&self, instance: &str, detail: String) {
+    async fn fail(&self, instance: &str, error: &HostError) {
+        let detail = skein_model_registry::error_chain(error);
         tracing::warn!(%instance, %detail, "instance failed to start");
         self.report(pb::InstanceStatus {
             instance: instance.to_owned(),
@@ -187,34 +218,33 @@ impl Inner {
         let snapshot = match local {
             Some(files) => match self.download(&name, &files).await {
                 Ok(dir) => Some(dir),
-                Err(error) => return self.fail(&name, error).await,
+                Err(error) => return self.fail(&name, &error).await,
             },
             None => None,
         };
         let port = match free_port(&self.config.listen_host) {
             Ok(port) => port,
-            Err(error) => {
-                return self
-                    .fail(&name, format!("no free port on {}: {error}", self.config.listen_host))
-                    .await;
+            Err(source) => {
+                let host = self.config.listen_host.clone();
+                return self.fail(&name, &HostError::NoPort { host, source }).await;
             }
         };
         let spec = match launch_spec(&command, snapshot.as_deref(), &self.config, port) {
             Ok(spec) => spec,
-            Err(error) => return self.fail(&name, error).await,
+            Err(error) => return self.fail(&name, &HostError::Spec(error)).await,
         };
         // A start with a different command replaces the running instance.
         if self.supervisor.status().iter().any(|s| s.instance == name) {
             let _ = self.supervisor.stop(&name).await;
         }
         if let Err(error) = self.supervisor.start(spec).await {
-            self.fail(&name, error.to_string()).await;
+            self.fail(&name, &HostError::from(error)).await;
         }
     }
 
     /// The instance's files in the HF cache; progress is reported as it goes.
-    async fn download(self: &Arc<Self>, instance: &str, files: &pb::ModelFiles) -> Result<PathBuf, String> {
-        let repo = RepoId::parse(&files.repo).map_err(|e| e.to_string())?;
+    async fn download(self: &Arc<Self>, instance: &str, files: &pb::ModelFiles) -> Result<PathBuf, HostError> {
+        let repo = RepoId::parse(&files.repo).map_err(HostError::Repo)?;
         let hub = self.hub.clone();
         let revision = files.revision.clone();
         let required = files.files.clone();
@@ -225,10 +255,7 @@ impl Inner {
         // The hub client's futures are not `Send`: they run on a blocking thread.
         tokio::task::spawn_blocking(move || {
             runtime.block_on(async move {
-                let resolved = hub
-                    .resolve(&repo, &revision)
-                    .await
-                    .map_err(|e| skein_model_registry::error_chain(&e))?;
+                let resolved = hub.resolve(&repo, &revision).await.map_err(HostError::Hub)?;
                 let mut wanted = required;
                 wanted.extend(optional.into_iter().filter(|f| resolved.file(f).is_some()));
                 wanted.sort();
@@ -267,13 +294,11 @@ impl Inner {
                         ..pb::InstanceStatus::default()
                     })
                     .await;
-                hub.download(&resolved, &wanted, progress)
-                    .await
-                    .map_err(|e| skein_model_registry::error_chain(&e))
+                hub.download(&resolved, &wanted, progress).await.map_err(HostError::Hub)
             })
         })
         .await
-        .map_err(|e| format!("the download task failed: {e}"))?
+        .map_err(HostError::DownloadTask)?
     }
 }
 

@@ -12,11 +12,11 @@ use tracing::{debug, info, warn};
 use super::command::{EngineCommand, EngineKey, EngineLaunch, LaunchError, LaunchSpec, RemoteLaunch};
 use super::logs::{InstanceLog, LogMark};
 use super::process::{EngineProcess, describe_exit, process_tree};
-use super::supervisor::{
+use super::shared::{
     InstanceEvent, InstanceState, MeasuredMemory, PROBE_TIMEOUT, READINESS_POLL, REASON_LOG_LINES, Shared,
     SupervisorError, UNHEALTHY_AFTER,
 };
-use crate::daemon::error_chain;
+use skein_model_registry::error_chain;
 
 /// Log lines quoted when an engine ended successfully before it was ready: enough for a
 /// usage text and the complaint above it (llama.cpp's RPC server prints 10 lines of usage
@@ -166,22 +166,41 @@ enum Attempt {
 }
 
 /// Why a probe did not find the instance ready.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 enum NotReady {
     /// 503: still loading.
+    #[error("answered 503 Service Unavailable (loading)")]
     Loading,
     /// 401 or 403: the key is wrong; waiting will not help.
-    Refused(String),
-    /// Anything else (connection refused, timeout, another status).
-    Other(String),
+    #[error("the endpoint refused the key: {0}")]
+    Refused(reqwest::StatusCode),
+    /// The port did not accept a connection.
+    #[error("{address}")]
+    Connect {
+        /// Where the probe connected.
+        address: String,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The port did not answer within [`PROBE_TIMEOUT`].
+    #[error("{address}: no answer in {PROBE_TIMEOUT:?}")]
+    Silent {
+        /// Where the probe connected.
+        address: String,
+    },
+    /// The HTTP probe could not be sent or answered.
+    #[error(transparent)]
+    Request(reqwest::Error),
+    /// Another status.
+    #[error("answered {0}")]
+    Status(reqwest::StatusCode),
 }
 
 impl NotReady {
+    /// The probe's failure with its causes, as a reason reads it.
     fn describe(&self) -> String {
-        match self {
-            Self::Loading => "answered 503 Service Unavailable (loading)".to_owned(),
-            Self::Refused(reason) | Self::Other(reason) => reason.clone(),
-        }
+        error_chain(self)
     }
 }
 
@@ -413,8 +432,8 @@ impl InstanceTask {
         loop {
             match self.probe(target).await {
                 Ok(()) => return Ok(()),
-                Err(NotReady::Refused(reason)) => return Err(reason),
-                Err(NotReady::Loading | NotReady::Other(_)) => tokio::time::sleep(poll).await,
+                Err(refused @ NotReady::Refused(_)) => return Err(refused.describe()),
+                Err(_) => tokio::time::sleep(poll).await,
             }
         }
     }
@@ -444,8 +463,13 @@ impl InstanceTask {
                 return match tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect(address.as_str())).await
                 {
                     Ok(Ok(_)) => Ok(()),
-                    Ok(Err(error)) => Err(NotReady::Other(format!("{address}: {error}"))),
-                    Err(_) => Err(NotReady::Other(format!("{address}: no answer in {PROBE_TIMEOUT:?}"))),
+                    Ok(Err(source)) => Err(NotReady::Connect {
+                        address: address.clone(),
+                        source,
+                    }),
+                    Err(_) => Err(NotReady::Silent {
+                        address: address.clone(),
+                    }),
                 };
             }
             Target::Local {
@@ -467,19 +491,13 @@ impl InstanceTask {
                 }
             }
         };
-        let response = request
-            .timeout(PROBE_TIMEOUT)
-            .send()
-            .await
-            .map_err(|e| NotReady::Other(error_chain(&e)))?;
+        let response = request.timeout(PROBE_TIMEOUT).send().await.map_err(NotReady::Request)?;
         let status = response.status();
         match status.as_u16() {
             200..=299 => Ok(()),
             503 => Err(NotReady::Loading),
-            401 | 403 if matches!(target, Target::Remote { .. }) => {
-                Err(NotReady::Refused(format!("the endpoint refused the key: {status}")))
-            }
-            _ => Err(NotReady::Other(format!("answered {status}"))),
+            401 | 403 if matches!(target, Target::Remote { .. }) => Err(NotReady::Refused(status)),
+            _ => Err(NotReady::Status(status)),
         }
     }
 

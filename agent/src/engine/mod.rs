@@ -11,6 +11,8 @@
 //! - `instance` (private): one instance's task: start, readiness, health, restarts.
 //! - `process` (private): one engine process in its own process group, its output
 //!   captured, its process tree measured; and [`free_port`].
+//! - `shared` (private): what the supervisor and the instance tasks share: the
+//!   instance table, states and events, and the limits both read.
 //! - `logs` (private): an instance's log file (appended across restarts) and its
 //!   in-memory ring of recent lines.
 //! - [`host`]: the daemon's side of engine commands ([`host::EngineHost`]): a start
@@ -22,6 +24,7 @@ pub mod host;
 mod instance;
 mod logs;
 mod process;
+mod shared;
 pub mod supervisor;
 
 pub use command::{
