@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use skein_orchestrator::agents::Secret;
 
-use crate::cli::ApiClientArgs;
+use crate::cli::common::ApiClientArgs;
 
 /// A server's REST API with a token.
 pub struct ApiClient {
@@ -33,7 +33,7 @@ impl ApiClient {
     /// A client of `server` with the token of `args` (flag, `SKEIN_API_TOKEN`, or the
     /// data directory of a server on this machine).
     pub fn new(server: &str, args: &ApiClientArgs) -> anyhow::Result<ApiClient> {
-        let token = crate::cluster::api_token(args)?;
+        let token = api_token(args)?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -295,7 +295,7 @@ pub fn is_loopback_url(url: &str) -> bool {
 /// The fingerprint of the certificate a server on this machine made
 /// (`<data dir>/tls/cert.pem`), if there is one.
 pub fn local_certificate(data_dir: Option<&std::path::Path>) -> anyhow::Result<Option<skein_proto::tls::Fingerprint>> {
-    let Ok(dir) = crate::cluster::data_dir(data_dir) else {
+    let Ok(dir) = crate::data_dir::data_dir(data_dir) else {
         return Ok(None);
     };
     let cert = dir.join("tls").join("cert.pem");
@@ -349,4 +349,20 @@ mod tests {
             assert!(!is_loopback_url(url), "{url}");
         }
     }
+}
+
+/// The REST API token: the flag (or SKEIN_API_TOKEN), else the api-token file of a
+/// server on this machine.
+pub fn api_token(args: &ApiClientArgs) -> anyhow::Result<Secret> {
+    if let Some(token) = args.api_token.as_deref().and_then(Secret::new) {
+        return Ok(token);
+    }
+    let file = crate::data_dir::data_dir(args.data_dir.as_deref())?.join("api-token");
+    let text = std::fs::read_to_string(&file).with_context(|| {
+        format!(
+            "no API token: pass --api-token, set SKEIN_API_TOKEN, or run on the server's machine (reads {})",
+            file.display()
+        )
+    })?;
+    Secret::new(text).with_context(|| format!("{} is empty", file.display()))
 }

@@ -7,8 +7,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use skein_inference::{ApiKey, DeviceSpec, ServeConfig};
 
-use crate::cli::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE, EngineServeArgs};
-use crate::cluster::{init_logging, runtime};
+use crate::cli::engine::EngineServeArgs;
+use crate::cli::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
+use crate::runtime::{init_logging, runtime};
 
 /// `skein engine serve`: binds, prints the address, loads the model in the background
 /// (`/health` answers 503 until it is loaded) and serves until interrupted; with a key

@@ -5,7 +5,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use serde::Deserialize;
 
-use crate::cli::{EXIT_OK, EventsArgs, OutputFormat};
+use crate::cli::EXIT_OK;
+use crate::cli::common::OutputFormat;
+use crate::cli::runs::EventsArgs;
 use crate::client::ApiClient;
 
 #[derive(Deserialize)]

@@ -7,22 +7,35 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+use crate::cli::engine::EngineCommand;
+use crate::cli::models::ModelsCommand;
+use crate::cli::nodes::NodeCommand;
+use crate::cli::runs::RunCommand;
+use crate::cli::secrets::SecretCommand;
+use crate::cli::sessions::SessionCommand;
+use crate::cli::slurm::SlurmCommand;
+use crate::cli::tokens::{JoinTokenCommand, TokenCommand};
+use crate::cli::{Cli, Command};
+
+mod agent;
 mod cli;
 mod client;
-mod cluster;
+mod data_dir;
 mod engine;
 mod events;
-mod kubernetes;
 mod models;
 mod nodes;
 mod plan;
 mod runs;
+mod runtime;
 mod secrets;
+mod server;
 mod sessions;
 mod signals;
 mod slurm;
 mod table;
 mod tokens;
+mod up;
 mod validate;
 
 fn main() -> ExitCode {
@@ -30,7 +43,7 @@ fn main() -> ExitCode {
     // client's reqwest) and will not choose one itself; ring serves every TLS use here.
     // An error means one is installed already, which is as good.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let args = cli::Cli::parse();
+    let args = Cli::parse();
     match try_main(args) {
         Ok(code) => code,
         Err(e) => {
@@ -40,42 +53,42 @@ fn main() -> ExitCode {
     }
 }
 
-fn try_main(args: cli::Cli) -> anyhow::Result<ExitCode> {
+fn try_main(args: Cli) -> anyhow::Result<ExitCode> {
     match args.command {
-        cli::Command::Validate(v) => validate::run(&v),
-        cli::Command::Models(cli::ModelsCommand::Inspect(a)) => models::run_inspect(&a),
-        cli::Command::Models(cli::ModelsCommand::Fit(a)) => models::run_fit(&a),
-        cli::Command::Models(cli::ModelsCommand::Measured(a)) => runs::run_measured(&a),
-        cli::Command::Plan(a) => plan::run(&a),
-        cli::Command::Server(a) => cluster::run_server(&a),
-        cli::Command::Nodes(a) => cluster::run_nodes(&a),
-        cli::Command::Agent(a) => cluster::run_agent(&a),
-        cli::Command::Up(a) => cluster::run_up(&a),
-        cli::Command::Submit(a) => runs::run_submit(&a),
-        cli::Command::Runs(a) => runs::run_list(&a),
-        cli::Command::Run(cli::RunCommand::Show(a)) => runs::run_show(&a),
-        cli::Command::Run(cli::RunCommand::Cancel(a)) => runs::run_cancel(&a),
-        cli::Command::Instances(a) => runs::run_instances(&a),
-        cli::Command::Logs(a) => runs::run_logs(&a),
-        cli::Command::Engine(cli::EngineCommand::Serve(a)) => engine::run_serve(&a),
-        cli::Command::Token(cli::TokenCommand::Create(a)) => tokens::run_create(&a),
-        cli::Command::Token(cli::TokenCommand::Revoke(a)) => tokens::run_revoke(&a),
-        cli::Command::Token(cli::TokenCommand::Join(cli::JoinTokenCommand::Create(a))) => tokens::run_join_create(&a),
-        cli::Command::Token(cli::TokenCommand::Join(cli::JoinTokenCommand::List(a))) => tokens::run_join_list(&a),
-        cli::Command::Token(cli::TokenCommand::Join(cli::JoinTokenCommand::Revoke(a))) => tokens::run_join_revoke(&a),
-        cli::Command::Node(cli::NodeCommand::Rm(a)) => nodes::run_rm(&a),
-        cli::Command::Node(cli::NodeCommand::Reset(a)) => nodes::run_reset(&a),
-        cli::Command::Tokens(a) => tokens::run_list(&a),
-        cli::Command::Secret(cli::SecretCommand::Set(a)) => secrets::run_set(&a),
-        cli::Command::Secret(cli::SecretCommand::List(a)) => secrets::run_list(&a),
-        cli::Command::Secret(cli::SecretCommand::Rm(a)) => secrets::run_rm(&a),
-        cli::Command::Sessions(a) => sessions::run_list(&a),
-        cli::Command::Events(a) => events::run(&a),
-        cli::Command::Session(cli::SessionCommand::Create(a)) => sessions::run_create(&a),
-        cli::Command::Session(cli::SessionCommand::Show(a)) => sessions::run_show(&a),
-        cli::Command::Session(cli::SessionCommand::Chat(a)) => sessions::run_chat(&a),
-        cli::Command::Session(cli::SessionCommand::Migrate(a)) => sessions::run_migrate(&a),
-        cli::Command::Session(cli::SessionCommand::Delete(a)) => sessions::run_delete(&a),
-        cli::Command::Slurm(cli::SlurmCommand::Submit(a)) => slurm::run_submit(&a),
+        Command::Validate(v) => validate::run(&v),
+        Command::Models(ModelsCommand::Inspect(a)) => models::run_inspect(&a),
+        Command::Models(ModelsCommand::Fit(a)) => models::run_fit(&a),
+        Command::Models(ModelsCommand::Measured(a)) => runs::run_measured(&a),
+        Command::Plan(a) => plan::run(&a),
+        Command::Server(a) => server::run_server(&a),
+        Command::Nodes(a) => nodes::run_nodes(&a),
+        Command::Agent(a) => agent::run_agent(&a),
+        Command::Up(a) => up::run_up(&a),
+        Command::Submit(a) => runs::run_submit(&a),
+        Command::Runs(a) => runs::run_list(&a),
+        Command::Run(RunCommand::Show(a)) => runs::run_show(&a),
+        Command::Run(RunCommand::Cancel(a)) => runs::run_cancel(&a),
+        Command::Instances(a) => runs::run_instances(&a),
+        Command::Logs(a) => runs::run_logs(&a),
+        Command::Engine(EngineCommand::Serve(a)) => engine::run_serve(&a),
+        Command::Token(TokenCommand::Create(a)) => tokens::run_create(&a),
+        Command::Token(TokenCommand::Revoke(a)) => tokens::run_revoke(&a),
+        Command::Token(TokenCommand::Join(JoinTokenCommand::Create(a))) => tokens::run_join_create(&a),
+        Command::Token(TokenCommand::Join(JoinTokenCommand::List(a))) => tokens::run_join_list(&a),
+        Command::Token(TokenCommand::Join(JoinTokenCommand::Revoke(a))) => tokens::run_join_revoke(&a),
+        Command::Node(NodeCommand::Rm(a)) => nodes::run_rm(&a),
+        Command::Node(NodeCommand::Reset(a)) => nodes::run_reset(&a),
+        Command::Tokens(a) => tokens::run_list(&a),
+        Command::Secret(SecretCommand::Set(a)) => secrets::run_set(&a),
+        Command::Secret(SecretCommand::List(a)) => secrets::run_list(&a),
+        Command::Secret(SecretCommand::Rm(a)) => secrets::run_rm(&a),
+        Command::Sessions(a) => sessions::run_list(&a),
+        Command::Events(a) => events::run(&a),
+        Command::Session(SessionCommand::Create(a)) => sessions::run_create(&a),
+        Command::Session(SessionCommand::Show(a)) => sessions::run_show(&a),
+        Command::Session(SessionCommand::Chat(a)) => sessions::run_chat(&a),
+        Command::Session(SessionCommand::Migrate(a)) => sessions::run_migrate(&a),
+        Command::Session(SessionCommand::Delete(a)) => sessions::run_delete(&a),
+        Command::Slurm(SlurmCommand::Submit(a)) => slurm::run_submit(&a),
     }
 }

@@ -14,7 +14,9 @@ use skein_model_registry::estimate::KvDtype;
 use skein_model_registry::gpu::GpuSet;
 use skein_model_registry::hub::{HubClient, HubClientBuilder, RepoId, TransferStats, VariantPin, VariantSource};
 
-use crate::cli::{EXIT_FAILURE, EXIT_OK, FitArgs, HubArgs, InspectArgs, KvCacheType, OutputFormat};
+use crate::cli::common::OutputFormat;
+use crate::cli::models::{FitArgs, HubArgs, InspectArgs, KvCacheType};
+use crate::cli::{EXIT_FAILURE, EXIT_OK};
 
 /// `REPO[@REVISION]`.
 fn parse_target(target: &str) -> anyhow::Result<(RepoId, String)> {
@@ -49,7 +51,7 @@ fn inspect(hub: &HubArgs, target: &str) -> anyhow::Result<(ModelInfo, TransferSt
         derivative_headers: hub.derivative_headers,
         pins,
     };
-    let runtime = crate::cluster::runtime(Some(2))?;
+    let runtime = crate::runtime::runtime(Some(2))?;
     let progress = indicatif::ProgressBar::new_spinner();
     if !std::io::stderr().is_terminal() {
         progress.set_draw_target(indicatif::ProgressDrawTarget::hidden());

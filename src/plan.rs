@@ -14,7 +14,9 @@ use skein_orchestrator::graph::{GraphConfig, GraphSnapshot};
 use skein_orchestrator::plan::{Plan, PlanInput, PlanSettings, PlannedInstance};
 use skein_orchestrator::workflows;
 
-use crate::cli::{EXIT_FAILURE, EXIT_OK, OutputFormat, PlanArgs};
+use crate::cli::common::OutputFormat;
+use crate::cli::workflow::PlanArgs;
+use crate::cli::{EXIT_FAILURE, EXIT_OK};
 use crate::table::{self, Style};
 
 /// `skein plan`.
@@ -61,7 +63,7 @@ fn offline(args: &PlanArgs, fleet_file: &Path) -> anyhow::Result<Plan> {
         derivative_headers: args.derivative_headers,
         pins: Vec::new(),
     };
-    let runtime = crate::cluster::runtime(Some(2))?;
+    let runtime = crate::runtime::runtime(Some(2))?;
     let models = runtime
         .block_on(skein_orchestrator::catalogs::inspect_workflow(
             &client, &workflow, &options,
@@ -95,7 +97,7 @@ fn remote(args: &PlanArgs, server: &str) -> anyhow::Result<Plan> {
         .with_context(|| format!("cannot read workflow file {}", args.workflow.display()))?;
     // Check it here first: the errors come with file positions.
     load_workflow(&args.workflow)?;
-    let token = crate::cluster::api_token(&args.client)?;
+    let token = crate::client::api_token(&args.client)?;
     let url = format!("{}/v1/plans", server.trim_end_matches('/'));
     let body = serde_json::json!({
         "workflow": text,
@@ -103,7 +105,7 @@ fn remote(args: &PlanArgs, server: &str) -> anyhow::Result<Plan> {
         "allow_preemption": args.preempt,
         "derivatives": args.derivatives,
     });
-    let runtime = crate::cluster::runtime(Some(1))?;
+    let runtime = crate::runtime::runtime(Some(1))?;
     let answer = runtime.block_on(async {
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(300))

@@ -7,9 +7,10 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
-use crate::cli::{
-    EXIT_FAILURE, EXIT_OK, InstancesArgs, ListArgs, LogsArgs, MeasuredArgs, OutputFormat, RunIdArgs, SubmitArgs,
-};
+use crate::cli::common::{ListArgs, OutputFormat};
+use crate::cli::models::MeasuredArgs;
+use crate::cli::runs::{InstancesArgs, LogsArgs, RunIdArgs, SubmitArgs};
+use crate::cli::{EXIT_FAILURE, EXIT_OK};
 use crate::client::{ApiClient, refused_error};
 use skein_orchestrator::instances::InstanceState;
 use skein_orchestrator::run::{RunState, StepState};

@@ -9,7 +9,9 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
-use crate::cli::{EXIT_OK, ListArgs, OutputFormat, SecretRmArgs, SecretSetArgs};
+use crate::cli::EXIT_OK;
+use crate::cli::common::{ListArgs, OutputFormat};
+use crate::cli::secrets::{SecretRmArgs, SecretSetArgs};
 use crate::client::ApiClient;
 
 #[derive(Deserialize)]

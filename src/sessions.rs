@@ -7,10 +7,9 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
-use crate::cli::{
-    EXIT_FAILURE, EXIT_OK, ListArgs, OutputFormat, SessionChatArgs, SessionCreateArgs, SessionIdArgs,
-    SessionMigrateArgs,
-};
+use crate::cli::common::{ListArgs, OutputFormat};
+use crate::cli::sessions::{SessionChatArgs, SessionCreateArgs, SessionIdArgs, SessionMigrateArgs};
+use crate::cli::{EXIT_FAILURE, EXIT_OK};
 use crate::client::{ApiClient, refused_error};
 
 #[derive(Deserialize)]

@@ -1,78 +1,20 @@
-//! Skein on Slurm: `skein slurm submit` (the batch script that starts one agent per
-//! node of an allocation, and its submission), and what `skein agent` does differently
-//! inside a Slurm job ([`agent_in_job`]). docs/deploy/slurm.md tells the whole story.
+//! Skein on Slurm: `skein slurm submit`, the batch script that starts one agent per node
+//! of an allocation, and its submission. What `skein agent` does differently inside a
+//! Slurm job is `crate::agent::slurm`'s; docs/deploy/slurm.md tells the whole story.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
-use skein_agent::GpuSource;
 use skein_agent::engine::shell_word;
-use skein_agent::gpu::Allocated;
-use skein_agent::slurm::{self as job_env, SlurmJob};
+use skein_agent::slurm as job_env;
 
-use crate::cli::{EXIT_OK, SlurmSubmitArgs};
-use crate::cluster::AgentParts;
-use crate::signals::Why;
+use crate::cli::EXIT_OK;
+use crate::cli::slurm::SlurmSubmitArgs;
 
 /// How long `sbatch`, `squeue` or `sacct` may take.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// `parts` narrowed to what Slurm job `job` was allocated: only its GPUs (renumbered,
-/// with their device indices kept for the engines) and the `slurm.job` and `slurm.end`
-/// labels; and what the agent's signals should say about the job.
-///
-/// Errors: an allocation the GPU source cannot have (see [`job_env::select`]).
-pub(crate) fn agent_in_job(parts: AgentParts, job: &SlurmJob) -> anyhow::Result<(AgentParts, Why)> {
-    let AgentParts {
-        source,
-        node_name,
-        host,
-        live,
-        mut labels,
-        devices: _,
-    } = parts;
-    let source_name = if source.inventory().iter().any(|gpu| gpu.simulated) {
-        "the simulated node"
-    } else {
-        "NVML"
-    };
-    let keep = job_env::select(source.inventory(), &job.gpus, source_name)?;
-    let allocated = Allocated::new(source, keep, format!("Slurm job {}", job.job_id));
-    let devices = allocated.device_indices();
-    let end_unix_s = job.end_unix_s.or_else(|| match job_env::time_left(&job.job_id) {
-        Ok(left) => left.and_then(|left| {
-            let now = SystemTime::now().duration_since(UNIX_EPOCH).ok()?.as_secs();
-            i64::try_from(now.saturating_add(left)).ok()
-        }),
-        Err(error) => {
-            tracing::warn!(job = %job.job_id, %error, "the job's end is unknown: the node has no slurm.end label");
-            None
-        }
-    });
-    labels.extend(job_env::labels(job, end_unix_s));
-    tracing::info!(
-        job = %job.job_id,
-        nodes = job.nodelist.as_deref().unwrap_or("?"),
-        source = %allocated.describe(),
-        end_unix_s,
-        "running in a Slurm job"
-    );
-    let why = Why {
-        job: Some(job.job_id.clone()),
-        end_unix_s,
-    };
-    let parts = AgentParts {
-        source: Box::new(allocated),
-        node_name,
-        host,
-        live,
-        labels,
-        devices,
-    };
-    Ok((parts, why))
-}
 
 /// Everything the batch script says.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -232,7 +174,7 @@ pub fn run_submit(args: &SlurmSubmitArgs) -> anyhow::Result<ExitCode> {
     })?;
     let token_file = match &args.token_file {
         Some(file) => file.clone(),
-        None => crate::cluster::data_dir(args.data_dir.as_deref())?.join("join-token"),
+        None => crate::data_dir::data_dir(args.data_dir.as_deref())?.join("join-token"),
     };
     let token_file = check_token_file(&token_file, args.print)?;
     let skein = match &args.skein {

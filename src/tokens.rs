@@ -7,7 +7,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use serde::Deserialize;
 
-use crate::cli::{EXIT_OK, JoinTokenCreateArgs, ListArgs, OutputFormat, TokenCreateArgs, TokenRevokeArgs};
+use crate::cli::EXIT_OK;
+use crate::cli::common::{ListArgs, OutputFormat};
+use crate::cli::tokens::{JoinTokenCreateArgs, TokenCreateArgs, TokenRevokeArgs};
 use crate::client::{ApiClient, refused_error};
 
 #[derive(Deserialize)]

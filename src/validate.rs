@@ -9,7 +9,9 @@ use skein_dsl::{RenderOptions, Workflow};
 use skein_model_registry::error_chain;
 use skein_orchestrator::workflows;
 
-use crate::cli::{ColorChoice, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, OutputFormat, ValidateArgs};
+use crate::cli::common::OutputFormat;
+use crate::cli::workflow::{ColorChoice, ValidateArgs};
+use crate::cli::{EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
 
 /// One file's result in `--output json`.
 #[derive(Serialize)]

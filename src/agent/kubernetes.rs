@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::cli::PodArgs;
+use crate::cli::agent::PodArgs;
 
 /// The label holding the agent's pod name.
 pub const POD_LABEL: &str = "kubernetes.io/pod";
