@@ -1,0 +1,255 @@
+//! Admission: a submission is checked and queued (bounded per priority); the admission
+//! task plans queued runs, highest priority first, whenever something changes, claims
+//! warm instances they can reuse, and starts those whose instances can all be placed.
+
+use std::cmp::Reverse;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use skein_dsl::Workflow;
+use skein_model_registry::catalog::ModelInfo;
+use skein_model_registry::hub::InspectOptions;
+use tokio::sync::watch;
+
+use super::provide::Pin;
+use super::reuse::warm_key;
+use super::{Executor, SubmitError, Submitted};
+use crate::base::{lock, new_id, unix_ms};
+use crate::idempotency::{Claim, Idempotent};
+use crate::plan::{Plan, PlanInput, PlanSettings, Planner};
+use crate::run::record::{RunRecord, RunState, typed_inputs};
+use crate::store::{StoreError, WriteBatch};
+
+impl Executor {
+    /// Accepts a run of `workflow`: checks its inputs, refuses it when its priority's
+    /// queue is full, and stores it (flushed) before returning it. With an
+    /// `idempotent` key that submitted a run before (with the same request), stores
+    /// nothing and returns that run as it is now.
+    ///
+    /// Errors: [`SubmitError`].
+    pub async fn submit(
+        &self,
+        owner: &str,
+        workflow: Workflow,
+        inputs: &BTreeMap<String, serde_json::Value>,
+        idempotent: Option<Idempotent<'_>>,
+    ) -> Result<Submitted, SubmitError> {
+        let claim = match idempotent {
+            Some(idempotent) => Some(self.inner.keys.claim(owner, idempotent)?),
+            None => None,
+        };
+        let pending = match claim {
+            Some(Claim::Replay(found)) => {
+                let run = self
+                    .inner
+                    .runs
+                    .get(&found.created)?
+                    .ok_or_else(|| StoreError::Corrupt {
+                        tree: "run_keys",
+                        key: found.created.clone(),
+                        reason: "the idempotency key names a run that is not stored".to_owned(),
+                    })?;
+                return Ok(Submitted { run, replayed: true });
+            }
+            Some(Claim::New(pending)) => Some(pending),
+            None => None,
+        };
+        let inputs = typed_inputs(&workflow, inputs)?;
+        let priority = workflow.placement.priority;
+        let capacity = self.inner.config.queue_capacity;
+        let waiting = lock(&self.inner.queue).iter().filter(|(p, _)| p.0 == priority).count();
+        if waiting >= capacity {
+            return Err(SubmitError::QueueFull {
+                priority,
+                capacity,
+                retry_after: self.inner.config.admission_interval.max(Duration::from_secs(1)) * 5,
+            });
+        }
+        let now = unix_ms();
+        let id = new_id('r', &self.inner.ids);
+        let mut run = RunRecord::new(id, owner.to_owned(), workflow, inputs, now);
+        run.reason = Some("waiting for admission".to_owned());
+        // The run and its key in one atomic write: a crash leaves both or neither.
+        let mut batch = WriteBatch::new();
+        batch.put(&self.inner.runs, &run.id, &run);
+        if let Some(pending) = &pending {
+            pending.record(&mut batch, &run.id, now);
+        }
+        self.inner.runs.db().commit(batch).await?;
+        drop(pending);
+        lock(&self.inner.queue).insert((Reverse(priority), run.id.clone()));
+        self.changed(&run.id);
+        self.inner.wake.notify_one();
+        Ok(Submitted { run, replayed: false })
+    }
+    /// Plans queued runs whenever something changes (a submission, a run ending, an
+    /// instance changing) or every admission interval, and starts those whose
+    /// instances can all be placed.
+    pub(super) async fn admission(self) {
+        let mut instances = self.inner.instances.subscribe();
+        loop {
+            self.inner.instances.stop_orphans();
+            self.inner.instances.stop_idle(self.inner.config.keep_warm);
+            let queued: Vec<String> = lock(&self.inner.queue).iter().map(|(_, id)| id.clone()).collect();
+            for id in queued {
+                if let Err(error) = self.try_admit(&id).await {
+                    tracing::error!(run = %id, %error, "admission failed");
+                }
+            }
+            tokio::select! {
+                _ = self.inner.wake.notified() => {}
+                _ = instances.changed() => {}
+                _ = tokio::time::sleep(self.inner.config.admission_interval) => {}
+            }
+        }
+    }
+
+    pub(super) async fn try_admit(&self, id: &str) -> Result<(), StoreError> {
+        let Some(mut run) = self.inner.runs.get(id)? else {
+            self.dequeue(id);
+            return Ok(());
+        };
+        if run.state.is_final() {
+            self.dequeue(id);
+            return Ok(());
+        }
+        let warm = self.claim_warm(&run);
+        let planned = self.plan(&run, &warm).await;
+        let (plan, models) = match planned {
+            Ok(planned) => planned,
+            Err(reason) => {
+                // A model that cannot be read fails the run: waiting would not help.
+                self.dequeue(id);
+                run.fail(reason, unix_ms());
+                self.inner.runs.put(id, &run).await?;
+                self.changed(id);
+                return Ok(());
+            }
+        };
+        if !plan.admitted {
+            for name in &warm {
+                self.inner.instances.release(name);
+            }
+            // Room held by idle instances is given back before the run waits.
+            if self.inner.instances.stop_idle(Duration::ZERO) > 0 {
+                tracing::info!(run = %id, "stopped idle instances to make room");
+            }
+            let reason = plan
+                .queued_reason
+                .clone()
+                .unwrap_or_else(|| "its instances cannot all be placed yet".to_owned());
+            if run.reason.as_deref() != Some(reason.as_str()) {
+                run.reason = Some(reason);
+                self.inner.runs.put(id, &run).await?;
+                self.changed(id);
+            }
+            return Ok(());
+        }
+        self.dequeue(id);
+        lock(&self.inner.catalogs).remove(id);
+        run.state = RunState::Starting;
+        run.reason = Some("starting its instances".to_owned());
+        self.inner.runs.put(id, &run).await?;
+        self.changed(id);
+        let (cancel, cancelled) = watch::channel(false);
+        lock(&self.inner.active).insert(id.to_owned(), cancel);
+        let executor = self.clone();
+        tokio::spawn(async move {
+            let id = run.id.clone();
+            if let Err(error) = executor.drive(run, plan, models, warm, cancelled).await {
+                tracing::error!(run = %id, %error, "a run stopped: the store failed");
+            }
+            lock(&executor.inner.active).remove(&id);
+            // Its driving ended: watchers of the active runs see it gone.
+            executor.changed(&id);
+            executor.inner.wake.notify_one();
+        });
+        Ok(())
+    }
+
+    /// Claims warm instances for the run's model instances that have one.
+    pub(super) fn claim_warm(&self, run: &RunRecord) -> Vec<String> {
+        crate::plan::demand::instances(&run.workflow)
+            .iter()
+            .filter_map(|instance| {
+                self.inner
+                    .instances
+                    .claim(&warm_key(instance), &run.id, |v| !self.on_drained(v))
+            })
+            .map(|view| view.name)
+            .collect()
+    }
+
+    pub(super) fn dequeue(&self, id: &str) {
+        lock(&self.inner.queue).retain(|(_, q)| q != id);
+    }
+    /// The run's plan on the live graph, with the catalogs it was made with.
+    pub(super) async fn plan(
+        &self,
+        run: &RunRecord,
+        warm: &[String],
+    ) -> Result<(Plan, Arc<BTreeMap<String, ModelInfo>>), String> {
+        self.plan_workflow(&run.id, &run.workflow, warm, &Pin::Anywhere).await
+    }
+
+    /// A plan of `workflow` on the live graph (restricted by `placement`), with the
+    /// catalogs it was made with (read once per `cache_key` while it is queued).
+    pub(super) async fn plan_workflow(
+        &self,
+        cache_key: &str,
+        workflow: &Workflow,
+        warm: &[String],
+        placement: &Pin,
+    ) -> Result<(Plan, Arc<BTreeMap<String, ModelInfo>>), String> {
+        let cached = lock(&self.inner.catalogs).get(cache_key).cloned();
+        let models = match cached {
+            Some(models) => models,
+            None => {
+                let hub = self.inner.hub.clone();
+                let read_workflow = workflow.clone();
+                // The hub client's futures are not `Send`: read on a blocking thread.
+                let read = tokio::task::spawn_blocking(move || {
+                    tokio::runtime::Handle::current()
+                        .block_on(crate::catalogs::inspect_workflow(
+                            &hub,
+                            &read_workflow,
+                            &InspectOptions::default(),
+                        ))
+                        .map_err(|e| skein_model_registry::error_chain(&e))
+                })
+                .await
+                .map_err(|e| format!("reading the models failed: {e}"))??;
+                let models = Arc::new(read);
+                lock(&self.inner.catalogs).insert(cache_key.to_owned(), Arc::clone(&models));
+                models
+            }
+        };
+        // Agents served by warm instances are not placed again.
+        let mut workflow = workflow.clone();
+        for name in warm {
+            if let Some(view) = self.inner.instances.get(name) {
+                for agent in &view.agents {
+                    workflow.agents.remove(agent);
+                }
+            }
+        }
+        let snapshot = placement.restrict(self.plan_snapshot());
+        // Planning is CPU work under the planner's lock: off the async workers.
+        let planner = Arc::clone(&self.inner.planner);
+        let catalogs = Arc::clone(&models);
+        let plan = tokio::task::spawn_blocking(move || {
+            let input = PlanInput {
+                workflow: &workflow,
+                models: &catalogs,
+                graph: &snapshot,
+                running: &[],
+                settings: PlanSettings::default(),
+            };
+            Planner::plan_shared(&planner, &input).map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(|e| format!("the planner failed: {e}"))??;
+        Ok((plan, models))
+    }
+}
