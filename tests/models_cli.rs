@@ -347,7 +347,7 @@ fn bad_arguments_are_named() {
     let (code, err) = run(&["models", "fit", BASE, "--gpu", "A100"]);
     assert_eq!(code, Some(1));
     assert!(
-        err.contains("in --gpu A100: unknown GPU `A100` (did you mean one of `A100-40GB`, `A100-80GB`"),
+        err.contains("in --gpu A100: unknown GPU `A100` (did you mean one of `A10-24GB`, `A100-80GB`, `A100-40GB`"),
         "{err}"
     );
     let (code, err) = run(&["models", "inspect", "not a repo"]);

@@ -65,7 +65,6 @@ pub mod identity;
 mod pinned;
 pub mod sim;
 pub mod slurm;
-mod suggest;
 pub mod telemetry;
 
 pub use fleet::{Fleet, FleetError, load_fleet};

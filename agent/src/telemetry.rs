@@ -345,7 +345,7 @@ fn split_fields(line: &str) -> impl Iterator<Item = &str> {
 
 fn column_help(wanted: &str, names: &[&str]) -> String {
     let known = names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ");
-    match crate::suggest::closest(wanted, names.iter().copied()) {
+    match skein_text::closest(wanted, names.iter().copied()) {
         Some(close) => format!("did you mean `{close}`? The columns are {known}"),
         None => format!("the columns are {known}"),
     }

@@ -456,21 +456,10 @@ impl miette::Diagnostic for Report<'_> {
     }
 }
 
-/// "did you mean" for a misspelt name among `candidates`.
-pub fn suggest<'a>(wrong: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<String> {
-    let wrong_l = wrong.to_ascii_lowercase();
-    candidates
-        .into_iter()
-        .map(|c| (strsim::jaro_winkler(&wrong_l, &c.to_ascii_lowercase()), c))
-        .filter(|(score, _)| *score >= 0.8)
-        .max_by(|a, b| a.0.total_cmp(&b.0).then_with(|| b.1.cmp(a.1)))
-        .map(|(_, c)| c.to_owned())
-}
-
 /// Help text: "did you mean `x`?" when a close candidate exists, otherwise the
 /// list of what is allowed.
 pub fn did_you_mean<'a>(wrong: &str, candidates: impl IntoIterator<Item = &'a str> + Clone, what: &str) -> String {
-    match suggest(wrong, candidates.clone()) {
+    match skein_text::closest(wrong, candidates.clone()) {
         Some(s) => format!("did you mean `{s}`?"),
         None => {
             let list: Vec<String> = candidates.into_iter().map(|c| format!("`{c}`")).collect();

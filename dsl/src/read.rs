@@ -420,15 +420,9 @@ pub fn duration(cx: &mut Cx<'_>, node: &Node, what: &str) -> Option<Duration> {
 /// A memory size such as `24GiB` or `80 GB`, in bytes.
 pub fn size(cx: &mut Cx<'_>, node: &Node, what: &str) -> Option<u64> {
     let text = string(cx, node, what)?;
-    let trimmed = text.trim();
-    let parsed = if trimmed.chars().all(|c| c.is_ascii_digit()) {
-        // A bare number would be ambiguous (bytes? GB?): require a unit.
-        None
-    } else {
-        trimmed.parse::<bytesize::ByteSize>().ok()
-    };
-    match parsed {
-        Some(b) if b.as_u64() > 0 => Some(b.as_u64()),
+    // A bare number would be ambiguous (bytes? GB?): `parse_size` requires a unit.
+    match skein_text::parse_size(&text) {
+        Some(bytes) if bytes > 0 => Some(bytes),
         _ => {
             cx.push(
                 Diagnostic::error(

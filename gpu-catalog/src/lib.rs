@@ -167,32 +167,26 @@ fn normalize(name: &str) -> String {
     key.to_owned()
 }
 
-/// Catalog names close to `name` (a small edit distance, or containing it), closest
-/// first, for "did you mean" help.
+/// Catalog names that `name` is a likely typo of ([`skein_text::likeness`], after the
+/// loose comparison [`lookup`] makes, by name or alias), closest first, for "did you
+/// mean" help.
 pub fn suggestions(name: &str) -> Vec<&'static str> {
     let key = normalize(name);
     if key.is_empty() {
         return Vec::new();
     }
-    let limit = if key.len() <= 5 { 1 } else { 2 };
-    let mut close: Vec<(usize, &'static str)> = CARDS
+    let mut close: Vec<(f64, &'static str)> = CARDS
         .iter()
         .filter_map(|card| {
-            let distance = std::iter::once(card.name)
+            let likeness = std::iter::once(card.name)
                 .chain(card.aliases.iter().copied())
-                .map(|candidate| {
-                    let candidate = normalize(candidate);
-                    if candidate.contains(&key) {
-                        0
-                    } else {
-                        strsim::levenshtein(&candidate, &key)
-                    }
-                })
-                .min()?;
-            (distance <= limit).then_some((distance, card.name))
+                .filter_map(|candidate| skein_text::likeness(&key, &normalize(candidate)))
+                .reduce(f64::max)?;
+            Some((likeness, card.name))
         })
         .collect();
-    close.sort();
+    // Stable: equally close cards keep the catalog's order.
+    close.sort_by(|a, b| b.0.total_cmp(&a.0));
     close.into_iter().map(|(_, name)| name).collect()
 }
 
@@ -260,8 +254,17 @@ mod tests {
 
     #[test]
     fn unknown_names_get_the_closest() {
-        assert_eq!(suggestions("A100"), ["A100-40GB", "A100-80GB", "A10-24GB", "H100-80GB"]);
-        assert_eq!(suggestions("RTX4080"), ["RTX4090-24GB", "RTX3090-24GB"]);
+        // `a10` (an alias of the A10) is one letter from `A100`.
+        assert_eq!(
+            suggestions("A100"),
+            ["A10-24GB", "A100-80GB", "A100-40GB", "H100-80GB", "RTXA6000-48GB"]
+        );
+        assert_eq!(
+            suggestions("RTX4080"),
+            ["RTX4090-24GB", "RTXA6000-48GB", "RTX3090-24GB"]
+        );
+        assert_eq!(suggestions("4090ti"), ["RTX4090-24GB"]);
+        assert!(suggestions("A40").is_empty());
         assert!(suggestions("").is_empty());
     }
 

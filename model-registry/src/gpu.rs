@@ -66,15 +66,10 @@ impl From<&CardModel> for Gpu {
     }
 }
 
-/// A memory size with a unit (`48GiB`, `24 GB`, `16160MiB`); `None` without a unit or
-/// for zero.
+/// A memory size with a unit (`48GiB`, `24 GB`, `16160MiB`), read as everywhere in
+/// Skein ([`skein_text::parse_size`]); `None` without a unit or for zero.
 fn parse_memory(text: &str) -> Option<Bytes> {
-    let text = text.trim();
-    if !text.ends_with(|c: char| c.is_ascii_alphabetic()) {
-        return None;
-    }
-    let size = bytesize::ByteSize::from_str(text).ok()?;
-    (size.as_u64() > 0).then(|| Bytes::new(size.as_u64()))
+    skein_text::parse_size(text).filter(|bytes| *bytes > 0).map(Bytes::new)
 }
 
 /// GPUs considered together for one model: one card, several of one kind, or a mix.
@@ -158,7 +153,7 @@ mod tests {
         let err = Gpu::named("A100").unwrap_err();
         assert!(
             err.to_string().starts_with(
-                "unknown GPU `A100` (did you mean one of `A100-40GB`, `A100-80GB`, `A10-24GB`, `H100-80GB`?)"
+                "unknown GPU `A100` (did you mean one of `A10-24GB`, `A100-80GB`, `A100-40GB`, `H100-80GB`, `RTXA6000-48GB`?)"
             ),
             "{err}"
         );

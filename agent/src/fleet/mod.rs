@@ -167,7 +167,7 @@ impl Fleet {
                     fleet: self.name.clone(),
                     file: self.file.clone(),
                     node: name.to_owned(),
-                    suggestion: crate::suggest::closest(name, known.iter().copied()).map(str::to_owned),
+                    suggestion: skein_text::closest(name, known.iter().copied()).map(str::to_owned),
                     known: known.into_iter().map(str::to_owned).collect(),
                 })
             }
@@ -207,7 +207,7 @@ fn from_yaml_error(file: &str, text: &str, error: &serde_saphyr::Error) -> Diagn
     {
         let expected: Vec<&str> = expected.split(", ").map(|e| e.trim_matches('`')).collect();
         let listed = expected.iter().map(|e| format!("`{e}`")).collect::<Vec<_>>().join(", ");
-        let help = match crate::suggest::closest(field, expected.iter().copied()) {
+        let help = match skein_text::closest(field, expected.iter().copied()) {
             Some(close) => format!("did you mean `{close}`? Allowed here: {listed}"),
             None => format!("allowed here: {listed}"),
         };

@@ -246,7 +246,7 @@ impl<'a, 'r> Resolver<'a, 'r> {
                 None => {
                     let names = catalog::CARDS.iter().map(|c| c.name);
                     let known = names.clone().collect::<Vec<_>>().join(", ");
-                    let help = match crate::suggest::closest(&model.value, names) {
+                    let help = match skein_text::closest(&model.value, names) {
                         Some(close) => format!("did you mean `{close}`? Known models: {known}"),
                         None => format!(
                             "known models: {known}; for another card give `name` and `memory` instead of `model`"

@@ -370,7 +370,7 @@ impl<'de> Deserialize<'de> for RawModel {
                     "spike" => RawModel::Spike(map.next_value()?),
                     "replay" => RawModel::Replay(map.next_value()?),
                     other => {
-                        let hint = match crate::suggest::closest(other, MODEL_NAMES) {
+                        let hint = match skein_text::closest(other, MODEL_NAMES) {
                             Some(close) => format!(" (did you mean `{close}`?)"),
                             None => String::new(),
                         };

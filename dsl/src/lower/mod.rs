@@ -356,7 +356,7 @@ fn misspells(node: &Node, keys: &[&str]) -> bool {
     entries
         .iter()
         .filter(|e| !keys.contains(&e.key.as_str()))
-        .any(|e| crate::diag::suggest(&e.key, keys.iter().copied()).is_some())
+        .any(|e| skein_text::closest(&e.key, keys.iter().copied()).is_some())
 }
 
 /// Whether `s` is a Hugging Face repository id: `name` or `owner/name`, each
@@ -475,10 +475,7 @@ fn model_requirement(cx: &mut Cx<'_>, node: &Node, anchor: Span, agent: &str) ->
                     let same_bits = Precision::ALL.iter().map(|p| p.name()).find(|name| {
                         !bits.is_empty() && name.trim_start_matches(|c: char| c.is_ascii_alphabetic()) == bits
                     });
-                    let help = match same_bits
-                        .map(str::to_owned)
-                        .or_else(|| crate::diag::suggest(t, names.iter().copied()))
-                    {
+                    let help = match same_bits.or_else(|| skein_text::closest(t, names.iter().copied())) {
                         Some(s) => format!("did you mean `{s}`? (highest first: {})", names.join(" > ")),
                         None => format!("precisions, highest first: {}", names.join(" > ")),
                     };

@@ -460,7 +460,7 @@ impl Resolver<'_, '_> {
             let (message, help) = match unknown {
                 Some(name) => (
                     format!("unknown throttle reason `{name}`"),
-                    match crate::suggest::closest(&name, ThrottleReasons::all_names()) {
+                    match skein_text::closest(&name, ThrottleReasons::all_names()) {
                         Some(close) => format!("did you mean `{close}`? Reasons: {known}"),
                         None => format!("reasons: {known}"),
                     },

@@ -1,6 +1,5 @@
 //! The scalar values of a fleet file: sizes, percentages, rates, temperatures, power.
 
-use super::MIB;
 use crate::fleet::schema::RawScalar;
 
 /// `"90%"` → 0.9 (0–100 %).
@@ -9,25 +8,10 @@ pub(super) fn percent(text: &str) -> Option<f64> {
     (0.0..=100.0).contains(&number).then_some(number / 100.0)
 }
 
-/// `"20GiB"`, `"512 MiB"`, `"1.5GB"`, `"1024B"` → bytes.
+/// `"20GiB"`, `"512 MiB"`, `"1.5GB"`, `"1024B"` → bytes, as everywhere in Skein
+/// ([`skein_text::parse_size`]).
 pub(super) fn parse_size(text: &str) -> Option<f64> {
-    let text = text.trim();
-    let split = text.find(|c: char| c.is_ascii_alphabetic())?;
-    let (number, unit) = text.split_at(split);
-    let number: f64 = number.trim().parse().ok()?;
-    let factor = match unit.trim().to_ascii_lowercase().as_str() {
-        "b" => 1.0,
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
-        "kib" => 1024.0,
-        "mib" => MIB,
-        "gib" => MIB * 1024.0,
-        "tib" => MIB * 1024.0 * 1024.0,
-        _ => return None,
-    };
-    (number.is_finite() && number >= 0.0).then_some(number * factor)
+    skein_text::parse_size(text).map(|bytes| bytes as f64)
 }
 
 /// `"100Gbps"`, `"10Gb/s"`, `"25 Gbit/s"`, `"400mbps"` → bits per second. Prefixes are
@@ -94,6 +78,7 @@ pub(super) fn whole_mw(watts: f64) -> u32 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::MIB;
     use super::*;
 
     #[test]
