@@ -326,6 +326,22 @@ pub fn refused_error(refused: &Refused) -> anyhow::Error {
     anyhow::anyhow!("the server answered {}: {}", refused.status, refused.message)
 }
 
+/// The REST API token: the flag (or SKEIN_API_TOKEN), else the api-token file of a
+/// server on this machine.
+pub fn api_token(args: &ApiClientArgs) -> anyhow::Result<Secret> {
+    if let Some(token) = args.api_token.as_deref().and_then(Secret::new) {
+        return Ok(token);
+    }
+    let file = crate::data_dir::data_dir(args.data_dir.as_deref())?.join("api-token");
+    let text = std::fs::read_to_string(&file).with_context(|| {
+        format!(
+            "no API token: pass --api-token, set SKEIN_API_TOKEN, or run on the server's machine (reads {})",
+            file.display()
+        )
+    })?;
+    Secret::new(text).with_context(|| format!("{} is empty", file.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -349,20 +365,4 @@ mod tests {
             assert!(!is_loopback_url(url), "{url}");
         }
     }
-}
-
-/// The REST API token: the flag (or SKEIN_API_TOKEN), else the api-token file of a
-/// server on this machine.
-pub fn api_token(args: &ApiClientArgs) -> anyhow::Result<Secret> {
-    if let Some(token) = args.api_token.as_deref().and_then(Secret::new) {
-        return Ok(token);
-    }
-    let file = crate::data_dir::data_dir(args.data_dir.as_deref())?.join("api-token");
-    let text = std::fs::read_to_string(&file).with_context(|| {
-        format!(
-            "no API token: pass --api-token, set SKEIN_API_TOKEN, or run on the server's machine (reads {})",
-            file.display()
-        )
-    })?;
-    Secret::new(text).with_context(|| format!("{} is empty", file.display()))
 }
