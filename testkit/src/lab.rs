@@ -86,14 +86,6 @@ impl Drop for Killed {
     }
 }
 
-/// A free TCP port on loopback (free when asked: another process may take it later),
-/// as `skein_agent::engine::free_port` finds one (the testkit does not depend on the
-/// agent, whose tests depend on the testkit).
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).expect("a free port on loopback");
-    listener.local_addr().expect("the port bound").port()
-}
-
 /// One lab on loopback: a mock hub serving the tiny model, a server's data directory
 /// and fixed ports (so a restarted server is found by its agents), and a Hugging Face
 /// cache per node.
@@ -126,8 +118,8 @@ impl Lab {
             skein: skein.into(),
             hub: MockHub::start_in_background(all),
             data: tempfile::tempdir().unwrap(),
-            api_port: free_port(),
-            grpc_port: free_port(),
+            api_port: crate::net::free_port(),
+            grpc_port: crate::net::free_port(),
             nodes: tempfile::tempdir().unwrap(),
             sample_interval: "200ms".to_owned(),
             server_args: Vec::new(),

@@ -4,6 +4,8 @@
 //!
 //! # Layout
 //!
+//! - [`net`]: [`net::free_port`], a free port on loopback for the processes a test
+//!   starts.
 //! - [`fake_engine`]: [`fake_engine_path`], the `fake-engine` binary (a fake inference
 //!   engine process, `src/bin/fake-engine.rs`) for other crates' tests.
 //! - [`mock_hub`]: the hub (`MockHub`, `MockRepo`) with virtual file bodies.
@@ -40,6 +42,7 @@ pub mod fake_engine;
 pub mod lab;
 pub mod mock_hub;
 pub mod models;
+pub mod net;
 pub mod smollm2;
 pub mod swarm;
 pub mod tensors;

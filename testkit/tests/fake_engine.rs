@@ -5,6 +5,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use skein_testkit::net::free_port;
 
 struct Running(Child);
 
@@ -13,14 +14,6 @@ impl Drop for Running {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
 }
 
 async fn wait_healthy(client: &reqwest::Client, base: &str) -> Duration {
