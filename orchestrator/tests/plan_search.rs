@@ -14,7 +14,7 @@ use skein_orchestrator::graph::{
     GpuFacts, GpuSample, GraphConfig, GraphSnapshot, HardwareGraph, HostFacts, HostSample, IndexedSample,
     NodeInventory, TelemetryBatch,
 };
-use skein_orchestrator::plan::options::{Cand, Dev, Family, State, Unit, for_each_subset};
+use skein_orchestrator::plan::options::{Cand, Dev, Family, FleetState, State, Unit, for_each_subset};
 use skein_orchestrator::plan::{
     self, PlanFleet, PlanInput, PlanSettings, Planner, UnitCaches, demand, make_units, search,
 };
@@ -385,20 +385,20 @@ fn brute_candidates(unit: &Unit<'_>, fleet: &PlanFleet, state: &State) -> Vec<Ca
         .enumerate()
         .flat_map(|(n, node)| (0..node.gpus.len()).map(move |p| Dev { node: n, gpu: Some(p) }))
         .collect();
+    let at = FleetState::new(fleet, state);
     let mut out = Vec::new();
     for &(v, _) in &unit.allowed {
         for size in 1..=all.len() {
             for_each_subset(&all, size, &mut |subset: &[Dev]| {
                 if size == 1 {
-                    out.extend(unit.evaluate(fleet, state, v, Family::Single, Layout::single(), subset.to_vec()));
+                    out.extend(unit.evaluate(at, v, Family::Single, Layout::single(), subset.to_vec()));
                     return;
                 }
                 let one_node = subset.iter().all(|d| d.node == subset[0].node);
                 let gpu = |d: &Dev| &fleet.nodes[d.node].gpus[d.gpu.unwrap_or(0)];
                 if one_node && subset.iter().all(|d| gpu(d).name == gpu(&subset[0]).name) {
                     out.extend(unit.evaluate(
-                        fleet,
-                        state,
+                        at,
                         v,
                         Family::TensorParallel,
                         Layout::tensor_parallel(size as u64),
@@ -421,13 +421,13 @@ fn brute_candidates(unit: &Unit<'_>, fleet: &PlanFleet, state: &State) -> Vec<Ca
                     .map(|d| skein_model_registry::Bytes::new(usable(d)))
                     .collect();
                 let family = if one_node { Family::NodeSplit } else { Family::CrossNode };
-                out.extend(unit.evaluate(fleet, state, v, family, Layout::pipeline_by_memory(memory), order));
+                out.extend(unit.evaluate(at, v, family, Layout::pipeline_by_memory(memory), order));
             });
         }
     }
     // The host fallbacks have no subset to choose: the planner's own.
     for n in 0..fleet.nodes.len() {
-        out.extend(unit.fallback(fleet, state, n));
+        out.extend(unit.fallback(at, n));
     }
     out
 }

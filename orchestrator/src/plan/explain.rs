@@ -10,7 +10,7 @@ use skein_model_registry::catalog::ModelInfo;
 
 use super::demand::{Instance, VariantUse, variant_use};
 use super::fleet::PlanFleet;
-use super::options::{Cand, CandList, Dev, Family, State, Unit};
+use super::options::{self, Cand, CandList, Dev, Family, FleetState, Need, State, Unit};
 use super::{
     Objective, Plan, PlanInput, Planned, PlannedDevice, PlannedInstance, Rejected, SearchStats, Unplaced,
     planned_layout, remote_agents, show,
@@ -56,7 +56,7 @@ pub(crate) fn render(
                     precision: c.tier,
                     quantization: info.variants[c.variant].quantization.to_string(),
                     engine: c.estimate.engine.name().to_owned(),
-                    family: family_name(c.family).to_owned(),
+                    family: c.family.name().to_owned(),
                     layout: planned_layout(c),
                     devices: devices(fleet, initial, c),
                     tokens_per_s: (c.parts.tokens_per_s * 10.0).round() / 10.0,
@@ -111,23 +111,6 @@ fn label(name: &str, replica: u32, replicas: u32) -> String {
         format!("{name} (replica {replica})")
     } else {
         name.to_owned()
-    }
-}
-
-/// How a placement is named where its measured speed is kept: its family and its number
-/// of devices (`CPU ×1`, `tensor parallel ×2`).
-pub fn speed_placement(family: &str, devices: usize) -> String {
-    format!("{family} ×{devices}")
-}
-
-pub(super) fn family_name(family: Family) -> &'static str {
-    match family {
-        Family::Single => "one GPU",
-        Family::TensorParallel => "tensor parallel",
-        Family::NodeSplit => "layer split on one node",
-        Family::CrossNode => "split across nodes",
-        Family::Offload => "GPU + host RAM offload",
-        Family::Cpu => "CPU",
     }
 }
 
@@ -216,7 +199,7 @@ pub fn summary(info: &ModelInfo, fleet: &PlanFleet, c: &Cand) -> String {
         info.variants[c.variant].id,
         c.tier,
         c.estimate.engine.name(),
-        family_name(c.family),
+        c.family.name(),
         card_names(fleet, &c.devices),
         where_(fleet, &c.devices),
         c.parts.tokens_per_s
@@ -239,7 +222,7 @@ impl<'x, 'a> Alone<'x, 'a> {
             unit,
             fleet,
             state,
-            gpu: unit.gpu_candidates(fleet, state),
+            gpu: unit.gpu_candidates(FleetState::new(fleet, state)),
             last_resorts: OnceCell::new(),
         }
     }
@@ -247,7 +230,7 @@ impl<'x, 'a> Alone<'x, 'a> {
     fn iter(&self) -> impl Iterator<Item = Cand> + '_ {
         let rest = std::iter::once(()).flat_map(move |()| {
             self.last_resorts
-                .get_or_init(|| self.unit.last_resorts(self.fleet, self.state))
+                .get_or_init(|| self.unit.last_resorts(FleetState::new(self.fleet, self.state)))
                 .iter()
         });
         self.gpu.iter().chain(rest)
@@ -429,7 +412,7 @@ fn why(
                     .iter()
                     .filter(|(_, t)| *t > c.tier)
                     .filter_map(|(v, t)| {
-                        let (_, need) = unit.single_need(*v)?;
+                        let need = unit.single_need(*v)?.bytes;
                         Some(format!(
                             "{} ({t}) needs {} on one GPU",
                             info.variants[*v].id,
@@ -469,7 +452,7 @@ fn why(
             let network = if nodes.len() > 1 {
                 let slowest = nodes.iter().map(|&n| &fleet.nodes[n]).min_by_key(|n| n.network_bps);
                 let assumed = slowest.is_some_and(|n| !n.network_known);
-                match super::options::network_cost(fleet, c, info.shape.hidden) {
+                match options::network_cost(fleet, c, info.shape.hidden) {
                     Some(cost) => {
                         let per_token_ms = if c.parts.tokens_per_s > 0.0 {
                             1000.0 / c.parts.tokens_per_s
@@ -532,7 +515,7 @@ fn why(
         .measured
         .then(|| {
             let node = &fleet.nodes[c.devices.first()?.node];
-            let placement = speed_placement(family_name(c.family), c.devices.len());
+            let placement = options::speed_placement(c.family.name(), c.devices.len());
             let variant = &unit.info.variants[c.variant].id;
             let m = node
                 .measured
@@ -647,7 +630,7 @@ fn unplaced_reason(
     let mut parts = Vec::new();
     let (v0, tier0) = unit.allowed[0];
     match unit.single_need(v0) {
-        Some((_, need)) => parts.push(format!(
+        Some(Need { bytes: need, .. }) => parts.push(format!(
             "needs {} at {tier0} ({}) on one GPU",
             show(need),
             info.variants[v0].id
@@ -698,13 +681,13 @@ fn unplaced_reason(
         ));
     }
     for &(v, tier) in unit.allowed.iter().skip(1).take(2) {
-        if let Some((_, need)) = unit.single_need(v) {
+        if let Some(Need { bytes: need, .. }) = unit.single_need(v) {
             parts.push(format!("{} ({tier}) needs {}", info.variants[v].id, show(need)));
         }
     }
     for (v, variant) in info.variants.iter().enumerate() {
         if let VariantUse::Excluded(why) = variant_use(unit.requirement, variant)
-            && let Some((_, need)) = unit.single_need(v)
+            && let Some(Need { bytes: need, .. }) = unit.single_need(v)
         {
             parts.push(format!("{} needs {} but {why}", variant.id, show(need)));
             if parts.len() > 7 {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use skein_gpu_catalog::CardModel;
 
-use super::options::FastMap;
+use super::fastmap::FastMap;
 use super::score::BANDWIDTH_EFFICIENCY;
 pub use crate::graph::MeasuredSpeed;
 use crate::graph::{GraphSnapshot, HealthState, NodeView};

@@ -11,6 +11,7 @@
 
 pub mod demand;
 pub mod explain;
+mod fastmap;
 pub mod fleet;
 pub mod options;
 pub mod score;
@@ -28,9 +29,9 @@ use skein_model_registry::estimate::{Estimate, KvDtype, llama_cpp_tensor_split};
 
 use crate::graph::GraphSnapshot;
 pub use demand::{Instance, model_key};
-pub use explain::speed_placement;
 pub use fleet::{DEFAULT_HEADROOM, DEFAULT_HOST_HEADROOM, Excluded, FleetCache, Headroom, Held, PlanFleet};
-use options::{Cand, Family, State, Unit, UnitCache};
+pub use options::speed_placement;
+use options::{Cand, Family, FleetState, State, Unit, UnitCache};
 
 /// How the planner works; the defaults suit a shared lab fleet.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -608,11 +609,11 @@ pub fn make_units<'a>(
         // untouched fleet, which the search starts from) is cached in it.
         let mut replicas = 1;
         let mut probe = make(replicas);
-        while replicas < total.min(MAX_REPLICAS) && probe.best_bound(fleet, state).is_none() {
+        while replicas < total.min(MAX_REPLICAS) && probe.best_bound(FleetState::new(fleet, state)).is_none() {
             replicas += 1;
             probe = make(replicas);
         }
-        if replicas > 1 && probe.best_bound(fleet, state).is_none() {
+        if replicas > 1 && probe.best_bound(FleetState::new(fleet, state)).is_none() {
             replicas = 1;
             probe = make(replicas);
         }

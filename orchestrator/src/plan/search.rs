@@ -4,7 +4,7 @@
 //! the number of replicas placed, then the sum of their scores.
 
 use super::fleet::PlanFleet;
-use super::options::{Cand, Family, State, Unit};
+use super::options::{Cand, Family, FleetState, State, Unit};
 
 /// What the search found.
 #[derive(Debug, Clone)]
@@ -35,7 +35,7 @@ pub fn search(units: &[&Unit<'_>], fleet: &PlanFleet, state: &mut State, budget:
     // reserving memory only removes candidates.
     let best_alone: Vec<Option<i64>> = units
         .iter()
-        .map(|u| u.best_bound(fleet, state).map(|c| c.score))
+        .map(|u| u.best_bound(FleetState::new(fleet, state)).map(|c| c.score))
         .collect();
     let first = visiting_order(units, fleet, state);
     let mut search = Search {
@@ -87,7 +87,10 @@ pub fn visiting_order(units: &[&Unit<'_>], fleet: &PlanFleet, state: &State) -> 
     let mut order: Vec<usize> = (0..units.len()).collect();
     let weight: Vec<u64> = units
         .iter()
-        .map(|u| u.best(fleet, state).map_or(0, |c| c.reserve.iter().sum::<u64>()))
+        .map(|u| {
+            u.best(FleetState::new(fleet, state))
+                .map_or(0, |c| c.reserve.iter().sum::<u64>())
+        })
         .collect();
     order.sort_by(|&a, &b| weight[b].cmp(&weight[a]).then(a.cmp(&b)));
     order
@@ -143,9 +146,9 @@ impl Search<'_, '_> {
         let unit = self.units[u];
         'sections: for last_resorts in [false, true] {
             let cands = if last_resorts {
-                unit.last_resorts(self.fleet, state)
+                unit.last_resorts(FleetState::new(self.fleet, state))
             } else {
-                unit.gpu_candidates(self.fleet, state)
+                unit.gpu_candidates(FleetState::new(self.fleet, state))
             };
             for cand in cands.iter() {
                 if self.best.is_some() {
