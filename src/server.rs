@@ -16,6 +16,7 @@ use crate::cli::EXIT_OK;
 use crate::cli::server::{DEFAULT_GRPC_ADDR, ServerArgs, TlsMode};
 use crate::data_dir::{data_dir, private_umask, secret_from};
 use crate::runtime::{init_logging, runtime};
+use crate::signals::StopSignals;
 
 /// The server's configuration from its flags, with agents joining at
 /// `default_agent_listen` unless `--agent-listen` says otherwise; creates the data
@@ -177,6 +178,8 @@ pub fn run_server(args: &ServerArgs) -> anyhow::Result<ExitCode> {
     let (config, dir) = server_config(args, DEFAULT_GRPC_ADDR)?;
     let runtime = runtime(None)?;
     runtime.block_on(async {
+        // Before the doors open: a stop asked from here on is a graceful one.
+        let mut signals = StopSignals::install()?;
         let server = skein_orchestrator::server::start(config).await?;
         eprintln!(
             "skein server: REST API on {}, agents join at {} with the token in {}",
@@ -189,12 +192,18 @@ pub fn run_server(args: &ServerArgs) -> anyhow::Result<ExitCode> {
                 "skein server: TLS certificate {fingerprint}; agents and clients elsewhere pin it with --server-fingerprint {fingerprint}"
             );
         }
-        tokio::select! {
-            _ = server.wait() => bail!("the server stopped"),
-            _ = tokio::signal::ctrl_c() => {
-                eprintln!("skein server: stopping");
-                Ok(ExitCode::from(EXIT_OK))
-            }
+        let stop = async {
+            let signal = signals.next().await;
+            eprintln!("skein server: {signal}: stopping (answering the requests in flight)");
+        };
+        let stopped = server.serve_until(stop).await?;
+        if !stopped.drained {
+            eprintln!(
+                "skein server: some requests were still running after {}; they were stopped",
+                humantime::format_duration(skein_orchestrator::server::DRAIN_TIMEOUT)
+            );
         }
+        eprintln!("skein server: stopped");
+        Ok(ExitCode::from(EXIT_OK))
     })
 }

@@ -1,6 +1,8 @@
 //! The signals `skein agent` answers, as departures of its node: SIGUSR1 drains it (a
 //! Slurm job's `--signal` warning before its time limit), SIGTERM and SIGINT make it
-//! leave (a Slurm job's end or `scancel`, a service manager's stop, Ctrl-C).
+//! leave (a Slurm job's end or `scancel`, a service manager's stop, Ctrl-C). And the
+//! ones `skein server` answers ([`StopSignals`]): SIGTERM and SIGINT stop it
+//! gracefully.
 
 use anyhow::Context;
 use skein_agent::daemon::Departure;
@@ -43,6 +45,34 @@ impl Signals {
             _ = self.term.recv() => departure(&self.why, Received::Term),
             _ = self.int.recv() => departure(&self.why, Received::Int),
             _ = self.usr1.recv() => departure(&self.why, Received::Usr1),
+        }
+    }
+}
+
+/// The signals that stop `skein server`: SIGTERM (a service manager's stop, `kill`) and
+/// SIGINT (Ctrl-C).
+pub struct StopSignals {
+    term: Signal,
+    int: Signal,
+}
+
+impl StopSignals {
+    /// Handlers for SIGTERM and SIGINT, installed now (from here on they no longer end
+    /// the process at once). Needs a tokio runtime.
+    pub fn install() -> anyhow::Result<StopSignals> {
+        let handler =
+            |kind: SignalKind, name: &str| signal(kind).with_context(|| format!("cannot install a handler for {name}"));
+        Ok(StopSignals {
+            term: handler(SignalKind::terminate(), "SIGTERM")?,
+            int: handler(SignalKind::interrupt(), "SIGINT")?,
+        })
+    }
+
+    /// Returns the name of the first of them to arrive.
+    pub async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
         }
     }
 }

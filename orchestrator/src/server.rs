@@ -1,5 +1,11 @@
 //! `skein server`: the hardware graph with its two doors, the gRPC service agents join
 //! and the REST API, plus the sweep that marks silent nodes down.
+//!
+//! The running server ([`RunningServer`]) holds a cancellation token and a task tracker
+//! ([`Lifecycle`]): every task it starts is tracked, and [`RunningServer::shutdown`]
+//! cancels the token (both doors stop accepting, connections finish what is in flight,
+//! event streams end), waits for the tracked tasks up to [`DRAIN_TIMEOUT`], stops what
+//! is left, and flushes the store.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,14 +16,17 @@ use skein_proto::agent::v1::agent_service_server::AgentServiceServer;
 use tokio::net::TcpListener;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use crate::agents::AgentGateway;
-use crate::base::{Clock, Secret};
 use crate::api::{ApiState, router};
+use crate::base::{Clock, Secret};
 use crate::graph::{GraphConfig, GraphEvent, HardwareGraph, HealthState};
 use crate::instances::Instances;
 use crate::run::{Executor, ExecutorConfig};
 use crate::store::Db;
+pub use crate::transport::Lifecycle;
+pub use crate::transport::tls::TlsFiles;
 
 /// Where the server listens and whom it lets in.
 #[derive(Debug, Clone)]
@@ -72,14 +81,11 @@ const GRPC_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// makes a few calls.
 const GRPC_MAX_STREAMS: u32 = 32;
 
-/// A PEM certificate chain and its private key.
-#[derive(Debug, Clone)]
-pub struct TlsFiles {
-    /// Certificate chain.
-    pub cert: PathBuf,
-    /// Private key.
-    pub key: PathBuf,
-}
+/// How long a stopping server waits for the requests in flight (and every other task
+/// it owns) to finish before it stops them.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Graph changes buffered for slow subscribers (event streams, reflexes).
+const GRAPH_EVENTS: usize = 4096;
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -113,9 +119,13 @@ pub enum ServerError {
     /// The REST door's certificate could not be read or used.
     #[error(transparent)]
     Certificate(#[from] crate::transport::tls::TlsError),
+    /// A part of the server stopped by itself.
+    #[error("a part of the server stopped unexpectedly (see the log); the server stopped")]
+    Stopped,
 }
 
-/// A running server. Dropping it stops it.
+/// A running server. [`RunningServer::shutdown`] stops it gracefully; dropping it stops
+/// it at once.
 pub struct RunningServer {
     /// The REST address it listens on (with the real port when 0 was asked).
     pub api_addr: SocketAddr,
@@ -139,22 +149,95 @@ pub struct RunningServer {
     pub reflex_events: crate::reflex::Events,
     /// The live reflexes.
     pub reflexes: crate::reflex::Reflexes,
+    /// Its shutdown token and the tracker of its tasks.
+    lifecycle: Lifecycle,
+    /// The store, flushed last.
+    db: Db,
+    /// Every long-lived task, to notice one that stops and to stop what is left.
     tasks: Vec<JoinHandle<()>>,
 }
 
 impl Drop for RunningServer {
     fn drop(&mut self) {
+        self.lifecycle.shutdown.cancel();
         for task in &self.tasks {
             task.abort();
         }
     }
 }
 
+/// How a graceful stop went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stopped {
+    /// Every task ended within [`DRAIN_TIMEOUT`] (else the rest were stopped).
+    pub drained: bool,
+}
+
 impl RunningServer {
+    /// The token that stops the server: cancelled by [`RunningServer::shutdown`], for
+    /// what else should stop with it.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.lifecycle.shutdown.clone()
+    }
+
     /// Waits until a part of the server stops (it should not).
     pub async fn wait(mut self) {
         let tasks = std::mem::take(&mut self.tasks);
         let _ = futures::future::select_all(tasks).await;
+    }
+
+    /// Serves until `stop` is ready (a signal), then stops gracefully
+    /// ([`RunningServer::shutdown`]). A part of the server that stops by itself (it
+    /// should not) is [`ServerError::Stopped`], after the same graceful stop.
+    ///
+    /// Errors: [`ServerError::Stopped`], [`ServerError::Store`].
+    pub async fn serve_until(mut self, stop: impl std::future::Future<Output = ()>) -> Result<Stopped, ServerError> {
+        let part_stopped = {
+            let parts = futures::future::select_all(self.tasks.iter_mut());
+            tokio::select! {
+                _ = parts => true,
+                () = stop => false,
+            }
+        };
+        let stopped = self.shutdown().await?;
+        if part_stopped {
+            return Err(ServerError::Stopped);
+        }
+        Ok(stopped)
+    }
+
+    /// Stops the server gracefully: both doors stop accepting, the requests in flight
+    /// are answered and the connections closed, event streams end; every task the
+    /// server owns is waited for up to [`DRAIN_TIMEOUT`], then what is left is stopped;
+    /// last, the store is flushed (acknowledged writes are on disk already; this writes
+    /// what was kept lazily).
+    ///
+    /// Errors: [`ServerError::Store`] when the flush fails.
+    pub async fn shutdown(mut self) -> Result<Stopped, ServerError> {
+        tracing::info!("stopping: no new connections; draining the requests in flight");
+        let Lifecycle { shutdown, tasks } = self.lifecycle.clone();
+        shutdown.cancel();
+        tasks.close();
+        let drained = tokio::time::timeout(DRAIN_TIMEOUT, tasks.wait()).await.is_ok();
+        if !drained {
+            tracing::warn!(
+                left = tasks.len(),
+                timeout = ?DRAIN_TIMEOUT,
+                "tasks still running after the drain timeout; stopped"
+            );
+        }
+        for task in self.tasks.drain(..) {
+            task.abort();
+            let _ = task.await;
+        }
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || db.flush_blocking())
+            .await
+            .map_err(|e| {
+                ServerError::Store(crate::store::StoreError::Io(sled::Error::Io(std::io::Error::other(e))))
+            })??;
+        tracing::info!(drained, "stopped");
+        Ok(Stopped { drained })
     }
 }
 
@@ -163,8 +246,9 @@ impl RunningServer {
 /// Errors: [`ServerError::Bind`], [`ServerError::Tls`], [`ServerError::Store`].
 pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
     let clock = Clock::start();
+    let lifecycle = Lifecycle::default();
     let graph = Arc::new(HardwareGraph::new(config.graph));
-    let (events, _) = broadcast::channel(4096);
+    let (events, _) = broadcast::channel(GRAPH_EVENTS);
 
     let bind = |addr: SocketAddr, what: &'static str| async move {
         TcpListener::bind(addr)
@@ -278,11 +362,11 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
             })?;
     }
     let (incoming, grpc_accept_task) =
-        crate::transport::grpc_incoming(grpc_listener, cap, config.transport.clone(), grpc_tls);
+        crate::transport::grpc_incoming(grpc_listener, cap, config.transport.clone(), grpc_tls, &lifecycle);
     let grpc = builder
         .add_service(AgentServiceServer::new(gateway))
-        .serve_with_incoming(incoming);
-    let grpc_task = tokio::spawn(async move {
+        .serve_with_incoming_shutdown(incoming, lifecycle.shutdown.clone().cancelled_owned());
+    let grpc_task = lifecycle.tasks.spawn(async move {
         if let Err(error) = grpc.await {
             tracing::error!(%error, "the agent service stopped");
         }
@@ -301,6 +385,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         reflex_events: reflex_events.clone(),
         db: db.clone(),
         join,
+        tasks: lifecycle.tasks.clone(),
     });
     let rest = crate::transport::RestService {
         router: app,
@@ -310,18 +395,25 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         },
         config: config.transport.clone(),
         max_body_bytes: crate::api::MAX_BODY_BYTES as u64,
+        lifecycle: lifecycle.clone(),
     };
-    let api_task = tokio::spawn(crate::transport::serve_rest(api_listener, cap, rest));
+    let api_task = lifecycle
+        .tasks
+        .spawn(crate::transport::serve_rest(api_listener, cap, rest));
 
     let sweep_graph = Arc::clone(&graph);
     let sweep_events = events.clone();
     let sweep_instances = Arc::clone(&instances);
     let period = Duration::from_millis((config.graph.sample_interval_ms / 4).max(10));
-    let sweep_task = tokio::spawn(async move {
+    let sweep_shutdown = lifecycle.shutdown.clone();
+    let sweep_task = lifecycle.tasks.spawn(async move {
         let mut tick = tokio::time::interval(period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = sweep_shutdown.cancelled() => return,
+            }
             for event in sweep_graph.sweep(clock.now()) {
                 if let GraphEvent::Health {
                     node, gpu: None, to, ..
@@ -352,6 +444,8 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         instances,
         reflex_events,
         reflexes,
+        lifecycle,
+        db,
         tasks: vec![
             grpc_accept_task,
             grpc_task,

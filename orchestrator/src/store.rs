@@ -485,6 +485,15 @@ impl Db {
         }
     }
 
+    /// Writes to disk what sled still holds in memory (records put lazily, without a
+    /// flush of their own): the last thing a stopping server does. Blocks the thread.
+    ///
+    /// Errors: [`StoreError::Io`].
+    pub fn flush_blocking(&self) -> Result<(), StoreError> {
+        self.db.flush()?;
+        Ok(())
+    }
+
     /// [`Db::commit`] from synchronous code (the session writer, start-up): blocks the
     /// thread, so never call it on an async worker once the server serves.
     pub fn commit_blocking(&self, batch: WriteBatch) -> Result<(), StoreError> {

@@ -73,6 +73,9 @@ pub struct ApiState {
     pub db: crate::store::Db,
     /// Join tokens and node identities.
     pub join: crate::join::Join,
+    /// The server's task tracker: owns what a request leaves running (a streamed
+    /// turn that is stored even if its client goes away), so the server waits for it.
+    pub tasks: tokio_util::task::TaskTracker,
 }
 
 /// The largest request body (bytes): a turn may carry several messages of up to

@@ -225,7 +225,7 @@ async fn completions(
         let completion: ChatCompletion = openai::response_body(&meta, &answer.content, &finish, usage(&answer));
         return Ok(Json(completion).into_response());
     }
-    let done = tokio::spawn(async move {
+    let done = state.tasks.spawn(async move {
         let answer = work.await;
         drop(request_permit);
         answer

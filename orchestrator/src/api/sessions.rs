@@ -430,7 +430,7 @@ async fn send(
     // The turn runs to its end even if the client goes away, so its reply is stored
     // (a retry with the same Idempotency-Key then gets it); it counts as the user's
     // request until then.
-    let done = tokio::spawn(async move {
+    let done = state.tasks.spawn(async move {
         let sent = sessions.send(&principal, &id, turn).await;
         drop(request_permit);
         sent

@@ -41,6 +41,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tokio_util::task::TaskTracker;
 use tonic::transport::server::Connected;
 use tower::Service;
 
@@ -74,6 +76,18 @@ const GRPC_BACKLOG: usize = 64;
 /// How long the accept loop waits after an accept error (out of descriptors) before
 /// trying again, so that it does not spin.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(100);
+
+/// What stops the doors and owns the tasks they start: the server's shutdown token and
+/// task tracker (cheap to clone; clones share them).
+#[derive(Debug, Clone, Default)]
+pub struct Lifecycle {
+    /// Cancelled when the server stops: the doors stop accepting, every connection
+    /// finishes the requests in flight and closes, and event streams end.
+    pub shutdown: CancellationToken,
+    /// Owns the doors' tasks (accept loops, what runs beside a connection); the server
+    /// waits for it, within its drain timeout, before it exits.
+    pub tasks: TaskTracker,
+}
 
 /// Timeouts and caps of both listeners.
 #[derive(Debug, Clone)]
@@ -194,10 +208,12 @@ impl Gate {
     }
 }
 
-/// Accepts connections on `listener` until dropped, admitting each through the gate
-/// and handing it to `serve` on a task of `tasks` (which the loop owns, so stopping the
-/// loop closes every connection).
-async fn accept_loop<F, Fut>(listener: TcpListener, gate: Gate, mut serve: F)
+/// Accepts connections on `listener` until `shutdown` is cancelled (or the loop is
+/// dropped), admitting each through the gate and handing it to `serve` on a task of
+/// `tasks` (which the loop owns, so dropping the loop closes every connection). On
+/// shutdown the listener is closed at once and the loop returns once every connection
+/// has ended (each sees `shutdown` too, and finishes what is in flight).
+async fn accept_loop<F, Fut>(listener: TcpListener, gate: Gate, shutdown: CancellationToken, mut serve: F)
 where
     F: FnMut(TcpStream, SocketAddr, OwnedSemaphorePermit) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
@@ -206,6 +222,7 @@ where
     let mut failing = false;
     loop {
         tokio::select! {
+            () = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     failing = false;
@@ -228,6 +245,13 @@ where
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
         }
     }
+    drop(listener);
+    tracing::debug!(
+        door = gate.what,
+        connections = tasks.len(),
+        "stopped accepting; draining connections"
+    );
+    while tasks.join_next().await.is_some() {}
 }
 
 /// Waits up to `timeout` for the connection's first byte and returns it; `None` when
@@ -266,25 +290,38 @@ pub struct RestService {
     /// The largest request body a route reads: a larger declared `Content-Length` is
     /// refused at once.
     pub max_body_bytes: u64,
+    /// Its shutdown, and the owner of the tasks it starts beside its connections
+    /// (reading what a refused request still sends).
+    pub lifecycle: Lifecycle,
 }
 
-/// Serves REST on `listener` until the returned future is dropped, with `cap`
-/// connections at most.
+/// Serves REST on `listener` with `cap` connections at most, until the service's
+/// `shutdown` is cancelled and the connections have drained (or the future is dropped).
 pub async fn serve_rest(listener: TcpListener, cap: usize, service: RestService) {
     let service = Arc::new(service);
-    accept_loop(listener, Gate::new("REST API", cap), move |stream, peer, permit| {
-        let service = Arc::clone(&service);
-        async move {
-            rest_connection(stream, peer, &service).await;
-            drop(permit);
-        }
-    })
+    let shutdown = service.lifecycle.shutdown.clone();
+    accept_loop(
+        listener,
+        Gate::new("REST API", cap),
+        shutdown,
+        move |stream, peer, permit| {
+            let service = Arc::clone(&service);
+            async move {
+                rest_connection(stream, peer, &service).await;
+                drop(permit);
+            }
+        },
+    )
     .await;
 }
 
 async fn rest_connection(stream: TcpStream, peer: SocketAddr, service: &RestService) {
     let config = &service.config;
-    let Some(first) = first_byte(&stream, config.header_read_timeout).await else {
+    let first = tokio::select! {
+        first = first_byte(&stream, config.header_read_timeout) => first,
+        () = service.lifecycle.shutdown.cancelled() => None,
+    };
+    let Some(first) = first else {
         tracing::debug!(%peer, "closed a REST connection that said nothing");
         return;
     };
@@ -334,14 +371,16 @@ where
     let max_body = service.max_body_bytes;
     let linger = config.header_read_timeout;
     let requests = Arc::clone(&activity);
+    let Lifecycle { shutdown, tasks } = service.lifecycle.clone();
     let hyper_service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
         let mut router = router.clone();
         let in_flight = InFlight::begin(&requests);
+        let (shutdown, tasks) = (shutdown.clone(), tasks.clone());
         async move {
             let request = request.map(axum::body::Body::new);
             let response = match refusal(&request, max_body) {
                 Some(mut refused) => {
-                    linger_on(request.into_body(), max_body, linger);
+                    linger_on(&tasks, request.into_body(), max_body, linger);
                     refused
                         .headers_mut()
                         .insert(header::CONNECTION, header::HeaderValue::from_static("close"));
@@ -364,10 +403,17 @@ where
                     }
                 }
             };
+            // An event stream has no end of its own: it ends when the server stops.
+            let endless = response
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+            let until = endless.then(|| Box::pin(shutdown.cancelled_owned()));
             Ok::<_, Infallible>(response.map(|body| {
                 axum::body::Body::new(Tracked {
                     inner: body,
                     _in_flight: in_flight,
+                    until,
                 })
             }))
         }
@@ -395,6 +441,15 @@ where
             return;
         }
         () = activity.idle_for(config.idle_timeout) => {}
+        () = service.lifecycle.shutdown.cancelled() => {
+            // Stopping: the requests in flight are answered (the server bounds how
+            // long it waits), then the connection closes.
+            connection.as_mut().graceful_shutdown();
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "a REST connection ended with an error while the server stopped");
+            }
+            return;
+        }
     }
     // Idle: close it politely (HTTP/2 says GOAWAY), then for good if the peer dawdles.
     connection.as_mut().graceful_shutdown();
@@ -405,10 +460,10 @@ where
 /// and for `timeout` at most, while its answer goes out: a client still writing a body
 /// when the server closes would get a reset in place of the answer. Past either bound
 /// the body is dropped and the connection (marked `Connection: close`) ends.
-fn linger_on(body: axum::body::Body, limit: u64, timeout: Duration) {
+fn linger_on(tasks: &TaskTracker, body: axum::body::Body, limit: u64, timeout: Duration) {
     use futures::StreamExt as _;
-    // Bounded by `timeout`, so it needs no owner to end it.
-    tokio::spawn(async move {
+    // Bounded by `timeout`; owned by the door's tracker, which the server waits for.
+    tasks.spawn(async move {
         let drain = async {
             let mut stream = body.into_data_stream();
             let mut seen = 0u64;
@@ -530,10 +585,12 @@ impl Drop for InFlight {
     }
 }
 
-/// An answer's body that keeps its request in flight until it is done.
+/// An answer's body that keeps its request in flight until it is done; an event
+/// stream's also ends when `until` (the server's shutdown) is ready.
 struct Tracked {
     inner: axum::body::Body,
     _in_flight: InFlight,
+    until: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
 }
 
 impl HttpBody for Tracked {
@@ -541,7 +598,13 @@ impl HttpBody for Tracked {
     type Error = axum::Error;
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+        let this = self.get_mut();
+        if let Some(until) = this.until.as_mut()
+            && until.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(None);
+        }
+        Pin::new(&mut this.inner).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
@@ -553,21 +616,25 @@ impl HttpBody for Tracked {
     }
 }
 
-/// The gRPC door's admitted connections, for tonic's `serve_with_incoming`, and the
-/// task that accepts them (abort it to stop accepting).
+/// The gRPC door's admitted connections, for tonic's `serve_with_incoming_shutdown`,
+/// and the task that accepts them (owned by the lifecycle's tracker), which stops
+/// accepting when its shutdown is cancelled (the stream then ends).
 pub fn grpc_incoming(
     listener: TcpListener,
     cap: usize,
     config: TransportConfig,
     tls: bool,
+    lifecycle: &Lifecycle,
 ) -> (
     impl futures::Stream<Item = Result<Admitted, std::io::Error>> + Send + 'static,
     tokio::task::JoinHandle<()>,
 ) {
+    let Lifecycle { shutdown, tasks } = lifecycle;
     let (sender, receiver) = mpsc::channel(GRPC_BACKLOG);
-    let task = tokio::spawn(accept_loop(
+    let task = tasks.spawn(accept_loop(
         listener,
         Gate::new("agent service (gRPC)", cap),
+        shutdown.clone(),
         move |stream, peer, permit| {
             let sender = sender.clone();
             let timeout = config.header_read_timeout;
@@ -704,6 +771,7 @@ mod tests {
             tls: None,
             config: TransportConfig::default(),
             max_body_bytes: 1024,
+            lifecycle: Lifecycle::default(),
         };
         let server = tokio::spawn(serve_rest(listener, 16, service));
         let get = |path: &'static str| async move {

@@ -14,7 +14,15 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use skein_proto::tls::Fingerprint;
 
 use crate::private::create_private;
-use crate::server::TlsFiles;
+
+/// A PEM certificate chain and its private key.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    /// Certificate chain.
+    pub cert: PathBuf,
+    /// Private key.
+    pub key: PathBuf,
+}
 
 /// Why the server's certificate could not be read, made or used.
 #[derive(Debug, thiserror::Error)]
