@@ -6,7 +6,7 @@
 //   SKEIN_ADMIN_TOKEN   the admin's API token
 //   SKEIN_LAB_WORKFLOW  the text of workflows/lab-research.yaml
 //   SKEIN_TINY_REPO     the tiny test model's repository
-//   SKEIN_ARTIFACTS     where screenshots go
+//   SKEIN_ARTIFACTS     where screenshots (and the inputs the unit tests copy) go
 //
 // and answers two requests on stdin: it prints `@stop` (the test kills the server
 // and answers `stopped`) and `@start` (the test starts it again and answers
@@ -14,7 +14,7 @@
 
 import { chromium } from "playwright-core";
 import { createInterface } from "node:readline";
-import { mkdirSync } from "node:fs";
+import { mkdirSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 
 const API = process.env.SKEIN_API;
@@ -47,6 +47,29 @@ async function api(token, method, path, body) {
   const json = text ? JSON.parse(text) : null;
   if (!response.ok) throw new Error(`${method} ${path}: ${response.status} ${text}`);
   return json;
+}
+
+/** Keeps what the page was given (`/v1/graph`, `/v1/instances`, the live stream) in
+ *  the artifacts: the unit tests' fixtures (web/tests/fixtures/) are copies of these. */
+const keep = (name, text) => writeFileSync(join(ARTIFACTS, name), text);
+
+/** The first `ms` milliseconds of `GET /v1/live`, as the server sent them. */
+async function liveBytes(ms) {
+  const controller = new AbortController();
+  const response = await fetch(API + "/v1/live", { headers: { Authorization: `Bearer ${ADMIN}`, Accept: "text/event-stream" }, signal: controller.signal });
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  setTimeout(() => controller.abort(), ms);
+  let text = "";
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      text += value;
+    }
+  } catch {
+    // aborted: the time is up
+  }
+  return text;
 }
 
 /** Polls `probe` (an async function) every 100 ms until it returns something truthy. */
@@ -430,6 +453,8 @@ steps:
   await page.mouse.wheel(0, 350);
   await page.waitForTimeout(200);
   await shot(page, "split.png");
+  keep("split-graph.json", JSON.stringify(await api(ADMIN, "GET", "/v1/graph"), null, 1));
+  keep("split-instances.json", JSON.stringify(await api(ADMIN, "GET", "/v1/instances"), null, 1));
   await page.click("#fit");
   check(colours.size === 1, `the replica and its pieces share one colour (${[...colours].join(", ")})`);
 
@@ -456,6 +481,7 @@ steps:
   const offloadText = await box.jsonValue();
   check(offloadText.startsWith("host RAM offload: big ") && offloadText.includes(`layers ${offloaded.layers.replace("..", "–")}`),
     `old-1's box shows the host offload ("${offloadText}", ${offloaded.bytes} bytes as the plan reserves)`);
+  keep("offload-instances.json", JSON.stringify(await api(ADMIN, "GET", "/v1/instances"), null, 1));
   await api(ADMIN, "POST", `/v1/runs/${offloadRun.id}/cancel`);
 
   // ------------------------------------------------------------------ the GPU table (3)
@@ -624,8 +650,9 @@ reflexes:
   await phone.context().close();
 
   // ------------------------------------------------------------------ reconnecting, stale values (6)
-  await ask("@stop", "stopped");
+  // Before the server stops: the page may see its stream break before `stopped` is read.
   outage = true;
+  await ask("@stop", "stopped");
   await page.waitForSelector('#connection[data-state="lost"]', { timeout: 30000 });
   const lost = await page.evaluate(() => ({
     text: document.querySelector("#connection").textContent,
@@ -671,6 +698,8 @@ reflexes:
   await page.mouse.wheel(0, dgxTop - graphTop - 20);
   await page.waitForTimeout(200);
   await shot(page, "dgx.png");
+  keep("dgx-graph.json", JSON.stringify(await api(ADMIN, "GET", "/v1/graph"), null, 1));
+  keep("live.txt", await liveBytes(2500));
 
   watching = false;
   check(pageErrors.length === 0, `no console error, failed request or error answer on the page${pageErrors.length ? ": " + pageErrors.join("; ") : ""}`);

@@ -30,6 +30,16 @@ macro_rules! asset {
 const ASSETS: &[Asset] = &[
     asset!("index.html", "text/html; charset=utf-8"),
     asset!("app.js", "text/javascript; charset=utf-8"),
+    asset!("activity.js", "text/javascript; charset=utf-8"),
+    asset!("cards.js", "text/javascript; charset=utf-8"),
+    asset!("dom.js", "text/javascript; charset=utf-8"),
+    asset!("fleet.js", "text/javascript; charset=utf-8"),
+    asset!("graph.js", "text/javascript; charset=utf-8"),
+    asset!("layout.js", "text/javascript; charset=utf-8"),
+    asset!("live.js", "text/javascript; charset=utf-8"),
+    asset!("panels.js", "text/javascript; charset=utf-8"),
+    asset!("sse.js", "text/javascript; charset=utf-8"),
+    asset!("state.js", "text/javascript; charset=utf-8"),
     asset!("style.css", "text/css; charset=utf-8"),
     asset!("favicon.svg", "image/svg+xml"),
     asset!("vendor/d3.min.js", "text/javascript; charset=utf-8"),
@@ -96,7 +106,35 @@ pub(super) async fn favicon(request: HeaderMap) -> Response {
     serve("favicon.svg", &request)
 }
 
-/// `GET /web/{*path}`: its scripts, styles and the vendored libraries' licences.
+/// `GET /web/{*path}`: its scripts (ES modules), styles and the vendored libraries' licences.
 pub(super) async fn file(Path(path): Path<String>, request: HeaderMap) -> Response {
     serve(&path, &request)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ASSETS;
+
+    /// Every file of the page (`web/*`, `web/vendor/*` but its notes) is built in, so
+    /// that a module the page imports is never a 404.
+    #[test]
+    fn every_file_of_the_page_is_served() {
+        let web = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../web");
+        let mut missing = Vec::new();
+        for folder in ["", "vendor/"] {
+            let Ok(entries) = std::fs::read_dir(web.join(folder)) else {
+                panic!("no folder web/{folder}");
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let served =
+                    [".js", ".css", ".html", ".svg"].iter().any(|e| name.ends_with(e)) || name == "LICENSES.txt";
+                let path = format!("{folder}{name}");
+                if served && !ASSETS.iter().any(|a| a.path == path) {
+                    missing.push(path);
+                }
+            }
+        }
+        assert!(missing.is_empty(), "web files not served: {missing:?}");
+    }
 }

@@ -1,0 +1,149 @@
+// The side panel's lists: runs (a run opens with its steps), sessions (each movable
+// to another GPU from the page) and reflex events.
+
+import { $, h, kids } from "./dom.js";
+import { fmtTime, gib, memoryOf, nodesInOrder } from "./fleet.js";
+import { api } from "./live.js";
+import { state } from "./state.js";
+
+// ---------------------------------------------------------------- runs
+export async function renderRuns(changed) {
+  const view = $("view-runs");
+  const list = h("table", {},
+    h("thead", {}, h("tr", {}, h("th", {}, "run"), h("th", {}, "workflow"), h("th", {}, "state"), h("th", { class: "num" }, "steps"))),
+    h("tbody", {}, state.runs.map((r) => h("tr", { "data-run": r.id },
+      h("td", {}, h("button", { type: "button", onclick: () => openRun(r.id) }, r.id.slice(0, 10))),
+      h("td", {}, r.workflow),
+      h("td", {}, h("span", { class: `badge ${r.state}` }, r.state), r.reason ? h("div", { class: "hint reason" }, r.reason) : null),
+      h("td", { class: "num" }, `${r.steps_done}/${r.steps}`)))));
+  const parts = [h("h2", {}, "Runs"), state.runs.length ? h("div", { class: "table-wrap" }, list) : h("p", { class: "hint" }, "No runs yet: `skein submit workflow.yaml`.")];
+  const detail = h("div", { id: "run-detail" });
+  parts.push(detail);
+  view.replaceChildren(...kids(...parts));
+  if (state.openRun && changed) await openRun(state.openRun, true);
+}
+
+async function openRun(id, quiet) {
+  state.openRun = id;
+  try {
+    const run = await api(`/v1/runs/${encodeURIComponent(id)}`);
+    const detail = $("run-detail");
+    if (!detail) return;
+    detail.replaceChildren(...kids(
+      h("h3", {}, `Run ${run.id}`),
+      h("p", { class: "reason" }, `${run.workflow.name} · `, h("span", { class: `badge ${run.state}` }, run.state), run.reason ? ` · ${run.reason}` : ""),
+      h("div", { class: "table-wrap" }, h("table", {},
+        h("thead", {}, h("tr", {}, h("th", {}, "step"), h("th", {}, "agent"), h("th", {}, "state"), h("th", {}, "instance"))),
+        h("tbody", {}, run.steps.map((s) => h("tr", { "data-step": s.id },
+          h("td", {}, s.id), h("td", {}, s.agent),
+          h("td", {}, h("span", { class: `badge ${s.state}` }, s.state), s.error ? h("div", { class: "error reason" }, s.error) : null),
+          h("td", {}, s.instance || "")))))),
+    ));
+    if (!quiet) detail.querySelector("h3").scrollIntoView({ block: "nearest" });
+  } catch (error) {
+    const detail = $("run-detail");
+    if (detail) detail.replaceChildren(...kids(h("p", { class: "error" }, error.message)));
+  }
+}
+
+// ---------------------------------------------------------------- sessions
+function placeOf(binding) {
+  return binding ? `${binding.node}:${binding.gpus.join(",")}` : "not bound";
+}
+
+/** Sessions as a list: id, owner, agent, messages. */
+export function sessionList(sessions) {
+  if (!sessions.length) return h("p", { class: "hint" }, "None.");
+  return h("ul", { class: "plain" }, sessions.map((s) => h("li", {}, `${s.id} (${s.owner}, ${s.agent}, ${s.messages} messages)`)));
+}
+
+function migrateTargets() {
+  const targets = [["auto", "anywhere it fits (auto)"]];
+  for (const node of nodesInOrder(state.nodes.values())) {
+    if (!node.connected) continue;
+    targets.push([`${node.inventory.name}`, `${node.inventory.name} (any GPU)`]);
+    for (const g of node.gpus) targets.push([`${node.inventory.name}:${g.facts.index}`, `${node.inventory.name} GPU ${g.facts.index} (${gib(memoryOf(node, g, state.instances).free)} GiB free)`]);
+  }
+  return targets;
+}
+
+export function renderSessions() {
+  const view = $("view-sessions");
+  const focused = document.activeElement && view.contains(document.activeElement) ? document.activeElement.id : null;
+  const rows = state.sessions.data.map((s) => {
+    const open = state.migrating === s.id;
+    return [
+      h("tr", { "data-session": s.id },
+        h("td", {}, h("code", { title: s.id }, s.id.slice(0, 10))),
+        h("td", {}, s.owner),
+        h("td", {}, s.agent || s.definition?.model?.repo || ""),
+        h("td", { class: "gpu-cell" }, placeOf(s.binding)),
+        h("td", { class: "num" }, s.messages),
+        h("td", { class: "action" }, h("button", { type: "button", class: "migrate", id: `migrate-${s.id}`, "aria-expanded": String(open), onclick: () => { state.migrating = open ? null : s.id; renderSessions(); } }, "Migrate…"))),
+      open ? h("tr", { class: "migrate-row" }, h("td", { colspan: 6 }, migrateForm(s))) : null,
+    ];
+  });
+  view.replaceChildren(...kids(
+    h("h2", {}, "Sessions"),
+    state.sessions.data.length
+      ? h("div", { class: "table-wrap" }, h("table", { class: "sessions" },
+        h("thead", {}, h("tr", {}, h("th", {}, "id"), h("th", {}, "owner"), h("th", {}, "agent"), h("th", {}, "GPU"), h("th", { class: "num" }, "msgs"), h("th", {}, h("span", { class: "sr-only" }, "move")))),
+        h("tbody", {}, rows)))
+      : h("p", { class: "hint" }, "No sessions yet: `skein session create --agent NAME --run RUN`."),
+    state.sessions.more ? h("p", { class: "hint" }, "More sessions exist than are shown; `skein sessions` lists them all.") : null,
+    h("p", { id: "migrate-result", role: "status", "aria-live": "polite" }, migrateResult),
+  ));
+  if (focused && $(focused)) $(focused).focus();
+}
+
+let migrateResult = "";
+function migrateForm(session) {
+  const select = h("select", { id: `migrate-to-${session.id}`, "aria-label": `Where to move session ${session.id}` },
+    migrateTargets().map(([value, label]) => h("option", { value }, label)));
+  const go = async () => {
+    const value = select.value;
+    let to = "auto";
+    if (value !== "auto") {
+      const [node, gpu] = value.split(":");
+      to = gpu === undefined ? { node } : { node, gpu: Number(gpu) };
+    }
+    button.disabled = true;
+    migrateResult = `Moving ${session.id}…`;
+    $("migrate-result").textContent = migrateResult;
+    try {
+      const moved = await api(`/v1/sessions/${encodeURIComponent(session.id)}/migrate`, { method: "POST", body: JSON.stringify({ to }) });
+      migrateResult = `Moved ${session.id} to ${placeOf(moved.to)} (${Number(moved.downtime_ms).toFixed(1)} ms without an engine).`;
+      state.migrating = null;
+    } catch (error) {
+      migrateResult = `Could not move ${session.id}: ${error.message}`;
+    }
+    renderSessions();
+  };
+  const button = h("button", { type: "button", id: `migrate-go-${session.id}`, onclick: go }, "Move");
+  return h("div", { class: "migrate-form" }, h("label", { for: select.id }, "to"), select, button);
+}
+
+// ---------------------------------------------------------------- events
+/** An action as the workflow declared it: `notify`, `{"clone": 1}`, … */
+function actionName(action) {
+  if (typeof action === "string") return action;
+  if (action && typeof action === "object") {
+    const [name, value] = Object.entries(action)[0] || ["?", null];
+    return value == null || typeof value === "object" ? name : `${name} ${value}`;
+  }
+  return String(action);
+}
+
+export function renderEvents() {
+  const view = $("view-events");
+  const items = state.reflexes.map((e) => h("div", { class: "event", "data-event": e.id, "data-reflex": e.reflex },
+    h("div", { class: "when" }, `${fmtTime(Date.parse(e.at))} · run ${e.run}${e.dry_run ? " · dry run" : ""}`),
+    h("div", {}, h("strong", {}, e.reflex), " ", h("span", { class: `badge ${e.kind === "error" ? "failed" : e.kind === "fire" ? "degraded" : "ok"}` }, e.kind)),
+    e.values && Object.keys(e.values).length
+      ? h("div", { class: "values" }, Object.entries(e.values).map(([k, v]) => `${k} = ${typeof v === "number" ? +v.toFixed(3) : JSON.stringify(v)}`).join(", "))
+      : null,
+    e.error ? h("div", { class: "error" }, e.error) : null,
+    e.actions?.length ? h("ul", { class: "plain" }, e.actions.map((a) => h("li", {}, `${actionName(a.action)}: `, h("span", { class: `badge ${a.outcome}` }, a.outcome), a.detail ? ` ${a.detail}` : ""))) : null,
+  ));
+  view.replaceChildren(...kids(h("h2", {}, "Reflex events"), items.length ? items : h("p", { class: "hint" }, "No reflex has fired yet.")));
+}
