@@ -370,7 +370,7 @@ fn render_fit(info: &ModelInfo, sets: &[GpuSet], options: FitOptions, fits: &[Va
                 v.id.clone(),
                 v.quantization.method.to_string(),
                 skein_model_registry::catalog::fit::engine_for(v.format())
-                    .name()
+                    .map_or("-", |e| e.name())
                     .to_owned(),
             ];
             row.extend(f.sets.iter().map(cell));

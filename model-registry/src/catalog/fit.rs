@@ -1,13 +1,13 @@
 //! Where each variant fits: for a variant and a set of GPUs, the smallest placement that
 //! fits, with its estimate; variants ranked best first.
 //!
-//! The engine follows the format: vLLM for safetensors, llama.cpp for GGUF (the engines
-//! Skein starts for them). The search takes the set's GPUs largest first and tries
+//! The engine follows the format: the first engine Skein starts on GPUs that loads it
+//! ([`Engine::for_gpus`]: vLLM for safetensors, llama.cpp for GGUF). The search takes the set's GPUs largest first and tries
 //! 1, 2, … of them; for each count, the layouts the engine can run, most parallel
-//! first: tensor parallelism over all of them (vLLM, identical GPUs, a valid degree),
-//! then tensor-parallel groups as pipeline stages, then one GPU per pipeline stage with
-//! layers split by each GPU's memory (vLLM and llama.cpp; uneven across different
-//! cards). The first layout that fits wins, so the answer uses as few GPUs as possible.
+//! first: tensor parallelism over all of them (an engine with
+//! [`Engine::tensor_parallel`], identical GPUs, a valid degree), then tensor-parallel
+//! groups as pipeline stages, then one GPU per pipeline stage with layers split by each
+//! GPU's memory ([`Engine::layer_split`]; uneven across different cards). The first layout that fits wins, so the answer uses as few GPUs as possible.
 //! When nothing fits, the answer is the layout over the whole set that comes closest.
 
 use serde::Serialize;
@@ -106,12 +106,10 @@ impl VariantFit {
     }
 }
 
-/// The engine Skein starts for a format.
-pub fn engine_for(format: WeightFormat) -> Engine {
-    match format {
-        WeightFormat::Safetensors => Engine::VLLM,
-        WeightFormat::Gguf => Engine::LLAMA_CPP,
-    }
+/// The engine Skein starts for a format on GPUs ([`Engine::for_gpus`]); `None` when no
+/// engine loads it.
+pub fn engine_for(format: WeightFormat) -> Option<Engine> {
+    Engine::for_gpus(format)
 }
 
 /// Every variant of `info` on every set, best first: variants that fit somewhere before
@@ -139,7 +137,14 @@ pub fn fit_all(info: &ModelInfo, sets: &[GpuSet], options: FitOptions) -> Vec<Va
 /// unknown quantization are taken as safetensors.
 pub fn fit_variant(shape: &ModelShape, weights: &WeightGroups, set: &GpuSet, options: FitOptions) -> SetFit {
     let format = weights.quantization.map_or(WeightFormat::Safetensors, |q| q.format);
-    let engine = engine_for(format);
+    let Some(engine) = engine_for(format) else {
+        return SetFit {
+            set: set.label.clone(),
+            fits: false,
+            placement: None,
+            reason: Some(format!("no engine Skein starts on GPUs loads {format} weights")),
+        };
+    };
     let mut order: Vec<usize> = (0..set.gpus.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(set.gpus[i].memory));
     let memory = |i: usize| set.gpus[i].memory;
@@ -202,7 +207,7 @@ fn layouts(shape: &ModelShape, weights: &WeightGroups, engine: Engine, memory: V
     }
     let valid = |k: usize| check_tp(shape, weights.quantization.as_ref(), k as u64).is_ok();
     let mut layouts = Vec::new();
-    if matches!(engine, Engine::Vllm(_)) {
+    if engine.tensor_parallel() && engine.layer_split() {
         // Tensor-parallel groups of `tp` identical GPUs as `n / tp` stages, from one
         // stage of all `n` down to groups of two.
         for tp in (2..=n).rev().filter(|tp| n.is_multiple_of(*tp) && valid(*tp)) {
@@ -220,6 +225,8 @@ fn layouts(shape: &ModelShape, weights: &WeightGroups, engine: Engine, memory: V
             }
         }
     }
-    layouts.push(Layout::pipeline_by_memory(memory));
+    if engine.layer_split() {
+        layouts.push(Layout::pipeline_by_memory(memory));
+    }
     layouts
 }

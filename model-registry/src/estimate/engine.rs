@@ -296,12 +296,145 @@ impl Engine {
         enforce_eager: false,
     });
 
+    /// The engines Skein starts on GPUs, in order of preference where several load a
+    /// format.
+    pub const GPU_PREFERENCE: [Engine; 2] = [Engine::VLLM, Engine::LLAMA_CPP];
+    /// The engines Skein starts on the CPU alone, in that order.
+    pub const CPU_PREFERENCE: [Engine; 2] = [Engine::CANDLE_CPU, Engine::LLAMA_CPP];
+
     /// `candle`, `llama.cpp` or `vllm`.
     pub const fn name(&self) -> &'static str {
         match self {
             Engine::Candle(_) => "candle",
             Engine::LlamaCpp(_) => "llama.cpp",
             Engine::Vllm(_) => "vllm",
+        }
+    }
+
+    /// Whether it shards each layer's tensors over GPUs (tensor parallelism), on one node.
+    pub const fn tensor_parallel(&self) -> bool {
+        match self {
+            Engine::Vllm(_) => true,
+            Engine::LlamaCpp(_) | Engine::Candle(_) => false,
+        }
+    }
+
+    /// Whether it splits whole layers over devices as pipeline stages (vLLM's pipeline
+    /// parallelism, llama.cpp's `--tensor-split`), tensor-parallel groups as stages when
+    /// it has [`Engine::tensor_parallel`] too.
+    pub const fn layer_split(&self) -> bool {
+        match self {
+            Engine::Vllm(_) | Engine::LlamaCpp(_) => true,
+            Engine::Candle(_) => false,
+        }
+    }
+
+    /// Whether its stages may be on different machines (vLLM over Ray, llama.cpp over
+    /// RPC servers).
+    pub const fn across_nodes(&self) -> bool {
+        match self {
+            Engine::Vllm(_) | Engine::LlamaCpp(_) => true,
+            Engine::Candle(_) => false,
+        }
+    }
+
+    /// Whether it keeps its first layers in host RAM and the rest on GPUs (llama.cpp
+    /// `-ngl`): a layout whose leading stages are on the CPU.
+    pub const fn host_offload(&self) -> bool {
+        match self {
+            Engine::LlamaCpp(_) => true,
+            Engine::Vllm(_) | Engine::Candle(_) => false,
+        }
+    }
+
+    /// Whether it loads weights stored in `format`.
+    pub const fn loads(&self, format: WeightFormat) -> bool {
+        match (self, format) {
+            (Engine::Candle(_), _) => true,
+            (Engine::LlamaCpp(_), WeightFormat::Gguf) | (Engine::Vllm(_), WeightFormat::Safetensors) => true,
+            (Engine::LlamaCpp(_), WeightFormat::Safetensors) | (Engine::Vllm(_), WeightFormat::Gguf) => false,
+        }
+    }
+
+    /// Whether the engine, with some settings, runs on GPUs.
+    pub const fn runs_on_gpu(&self) -> bool {
+        match self {
+            Engine::Vllm(_) | Engine::LlamaCpp(_) | Engine::Candle(_) => true,
+        }
+    }
+
+    /// Whether the engine, with some settings, runs on the CPU alone (see
+    /// [`Engine::on_cpu`] for these settings).
+    pub const fn runs_on_cpu(&self) -> bool {
+        match self {
+            Engine::LlamaCpp(_) | Engine::Candle(_) => true,
+            Engine::Vllm(_) => false,
+        }
+    }
+
+    /// Whether, split across nodes, it serves requests from the node of its last stage
+    /// rather than its first (llama.cpp: the RPC servers hold the leading stages).
+    pub const fn serves_from_last_stage(&self) -> bool {
+        match self {
+            Engine::LlamaCpp(_) => true,
+            Engine::Vllm(_) | Engine::Candle(_) => false,
+        }
+    }
+
+    /// Whether it keeps the token embedding in host RAM beside its devices
+    /// (llama.cpp), so that an output tied to it is read from there on the CPU.
+    pub const fn embedding_in_host_ram(&self) -> bool {
+        match self {
+            Engine::LlamaCpp(_) => true,
+            Engine::Vllm(_) | Engine::Candle(_) => false,
+        }
+    }
+
+    /// The engine Skein starts for weights in `format` on GPUs: the first of
+    /// [`Engine::GPU_PREFERENCE`] that loads it.
+    pub fn for_gpus(format: WeightFormat) -> Option<Engine> {
+        Engine::GPU_PREFERENCE.into_iter().find(|e| e.loads(format))
+    }
+
+    /// The engines Skein may start for weights in `format` on the CPU alone, in order
+    /// of [`Engine::CPU_PREFERENCE`].
+    pub fn for_cpu(format: WeightFormat) -> impl Iterator<Item = Engine> {
+        Engine::CPU_PREFERENCE.into_iter().filter(move |e| e.loads(format))
+    }
+
+    /// The engines Skein may start to split weights in `format` between GPUs and host
+    /// RAM ([`Engine::host_offload`]).
+    pub fn for_offload(format: WeightFormat) -> impl Iterator<Item = Engine> {
+        Engine::GPU_PREFERENCE
+            .into_iter()
+            .filter(move |e| e.host_offload() && e.loads(format))
+    }
+
+    /// What to do instead of a layout the engine cannot split as asked (see
+    /// [`Engine::tensor_parallel`], [`Engine::layer_split`]).
+    pub(crate) const fn split_help(&self) -> &'static str {
+        match self {
+            Engine::Candle(_) => "the built-in candle engine runs on one device; use vLLM or llama.cpp to split",
+            Engine::LlamaCpp(_) => "llama.cpp splits whole layers across GPUs; use pipeline stages (--tensor-split)",
+            Engine::Vllm(_) => "vLLM splits tensors and layers; check the layout's degree",
+        }
+    }
+
+    /// What to do instead of putting stages of an engine that does not
+    /// [`Engine::runs_on_cpu`] on the CPU.
+    pub(crate) const fn gpu_only_help(&self) -> &'static str {
+        match self {
+            Engine::Vllm(_) => "vLLM runs on GPUs only; use llama.cpp or the built-in engine on the CPU",
+            Engine::LlamaCpp(_) | Engine::Candle(_) => "use llama.cpp or the built-in engine on the CPU",
+        }
+    }
+
+    /// Whether it is Skein's built-in engine, which runs only the architectures it
+    /// implements (`ModelInfo::builtin_engine_loads`).
+    pub const fn builtin(&self) -> bool {
+        match self {
+            Engine::Candle(_) => true,
+            Engine::Vllm(_) | Engine::LlamaCpp(_) => false,
         }
     }
 
@@ -474,5 +607,105 @@ impl KvDtype {
 impl fmt::Display for KvDtype {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.pad(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One engine's capabilities, in the order of the columns below.
+    #[derive(Debug, PartialEq)]
+    struct Row {
+        tensor_parallel: bool,
+        layer_split: bool,
+        across_nodes: bool,
+        host_offload: bool,
+        loads_safetensors: bool,
+        loads_gguf: bool,
+        runs_on_gpu: bool,
+        runs_on_cpu: bool,
+        serves_from_last_stage: bool,
+        embedding_in_host_ram: bool,
+        builtin: bool,
+        on_cpu: bool,
+    }
+
+    fn row(e: Engine) -> Row {
+        Row {
+            tensor_parallel: e.tensor_parallel(),
+            layer_split: e.layer_split(),
+            across_nodes: e.across_nodes(),
+            host_offload: e.host_offload(),
+            loads_safetensors: e.loads(WeightFormat::Safetensors),
+            loads_gguf: e.loads(WeightFormat::Gguf),
+            runs_on_gpu: e.runs_on_gpu(),
+            runs_on_cpu: e.runs_on_cpu(),
+            serves_from_last_stage: e.serves_from_last_stage(),
+            embedding_in_host_ram: e.embedding_in_host_ram(),
+            builtin: e.builtin(),
+            on_cpu: e.on_cpu(),
+        }
+    }
+
+    #[test]
+    fn every_engine_declares_what_it_can_do() {
+        let (t, f) = (true, false);
+        #[rustfmt::skip]
+        let table = [
+            //                   tp layer nodes offl  st  gguf  gpu  cpu  last  emb  bltn on_cpu
+            (Engine::VLLM,        [t,  t,    t,    f,   t,  f,    t,   f,   f,    f,   f,   f]),
+            (Engine::LLAMA_CPP,   [f,  t,    t,    t,   f,  t,    t,   t,   t,    t,   f,   f]),
+            (Engine::CANDLE_CPU,  [f,  f,    f,    f,   t,  t,    t,   t,   f,    f,   t,   t]),
+            (Engine::CANDLE_CUDA, [f,  f,    f,    f,   t,  t,    t,   t,   f,    f,   t,   f]),
+        ];
+        for (engine, c) in table {
+            let expected = Row {
+                tensor_parallel: c[0],
+                layer_split: c[1],
+                across_nodes: c[2],
+                host_offload: c[3],
+                loads_safetensors: c[4],
+                loads_gguf: c[5],
+                runs_on_gpu: c[6],
+                runs_on_cpu: c[7],
+                serves_from_last_stage: c[8],
+                embedding_in_host_ram: c[9],
+                builtin: c[10],
+                on_cpu: c[11],
+            };
+            assert_eq!(row(engine), expected, "{}", engine.name());
+        }
+    }
+
+    #[test]
+    fn each_format_has_its_engines() {
+        assert_eq!(Engine::for_gpus(WeightFormat::Safetensors), Some(Engine::VLLM));
+        assert_eq!(Engine::for_gpus(WeightFormat::Gguf), Some(Engine::LLAMA_CPP));
+        assert_eq!(
+            Engine::for_cpu(WeightFormat::Safetensors).collect::<Vec<_>>(),
+            [Engine::CANDLE_CPU]
+        );
+        assert_eq!(
+            Engine::for_cpu(WeightFormat::Gguf).collect::<Vec<_>>(),
+            [Engine::CANDLE_CPU, Engine::LLAMA_CPP]
+        );
+        assert_eq!(Engine::for_offload(WeightFormat::Safetensors).count(), 0);
+        assert_eq!(
+            Engine::for_offload(WeightFormat::Gguf).collect::<Vec<_>>(),
+            [Engine::LLAMA_CPP]
+        );
+    }
+
+    #[test]
+    fn the_preferences_hold_engines_that_run_there() {
+        assert!(Engine::GPU_PREFERENCE.iter().all(|e| e.runs_on_gpu() && !e.on_cpu()));
+        assert!(Engine::CPU_PREFERENCE.iter().all(|e| e.runs_on_cpu()));
+        assert!(
+            Engine::CPU_PREFERENCE
+                .iter()
+                .filter(|e| e.builtin())
+                .all(|e| e.on_cpu())
+        );
     }
 }

@@ -192,31 +192,21 @@ pub fn estimate(shape: &ModelShape, weights: &WeightGroups, request: &EstimateRe
             "the model's number of decoder layers",
         ));
     }
-    match engine {
-        Engine::Candle(_) if tp > 1 || stages > 1 => {
-            return Err(Error::UnsupportedLayout {
-                engine: engine.name(),
-                layout: layout.to_string(),
-                help: "the built-in candle engine runs on one device; use vLLM or llama.cpp to split",
-            });
-        }
-        Engine::LlamaCpp(_) if tp > 1 => {
-            return Err(Error::UnsupportedLayout {
-                engine: engine.name(),
-                layout: layout.to_string(),
-                help: "llama.cpp splits whole layers across GPUs; use pipeline stages (--tensor-split)",
-            });
-        }
-        _ => {}
+    if (tp > 1 && !engine.tensor_parallel()) || (stages > 1 && !engine.layer_split()) {
+        return Err(Error::UnsupportedLayout {
+            engine: engine.name(),
+            layout: layout.to_string(),
+            help: engine.split_help(),
+        });
     }
     if request.cpu_stages > stages {
         return Err(invalid("cpu_stages", request.cpu_stages, "at most the layout's stages"));
     }
-    if request.cpu_stages > 0 && matches!(engine, Engine::Vllm(_)) {
+    if request.cpu_stages > 0 && !engine.runs_on_cpu() {
         return Err(Error::UnsupportedLayout {
             engine: engine.name(),
             layout: layout.to_string(),
-            help: "vLLM runs on GPUs only; use llama.cpp or the built-in engine on the CPU",
+            help: engine.gpu_only_help(),
         });
     }
     let cpu_stages = if engine.on_cpu() { stages } else { request.cpu_stages };

@@ -5,6 +5,7 @@
 //! - [`fleet`]: what each GPU and host can take (live free memory minus headroom).
 //! - [`demand`]: agents grouped into model instances, and the variants each may use.
 //! - [`options`]: candidate placements of one replica.
+//! - `fastmap`: the hash map the planner's own integer keys use.
 //! - [`score`]: the objective and the throughput model (`docs/placement.md`).
 //! - [`search`]: the branch-and-bound search over replicas.
 //! - [`explain`]: the reasons shown with a plan.

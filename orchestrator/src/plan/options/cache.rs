@@ -309,7 +309,10 @@ impl<'a> Unit<'a> {
         if let Some(hit) = self.cache.needs.borrow().get(&key) {
             return hit.clone();
         }
-        let engine = cpu.unwrap_or_else(|| engine_for(self.info.variants[v].format()));
+        let engine = match cpu {
+            Some(engine) => engine,
+            None => engine_for(self.info.variants[v].format())?,
+        };
         let layout = if k == 1 {
             Layout::single()
         } else {

@@ -84,7 +84,7 @@ impl Cand {
     /// split across nodes serves from the node of its last stage (the RPC servers'
     /// devices come first in its order); every other engine from its first device's.
     pub fn host_node(&self) -> Option<usize> {
-        let serving = if self.family == Family::CrossNode && self.estimate.engine.name() == "llama.cpp" {
+        let serving = if self.family == Family::CrossNode && self.estimate.engine.serves_from_last_stage() {
             self.devices.last()
         } else {
             self.devices.first()

@@ -5,7 +5,6 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use skein_dsl::ir::Precision;
-use skein_model_registry::catalog::fit::engine_for;
 use skein_model_registry::estimate::{DeviceKind, Engine, Estimate, Layout, Stages, fits};
 use skein_model_registry::{Bytes, WeightFormat};
 
@@ -25,13 +24,15 @@ impl<'a> Unit<'a> {
         let gpus = &fleet.nodes[node].gpus;
         let cur = &state.usable[node];
         let mut out = Vec::new();
-        for &(v, tier) in self.allowed.iter().filter(|(v, _)| self.gpu_engine_allowed(*v)) {
+        for &(v, tier) in &self.allowed {
+            let Some(engine) = self.gpu_engine(v) else {
+                continue;
+            };
             let eligible: Vec<usize> = (0..gpus.len()).filter(|&p| self.usable_gpu(at, v, node, p)).collect();
             if eligible.is_empty() {
                 continue;
             }
             let before = out.len();
-            let vllm = self.info.variants[v].format() == WeightFormat::Safetensors;
             if let Some(Need {
                 estimate: e,
                 bytes: need,
@@ -51,7 +52,7 @@ impl<'a> Unit<'a> {
                     }
                 }
             }
-            if vllm {
+            if engine.tensor_parallel() {
                 for k in 2..=eligible.len().min(self.max_gpus) {
                     let Some(Need {
                         estimate: e,
@@ -111,7 +112,12 @@ impl<'a> Unit<'a> {
         max_size: usize,
     ) -> Vec<Cand> {
         let FleetState { fleet, state } = at;
-        let engine = engine_for(self.info.variants[v].format());
+        let Some(engine) = self.gpu_engine(v) else {
+            return Vec::new();
+        };
+        if !engine.layer_split() || (family == Family::CrossNode && !engine.across_nodes()) {
+            return Vec::new();
+        }
         let Some(Need { estimate: single, .. }) = self.need(v, 1, None) else {
             return Vec::new();
         };
@@ -193,19 +199,21 @@ impl<'a> Unit<'a> {
                 }
             }
         }
-        if engine == Engine::VLLM {
-            out.extend(self.tp_stages(at, v, tier, ranking, most));
+        if engine.tensor_parallel() {
+            out.extend(self.tp_stages(at, v, tier, engine, ranking, most));
         }
         out
     }
 
-    /// vLLM: tensor-parallel groups of `k` identical GPUs, one group per pipeline stage,
+    /// Tensor-parallel groups of `k` identical GPUs (vLLM), one group per pipeline stage,
     /// stages taken node by node (best nodes first) until the model fits.
+    #[allow(clippy::too_many_arguments)]
     fn tp_stages(
         &self,
         at: FleetState<'_>,
         v: usize,
         tier: Precision,
+        engine: Engine,
         ranking: &mut NodeRanking<'_>,
         max_size: usize,
     ) -> Vec<Cand> {
@@ -257,7 +265,7 @@ impl<'a> Unit<'a> {
                     tensor_parallel: k as u64,
                     stages: Stages::Memory(chosen.iter().map(|s| Bytes::new(s.2)).collect()),
                 };
-                let Some(e) = self.estimate(v, Engine::VLLM, layout) else {
+                let Some(e) = self.estimate(v, engine, layout) else {
                     break;
                 };
                 let usable: Vec<Bytes> = chosen
@@ -309,7 +317,7 @@ impl<'a> Unit<'a> {
         let host = state.host[node];
         for &(v, tier) in &self.allowed {
             let variant = &self.info.variants[v];
-            if variant.format() == WeightFormat::Gguf && self.engine_allowed(Engine::LLAMA_CPP) {
+            if let Some(engine) = Engine::for_offload(variant.format()).find(|e| self.engine_allowed(*e)) {
                 let mut gpus: Vec<usize> = (0..fleet.nodes[node].gpus.len())
                     .filter(|&p| self.usable_gpu(at, v, node, p))
                     .collect();
@@ -317,7 +325,7 @@ impl<'a> Unit<'a> {
                 gpus.truncate(self.max_gpus);
                 if !gpus.is_empty()
                     && host > 0
-                    && let Some((e, devices)) = self.offload(state, v, node, &gpus)
+                    && let Some((e, devices)) = self.offload(state, v, engine, node, &gpus)
                 {
                     out.push(self.cand(fleet, v, tier, Family::Offload, e, devices));
                 }
@@ -338,17 +346,24 @@ impl<'a> Unit<'a> {
         out
     }
 
-    /// llama.cpp with the GPUs of `gpus` (best first) filled with as many layers as
-    /// they hold and the rest in host RAM (`-ngl`): the estimate and its devices, or
-    /// `None` when the host cannot take the rest.
-    fn offload(&self, state: &State, v: usize, node: usize, gpus: &[usize]) -> Option<(Arc<Estimate>, Vec<Dev>)> {
+    /// `engine` (llama.cpp) with the GPUs of `gpus` (best first) filled with as many
+    /// layers as they hold and the rest in host RAM (`-ngl`): the estimate and its
+    /// devices, or `None` when the host cannot take the rest.
+    fn offload(
+        &self,
+        state: &State,
+        v: usize,
+        engine: Engine,
+        node: usize,
+        gpus: &[usize],
+    ) -> Option<(Arc<Estimate>, Vec<Dev>)> {
         let host = state.host[node];
         // llama.cpp keeps the first layers in host RAM and offloads the last ones with
         // the output (`-ngl`), so the host is the first stage and the GPUs follow.
         let mut memory: Vec<Bytes> = vec![Bytes::new(host)];
         memory.extend(gpus.iter().map(|&p| Bytes::new(state.usable[node][p])));
         // A first, proportional estimate gives each GPU's fixed costs and a layer's size.
-        let probe = self.estimate_on(v, Engine::LLAMA_CPP, Layout::pipeline_by_memory(memory.clone()), 1)?;
+        let probe = self.estimate_on(v, engine, Layout::pipeline_by_memory(memory.clone()), 1)?;
         let layers = probe.devices.last()?.layers.end;
         let per_layer = probe
             .devices
@@ -381,7 +396,7 @@ impl<'a> Unit<'a> {
             }
             let mut ratios: Vec<u32> = vec![u32::try_from(layers - counts.iter().sum::<u64>()).unwrap_or(u32::MAX)];
             ratios.extend(kept.iter().map(|&i| u32::try_from(counts[i]).unwrap_or(u32::MAX)));
-            let e = self.estimate_on(v, Engine::LLAMA_CPP, Layout::pipeline(ratios), 1)?;
+            let e = self.estimate_on(v, engine, Layout::pipeline(ratios), 1)?;
             let usable: Vec<Bytes> = [Bytes::new(host)]
                 .into_iter()
                 .chain(kept.iter().map(|&i| memory[i + 1]))
@@ -459,9 +474,8 @@ impl<'a> Unit<'a> {
                 }
                 None => {
                     // llama.cpp's output on the CPU reads the tied embedding in host RAM.
-                    let tied_output = family == Family::Cpu
-                        && matches!(e.engine, Engine::LlamaCpp(_))
-                        && self.info.shape.tied_embeddings;
+                    let tied_output =
+                        family == Family::Cpu && e.engine.embedding_in_host_ram() && self.info.shape.tied_embeddings;
                     speeds.push(DeviceSpeed {
                         node: d.node,
                         bandwidth: fleet.nodes[d.node].host_bandwidth

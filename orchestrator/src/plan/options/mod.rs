@@ -15,6 +15,11 @@
 //! A workflow's `engines:` rules out the others: a variant is placed on GPUs only if its
 //! engine there (llama.cpp for GGUF, vLLM for safetensors) is allowed.
 //!
+//! Which engine runs a variant, and which of the families above it can take, is asked of
+//! the engine ([`Engine::for_gpus`], [`Engine::tensor_parallel`], [`Engine::layer_split`],
+//! [`Engine::across_nodes`], [`Engine::host_offload`], [`Engine::for_cpu`]), not read off
+//! the weight format.
+//!
 //! Candidates on a node depend only on the node's state, so they are computed once per
 //! distinct state (a signature of its GPUs and free memory) and shared by every node in
 //! that state: a thousand identical nodes cost one.
@@ -39,7 +44,7 @@ use skein_model_registry::catalog::fit::engine_for;
 use skein_model_registry::estimate::{
     DeviceKind, Engine, Estimate, EstimateRequest, FitMargin, KvDtype, Layout, estimate,
 };
-use skein_model_registry::{Bytes, WeightFormat};
+use skein_model_registry::Bytes;
 
 use cache::{ComputeCapability, List};
 pub use cache::{Need, UnitCache};
@@ -163,19 +168,24 @@ impl<'a> Unit<'a> {
         self.requirement.engines.is_empty() || self.requirement.engines.contains(&choice)
     }
 
-    /// Whether variant `v` may go on GPUs: its engine there is allowed.
-    fn gpu_engine_allowed(&self, v: usize) -> bool {
-        self.engine_allowed(engine_for(self.info.variants[v].format()))
+    /// The engine that runs variant `v` on GPUs ([`engine_for`] its format), if the
+    /// requirement allows it.
+    fn gpu_engine(&self, v: usize) -> Option<Engine> {
+        engine_for(self.info.variants[v].format()).filter(|e| self.engine_allowed(*e))
     }
 
-    /// The engines that may run variant `v` on the CPU alone: the built-in one, and
-    /// llama.cpp for GGUF, those the requirement allows.
+    /// Whether variant `v` may go on GPUs: its engine there is allowed.
+    fn gpu_engine_allowed(&self, v: usize) -> bool {
+        self.gpu_engine(v).is_some()
+    }
+
+    /// The engines that may run variant `v` on the CPU alone ([`Engine::for_cpu`]: the
+    /// built-in one for the architectures it implements, and llama.cpp for GGUF), those
+    /// the requirement allows.
     pub fn cpu_engines(&self, v: usize) -> Vec<Engine> {
-        let gguf = self.info.variants[v].format() == WeightFormat::Gguf;
-        let builtin = self.info.builtin_engine_loads(&self.info.variants[v]);
-        [builtin.then_some(Engine::CANDLE_CPU), gguf.then_some(Engine::LLAMA_CPP)]
-            .into_iter()
-            .flatten()
+        let variant = &self.info.variants[v];
+        Engine::for_cpu(variant.format())
+            .filter(|e| !e.builtin() || self.info.builtin_engine_loads(variant))
             .filter(|e| self.engine_allowed(*e))
             .collect()
     }
@@ -349,10 +359,11 @@ impl<'a> Unit<'a> {
             sort_cands(&mut found);
             return found.into_iter().next();
         }
-        let engine = engine_for(self.info.variants[v].format());
-        if !self.engine_allowed(engine) {
-            return None;
-        }
+        let engine = if family == Family::Offload {
+            Engine::for_offload(self.info.variants[v].format()).find(|e| self.engine_allowed(*e))?
+        } else {
+            self.gpu_engine(v)?
+        };
         self.evaluate_with(at, v, tier, engine, family, layout, devices)
     }
 
@@ -372,12 +383,12 @@ impl<'a> Unit<'a> {
         let gpu_ok = devices
             .iter()
             .all(|d| d.gpu.is_none_or(|p| self.usable_gpu(at, v, d.node, p)));
-        // Only llama.cpp offloads layers to host RAM; only the CPU family uses the host
-        // alone.
+        // Only an engine with host offload keeps layers in host RAM; only the CPU family
+        // uses the host alone.
         let host_ok = match family {
             Family::Cpu => self.cpu_allowed && devices.iter().all(|d| d.gpu.is_none()),
             Family::Offload => {
-                self.info.variants[v].format() == WeightFormat::Gguf
+                engine.host_offload()
                     && devices.first().is_some_and(|d| d.gpu.is_none())
                     && devices[1..].iter().all(|d| d.gpu.is_some())
             }
