@@ -2,6 +2,23 @@
 //!
 //! Exit codes: 0 success, 1 failure (e.g. an invalid workflow), 2 bad usage
 //! or unreadable input.
+//!
+//! # Layout
+//!
+//! Each module uses only modules listed before it (in an earlier group, or earlier in its
+//! own group): nothing imports upward, so there is no circle.
+//!
+//! - Arguments: [`cli`] (clap types, one module per command group, exit codes).
+//! - Helpers: [`data_dir`] (the data directory, umask, secret files), [`runtime`] (tokio
+//!   runtime, logging), [`table`] (plain-text tables), [`signals`] (what the agent and the
+//!   server answer), [`client`] (the REST client and its token).
+//! - Roles: [`server`] (`skein server`, and the server's configuration from its flags),
+//!   [`agent`] (`skein agent`: its engines, pod labels, Slurm job), [`up`] (both in one
+//!   process).
+//! - Client commands: [`nodes`], [`runs`], [`sessions`], [`tokens`], [`secrets`],
+//!   [`events`].
+//! - Other commands: [`validate`], [`models`], [`plan`], [`engine`] (`engine serve`),
+//!   [`slurm`] (`slurm submit`).
 
 use std::process::ExitCode;
 
