@@ -16,8 +16,8 @@ use serde::Serialize;
 
 use super::cache::{MetadataCache, Stamped};
 use super::config::{HubConfig, HubToken};
+use super::http::Transfers;
 use super::repo::{CommitSha, RepoFile, RepoId, ResolvedRepo, WeightFiles};
-use super::transfer::Transfers;
 use crate::Error;
 
 /// Largest file [`HubClient::fetch_small`] downloads. Configs and tokenizer configs are

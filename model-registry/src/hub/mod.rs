@@ -29,6 +29,8 @@
 //! - `transfer`: the transfer of one file into the cache, done by Skein rather than
 //!   hf-hub, with the hub's `X-Repo-Commit` and ETag checked before any path is made
 //!   of them.
+//! - `http`: the two HTTP clients of those transfers (`HEAD` without redirects, `GET`
+//!   with them) and the token's header.
 //! - `headers`: the range-read strategies for safetensors and GGUF headers.
 //! - `variants`: variant discovery.
 //! - `repo`: the values resolved and cached ([`RepoId`], [`CommitSha`],
@@ -52,6 +54,7 @@ mod client;
 mod config;
 mod download;
 mod headers;
+mod http;
 mod inspect;
 mod repo;
 mod transfer;

@@ -16,7 +16,8 @@
 //!   hf-hub and the Python client read it) must be a hex digest: a git blob id (40) or a
 //!   SHA-256 (64).
 //!
-//! A file listed larger than [`HubConfig::download_chunk_bytes`] is fetched in Range
+//! A file listed larger than
+//! [`HubConfig::download_chunk_bytes`](super::HubConfig::download_chunk_bytes) is fetched in Range
 //! requests of that size from the checked URL, a few at once, each written at its offset
 //! in the partial file: a CDN serving files of many gigabytes expects ranges, and a broken
 //! connection costs one range, which is tried again. Each answer must be a `206` whose
@@ -34,12 +35,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
-use reqwest::header::{AUTHORIZATION, CONTENT_RANGE, HeaderMap, HeaderValue, LOCATION, RANGE, USER_AGENT};
-use reqwest::{Client, StatusCode, Url};
+use reqwest::header::{CONTENT_RANGE, HeaderMap, HeaderValue, LOCATION, RANGE};
+use reqwest::{StatusCode, Url};
 use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 
 use super::client::HubClient;
-use super::config::HubConfig;
 use super::repo::{CommitSha, ResolvedRepo};
 use crate::Error;
 
@@ -57,47 +57,6 @@ const ETAG: &str = "etag";
 
 /// Range requests of one file in flight at once.
 const RANGES_IN_FLIGHT: usize = 4;
-
-/// The two HTTP clients of whole-file transfers.
-#[derive(Debug, Clone)]
-pub(crate) struct Transfers {
-    /// For `HEAD`: no redirects, so the hub's own headers are read even when it sends the
-    /// bytes from elsewhere (a CDN).
-    head: Client,
-    /// For `GET`: follows redirects to where the bytes are (reqwest drops the
-    /// `Authorization` header when a redirect leaves the host).
-    get: Client,
-    auth: HeaderMap,
-}
-
-impl Transfers {
-    /// The clients for `config`'s hub.
-    pub(crate) fn new(config: &HubConfig) -> Result<Transfers, reqwest::Error> {
-        let mut defaults = HeaderMap::new();
-        defaults.insert(
-            USER_AGENT,
-            HeaderValue::from_static(concat!("skein/", env!("CARGO_PKG_VERSION"))),
-        );
-        let connect = config.request_timeout.min(Duration::from_secs(30));
-        let head = Client::builder()
-            .default_headers(defaults.clone())
-            .connect_timeout(connect)
-            .redirect(reqwest::redirect::Policy::none())
-            .build()?;
-        let get = Client::builder()
-            .default_headers(defaults)
-            .connect_timeout(connect)
-            .build()?;
-        let mut auth = HeaderMap::new();
-        if let Some(token) = &config.token
-            && let Ok(mut value) = HeaderValue::from_str(&format!("Bearer {}", token.expose()))
-        {
-            value.set_sensitive(true);
-            auth.insert(AUTHORIZATION, value);
-        }
-        Ok(Transfers { head, get, auth })
-    }
-}
 
 /// What a file's `HEAD` said, checked.
 struct FileAnswer {
@@ -275,7 +234,7 @@ impl HubClient {
     }
 
     /// Sends a request made by `send` until it gets an answer that is not a transient
-    /// failure (no connection, a 5xx or 429), at most [`HubConfig::max_retries`] more
+    /// failure (no connection, a 5xx or 429), at most [`HubConfig::max_retries`](super::HubConfig::max_retries) more
     /// times, each attempt under the request timeout.
     async fn with_retries<F>(
         &self,
@@ -359,7 +318,7 @@ impl HubClient {
     }
 
     /// Downloads the file into `<blob>.incomplete` and renames it to `blob`: with one
-    /// `GET`, or, for a file listed larger than [`HubConfig::download_chunk_bytes`], with
+    /// `GET`, or, for a file listed larger than [`HubConfig::download_chunk_bytes`](super::HubConfig::download_chunk_bytes), with
     /// Range requests of that size. A failed transfer removes the partial file.
     async fn receive(
         &self,
@@ -478,7 +437,7 @@ impl HubClient {
     }
 
     /// Bytes `range` of the file into the partial file. A body that breaks off is tried
-    /// again from the range's start, at most [`HubConfig::max_retries`] more times (a
+    /// again from the range's start, at most [`HubConfig::max_retries`](super::HubConfig::max_retries) more times (a
     /// request that gets no answer is retried as every hub call is); an answer that is not
     /// the range asked for is an error at once.
     async fn receive_range(
@@ -762,98 +721,4 @@ fn link(pointer: &Path, target: &Path) -> Result<(), Error> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sha() -> CommitSha {
-        CommitSha::parse("0123456789abcdef0123456789abcdef01234567").unwrap()
-    }
-
-    #[test]
-    fn tasks_of_one_process_link_the_same_file_at_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let pointer = dir.path().join("snapshots").join("c").join("config.json");
-        let target = Path::new("../../blobs/e");
-        std::thread::scope(|scope| {
-            let linking: Vec<_> = (0..16).map(|_| scope.spawn(|| link(&pointer, target))).collect();
-            for task in linking {
-                task.join().unwrap().unwrap();
-            }
-        });
-        assert_eq!(std::fs::read_link(&pointer).unwrap(), target);
-        let left: Vec<_> = std::fs::read_dir(pointer.parent().unwrap()).unwrap().collect();
-        assert_eq!(left.len(), 1, "temporary links were left behind");
-    }
-
-    #[test]
-    fn a_commit_must_be_the_one_asked_for() {
-        let asked = sha();
-        assert_eq!(commit_problem(asked.as_str(), &asked), None);
-        for hostile in [
-            "../..",
-            "../../../../tmp/x",
-            "",
-            "0123456789ABCDEF0123456789ABCDEF01234567",
-        ] {
-            assert!(commit_problem(hostile, &asked).is_some(), "{hostile}");
-        }
-        let other = "1123456789abcdef0123456789abcdef01234567";
-        assert_eq!(commit_problem(other, &asked), Some("is not the commit asked for"));
-    }
-
-    #[test]
-    fn an_etag_must_be_a_hex_digest() {
-        let git = "0123456789abcdef0123456789abcdef01234567";
-        let sha256 = "a".repeat(64);
-        assert_eq!(normalized_etag(&format!("\"{git}\"")).unwrap(), git);
-        assert_eq!(normalized_etag(&format!("W/\"{sha256}\"")).unwrap(), sha256);
-        assert_eq!(normalized_etag(git).unwrap(), git);
-        for hostile in [
-            "\"../../x/etag\"",
-            "W/\"../../../etc/passwd\"",
-            "\"\"",
-            "\"0123456789abcdef0123456789abcdef0123456/\"",
-            "\"abc\"",
-            "\"0123456789abcdef0123456789abcdef01234567/..\"",
-        ] {
-            assert!(normalized_etag(hostile).is_err(), "{hostile}");
-        }
-    }
-
-    #[test]
-    fn pointers_lead_back_to_the_blobs() {
-        assert_eq!(pointer_target("config.json", "ab"), Path::new("../../blobs/ab"));
-        assert_eq!(pointer_target("a/b/c.gguf", "ab"), Path::new("../../../../blobs/ab"));
-    }
-
-    #[test]
-    fn quoted_values_are_escaped_and_bounded() {
-        assert_eq!(quoted(b"../\n"), "\"../\\n\"");
-        assert!(quoted(&[b'x'; 1000]).chars().count() < MAX_QUOTED_VALUE + 5);
-    }
-
-    #[test]
-    fn content_ranges_are_read_strictly() {
-        assert_eq!(
-            parse_content_range("bytes 0-1048575/3158073"),
-            Some((0, 1_048_575, 3_158_073))
-        );
-        for bad in [
-            "bytes 0-9/*",
-            "bytes */100",
-            "0-9/100",
-            "bytes -1-9/100",
-            "bytes 0-+9/100",
-            "",
-        ] {
-            assert_eq!(parse_content_range(bad), None, "{bad}");
-        }
-    }
-
-    #[test]
-    fn relative_locations_are_told_apart() {
-        assert!(is_relative("/Owner/repo/resolve/main/config.json"));
-        assert!(!is_relative("https://cdn.example/x"));
-        assert!(!is_relative("//cdn.example/x"));
-    }
-}
+mod tests;
