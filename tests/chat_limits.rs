@@ -17,6 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use skein_testkit::net::free_port;
 
 const MESSAGES: usize = 300_000;
 /// The most the server's peak memory may grow while refusing the big turns.
@@ -36,10 +37,6 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn free_port() -> u16 {
-    skein_agent::engine::free_port("127.0.0.1").unwrap()
 }
 
 /// A server with `extra` arguments; its hub is offline unless `extra` has

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use skein_testkit::lab::{Killed, PATIENCE, wait_for_line};
+use skein_testkit::net::free_port;
 
 const SKEIN: &str = env!("CARGO_BIN_EXE_skein");
 
@@ -421,11 +422,6 @@ fn skein_as(container: &Value, environment: &BTreeMap<String, String>) -> Comman
                 .map(|a| a.as_str().unwrap()),
         );
     command
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
-    listener.local_addr().unwrap().port()
 }
 
 /// `skein server` and `skein agent` started with nothing but the environment (and

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use skein_testkit::lab::{Lab, stderr, stdout};
+use skein_testkit::net::free_port;
 
 /// The binary under test: `SKEIN_UNDER_TEST` names another build (an older one, to see
 /// these tests fail on it), else this package's.
@@ -78,11 +79,6 @@ impl Drop for Server {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
-    listener.local_addr().unwrap().port()
 }
 
 /// `skein server` with two runtime workers (as on a two-core machine, so that two

@@ -12,13 +12,13 @@
 //! - `skein secret set|list|rm` read the value from standard input.
 
 use std::io::Write;
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use skein_testkit::endpoint::WholeAnswer;
+use skein_testkit::net::free_port;
 
 const ADMIN: &str = "admin-token-from-the-environment-0123456789";
 const JOIN: &str = "join-token-from-the-environment-0123456789";
@@ -26,10 +26,6 @@ const HF: &str = "hf_token_from_the_environment_0123456789";
 const ALICE_KEY: &str = "sk-alice-0123456789abcdef";
 const LAB_KEY: &str = "sk-lab-shared-0123456789abcdef";
 const PATIENCE: Duration = Duration::from_secs(60);
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
 
 struct Server {
     child: Child,

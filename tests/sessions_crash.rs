@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use skein_testkit::lab::Rng;
+use skein_testkit::net::free_port;
 
 const SESSIONS: usize = 20;
 const ROUNDS: usize = 4;
@@ -25,10 +26,6 @@ impl Drop for Server {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    skein_agent::engine::free_port("127.0.0.1").unwrap()
 }
 
 fn start(data: &Path, api: u16, grpc: u16) -> Server {

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 use skein_testkit::lab::{Killed, Lab};
+use skein_testkit::net::free_port;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
@@ -38,12 +39,6 @@ struct Slurm {
     user: String,
     // Dropped in reverse order of start by `Drop` (jobs cancelled first).
     daemons: Vec<Killed>,
-}
-
-/// A free TCP port on loopback.
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
-    listener.local_addr().unwrap().port()
 }
 
 fn text(output: &Output) -> String {
