@@ -7,12 +7,16 @@
 //! admitted (its name claimed, or its credential checked) before it touches the graph,
 //! and a stream is the node's only once its `Hello` presented the node's credential,
 //! so a refused agent changes nothing and nothing it sends reaches the graph.
+//!
+//! Each agent's stream is served by a task of the server's ([`Lifecycle`]): when the
+//! server stops, the task stops reading and the stream to the agent ends, so that the
+//! gRPC door's drain does not wait on it.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::Stream;
+use futures::{Stream, StreamExt as _};
 use skein_proto::agent::v1::{
     self as pb, AgentMessage, OrchestratorMessage, RegisterRequest, RegisterResponse, agent_message,
     agent_service_server::AgentService, orchestrator_message,
@@ -20,8 +24,8 @@ use skein_proto::agent::v1::{
 use tokio::sync::{broadcast, mpsc};
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::base::Clock;
 pub use crate::base::Secret;
+use crate::base::{Clock, Lifecycle};
 use crate::graph::{
     GpuFacts, GpuSample, GraphEvent, HardwareGraph, HostFacts, HostSample, IndexedSample, Millis, NodeId,
     NodeInventory, TelemetryBatch,
@@ -49,18 +53,21 @@ pub struct AgentGateway {
     events: broadcast::Sender<GraphEvent>,
     clock: Clock,
     instances: Arc<Instances>,
+    lifecycle: Lifecycle,
 }
 
 impl AgentGateway {
     /// A gateway feeding `graph`, admitting agents as `join` says (join tokens and node
     /// identities), publishing every change on `events`, sending engine commands for
-    /// `instances` and feeding their status back to it.
+    /// `instances` and feeding their status back to it. Its streams' tasks are
+    /// `lifecycle`'s: they end when its token is cancelled.
     pub fn new(
         graph: Arc<HardwareGraph>,
         join: Join,
         events: broadcast::Sender<GraphEvent>,
         clock: Clock,
         instances: Arc<Instances>,
+        lifecycle: Lifecycle,
     ) -> Self {
         AgentGateway {
             graph,
@@ -68,6 +75,7 @@ impl AgentGateway {
             events,
             clock,
             instances,
+            lifecycle,
         }
     }
 
@@ -183,7 +191,7 @@ impl AgentService for AgentGateway {
         let (outbound, rx) = mpsc::channel::<Result<OrchestratorMessage, Status>>(64);
         self.instances.node_connected(&node, outbound.clone());
         let gateway = self.clone();
-        tokio::spawn(async move {
+        self.lifecycle.tasks.spawn(async move {
             let commands = outbound.clone();
             gateway.serve_stream(&node, inbound, outbound).await;
             gateway.instances.node_disconnected(&node, &commands);
@@ -193,7 +201,10 @@ impl AgentService for AgentGateway {
             }
             gateway.publish(events);
         });
-        let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
+        // The stream ends when the server stops, even while the registry still holds a
+        // sender of it.
+        let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) })
+            .take_until(self.lifecycle.shutdown.clone().cancelled_owned());
         Ok(Response::new(Box::pin(stream)))
     }
 }
@@ -242,8 +253,10 @@ impl AgentGateway {
         let mut ping = tokio::time::interval(interval * PING_EVERY_INTERVALS);
         let mut pending: Option<(u64, Instant)> = None;
         let mut next_ping = 1u64;
+        let shutdown = self.lifecycle.shutdown.clone();
         loop {
             tokio::select! {
+                () = shutdown.cancelled() => return,
                 message = inbound.message() => {
                     let message = match message {
                         Ok(Some(message)) => message,

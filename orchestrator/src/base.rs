@@ -1,7 +1,7 @@
 //! The ground floor of the orchestrator: the small things every other module needs
 //! and that need nothing of the crate — the time (Unix milliseconds and the monotonic
-//! [`Clock`]), ids, the poison-tolerant [`lock`], the [`Secret`] type and SHA-256 in
-//! hex. It imports no other module of the crate, so anything may import it without
+//! [`Clock`]), ids, the poison-tolerant [`lock`], the [`Secret`] type, SHA-256 in hex,
+//! and the server's [`Lifecycle`] (what stops its tasks and owns them). It imports no other module of the crate, so anything may import it without
 //! making a circle.
 
 use std::fmt;
@@ -11,6 +11,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// Milliseconds on the orchestrator's monotonic clock (since it started). The graph
 /// never reads a clock: callers pass the time.
@@ -153,4 +155,21 @@ impl Clock {
     pub fn now(&self) -> Millis {
         u64::try_from(self.0.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
+}
+
+/// What stops the server's tasks and owns them: its shutdown token and task tracker
+/// (cheap to clone; clones share them). Every task the server starts (the doors'
+/// accept loops and connections' helpers, the executor's admission and each run's
+/// driving, the reflexes' watcher and each run's actor, each agent's stream) is
+/// spawned on the tracker and ends at its next wait once the token is cancelled.
+#[derive(Debug, Clone, Default)]
+pub struct Lifecycle {
+    /// Cancelled when the server stops: the doors stop accepting, every connection
+    /// finishes the requests in flight and closes, event streams and agent streams
+    /// end, runs stop between steps (resumed at the next start), reflex actors stop
+    /// between decisions.
+    pub shutdown: CancellationToken,
+    /// Owns the server's tasks; the server waits for it, within its drain timeout,
+    /// before it exits.
+    pub tasks: TaskTracker,
 }

@@ -20,12 +20,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agents::AgentGateway;
 use crate::api::{ApiState, router};
+pub use crate::base::Lifecycle;
 use crate::base::{Clock, Secret};
 use crate::graph::{GraphConfig, GraphEvent, HardwareGraph, HealthState};
 use crate::instances::Instances;
 use crate::run::{Executor, ExecutorConfig};
 use crate::store::Db;
-pub use crate::transport::Lifecycle;
 pub use crate::transport::tls::TlsFiles;
 
 /// Where the server listens and whom it lets in.
@@ -308,6 +308,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         executor.clone(),
         sessions.clone(),
         reflex_events.clone(),
+        &lifecycle,
     );
     let join = crate::join::Join::open(&db, config.join_token.clone())?;
     let gateway = AgentGateway::new(
@@ -316,6 +317,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         events.clone(),
         clock,
         Arc::clone(&instances),
+        lifecycle.clone(),
     );
     // Both doors full must leave descriptors for everything else (the database, engines'
     // logs, the hub): the limit is raised, then each door gets its share.
@@ -429,7 +431,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         }
     });
 
-    let executor_task = executor.start()?;
+    let executor_task = executor.start(&lifecycle)?;
 
     tracing::info!(%api_addr, %grpc_addr, rest_tls, grpc_tls, fingerprint = ?tls_fingerprint, "skein server listening");
     Ok(RunningServer {

@@ -15,13 +15,16 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::base::Lifecycle;
 use crate::graph::NodeId;
 use crate::instances::{InstanceRequest, InstanceState, InstanceView, Instances};
 use crate::run::launch::{PieceStart, SplitLaunch};
 
 /// Starts `split` (whose replica `request` describes, its command a template) and
-/// spawns the task that brings it up and watches it. `node_id` maps a node name to its id.
+/// spawns the task that brings it up and watches it, on `lifecycle`'s tracker (it ends
+/// at its next wait once the server stops). `node_id` maps a node name to its id.
 pub fn start(
+    lifecycle: &Lifecycle,
     instances: &Arc<Instances>,
     request: InstanceRequest,
     split: SplitLaunch,
@@ -32,7 +35,14 @@ pub fn start(
     let mut request = request;
     request.held = split.serving_held();
     instances.record_split(request, names);
-    tokio::spawn(bring_up(Arc::clone(instances), variant, split, node_id));
+    let shutdown = lifecycle.shutdown.clone();
+    let instances = Arc::clone(instances);
+    lifecycle.tasks.spawn(async move {
+        tokio::select! {
+            () = shutdown.cancelled() => {}
+            () = bring_up(instances, variant, split, node_id) => {}
+        }
+    });
 }
 
 /// How the pieces started so far stand.

@@ -12,9 +12,17 @@ use super::{Actor, Done, Job, describe, scope_instances, undoable};
 
 impl Actor {
     /// Takes the jobs in order until the queue closes (the run ended), then undoes what
-    /// the run's reflexes added.
+    /// the run's reflexes added. When the server stops it ends between jobs and undoes
+    /// nothing: the run resumes at the next start.
     pub(super) async fn serve(mut self, mut jobs: mpsc::Receiver<Job>) {
-        while let Some(job) = jobs.recv().await {
+        let shutdown = self.inner.lifecycle.shutdown.clone();
+        loop {
+            let job = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return,
+                job = jobs.recv() => job,
+            };
+            let Some(job) = job else { break };
             match job {
                 Job::Decide(decision, sampled_at) => {
                     let mut event = self.decide(decision).await;

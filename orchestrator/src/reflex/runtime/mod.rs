@@ -14,6 +14,10 @@
 //! and records each decision with their outcomes in the event log. What a reflex added
 //! (replicas, changed shares, drains) is undone when it is released, and when its run
 //! ends.
+//!
+//! Both kinds of task are the server's ([`Lifecycle`]): spawned on its tracker, they end
+//! when its shutdown token is cancelled — the watcher at its next wait, an actor between
+//! jobs, without undoing (its run resumes at the next start, its reflexes with it).
 
 mod actions;
 mod actor;
@@ -29,7 +33,7 @@ use tokio::sync::{broadcast, mpsc};
 
 use super::{Decision, Engine, EventKind, EventRecord, Events, GpuKey, GpuReading, Outcome};
 use crate::auth::Principal;
-use crate::base::{lock, unix_ms};
+use crate::base::{Lifecycle, lock, unix_ms};
 use crate::graph::{GpuSample, GraphEvent, GraphSnapshot, HardwareGraph, NodeId, NodeView};
 use crate::instances::{InstanceView, Instances};
 use crate::run::executor::Executor;
@@ -72,6 +76,8 @@ struct Inner {
     previous: Mutex<HashMap<GpuKey, GpuSample>>,
     /// Jobs dropped because their actor's queue was full.
     dropped: AtomicU64,
+    /// The server's shutdown token and the tracker the tasks are spawned on.
+    lifecycle: Lifecycle,
 }
 
 /// A run whose reflexes are live.
@@ -104,7 +110,8 @@ fn reflex_principal() -> Principal {
 }
 
 impl Reflexes {
-    /// Starts the reflexes of every running workflow, fed by `graph_events`.
+    /// Starts the reflexes of every running workflow, fed by `graph_events`; their
+    /// tasks are `lifecycle`'s.
     pub fn start(
         graph: Arc<HardwareGraph>,
         graph_events: &broadcast::Sender<GraphEvent>,
@@ -112,6 +119,7 @@ impl Reflexes {
         executor: Executor,
         sessions: Sessions,
         events: Events,
+        lifecycle: &Lifecycle,
     ) -> (Reflexes, tokio::task::JoinHandle<()>) {
         let reflexes = Reflexes {
             inner: Arc::new(Inner {
@@ -125,10 +133,11 @@ impl Reflexes {
                 without: Mutex::default(),
                 previous: Mutex::default(),
                 dropped: AtomicU64::new(0),
+                lifecycle: lifecycle.clone(),
             }),
         };
         let receiver = graph_events.subscribe();
-        let task = tokio::spawn(reflexes.clone().watch(receiver));
+        let task = lifecycle.tasks.spawn(reflexes.clone().watch(receiver));
         (reflexes, task)
     }
 
@@ -162,9 +171,11 @@ impl Reflexes {
         let mut instances = self.inner.instances.subscribe();
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let shutdown = self.inner.lifecycle.shutdown.clone();
         self.reconcile();
         loop {
             tokio::select! {
+                () = shutdown.cancelled() => return,
                 event = graph_events.recv() => match event {
                     Ok(GraphEvent::Telemetry { node, .. }) => self.telemetry(&node),
                     Ok(GraphEvent::Health { node, gpu: None, to, .. }) => {
@@ -244,7 +255,7 @@ impl Reflexes {
                 owner: run.owner.clone(),
                 applied: BTreeMap::new(),
             };
-            tokio::spawn(actor.serve(queue));
+            self.inner.lifecycle.tasks.spawn(actor.serve(queue));
             let endpoints = run
                 .workflow
                 .agents

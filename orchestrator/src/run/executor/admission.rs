@@ -86,18 +86,27 @@ impl Executor {
     /// Plans queued runs whenever something changes (a submission, a run ending, an
     /// instance changing) or every admission interval, and starts those whose
     /// instances can all be placed.
+    /// Ends when the server's shutdown token is cancelled (between admissions).
     pub(super) async fn admission(self) {
         let mut instances = self.inner.instances.subscribe();
+        let shutdown = self.lifecycle().shutdown.clone();
         loop {
+            if shutdown.is_cancelled() {
+                return;
+            }
             self.inner.instances.stop_orphans();
             self.inner.instances.stop_idle(self.inner.config.keep_warm);
             let queued: Vec<String> = lock(&self.inner.queue).iter().map(|(_, id)| id.clone()).collect();
             for id in queued {
+                if shutdown.is_cancelled() {
+                    return;
+                }
                 if let Err(error) = self.try_admit(&id).await {
                     tracing::error!(run = %id, %error, "admission failed");
                 }
             }
             tokio::select! {
+                () = shutdown.cancelled() => return,
                 _ = self.inner.wake.notified() => {}
                 _ = instances.changed() => {}
                 _ = tokio::time::sleep(self.inner.config.admission_interval) => {}
@@ -146,6 +155,13 @@ impl Executor {
             }
             return Ok(());
         }
+        if self.lifecycle().shutdown.is_cancelled() {
+            // Stopping: the run stays queued (and is planned again at the next start).
+            for name in &warm {
+                self.inner.instances.release(name);
+            }
+            return Ok(());
+        }
         self.dequeue(id);
         lock(&self.inner.catalogs).remove(id);
         run.state = RunState::Starting;
@@ -155,7 +171,8 @@ impl Executor {
         let (cancel, cancelled) = watch::channel(false);
         lock(&self.inner.active).insert(id.to_owned(), cancel);
         let executor = self.clone();
-        tokio::spawn(async move {
+        // The server owns the run's task: its shutdown stops the run between steps.
+        self.lifecycle().tasks.spawn(async move {
             let id = run.id.clone();
             if let Err(error) = executor.drive(run, plan, models, warm, cancelled).await {
                 tracing::error!(run = %id, %error, "a run stopped: the store failed");

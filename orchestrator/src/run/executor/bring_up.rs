@@ -97,7 +97,13 @@ impl Executor {
                 start,
             };
             match split {
-                Some(split) => crate::run::split::start(&self.inner.instances, request, split, node_id.clone()),
+                Some(split) => crate::run::split::start(
+                    &self.lifecycle(),
+                    &self.inner.instances,
+                    request,
+                    split,
+                    node_id.clone(),
+                ),
                 None => {
                     if let Err(error) = self.inner.instances.start(request) {
                         tracing::warn!(instance = %name, %error, "start not delivered yet; it is sent when the node connects");

@@ -32,6 +32,7 @@ impl Executor {
         mut cancelled: watch::Receiver<bool>,
     ) -> Result<(), StoreError> {
         let id = run.id.clone();
+        let shutdown = self.lifecycle().shutdown;
         // Places a failing split replica must avoid from now on, and how often it failed.
         let mut avoid: Vec<(String, Vec<u32>)> = Vec::new();
         let mut split_failures = 0u32;
@@ -46,6 +47,7 @@ impl Executor {
             }
             let lost = match self.wait_ready(&mut run, &names, &mut cancelled).await {
                 Ok(routes) => match self.steps(&mut run, &routes, &mut cancelled).await? {
+                    Stop::Shutdown => return Ok(()),
                     Stop::Cancelled => return self.finish_cancelled(run, &names).await,
                     Stop::Ended | Stop::Failed(_) => {
                         // Ended (succeeded or failed on a step): the instances stay warm.
@@ -56,6 +58,7 @@ impl Executor {
                     }
                     Stop::Lost(lost) => lost,
                 },
+                Err(Stop::Shutdown) => return Ok(()),
                 Err(Stop::Cancelled) => return self.finish_cancelled(run, &names).await,
                 Err(Stop::Failed(reason)) => return self.finish_failed(run, reason, &names).await,
                 Err(Stop::Ended) => return Ok(()),
@@ -90,6 +93,9 @@ impl Executor {
             // Plan again on the graph without the lost node (and off failed pieces'
             // GPUs), waiting for room.
             loop {
+                if shutdown.is_cancelled() {
+                    return Ok(());
+                }
                 match self.plan_workflow(&run.id, &run.workflow, &[], &pin).await {
                     Ok((next, next_models)) if next.admitted => {
                         plan = next;
@@ -100,6 +106,7 @@ impl Executor {
                     Err(reason) => return self.finish_failed(run, reason, &[]).await,
                 }
                 tokio::select! {
+                    () = shutdown.cancelled() => return Ok(()),
                     _ = cancelled.changed() => return self.finish_cancelled(run, &[]).await,
                     _ = tokio::time::sleep(self.inner.config.admission_interval) => {}
                 }
@@ -138,8 +145,12 @@ impl Executor {
         cancelled: &mut watch::Receiver<bool>,
     ) -> Result<BTreeMap<String, Route>, Stop> {
         let mut changes = self.inner.instances.subscribe();
+        let shutdown = self.lifecycle().shutdown;
         let deadline = tokio::time::Instant::now() + self.inner.config.ready_timeout;
         loop {
+            if shutdown.is_cancelled() {
+                return Err(Stop::Shutdown);
+            }
             let waiting = match self.readiness(&run.workflow, names) {
                 Readiness::Ready(routes) => return Ok(routes),
                 Readiness::Failed(reason) => return Err(Stop::Failed(reason)),
@@ -155,6 +166,7 @@ impl Executor {
                 }
             }
             tokio::select! {
+                () = shutdown.cancelled() => return Err(Stop::Shutdown),
                 _ = changes.changed() => {}
                 _ = cancelled.changed() => return Err(Stop::Cancelled),
                 _ = tokio::time::sleep_until(deadline) => {
@@ -181,6 +193,7 @@ impl Executor {
         let mut unreachable: HashMap<String, u32> = HashMap::new();
         let mut attempts: JoinSet<()> = JoinSet::new();
         let mut changes = self.inner.instances.subscribe();
+        let shutdown = self.lifecycle().shutdown;
         run.reason = None;
         if run.workflow.steps.is_empty() {
             run.state = RunState::Running;
@@ -188,6 +201,10 @@ impl Executor {
             run.reason = Some("serving its agents until cancelled".to_owned());
         }
         loop {
+            if shutdown.is_cancelled() {
+                attempts.abort_all();
+                return Ok(Stop::Shutdown);
+            }
             let starts = off_worker(|| run.advance(evaluator, unix_ms()));
             self.save(run).await?;
             for Next::Start { step, agent, prompt } in starts {
@@ -258,6 +275,12 @@ impl Executor {
             let retry_at = run.next_retry();
             let wait = retry_at.map(|at| unix_ms().until(at));
             tokio::select! {
+                () = shutdown.cancelled() => {
+                    // The attempts in flight are dropped: the record says they run,
+                    // and the next start runs them again (RunRecord::recover).
+                    attempts.abort_all();
+                    return Ok(Stop::Shutdown);
+                }
                 Some((step, answer)) = finished.recv() => {
                     let now = unix_ms();
                     match answer {
@@ -335,6 +358,9 @@ pub(super) const SPLIT_REPLACEMENTS: u32 = 2;
 
 /// Why a run's drive stopped.
 pub(super) enum Stop {
+    /// The server is stopping: the run is left as last recorded, resumed at the next
+    /// start.
+    Shutdown,
     /// A user cancelled it.
     Cancelled,
     /// Its instances could not start (the reason).

@@ -7,6 +7,11 @@
 //! One task admits runs; one task per admitted run drives it. A run's record is only
 //! changed by its own task (or, while queued, by the admission task), and always
 //! written (and flushed) before the change is acted on or reported.
+//!
+//! Every task is the server's ([`Lifecycle`]): spawned on its tracker, and ended by its
+//! shutdown token at the next wait. A run's task then stops between steps without
+//! writing anything: its record is the last one written, which the next start resumes
+//! (attempts in flight are started again) as it would after a crash.
 
 mod admission;
 mod bring_up;
@@ -17,7 +22,7 @@ mod reuse;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use skein_dsl::expr::Evaluator;
@@ -26,7 +31,7 @@ use skein_model_registry::hub::HubClient;
 use tokio::sync::{Notify, watch};
 
 use super::record::{RetryPolicy, RunRecord, RunState};
-use crate::base::{lock, unix_ms};
+use crate::base::{Lifecycle, lock, unix_ms};
 use crate::graph::HardwareGraph;
 use crate::idempotency::{IdempotencyKeys, KeyError};
 use crate::instances::Instances;
@@ -163,6 +168,9 @@ struct Inner {
     changes: watch::Sender<(u64, String)>,
     wake: Notify,
     ids: AtomicU64,
+    /// The server's shutdown token and the tracker the executor's tasks are spawned on
+    /// (given by [`Executor::start`]).
+    lifecycle: OnceLock<Lifecycle>,
 }
 
 impl Executor {
@@ -197,16 +205,20 @@ impl Executor {
                 changes: watch::channel((0, String::new())).0,
                 wake: Notify::new(),
                 ids: AtomicU64::new(0),
+                lifecycle: OnceLock::new(),
             }),
         })
     }
 
     /// Resumes every unfinished run of the store (queued ones wait again; started ones
     /// are planned again and continue from their last recorded step) and starts the
-    /// admission task.
+    /// admission task. The executor's tasks (admission, each run's) are `lifecycle`'s
+    /// from now on: spawned on its tracker, they end when its token is cancelled.
     ///
     /// Errors: the store cannot be read.
-    pub fn start(&self) -> Result<tokio::task::JoinHandle<()>, StoreError> {
+    pub fn start(&self, lifecycle: &Lifecycle) -> Result<tokio::task::JoinHandle<()>, StoreError> {
+        // Started once: a second start keeps the first lifecycle.
+        let lifecycle = self.inner.lifecycle.get_or_init(|| lifecycle.clone());
         let mut resumed = 0;
         for mut run in self.inner.runs.all()? {
             if run.state.is_final() {
@@ -225,7 +237,7 @@ impl Executor {
             tracing::info!(runs = resumed, "resuming unfinished runs");
         }
         let executor = self.clone();
-        Ok(tokio::spawn(async move { executor.admission().await }))
+        Ok(lifecycle.tasks.spawn(async move { executor.admission().await }))
     }
 
     /// What engines and endpoints are called through (sessions call them too).
@@ -313,6 +325,12 @@ impl Executor {
             self.changed(id);
         }
         Ok(run)
+    }
+
+    /// The server's lifecycle, given by [`Executor::start`] (before it, a fresh one
+    /// that nothing stops: runs are admitted only once the executor started).
+    fn lifecycle(&self) -> Lifecycle {
+        self.inner.lifecycle.get().cloned().unwrap_or_default()
     }
 
     fn changed(&self, id: &str) {
