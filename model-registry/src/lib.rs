@@ -37,6 +37,9 @@
 //!   give an [`Estimate`]: per-device weights, KV cache, activations and overhead, each
 //!   line explained, with the named constants used; [`fits`] checks it against usable
 //!   memory; [`tp_degrees`] lists valid tensor-parallel degrees and why others fail.
+//! - [`repo`]: repository ids ([`RepoId`](repo::RepoId)), commits, a resolved
+//!   repository's file list and the sorting of its files into weight formats
+//!   ([`WeightFiles`](repo::WeightFiles)); pure values the hub edge resolves and caches.
 //! - [`catalog`]: what Skein knows about one model before anything is downloaded
 //!   ([`ModelInfo`]): its shape and every variant with its weight bytes, and where each
 //!   fits.
@@ -68,6 +71,7 @@ pub mod gpu;
 pub mod hub;
 pub mod params;
 pub mod quant;
+pub mod repo;
 pub mod safetensors;
 
 pub use bytes::Bytes;

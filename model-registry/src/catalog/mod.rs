@@ -8,16 +8,30 @@
 
 pub mod fit;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::estimate::{ModelShape, TpDegree, WeightGroups, WeightsOrigin};
-use crate::hub::{CommitSha, RepoFile, RepoId, VariantSource};
+use crate::repo::{CommitSha, RepoFile, RepoId};
 use crate::{Architecture, Bytes, Quantization, WeightFormat};
 
 pub use fit::{FitOptions, Placement, SetFit, VariantFit, fit_all, fit_variant};
 
 /// Tensor-parallel degrees listed by `inspect`: up to a full 8-GPU node.
 pub const MAX_LISTED_TP_DEGREE: u64 = 8;
+
+/// Where a candidate variant comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VariantSource {
+    /// A checkpoint in the repository asked about.
+    ThisRepo,
+    /// A repository that the hub lists as a quantized derivative of it
+    /// (`base_model:quantized:<repo>`).
+    QuantizedDerivative,
+    /// A repository (or a file in one) the user pinned: a workflow's `variants` or
+    /// `--variant` on the command line.
+    Pinned,
+}
 
 /// Where the model's shape was read from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -24,7 +24,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use super::repo::{CommitSha, RepoId};
+use crate::repo::{CommitSha, RepoId};
 
 /// The folder under the Hugging Face cache that Skein owns.
 const SKEIN_DIR: &str = "skein";

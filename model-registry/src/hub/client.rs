@@ -17,8 +17,8 @@ use serde::Serialize;
 use super::cache::{MetadataCache, Stamped};
 use super::config::{HubConfig, HubToken};
 use super::http::Transfers;
-use super::repo::{CommitSha, RepoFile, RepoId, ResolvedRepo, WeightFiles};
 use crate::Error;
+use crate::repo::{CommitSha, RepoFile, RepoId, ResolvedRepo, WeightFiles};
 
 /// Largest file [`HubClient::fetch_small`] downloads. Configs and tokenizer configs are
 /// kilobytes; anything this large is not metadata.

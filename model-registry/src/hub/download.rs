@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::sync::{Mutex, PoisonError};
 
 use super::client::HubClient;
-use super::repo::ResolvedRepo;
 use crate::Error;
+use crate::repo::ResolvedRepo;
 
 /// Where a download stands, reported after every chunk received.
 #[derive(Debug, Clone, PartialEq, Eq)]

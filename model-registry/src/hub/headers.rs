@@ -5,8 +5,8 @@ use futures::{StreamExt, TryStreamExt};
 use serde::Serialize;
 
 use super::client::HubClient;
-use super::repo::{RepoFile, ResolvedRepo, SAFETENSORS_INDEX};
 use crate::gguf::MAX_HEADER_BYTES;
+use crate::repo::{RepoFile, ResolvedRepo, SAFETENSORS_INDEX};
 use crate::safetensors::{self, LEN_PREFIX_BYTES, MAX_HEADER_LEN, SafetensorsHeader, SafetensorsTensor};
 use crate::{Bytes, Error, GgufHeader, GgufParse, ShardIndex};
 

@@ -4,7 +4,6 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::client::HubClient;
 use super::headers::MAX_CONCURRENT_HEADER_READS;
-use super::repo::{RepoId, ResolvedRepo};
 use super::variants::{VariantPin, VariantSource};
 use crate::catalog::{
     GgufVariantFiles, MAX_LISTED_TP_DEGREE, ModelInfo, ShapeSource, SkippedVariant, Variant, gguf_variants,
@@ -12,6 +11,7 @@ use crate::catalog::{
 };
 use crate::error::error_chain;
 use crate::estimate::{ModelShape, WeightGroups, WeightsSource, tp_degrees};
+use crate::repo::{RepoId, ResolvedRepo};
 use crate::{Bytes, Error, ModelConfig, Quantization, WeightFormat};
 
 /// Quantized derivatives `inspect` resolves by default, the most downloaded first.

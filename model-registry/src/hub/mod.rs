@@ -32,9 +32,12 @@
 //! - `http`: the two HTTP clients of those transfers (`HEAD` without redirects, `GET`
 //!   with them) and the token's header.
 //! - `headers`: the range-read strategies for safetensors and GGUF headers.
-//! - `variants`: variant discovery.
-//! - `repo`: the values resolved and cached ([`RepoId`], [`CommitSha`],
-//!   [`ResolvedRepo`]) and the sorting of files into formats ([`WeightFiles`]).
+//! - `variants`: variant discovery ([`VariantSource`] lives in [`catalog`](crate::catalog)
+//!   and is re-exported here).
+//!
+//! The values resolved and cached ([`RepoId`], [`CommitSha`], [`ResolvedRepo`]) and the
+//! sorting of files into formats ([`WeightFiles`]) live in the pure [`repo`](crate::repo)
+//! module and are re-exported here.
 //! - `cache`: Skein's metadata cache (`<HF cache>/skein/`), written atomically.
 //!
 //! # Invariants
@@ -56,10 +59,10 @@ mod download;
 mod headers;
 mod http;
 mod inspect;
-mod repo;
 mod transfer;
 mod variants;
 
+pub use crate::repo::{CommitSha, RepoFile, RepoId, ResolvedRepo, SAFETENSORS_INDEX, WeightFiles};
 pub use client::{DEFAULT_REVISION, HubClient, HubClientBuilder, MAX_SMALL_FILE_BYTES, TransferStats};
 pub use config::{
     DEFAULT_DOWNLOAD_CHUNK_BYTES, DEFAULT_ENDPOINT, DEFAULT_MAX_RETRIES, DEFAULT_REF_MAX_AGE, DEFAULT_REQUEST_TIMEOUT,
@@ -71,5 +74,4 @@ pub use headers::{
     SafetensorsFile,
 };
 pub use inspect::{DEFAULT_DERIVATIVES, InspectOptions};
-pub use repo::{CommitSha, RepoFile, RepoId, ResolvedRepo, SAFETENSORS_INDEX, WeightFiles};
 pub use variants::{Derivative, MAX_DERIVATIVES, VariantCandidate, VariantPin, VariantSource, repo_variants};

@@ -40,8 +40,8 @@ use reqwest::{StatusCode, Url};
 use tokio::io::{AsyncSeekExt, AsyncWriteExt};
 
 use super::client::HubClient;
-use super::repo::{CommitSha, ResolvedRepo};
 use crate::Error;
+use crate::repo::{CommitSha, ResolvedRepo};
 
 /// Relative redirects followed on a file's `HEAD` (the hub answers a repository id in
 /// another casing with one), as hf-hub does.

@@ -6,26 +6,13 @@ use serde::{Deserialize, Serialize};
 
 use super::cache::Stamped;
 use super::client::{HubClient, is_unreachable};
-use super::repo::{RepoId, ResolvedRepo};
+pub use crate::catalog::VariantSource;
+use crate::repo::{RepoId, ResolvedRepo};
 use crate::{Error, WeightFormat};
 
 /// At most this many quantized derivatives are listed, the most downloaded first.
 /// Popular base models have hundreds; the long tail is rarely worth a plan.
 pub const MAX_DERIVATIVES: usize = 100;
-
-/// Where a candidate variant comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum VariantSource {
-    /// A checkpoint in the repository asked about.
-    ThisRepo,
-    /// A repository that the hub lists as a quantized derivative of it
-    /// (`base_model:quantized:<repo>`).
-    QuantizedDerivative,
-    /// A repository (or a file in one) the user pinned: a workflow's `variants` or
-    /// `--variant` on the command line.
-    Pinned,
-}
 
 /// A variant the user names: a repository at a revision, optionally one GGUF file in it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -1,4 +1,5 @@
-//! Repository ids, commits and file listings: the values the hub edge resolves and caches.
+//! Repository ids, commits and file listings: the values the hub edge resolves and caches,
+//! and that the catalog names.
 //!
 //! Everything here is pure: a [`ResolvedRepo`] is what one `resolve` learnt from the hub
 //! (or from the cache), and [`WeightFiles`] sorts its files into the weight formats that
@@ -178,8 +179,8 @@ impl ResolvedRepo {
             .and_then(|index| self.files.get(index))
     }
 
-    /// The weight files, sorted by format. Pure: no pickle policy is applied here (see
-    /// [`HubClient::weight_files`](super::HubClient::weight_files)).
+    /// The weight files, sorted by format. Pure: no pickle policy is applied here (the hub
+    /// client's `weight_files` applies it).
     pub fn weight_files(&self) -> WeightFiles {
         WeightFiles::from_files(&self.files)
     }
