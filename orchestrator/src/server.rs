@@ -385,6 +385,7 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         instances: Arc::clone(&instances),
         sessions,
         reflex_events: reflex_events.clone(),
+        reflexes: reflexes.clone(),
         db: db.clone(),
         join,
         tasks: lifecycle.tasks.clone(),

@@ -1,4 +1,4 @@
-//! `GET /metrics`: GPUs, nodes and the store in the Prometheus text format.
+//! `GET /metrics`: GPUs, nodes, the store and the reflexes in the Prometheus text format.
 
 use std::fmt::Write as _;
 
@@ -23,9 +23,11 @@ pub(super) fn routes() -> OpenApiRouter<ApiState> {
 async fn metrics(State(state): State<ApiState>) -> Result<Response, ApiError> {
     let snapshot = state.graph.snapshot();
     let health = state.db.health();
+    let dropped = state.reflexes.dropped();
     off_runtime(move || {
         let mut body = prometheus_text(&snapshot);
         store_metrics(&mut body, &health);
+        reflex_metrics(&mut body, dropped);
         let kind = [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")];
         Ok((kind, body).into_response())
     })
@@ -76,6 +78,17 @@ pub fn store_metrics(out: &mut String, health: &crate::store::WriterHealth) {
     for (name, kind, help, value) in metrics {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}");
     }
+}
+
+/// The reflexes' metrics, appended to `out` in the Prometheus text format: the
+/// decisions dropped because their run's actor was 64 jobs behind
+/// ([`crate::reflex::Reflexes::dropped`]).
+pub fn reflex_metrics(out: &mut String, dropped: u64) {
+    let name = "skein_reflex_decisions_dropped_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} Reflex decisions dropped because their run's actions were behind (its queue was full).\n# TYPE {name} counter\n{name} {dropped}"
+    );
 }
 
 /// The snapshot in the Prometheus text format, with the metric names of NVIDIA's

@@ -69,6 +69,8 @@ pub struct ApiState {
     pub sessions: crate::session::Sessions,
     /// What reflexes did.
     pub reflex_events: crate::reflex::Events,
+    /// The live reflexes (their dropped decisions, for `/metrics`).
+    pub reflexes: crate::reflex::Reflexes,
     /// The database (its writer's health).
     pub db: crate::store::Db,
     /// Join tokens and node identities.
