@@ -43,7 +43,10 @@ async fn stopping_ends_every_task_on_the_token_and_the_run_in_flight_resumes_aft
     s.wait_run(&id, |r| r["steps"][0]["state"] == "running").await;
     let deadline = tokio::time::Instant::now() + PATIENCE;
     while !s.server.reflexes.runs().contains(&id) {
-        assert!(tokio::time::Instant::now() < deadline, "the run's reflexes never went live");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the run's reflexes never went live"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
@@ -64,17 +67,35 @@ async fn stopping_ends_every_task_on_the_token_and_the_run_in_flight_resumes_aft
     let s = setup(quick(), Some(&db)).await;
     let _agent = TestAgent::join(s.server.grpc_addr, TOKEN, "box", 2, EngineBehaviour::default()).await;
     let run = s
-        .wait_run(&id, |r| matches!(r["state"].as_str(), Some("succeeded" | "failed" | "cancelled")))
+        .wait_run(&id, |r| {
+            matches!(r["state"].as_str(), Some("succeeded" | "failed" | "cancelled"))
+        })
         .await;
     assert_eq!(run["state"], "succeeded", "{run:#}");
     assert_eq!(run["steps"][0]["output"], "echo: Write");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idle_server_drains_with_an_agent_connected() {
+async fn an_idle_server_counts_no_dropped_decision_and_drains_with_an_agent_connected() {
     let s = setup(quick(), None).await;
     let agent = TestAgent::join(s.server.grpc_addr, TOKEN, "box", 1, EngineBehaviour::default()).await;
     s.wait_nodes(1).await;
+    let metrics = s
+        .http
+        .get(s.url("/metrics"))
+        .bearer_auth(common::API)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(
+            "\n# TYPE skein_reflex_decisions_dropped_total counter\nskein_reflex_decisions_dropped_total 0\n"
+        ),
+        "{metrics}"
+    );
     let stopped = tokio::time::timeout(DRAIN_TIMEOUT * 3, s.server.shutdown())
         .await
         .expect("the shutdown hung")
