@@ -4,8 +4,6 @@
 
 use std::time::Duration;
 
-use skein_dsl::ir::{Agent, Backend, Endpoint};
-use skein_orchestrator::base::unix_ms;
 use skein_orchestrator::session::SessionRecord;
 
 /// One round: writes per second and the latency percentiles of one write.
@@ -43,26 +41,5 @@ pub fn median(mut rounds: Vec<Round>) -> Round {
 
 /// A session of the user `bench` on a remote endpoint, with no messages.
 pub fn session(id: &str) -> SessionRecord {
-    SessionRecord {
-        id: id.to_owned(),
-        owner: "bench".to_owned(),
-        agent: "a".to_owned(),
-        run: None,
-        definition: Agent {
-            backend: Backend::Endpoint(Endpoint {
-                url: "http://127.0.0.1:1/v1".to_owned(),
-                model: "m".to_owned(),
-                api_key_secret: None,
-            }),
-            system: None,
-            temperature: None,
-            max_tokens: None,
-        },
-        binding: None,
-        metadata: Default::default(),
-        created_at: unix_ms(),
-        updated_at: unix_ms(),
-        messages: 0,
-        migrations: 0,
-    }
+    skein_orchestrator::session::fixture(id, "bench")
 }

@@ -13,6 +13,12 @@
 //! - [`service`]: [`Sessions`], what users do: create, send a turn (routed to the bound
 //!   instance, placed again when it is gone), read, delete, migrate.
 
+use std::collections::BTreeMap;
+
+use skein_dsl::ir::{Agent, Backend, Endpoint};
+
+use crate::base::unix_ms;
+
 pub mod limits;
 pub mod log;
 pub mod record;
@@ -27,18 +33,19 @@ pub use service::{
 };
 pub use store::{SessionStore, SledSessions};
 
-#[cfg(test)]
-mod tests {
-    use std::collections::BTreeMap;
-    use std::sync::Arc;
-
-    use skein_dsl::ir::{Agent, Backend, Endpoint};
-
-    use super::*;
-    use crate::base::unix_ms;
-
-    fn agent() -> Agent {
-        Agent {
+/// A fresh session of `owner` with the agent `helper` on a remote endpoint
+/// (`http://127.0.0.1:1/v1`, model `m`): no run, binding, metadata or messages, created
+/// now. For the crate's tests and the durable-write benchmarks, which store sessions
+/// without a server.
+#[doc(hidden)]
+pub fn fixture(id: &str, owner: &str) -> SessionRecord {
+    let now = unix_ms();
+    SessionRecord {
+        id: id.to_owned(),
+        owner: owner.to_owned(),
+        agent: "helper".to_owned(),
+        run: None,
+        definition: Agent {
             backend: Backend::Endpoint(Endpoint {
                 url: "http://127.0.0.1:1/v1".to_owned(),
                 model: "m".to_owned(),
@@ -47,24 +54,21 @@ mod tests {
             system: None,
             temperature: None,
             max_tokens: None,
-        }
+        },
+        binding: None,
+        metadata: BTreeMap::new(),
+        created_at: now,
+        updated_at: now,
+        messages: 0,
+        migrations: 0,
     }
+}
 
-    fn session(id: &str, owner: &str) -> SessionRecord {
-        SessionRecord {
-            id: id.to_owned(),
-            owner: owner.to_owned(),
-            agent: "helper".to_owned(),
-            run: None,
-            definition: agent(),
-            binding: None,
-            metadata: BTreeMap::new(),
-            created_at: unix_ms(),
-            updated_at: unix_ms(),
-            messages: 0,
-            migrations: 0,
-        }
-    }
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
 
     fn user(text: &str) -> NewMessage {
         NewMessage::new(Role::User, text)
@@ -76,9 +80,9 @@ mod tests {
         {
             let store = Arc::new(SledSessions::open_dir(dir.path()).unwrap());
             let log = SessionLog::start(store, LogConfig::default()).unwrap();
-            log.create(session("s1", "ada")).await.unwrap();
+            log.create(fixture("s1", "ada")).await.unwrap();
             assert!(matches!(
-                log.create(session("s1", "ada")).await,
+                log.create(fixture("s1", "ada")).await,
                 Err(LogError::Exists(_))
             ));
             let first = log
@@ -138,7 +142,7 @@ mod tests {
         let store = Arc::new(SledSessions::open_dir(dir.path()).unwrap());
         let log = SessionLog::start(store.clone(), LogConfig::default()).unwrap();
         for (id, owner) in [("s1", "ada"), ("s2", "bob"), ("s3", "ada"), ("s4", "ada")] {
-            log.create(session(id, owner)).await.unwrap();
+            log.create(fixture(id, owner)).await.unwrap();
             log.append(id, vec![user("hi")], Some("k".into())).await.unwrap();
         }
         let page = store.sessions(Some("ada"), None, 2).unwrap();
@@ -186,7 +190,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(SledSessions::open_dir(dir.path()).unwrap());
         let log = SessionLog::start(store.clone(), LogConfig::default()).unwrap();
-        log.create(session("s1", "ada")).await.unwrap();
+        log.create(fixture("s1", "ada")).await.unwrap();
         log.append("s1", vec![user("hi")], None).await.unwrap();
         let binding = Binding {
             instance: "i1".to_owned(),
