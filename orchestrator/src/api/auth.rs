@@ -8,7 +8,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 
 use super::ApiState;
-use super::error::error;
+use super::error::ApiError;
 
 /// The token of an `Authorization` value in the `Bearer` scheme, whose name is matched
 /// case-insensitively (RFC 9110 §11.1); one or more spaces follow it.
@@ -22,27 +22,31 @@ fn bearer_token(value: &str) -> Option<&str> {
 
 /// Finds who presents the request's bearer token and hands them to the route as an
 /// extension ([`Principal`]); 401 without a live token.
-pub(super) async fn authorize(State(state): State<ApiState>, mut request: Request, next: Next) -> Response {
+pub(super) async fn authorize(
+    State(state): State<ApiState>,
+    mut request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(bearer_token);
     let Some(token) = presented else {
-        return error(
+        return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "missing `Authorization: Bearer <API token>`; the admin token is in the server's data directory (api-token), `skein token create --user NAME` makes others",
-        );
+        ));
     };
     // The token store is read on a blocking-safe path: one sled read, in memory.
     match state.tokens.authenticate(token.trim()) {
         Some(principal) => {
             request.extensions_mut().insert(principal);
-            next.run(request).await
+            Ok(next.run(request).await)
         }
-        None => error(
+        None => Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
             "the API token is wrong or was revoked; ask an admin for one (`skein token create --user NAME`)",
-        ),
+        )),
     }
 }

@@ -1,6 +1,6 @@
-//! The API's one error shape, `{"error": {"code", "message"}}`: [`ApiError`], what the
-//! handlers return, and the middleware that puts answers made outside the handlers in
-//! the same shape.
+//! The API's one error shape, `{"error": {"code", "message"}}` (with `"diagnostics"`
+//! beside it for a refused workflow): [`ApiError`], what the handlers return, and the
+//! middleware that puts answers made outside the handlers in the same shape.
 
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -32,7 +32,7 @@ pub(super) async fn json_errors(response: Response) -> Response {
         },
         text => text.to_owned(),
     };
-    let mut answer = error(status, &message);
+    let mut answer = ApiError::new(status, message).into_response();
     for (name, value) in &parts.headers {
         if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
             answer.headers_mut().insert(name.clone(), value.clone());
@@ -46,6 +46,15 @@ pub(super) async fn json_errors(response: Response) -> Response {
 #[derive(Serialize, utoipa::ToSchema)]
 pub(crate) struct ErrorBody<'a> {
     pub(crate) error: ErrorDetail<'a>,
+}
+
+/// A workflow the checker refused: the error, and every diagnostic with its place.
+#[derive(Serialize, utoipa::ToSchema)]
+pub(crate) struct InvalidWorkflow<'a> {
+    error: ErrorDetail<'a>,
+    /// What is wrong, where (file, line, column) and how to fix it.
+    #[schema(value_type = Vec<Object>)]
+    diagnostics: Vec<skein_dsl::diag::JsonDiagnostic>,
 }
 
 /// The code and message of an error answer.
@@ -76,11 +85,9 @@ pub(crate) fn default_code(status: StatusCode) -> &'static str {
     }
 }
 
-pub(crate) fn error(status: StatusCode, message: &str) -> Response {
-    error_with_code(status, default_code(status), message)
-}
-
-/// An error answer as a value, for handlers that return `Result<_, ApiError>`.
+/// An error answer as a value: what every handler returns as its error. Its answer is
+/// `{"error": {"code", "message"}}`, with `Retry-After` when it says so, and the
+/// diagnostics beside the error when a workflow was refused ([`InvalidWorkflow`]).
 #[derive(Debug)]
 pub(crate) struct ApiError {
     pub(crate) status: StatusCode,
@@ -88,6 +95,9 @@ pub(crate) struct ApiError {
     pub(crate) message: String,
     /// Seconds for `Retry-After`.
     pub(crate) retry_after: Option<u64>,
+    /// What is wrong with a refused workflow, where, and how to fix it (private: an
+    /// `ApiError` is made by its constructors).
+    diagnostics: Option<Vec<skein_dsl::diag::JsonDiagnostic>>,
 }
 
 impl ApiError {
@@ -98,7 +108,14 @@ impl ApiError {
             code: default_code(status),
             message: message.into(),
             retry_after: None,
+            diagnostics: None,
         }
+    }
+
+    /// The same, with `code` in place of the default code of its status.
+    pub(crate) fn code(mut self, code: &'static str) -> ApiError {
+        self.code = code;
+        self
     }
 
     /// The same, with `Retry-After: seconds`.
@@ -107,15 +124,21 @@ impl ApiError {
         self
     }
 
+    /// A 422 `invalid_workflow` for a workflow the checker refused, with its
+    /// diagnostics ([`InvalidWorkflow`]).
+    pub(crate) fn invalid_workflow(diagnostics: Vec<skein_dsl::diag::JsonDiagnostic>) -> ApiError {
+        let mut error =
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "the workflow is invalid").code("invalid_workflow");
+        error.diagnostics = Some(diagnostics);
+        error
+    }
+
     /// A 503 with `Retry-After` for a store that did not acknowledge a write in time or
     /// is overloaded (`store_unavailable`): nothing was acknowledged, retry later.
     pub(crate) fn store_busy(message: impl Into<String>) -> ApiError {
-        ApiError {
-            status: StatusCode::SERVICE_UNAVAILABLE,
-            code: "store_unavailable",
-            message: message.into(),
-            retry_after: Some(STORE_RETRY_AFTER_S),
-        }
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message)
+            .code("store_unavailable")
+            .retry_after(STORE_RETRY_AFTER_S)
     }
 
     /// A 500 for a failure of the server itself.
@@ -143,12 +166,9 @@ impl From<crate::idempotency::KeyError> for ApiError {
         match e {
             KeyError::Malformed(_) => ApiError::new(StatusCode::BAD_REQUEST, e.to_string()),
             KeyError::Mismatch { .. } => ApiError::new(StatusCode::CONFLICT, e.to_string()),
-            KeyError::InProgress(_) => ApiError {
-                status: StatusCode::CONFLICT,
-                code: "in_progress",
-                message: e.to_string(),
-                retry_after: Some(1),
-            },
+            KeyError::InProgress(_) => ApiError::new(StatusCode::CONFLICT, e.to_string())
+                .code("in_progress")
+                .retry_after(1),
             KeyError::Store(e) => ApiError::from(e),
         }
     }
@@ -156,7 +176,14 @@ impl From<crate::idempotency::KeyError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut response = error_with_code(self.status, self.code, &self.message);
+        let error = ErrorDetail {
+            code: self.code,
+            message: &self.message,
+        };
+        let mut response = match self.diagnostics {
+            Some(diagnostics) => (self.status, axum::Json(InvalidWorkflow { error, diagnostics })).into_response(),
+            None => (self.status, axum::Json(ErrorBody { error })).into_response(),
+        };
         if let Some(seconds) = self.retry_after
             && let Ok(value) = header::HeaderValue::from_str(&seconds.to_string())
         {
@@ -166,12 +193,49 @@ impl IntoResponse for ApiError {
     }
 }
 
-pub(crate) fn error_with_code(status: StatusCode, code: &str, message: &str) -> Response {
-    (
-        status,
-        axum::Json(ErrorBody {
-            error: ErrorDetail { code, message },
-        }),
-    )
-        .into_response()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn answer(error: ApiError) -> (StatusCode, Option<String>, String) {
+        let response = error.into_response();
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(header::RETRY_AFTER)
+            .map(|v| v.to_str().unwrap_or("").to_owned());
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap_or_default();
+        (status, retry_after, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn an_error_answers_its_code_message_and_retry_after() {
+        let (status, retry_after, body) =
+            answer(ApiError::new(StatusCode::TOO_MANY_REQUESTS, "the queue is full").retry_after(7)).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(retry_after.as_deref(), Some("7"));
+        assert_eq!(body, r#"{"error":{"code":"overloaded","message":"the queue is full"}}"#);
+
+        let (status, retry_after, body) = answer(ApiError::store_busy("stalled")).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(retry_after.as_deref(), Some("5"));
+        assert_eq!(body, r#"{"error":{"code":"store_unavailable","message":"stalled"}}"#);
+    }
+
+    #[tokio::test]
+    async fn a_refused_workflow_answers_its_diagnostics_beside_the_error() {
+        let parsed = skein_dsl::parse("w.yaml", "name: w\nsteps: nope\n");
+        assert!(parsed.diagnostics.has_errors());
+        let diagnostics = skein_dsl::diag::to_json(&parsed.diagnostics, &parsed.file);
+        let expected = format!(
+            r#"{{"error":{{"code":"invalid_workflow","message":"the workflow is invalid"}},"diagnostics":{}}}"#,
+            serde_json::to_string(&diagnostics).unwrap_or_default()
+        );
+        let (status, retry_after, body) = answer(ApiError::invalid_workflow(diagnostics)).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(retry_after, None);
+        assert_eq!(body, expected);
+    }
 }

@@ -7,11 +7,10 @@ use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex, PoisonError};
 
 use axum::http::StatusCode;
-use axum::response::Response;
 use skein_dsl::{Parsed, SourceKind};
 
 use super::Principal;
-use super::error::error;
+use super::error::ApiError;
 
 /// Workflows one user may have read at once through the API (plans, runs).
 pub const MAX_EVALUATIONS_PER_USER: usize = 2;
@@ -52,11 +51,11 @@ impl Drop for Slot {
 /// Read `text` as a workflow in `kind` on the Rhai pool, for `principal`.
 /// 429 when the user has [`MAX_EVALUATIONS_PER_USER`] being read already or
 /// the pool's queue is full.
-pub(crate) async fn parse(principal: &Principal, name: &str, text: &str, kind: SourceKind) -> Result<Parsed, Response> {
+pub(crate) async fn parse(principal: &Principal, name: &str, text: &str, kind: SourceKind) -> Result<Parsed, ApiError> {
     let Some(slot) = Slot::take(&principal.user) else {
-        return Err(error(
+        return Err(ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
-            &format!(
+            format!(
                 "{MAX_EVALUATIONS_PER_USER} of your workflows are being evaluated already; send this one when one of them is answered"
             ),
         ));
@@ -70,13 +69,9 @@ pub(crate) async fn parse(principal: &Principal, name: &str, text: &str, kind: S
         drop(slot);
         let _ = tx.send(parsed);
     })
-    .map_err(|e| error(StatusCode::TOO_MANY_REQUESTS, &e.to_string()))?;
-    rx.await.map_err(|_| {
-        error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "the workflow's evaluation stopped without an answer",
-        )
-    })
+    .map_err(|e| ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()))?;
+    rx.await
+        .map_err(|_| ApiError::internal("the workflow's evaluation stopped without an answer"))
 }
 
 #[cfg(test)]

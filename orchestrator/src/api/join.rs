@@ -10,12 +10,11 @@
 use axum::Json;
 use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::error::{ApiError, ErrorBody, error};
+use super::error::{ApiError, ErrorBody};
 use super::extract::{Params, body as read_body};
 use super::paging::{Listed, PageQuery};
 use super::tokens::admin_only;
@@ -67,14 +66,13 @@ struct NodeForgotten {
     identity_forgotten: bool,
 }
 
-fn join_error(e: JoinError) -> Response {
-    let status = match e {
-        JoinError::Store(e) => return ApiError::from(e).into_response(),
-        JoinError::NotFound(_) => StatusCode::NOT_FOUND,
-        JoinError::Random(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        _ => StatusCode::BAD_REQUEST,
-    };
-    error(status, &e.to_string())
+fn join_error(e: JoinError) -> ApiError {
+    match e {
+        JoinError::Store(e) => ApiError::from(e),
+        JoinError::NotFound(_) => ApiError::new(StatusCode::NOT_FOUND, e.to_string()),
+        JoinError::Random(_) => ApiError::internal(e),
+        _ => ApiError::new(StatusCode::BAD_REQUEST, e.to_string()),
+    }
 }
 
 /// Makes a join token, optionally expiring and limited to a node name or name prefix.
@@ -89,35 +87,34 @@ async fn create(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
     body: axum::body::Bytes,
-) -> Response {
-    if let Err(e) = admin_only(&principal) {
-        return e.into_response();
-    }
+) -> Result<(StatusCode, Json<NewJoinToken>), ApiError> {
+    admin_only(&principal)?;
     const EXPECTED: &str = r#"a join token request: {"expires_in_s": SECONDS, "node": "NAME"} (every field optional)"#;
     // serde would take a struct from an array too (`[null, null]`): only an object is one.
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        return ApiError::new(StatusCode::BAD_REQUEST, format!("the body is not {EXPECTED}")).into_response();
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("the body is not {EXPECTED}"),
+        ));
     }
-    let request: CreateJoinToken = match read_body(&body, EXPECTED) {
-        Ok(request) => request,
-        Err(e) => return e.into_response(),
-    };
+    let request: CreateJoinToken = read_body(&body, EXPECTED)?;
     let spec = JoinTokenSpec {
         expires_in: request.expires_in_s.map(std::time::Duration::from_secs),
         node: request.node,
         name_prefix: request.name_prefix,
     };
-    match state.join.create_token(&principal.user, spec).await {
-        Ok((record, secret)) => (
-            StatusCode::CREATED,
-            Json(NewJoinToken {
-                record,
-                token: secret.expose().to_owned(),
-            }),
-        )
-            .into_response(),
-        Err(e) => join_error(e),
-    }
+    let (record, secret) = state
+        .join
+        .create_token(&principal.user, spec)
+        .await
+        .map_err(join_error)?;
+    Ok((
+        StatusCode::CREATED,
+        Json(NewJoinToken {
+            record,
+            token: secret.expose().to_owned(),
+        }),
+    ))
 }
 
 /// Every join token's record (never the token itself; not the server's bootstrap token), by id, a page at a time.
@@ -155,14 +152,9 @@ async fn revoke(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
-) -> Response {
-    if let Err(e) = admin_only(&principal) {
-        return e.into_response();
-    }
-    match state.join.revoke_token(&id).await {
-        Ok(record) => Json(record).into_response(),
-        Err(e) => join_error(e),
-    }
+) -> Result<Json<JoinTokenRecord>, ApiError> {
+    admin_only(&principal)?;
+    state.join.revoke_token(&id).await.map(Json).map_err(join_error)
 }
 
 /// Removes a node: it leaves the graph (its instances are placed again) and its identity is forgotten, so the name is free.

@@ -39,8 +39,8 @@ mod web;
 
 use crate::graph::{GraphEvent, HardwareGraph};
 use crate::plan::Planner;
-pub(crate) use error::error_with_code;
-use error::{STORE_RETRY_AFTER_S, error, json_errors};
+pub(crate) use error::ApiError;
+use error::{STORE_RETRY_AFTER_S, json_errors};
 pub use graph::{GpuSampleRows, GpuSamples, GraphSamples, NodeSamples, NodeSummary, SampleRow};
 pub use metrics::{prometheus_text, store_metrics};
 pub use openapi::openapi;
@@ -94,7 +94,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/", axum::routing::get(web::index))
         .route("/web/{*path}", axum::routing::get(web::file))
         .route("/favicon.ico", axum::routing::get(web::favicon))
-        .fallback(|| async { error(StatusCode::NOT_FOUND, "no such route; see /v1/openapi.json") })
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route; see /v1/openapi.json") })
         .layer(middleware::map_response(json_errors))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
@@ -130,20 +130,16 @@ pub(crate) fn protected_routes() -> OpenApiRouter<ApiState> {
         (status = 200, description = "The server is up and its store acknowledges writes", body = String, content_type = "text/plain"),
         (status = 503, description = "The store's writer is stalled", body = String, content_type = "text/plain"),
     ))]
-async fn healthz(State(state): State<ApiState>) -> Response {
+async fn healthz(State(state): State<ApiState>) -> Result<&'static str, ApiError> {
     let health = state.db.health();
     if health.stalled {
-        let text = format!(
-            "unhealthy: the store's writer has been busy for {} ms ({} writes waiting)\n",
+        let message = format!(
+            "unhealthy: the store's writer has been busy for {} ms ({} writes waiting)",
             health.busy_ms, health.queued
         );
-        let mut response = (StatusCode::SERVICE_UNAVAILABLE, text).into_response();
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, header::HeaderValue::from(STORE_RETRY_AFTER_S));
-        response
+        Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, message).retry_after(STORE_RETRY_AFTER_S))
     } else {
-        "ok\n".into_response()
+        Ok("ok\n")
     }
 }
 

@@ -5,17 +5,16 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use skein_dsl::SourceKind;
 use skein_model_registry::hub::InspectOptions;
 use utoipa_axum::{router::OpenApiRouter, routes};
 
 use super::ApiState;
-use super::error::{ErrorBody, ErrorDetail, error};
+use super::error::{ApiError, ErrorBody, InvalidWorkflow};
 use super::evaluate;
 use crate::auth::Principal;
-use crate::plan::{PlanInput, PlanSettings, Planner};
+use crate::plan::{Plan, PlanInput, PlanSettings, Planner};
 
 /// The routes of this module (behind the API token).
 pub(super) fn routes() -> OpenApiRouter<ApiState> {
@@ -40,15 +39,6 @@ pub struct PlanRequest {
     pub derivatives: Option<usize>,
 }
 
-/// A workflow the checker refused: the error, and every diagnostic with its place.
-#[derive(Serialize, utoipa::ToSchema)]
-pub(crate) struct InvalidWorkflow<'a> {
-    error: ErrorDetail<'a>,
-    /// What is wrong, where (file, line, column) and how to fix it.
-    #[schema(value_type = Vec<Object>)]
-    diagnostics: Vec<skein_dsl::diag::JsonDiagnostic>,
-}
-
 /// A placement plan of a workflow on the live graph (nothing is started).
 #[utoipa::path(post, operation_id = "create_plan", path = "/v1/plans", tag = "plans", request_body = PlanRequest,
     responses(
@@ -62,27 +52,20 @@ async fn plans(
     State(state): State<ApiState>,
     axum::extract::Extension(principal): axum::extract::Extension<Principal>,
     body: axum::body::Bytes,
-) -> Response {
-    let request: PlanRequest = match serde_json::from_slice(&body) {
-        Ok(r) => r,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &format!("the body is not a plan request ({e}); send {{\"workflow\": \"<YAML or Rhai text>\"}}"),
-            );
-        }
-    };
-    let workflow = match parse_workflow(
+) -> Result<axum::Json<Plan>, ApiError> {
+    let request: PlanRequest = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("the body is not a plan request ({e}); send {{\"workflow\": \"<YAML or Rhai text>\"}}"),
+        )
+    })?;
+    let workflow = parse_workflow(
         &principal,
         request.name.as_deref(),
         &request.workflow,
         state.executor.clients().policy(),
     )
-    .await
-    {
-        Ok(workflow) => workflow,
-        Err(response) => return *response,
-    };
+    .await?;
     let options = InspectOptions {
         derivatives: request
             .derivatives
@@ -102,7 +85,7 @@ async fn plans(
         let runtime = tokio::runtime::Handle::current();
         let models = runtime
             .block_on(crate::catalogs::inspect_workflow(&hub, &workflow, &options))
-            .map_err(|e| Box::new(error(StatusCode::BAD_GATEWAY, &skein_model_registry::error_chain(&e))))?;
+            .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, skein_model_registry::error_chain(&e)))?;
         // The graph the executor plans on: drained GPUs are left out, with why.
         let snapshot = executor.plan_snapshot();
         let input = PlanInput {
@@ -112,15 +95,11 @@ async fn plans(
             running: &[],
             settings,
         };
-        Planner::plan_shared(&planner, &input)
-            .map_err(|e| Box::new(error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string())))
+        Planner::plan_shared(&planner, &input).map_err(ApiError::internal)
     })
-    .await;
-    match planned {
-        Ok(Ok(plan)) => axum::Json(plan).into_response(),
-        Ok(Err(response)) => *response,
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &format!("the planner failed: {e}")),
-    }
+    .await
+    .map_err(|e| ApiError::internal(format!("the planner failed: {e}")))?;
+    planned.map(axum::Json)
 }
 
 /// A workflow sent as text: 400 for a name of no known language, 422 with the
@@ -130,31 +109,23 @@ pub(crate) async fn parse_workflow(
     name: Option<&str>,
     text: &str,
     policy: &crate::egress::EgressPolicy,
-) -> Result<skein_dsl::Workflow, Box<Response>> {
+) -> Result<skein_dsl::Workflow, ApiError> {
     let name = name.unwrap_or("workflow.yaml");
     let Some(kind) = SourceKind::from_name(name) else {
-        return Err(Box::new(error(
+        return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             "`name` must end in .yaml, .yml or .rhai",
-        )));
+        ));
     };
     // On the Rhai pool, a few at a time per user (429 beyond).
-    let mut parsed = evaluate::parse(principal, name, text, kind).await.map_err(Box::new)?;
+    let mut parsed = evaluate::parse(principal, name, text, kind).await?;
     refuse_endpoints(&mut parsed, policy);
     match parsed.workflow {
         Some(w) if !parsed.diagnostics.has_errors() => Ok(w),
-        _ => {
-            let body = InvalidWorkflow {
-                error: ErrorDetail {
-                    code: "invalid_workflow",
-                    message: "the workflow is invalid",
-                },
-                diagnostics: skein_dsl::diag::to_json(&parsed.diagnostics, &parsed.file),
-            };
-            Err(Box::new(
-                (StatusCode::UNPROCESSABLE_ENTITY, axum::Json(body)).into_response(),
-            ))
-        }
+        _ => Err(ApiError::invalid_workflow(skein_dsl::diag::to_json(
+            &parsed.diagnostics,
+            &parsed.file,
+        ))),
     }
 }
 

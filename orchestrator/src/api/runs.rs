@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 
 use axum::extract::{Extension, Path, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures::Stream;
@@ -30,11 +30,11 @@ use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::error::{ApiError, ErrorBody, error};
+use super::error::{ApiError, ErrorBody, InvalidWorkflow};
 use super::extract::{IDEMPOTENT_REPLAYED, Params, idempotency_key};
 use super::openapi::ServerSentEvent;
 use super::paging::{Listed, PageQuery};
-use super::plans::{InvalidWorkflow, parse_workflow};
+use super::plans::parse_workflow;
 use super::{ApiState, Principal};
 use crate::idempotency::Idempotent;
 use crate::instances::{InstanceView, Measurement};
@@ -87,58 +87,48 @@ async fn submit(
     Extension(principal): Extension<Principal>,
     headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
-) -> Response {
-    let request: SubmitRequest = match serde_json::from_slice(&body) {
-        Ok(request) => request,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &format!(
-                    "the body is not a run request ({e}); send {{\"workflow\": \"<YAML or Rhai text>\", \"inputs\": {{…}}}}"
-                ),
-            );
-        }
-    };
-    let workflow = match parse_workflow(
+) -> Result<Response, ApiError> {
+    let request: SubmitRequest = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "the body is not a run request ({e}); send {{\"workflow\": \"<YAML or Rhai text>\", \"inputs\": {{…}}}}"
+            ),
+        )
+    })?;
+    let workflow = parse_workflow(
         &principal,
         request.name.as_deref(),
         &request.workflow,
         state.executor.clients().policy(),
     )
-    .await
-    {
-        Ok(workflow) => workflow,
-        Err(response) => return *response,
-    };
-    let key = match idempotency_key(&headers) {
-        Ok(key) => key,
-        Err(e) => return e.into_response(),
-    };
+    .await?;
+    let key = idempotency_key(&headers)?;
     let idempotent = key.as_deref().map(|key| Idempotent { key, request: &body });
-    match state
+    let Submitted { run, replayed } = state
         .executor
         .submit(&principal.user, workflow, &request.inputs, idempotent)
         .await
-    {
-        Ok(Submitted { run, replayed }) => {
-            let mut response = (StatusCode::ACCEPTED, axum::Json(run)).into_response();
-            if replayed {
-                response
-                    .headers_mut()
-                    .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-            }
-            response
+        .map_err(submit_error)?;
+    let mut response = (StatusCode::ACCEPTED, axum::Json(run)).into_response();
+    if replayed {
+        response
+            .headers_mut()
+            .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    }
+    Ok(response)
+}
+
+/// 400 for bad inputs, 429 with `Retry-After` for a full queue, and the store's and
+/// the Idempotency-Key's own answers.
+fn submit_error(e: SubmitError) -> ApiError {
+    match e {
+        SubmitError::Inputs(_) => ApiError::new(StatusCode::BAD_REQUEST, e.to_string()),
+        SubmitError::QueueFull { retry_after, .. } => {
+            ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()).retry_after(retry_after.as_secs().max(1))
         }
-        Err(e @ SubmitError::Inputs(_)) => error(StatusCode::BAD_REQUEST, &e.to_string()),
-        Err(e @ SubmitError::QueueFull { retry_after, .. }) => {
-            let mut response = error(StatusCode::TOO_MANY_REQUESTS, &e.to_string());
-            if let Ok(value) = HeaderValue::from_str(&retry_after.as_secs().max(1).to_string()) {
-                response.headers_mut().insert(header::RETRY_AFTER, value);
-            }
-            response
-        }
-        Err(SubmitError::Key(e)) => ApiError::from(e).into_response(),
-        Err(SubmitError::Store(e)) => ApiError::from(e).into_response(),
+        SubmitError::Key(e) => ApiError::from(e),
+        SubmitError::Store(e) => ApiError::from(e),
     }
 }
 
@@ -227,11 +217,8 @@ async fn show(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
-) -> Response {
-    match visible_run(&state, &principal, &id) {
-        Ok(run) => axum::Json(run).into_response(),
-        Err(e) => e.into_response(),
-    }
+) -> Result<axum::Json<RunRecord>, ApiError> {
+    visible_run(&state, &principal, &id).map(axum::Json)
 }
 
 /// Cancels a run: queued, it never starts; running, its steps stop and its instances
@@ -246,14 +233,12 @@ async fn cancel(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
-) -> Response {
-    if let Err(e) = visible_run(&state, &principal, &id) {
-        return e.into_response();
-    }
+) -> Result<axum::Json<RunRecord>, ApiError> {
+    visible_run(&state, &principal, &id)?;
     match state.executor.cancel(&id).await {
-        Ok(run) => axum::Json(run).into_response(),
-        Err(crate::run::executor::RunError::NotFound(_)) => not_found(&id).into_response(),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
+        Ok(run) => Ok(axum::Json(run)),
+        Err(crate::run::executor::RunError::NotFound(_)) => Err(not_found(&id)),
+        Err(e) => Err(ApiError::internal(e)),
     }
 }
 
@@ -269,13 +254,9 @@ async fn events(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
-) -> Response {
-    if let Err(e) = visible_run(&state, &principal, &id) {
-        return e.into_response();
-    }
-    Sse::new(run_stream(state, id))
-        .keep_alive(KeepAlive::default())
-        .into_response()
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    visible_run(&state, &principal, &id)?;
+    Ok(Sse::new(run_stream(state, id)).keep_alive(KeepAlive::default()))
 }
 
 /// The run now and after each change, ending after the event that shows it ended.
@@ -315,13 +296,13 @@ fn run_stream(state: ApiState, id: String) -> impl Stream<Item = Result<Event, I
 /// the runs it has served and the sessions bound to it (of the caller; an admin: all).
 #[utoipa::path(get, operation_id = "list_instances", path = "/v1/instances", tag = "runs",
     responses((status = 200, description = "The instances", body = Vec<InstanceView>)))]
-async fn instances(State(state): State<ApiState>, Extension(principal): Extension<Principal>) -> Response {
+async fn instances(
+    State(state): State<ApiState>,
+    Extension(principal): Extension<Principal>,
+) -> Result<axum::Json<Vec<InstanceView>>, ApiError> {
     let mut list = state.instances.list();
     let names: Vec<String> = list.iter().map(|i| i.name.clone()).collect();
-    let bound = match state.sessions.bound_to(&names) {
-        Ok(bound) => bound,
-        Err(e) => return ApiError::from(e).into_response(),
-    };
+    let bound = state.sessions.bound_to(&names)?;
     for session in bound.into_iter().filter(|s| principal.may_see(&s.owner)) {
         if let Some(instance) = session
             .binding
@@ -331,17 +312,19 @@ async fn instances(State(state): State<ApiState>, Extension(principal): Extensio
             instance.sessions.push(session.id);
         }
     }
-    axum::Json(list).into_response()
+    Ok(axum::Json(list))
 }
 
 /// Memory instances really used once loaded, beside the plan's estimate.
 #[utoipa::path(get, operation_id = "list_measurements", path = "/v1/measurements", tag = "runs",
     responses((status = 200, description = "One per variant, engine, GPU count, context and concurrency", body = Vec<Measurement>)))]
-async fn measurements(State(state): State<ApiState>) -> Response {
-    match state.instances.measurements() {
-        Ok(list) => axum::Json(list).into_response(),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
-    }
+async fn measurements(State(state): State<ApiState>) -> Result<axum::Json<Vec<Measurement>>, ApiError> {
+    // A store failure here is the server's (500), busy or not.
+    state
+        .instances
+        .measurements()
+        .map(axum::Json)
+        .map_err(ApiError::internal)
 }
 
 /// The query of `GET /v1/instances/{name}/logs`.
@@ -387,16 +370,19 @@ async fn logs(
     Extension(principal): Extension<Principal>,
     Path(name): Path<String>,
     Params(query): Params<LogsQuery>,
-) -> Response {
+) -> Result<axum::Json<Logs>, ApiError> {
     use crate::instances::InstanceError;
     if query.tail > MAX_TAIL {
-        return error(
+        return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
-            &format!("`tail` is {}; ask for at most {MAX_TAIL} lines", query.tail),
-        );
+            format!("`tail` is {}; ask for at most {MAX_TAIL} lines", query.tail),
+        ));
     }
     let Some((mut readers, run)) = state.instances.log_readers(&name) else {
-        return error(StatusCode::NOT_FOUND, &InstanceError::Unknown(name).to_string());
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            InstanceError::Unknown(name).to_string(),
+        ));
     };
     // The owner of the run it was started for, even before its first request (an
     // instance that fails to load is theirs to look into).
@@ -406,21 +392,21 @@ async fn logs(
                 readers.users.insert(record.owner);
             }
             Ok(None) => {}
-            Err(e) => return ApiError::internal(e).into_response(),
+            Err(e) => return Err(ApiError::internal(e)),
         }
     }
     if !readers.admit(&principal.user, principal.admin) {
-        return error(
+        return Err(ApiError::new(
             StatusCode::FORBIDDEN,
-            &format!(
+            format!(
                 "the logs of instance `{name}` can hold the prompts of everyone it served, and it did not serve only you; help: an admin can read them (`skein logs {name}` with an admin token)"
             ),
-        );
+        ));
     }
     match state.instances.logs(&name, query.tail).await {
-        Ok(lines) => axum::Json(Logs { instance: name, lines }).into_response(),
-        Err(e @ InstanceError::Unknown(_)) => error(StatusCode::NOT_FOUND, &e.to_string()),
-        Err(e) => error(StatusCode::BAD_GATEWAY, &e.to_string()),
+        Ok(lines) => Ok(axum::Json(Logs { instance: name, lines })),
+        Err(e @ InstanceError::Unknown(_)) => Err(ApiError::new(StatusCode::NOT_FOUND, e.to_string())),
+        Err(e) => Err(ApiError::new(StatusCode::BAD_GATEWAY, e.to_string())),
     }
 }
 

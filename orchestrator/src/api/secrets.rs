@@ -10,7 +10,6 @@
 use axum::Json;
 use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -76,10 +75,8 @@ async fn set(
     Extension(principal): Extension<Principal>,
     Path(name): Path<String>,
     body: axum::body::Bytes,
-) -> Response {
-    put(&state, Scope::User(principal.user), &name, &body)
-        .await
-        .into_response()
+) -> Result<Json<SecretInfo>, ApiError> {
+    put(&state, Scope::User(principal.user), &name, &body).await
 }
 
 /// Removes a secret of the caller; workflows that name it fail their calls from now on.
@@ -130,11 +127,9 @@ async fn set_shared(
     Extension(principal): Extension<Principal>,
     Path(name): Path<String>,
     body: axum::body::Bytes,
-) -> Response {
-    if let Err(e) = admin_only(&principal) {
-        return e.into_response();
-    }
-    put(&state, Scope::Shared, &name, &body).await.into_response()
+) -> Result<Json<SecretInfo>, ApiError> {
+    admin_only(&principal)?;
+    put(&state, Scope::Shared, &name, &body).await
 }
 
 /// Removes a shared secret (admin only).

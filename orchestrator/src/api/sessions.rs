@@ -555,12 +555,9 @@ async fn migrate(
     // A target with no room is a conflict with the fleet as it is, not a failure of the
     // server: the session stays where it was.
     let moved = state.sessions.migrate(&principal, &id, to).await.map_err(|e| match e {
-        SessionError::Unavailable(reason) => ApiError {
-            status: StatusCode::CONFLICT,
-            code: "no_room",
-            message: format!("the session stays where it is: {reason}"),
-            retry_after: None,
-        },
+        SessionError::Unavailable(reason) => {
+            ApiError::new(StatusCode::CONFLICT, format!("the session stays where it is: {reason}")).code("no_room")
+        }
         other => ApiError::from(other),
     })?;
     Ok(Json(Moved {

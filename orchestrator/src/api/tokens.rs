@@ -8,12 +8,11 @@
 use axum::Json;
 use axum::extract::{Extension, Path, State};
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use super::error::{ApiError, ErrorBody, error, error_with_code};
+use super::error::{ApiError, ErrorBody};
 use super::extract::{Params, body as read_body, idempotency_key};
 use super::paging::{Listed, PageQuery};
 use super::{ApiState, Principal};
@@ -55,18 +54,15 @@ struct NewToken {
     token: String,
 }
 
-fn token_error(e: TokenError) -> Response {
-    let status = match e {
-        TokenError::Key(e) => return ApiError::from(e).into_response(),
-        TokenError::Store(e) => return ApiError::from(e).into_response(),
-        TokenError::BadUser(_) | TokenError::Admin => StatusCode::BAD_REQUEST,
-        TokenError::NotFound(_) => StatusCode::NOT_FOUND,
-        TokenError::AlreadyCreated(_) => {
-            return error_with_code(StatusCode::CONFLICT, "already_created", &e.to_string());
-        }
-        TokenError::Random(_) => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    error(status, &e.to_string())
+fn token_error(e: TokenError) -> ApiError {
+    match e {
+        TokenError::Key(e) => ApiError::from(e),
+        TokenError::Store(e) => ApiError::from(e),
+        TokenError::BadUser(_) | TokenError::Admin => ApiError::new(StatusCode::BAD_REQUEST, e.to_string()),
+        TokenError::NotFound(_) => ApiError::new(StatusCode::NOT_FOUND, e.to_string()),
+        TokenError::AlreadyCreated(_) => ApiError::new(StatusCode::CONFLICT, e.to_string()).code("already_created"),
+        TokenError::Random(_) => ApiError::internal(e),
+    }
 }
 
 /// Makes a token for a user.
@@ -84,34 +80,23 @@ async fn create(
     Extension(principal): Extension<Principal>,
     headers: axum::http::HeaderMap,
     body: axum::body::Bytes,
-) -> Response {
-    if let Err(e) = admin_only(&principal) {
-        return e.into_response();
-    }
-    let request: CreateToken = match read_body(&body, r#"a token request: {"user": "NAME"}"#) {
-        Ok(request) => request,
-        Err(e) => return e.into_response(),
-    };
-    let key = match idempotency_key(&headers) {
-        Ok(key) => key,
-        Err(e) => return e.into_response(),
-    };
+) -> Result<(StatusCode, Json<NewToken>), ApiError> {
+    admin_only(&principal)?;
+    let request: CreateToken = read_body(&body, r#"a token request: {"user": "NAME"}"#)?;
+    let key = idempotency_key(&headers)?;
     let idempotent = key.as_deref().map(|key| Idempotent { key, request: &body });
-    match state
+    let (record, secret) = state
         .tokens
         .create_keyed(&request.user, &principal.user, idempotent)
         .await
-    {
-        Ok((record, secret)) => (
-            StatusCode::CREATED,
-            Json(NewToken {
-                record,
-                token: secret.expose().to_owned(),
-            }),
-        )
-            .into_response(),
-        Err(e) => token_error(e),
-    }
+        .map_err(token_error)?;
+    Ok((
+        StatusCode::CREATED,
+        Json(NewToken {
+            record,
+            token: secret.expose().to_owned(),
+        }),
+    ))
 }
 
 /// Every token's record (never the token itself), by id, a page at a time.
@@ -149,12 +134,7 @@ async fn revoke(
     State(state): State<ApiState>,
     Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
-) -> Response {
-    if let Err(e) = admin_only(&principal) {
-        return e.into_response();
-    }
-    match state.tokens.revoke(&id).await {
-        Ok(record) => Json(record).into_response(),
-        Err(e) => token_error(e),
-    }
+) -> Result<Json<TokenRecord>, ApiError> {
+    admin_only(&principal)?;
+    state.tokens.revoke(&id).await.map(Json).map_err(token_error)
 }

@@ -10,6 +10,8 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use sha2::Digest;
 
+use super::error::ApiError;
+
 /// One file of the page.
 struct Asset {
     path: &'static str,
@@ -66,9 +68,12 @@ fn etags() -> &'static [String] {
     })
 }
 
-fn serve(path: &str, request: &HeaderMap) -> Response {
+fn serve(path: &str, request: &HeaderMap) -> Result<Response, ApiError> {
     let Some(index) = ASSETS.iter().position(|a| a.path == path) else {
-        return super::error::error(StatusCode::NOT_FOUND, &format!("no file `/web/{path}` in the web page"));
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("no file `/web/{path}` in the web page"),
+        ));
     };
     let asset = &ASSETS[index];
     let etag = &etags()[index];
@@ -93,21 +98,21 @@ fn serve(path: &str, request: &HeaderMap) -> Response {
     );
     headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
     headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
-    response
+    Ok(response)
 }
 
 /// `GET /`: the page.
-pub(super) async fn index(request: HeaderMap) -> Response {
+pub(super) async fn index(request: HeaderMap) -> Result<Response, ApiError> {
     serve("index.html", &request)
 }
 
 /// `GET /favicon.ico`: the page's icon (an SVG), for browsers that ask for it there.
-pub(super) async fn favicon(request: HeaderMap) -> Response {
+pub(super) async fn favicon(request: HeaderMap) -> Result<Response, ApiError> {
     serve("favicon.svg", &request)
 }
 
 /// `GET /web/{*path}`: its scripts (ES modules), styles and the vendored libraries' licences.
-pub(super) async fn file(Path(path): Path<String>, request: HeaderMap) -> Response {
+pub(super) async fn file(Path(path): Path<String>, request: HeaderMap) -> Result<Response, ApiError> {
     serve(&path, &request)
 }
 
