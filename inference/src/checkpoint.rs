@@ -203,7 +203,7 @@ fn safetensors_weights(dir: &Path, config_path: PathBuf, found: Vec<PathBuf>) ->
         what: "model config",
         source,
     })?;
-    let index_path = dir.join(skein_model_registry::hub::SAFETENSORS_INDEX);
+    let index_path = dir.join(skein_model_registry::repo::SAFETENSORS_INDEX);
     let (files, location) = if index_path.is_file() {
         let bytes = std::fs::read(&index_path).map_err(|source| Error::Read {
             path: index_path.clone(),
@@ -228,7 +228,7 @@ fn safetensors_weights(dir: &Path, config_path: PathBuf, found: Vec<PathBuf>) ->
             _ => {
                 return Err(Error::MissingFile {
                     dir: dir.to_path_buf(),
-                    file: skein_model_registry::hub::SAFETENSORS_INDEX.to_owned(),
+                    file: skein_model_registry::repo::SAFETENSORS_INDEX.to_owned(),
                     help: "a checkpoint of several safetensors files needs its shard index",
                 });
             }

@@ -388,6 +388,7 @@ pub enum Error {
     },
 
     /// The hub client could not be set up (an `HF_ENDPOINT` that is not a URL).
+    #[cfg(feature = "hub")]
     #[error("cannot set up a hub client for endpoint `{endpoint}`; help: check HF_ENDPOINT")]
     HubClient {
         /// The endpoint configured.
@@ -399,6 +400,7 @@ pub enum Error {
 
     /// A call to the hub failed: the repository, revision or file does not exist, access
     /// was refused, the network failed, or the hub answered with an error.
+    #[cfg(feature = "hub")]
     #[error("cannot {action} for `{repo}` from the hub{}", hub_help(.source))]
     Hub {
         /// The repository.
@@ -508,6 +510,7 @@ pub enum Error {
     },
 
     /// The HTTP client for downloads could not be set up.
+    #[cfg(feature = "hub")]
     #[error("cannot set up the HTTP client for hub downloads")]
     HubHttpSetup {
         /// The HTTP library's error.
@@ -516,6 +519,7 @@ pub enum Error {
     },
 
     /// A download request failed on the network.
+    #[cfg(feature = "hub")]
     #[error("cannot {action} for `{repo}` from the hub; help: check the network and HF_ENDPOINT")]
     HubTransfer {
         /// The repository.
@@ -725,6 +729,7 @@ fn status_help(status: u16) -> &'static str {
 }
 
 /// A hint for the hub failures a user can fix.
+#[cfg(feature = "hub")]
 fn hub_help(error: &hf_hub::HFError) -> &'static str {
     use hf_hub::HFError;
     const REPO_HELP: &str =

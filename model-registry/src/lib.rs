@@ -48,7 +48,8 @@
 //! - [`hub`]: the IO edge. [`hub::HubClient`] resolves a repository on the Hugging Face
 //!   Hub, downloads `config.json` and friends, reads safetensors and GGUF headers with
 //!   HTTP Range requests (never weights), discovers quantized variants, and caches all of
-//!   it by commit so a second run is offline; it honours the `HF_*` variables.
+//!   it by commit so a second run is offline; it honours the `HF_*` variables. Behind
+//!   the default `hub` feature: without it the crate has no HTTP or async dependencies.
 //!
 //! # Invariants
 //!
@@ -68,6 +69,7 @@ pub mod error;
 pub mod estimate;
 pub mod gguf;
 pub mod gpu;
+#[cfg(feature = "hub")]
 pub mod hub;
 pub mod params;
 pub mod quant;

@@ -187,6 +187,7 @@ impl ResolvedRepo {
 
     /// Sorts the files and checks that every path stays inside the repository, so that
     /// paths can become URLs and cache paths. Used on what the hub and the cache return.
+    #[cfg(feature = "hub")]
     pub(crate) fn normalized(mut self) -> Result<ResolvedRepo, String> {
         if let Some(bad) = self
             .files
