@@ -20,7 +20,9 @@ const MAX_LINES: usize = 800;
 
 /// The workspace's root: the parent of this crate's directory.
 fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the tidy crate lives in the workspace root")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the tidy crate lives in the workspace root")
 }
 
 fn read(path: &Path) -> String {
@@ -66,7 +68,11 @@ fn members() -> Vec<Member> {
         .and_then(|(_, rest)| rest.split_once(']'))
         .map(|(list, _)| list)
         .expect("the workspace's `members = [...]`");
-    let dirs: Vec<&str> = list.split(',').map(|item| item.trim().trim_matches('"')).filter(|item| !item.is_empty()).collect();
+    let dirs: Vec<&str> = list
+        .split(',')
+        .map(|item| item.trim().trim_matches('"'))
+        .filter(|item| !item.is_empty())
+        .collect();
     dirs.into_iter()
         .map(|dir| {
             let dir = root().join(dir);
@@ -91,7 +97,12 @@ fn members() -> Vec<Member> {
                     _ => {}
                 }
             }
-            Member { dir, name, deps, dev_deps }
+            Member {
+                dir,
+                name,
+                deps,
+                dev_deps,
+            }
         })
         .collect()
 }
@@ -102,7 +113,11 @@ fn inner_doc(text: &str) -> Vec<&str> {
         .map(str::trim_start)
         .skip_while(|line| !line.starts_with("//!"))
         .take_while(|line| line.starts_with("//!"))
-        .map(|line| line.trim_start_matches("//!").strip_prefix(' ').unwrap_or(line.trim_start_matches("//!")))
+        .map(|line| {
+            line.trim_start_matches("//!")
+                .strip_prefix(' ')
+                .unwrap_or(line.trim_start_matches("//!"))
+        })
         .collect()
 }
 
@@ -115,10 +130,16 @@ fn layout_modules(doc: &[&str]) -> Option<BTreeSet<String>> {
             break;
         }
         // "- [`a`]: …", or several at once: "- [`a`], [`b`]: …".
-        let Some(rest) = line.strip_prefix("- [`") else { continue };
+        let Some(rest) = line.strip_prefix("- [`") else {
+            continue;
+        };
         let head = rest.split("`]:").next().unwrap_or(rest);
         for name in head.split("[`").map(|item| item.split("`]").next().unwrap_or(item)) {
-            if !name.is_empty() && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_') {
+            if !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            {
                 listed.insert(name.to_string());
             }
         }
@@ -149,16 +170,22 @@ fn every_public_module_is_in_its_layout() {
                 // A crate root with public modules must have a layout; other modules
                 // may go without one.
                 None if file == lib && !public.is_empty() => {
-                    problems.push(format!("{shown}: has `pub mod`s but no `//! # Layout` section listing them"));
+                    problems.push(format!(
+                        "{shown}: has `pub mod`s but no `//! # Layout` section listing them"
+                    ));
                     continue;
                 }
                 None => continue,
             };
             for missing in public.difference(&listed) {
-                problems.push(format!("{shown}: `pub mod {missing}` is not in its `# Layout` (add a \"- [`{missing}`]: …\" line)"));
+                problems.push(format!(
+                    "{shown}: `pub mod {missing}` is not in its `# Layout` (add a \"- [`{missing}`]: …\" line)"
+                ));
             }
             for gone in listed.difference(&public) {
-                problems.push(format!("{shown}: `# Layout` lists [`{gone}`], which is not a `pub mod` of this file"));
+                problems.push(format!(
+                    "{shown}: `# Layout` lists [`{gone}`], which is not a `pub mod` of this file"
+                ));
             }
         }
     }
@@ -174,7 +201,10 @@ fn documented_dependencies() -> (BTreeMap<String, BTreeSet<String>>, BTreeMap<St
         .map(|(_, rest)| rest.split("\n## ").next().unwrap_or(rest))
         .expect("docs/ARCHITECTURE.md has a \"## Dependency direction\" section");
     let blocks: Vec<&str> = section.split("```").skip(1).step_by(2).collect();
-    assert!(blocks.len() >= 2, "\"## Dependency direction\" needs two fenced blocks: dependencies, and those of tests only");
+    assert!(
+        blocks.len() >= 2,
+        "\"## Dependency direction\" needs two fenced blocks: dependencies, and those of tests only"
+    );
     let parse = |block: &str| {
         let mut graph = BTreeMap::new();
         for line in block.lines().skip(1).filter(|line| line.contains('→')) {
@@ -258,7 +288,9 @@ fn the_architecture_map_names_what_exists() {
         // Build output (`target/…`) is made by the build, not kept in the tree.
         if is_path && !quoted.starts_with("target/") {
             let exists = dirs.contains(&format!("{}/", quoted.trim_end_matches('/')))
-                || files.iter().any(|file| file == quoted || file.ends_with(&format!("/{quoted}")));
+                || files
+                    .iter()
+                    .any(|file| file == quoted || file.ends_with(&format!("/{quoted}")));
             if !exists {
                 problems.push(format!("the path `{quoted}` names no file or directory"));
             }
@@ -267,19 +299,28 @@ fn the_architecture_map_names_what_exists() {
         // A Rust path (`a::b::C`, `Type::method`) or a type name: each of its segments
         // must be an identifier somewhere in the sources.
         let name = quoted.trim_end_matches("()");
-        let rust_path = name.contains("::") && name.split("::").all(|part| !part.is_empty() && part.chars().all(|c| c.is_alphanumeric() || c == '_'));
+        let rust_path = name.contains("::")
+            && name
+                .split("::")
+                .all(|part| !part.is_empty() && part.chars().all(|c| c.is_alphanumeric() || c == '_'));
         let type_name = name.len() > 2
             && name.starts_with(|c: char| c.is_ascii_uppercase())
             && name.chars().any(|c| c.is_ascii_lowercase())
             && name.chars().all(|c| c.is_ascii_alphanumeric());
         if rust_path || type_name {
-            let unknown = name.split("::").any(|part| !matches!(part, "crate" | "self" | "super") && !words.contains(part));
+            let unknown = name
+                .split("::")
+                .any(|part| !matches!(part, "crate" | "self" | "super") && !words.contains(part));
             if unknown {
                 problems.push(format!("`{quoted}` names nothing in the sources"));
             }
         }
     }
-    assert!(problems.is_empty(), "docs/ARCHITECTURE.md drifted:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "docs/ARCHITECTURE.md drifted:\n{}",
+        problems.join("\n")
+    );
 }
 
 #[test]
@@ -289,17 +330,25 @@ fn every_catalog_gpu_has_its_row_in_the_fleet_docs() {
         .lines()
         .filter(|line| line.starts_with("| `"))
         .map(|line| {
-            let cells: Vec<String> = line.trim_matches('|').split('|').map(|cell| cell.trim().trim_matches('`').to_string()).collect();
+            let cells: Vec<String> = line
+                .trim_matches('|')
+                .split('|')
+                .map(|cell| cell.trim().trim_matches('`').to_string())
+                .collect();
             (cells[0].clone(), cells)
         })
         .collect();
     let mut problems = Vec::new();
     for card in skein_gpu_catalog::CARDS {
         match rows.get(card.name) {
-            None => problems.push(format!("{} is in the catalog but has no row in docs/fleets.md", card.name)),
+            None => problems.push(format!(
+                "{} is in the catalog but has no row in docs/fleets.md",
+                card.name
+            )),
             Some(cells) => {
                 let memory = card.memory_mib;
-                if cells.get(1).map(String::as_str) != Some(card.nvml_name) || cells.get(2) != Some(&memory.to_string()) {
+                if cells.get(1).map(String::as_str) != Some(card.nvml_name) || cells.get(2) != Some(&memory.to_string())
+                {
                     problems.push(format!(
                         "the row of {} in docs/fleets.md ({cells:?}) does not say NVML name {:?} and {memory} MiB",
                         card.name, card.nvml_name
@@ -315,7 +364,11 @@ fn every_catalog_gpu_has_its_row_in_the_fleet_docs() {
             problems.push(format!("docs/fleets.md has a row for {name}, which the catalog lacks"));
         }
     }
-    assert!(problems.is_empty(), "docs/fleets.md drifted from the GPU catalog:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "docs/fleets.md drifted from the GPU catalog:\n{}",
+        problems.join("\n")
+    );
 }
 
 /// The source files the size rule covers: crate sources, benches and the page's scripts;
@@ -341,7 +394,8 @@ fn no_source_file_is_over_the_limit() {
         .iter()
         .filter_map(|file| {
             let lines = read(file).lines().count();
-            (lines > MAX_LINES).then(|| format!("{}: {lines} lines", file.strip_prefix(root()).unwrap_or(file).display()))
+            (lines > MAX_LINES)
+                .then(|| format!("{}: {lines} lines", file.strip_prefix(root()).unwrap_or(file).display()))
         })
         .collect();
     assert!(
@@ -357,7 +411,10 @@ fn module_files(src: &Path) -> BTreeMap<Vec<String>, PathBuf> {
         .into_iter()
         .filter_map(|file| {
             let relative = file.strip_prefix(src).ok()?.with_extension("");
-            let mut path: Vec<String> = relative.iter().map(|part| part.to_string_lossy().into_owned()).collect();
+            let mut path: Vec<String> = relative
+                .iter()
+                .map(|part| part.to_string_lossy().into_owned())
+                .collect();
             if path.first().is_some_and(|first| first == "bin") {
                 return None;
             }
@@ -372,7 +429,10 @@ fn module_files(src: &Path) -> BTreeMap<Vec<String>, PathBuf> {
 /// A file's text without comments and without its inline test module.
 fn code_of(text: &str) -> String {
     let text = text.split("#[cfg(test)]\nmod tests {").next().unwrap_or(text);
-    text.lines().map(|line| line.split("//").next().unwrap_or("")).collect::<Vec<_>>().join("\n")
+    text.lines()
+        .map(|line| line.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// Expands a `use` tree (`a::{b, c::{d, e}}`) into its paths.
@@ -417,7 +477,9 @@ fn references(module: &[String], code: &str) -> Vec<Vec<String>> {
             if at > 0 && (bytes[at - 1].is_ascii_alphanumeric() || bytes[at - 1] == b'_') {
                 continue;
             }
-            let end = compact[at..].find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':')).map_or(compact.len(), |end| at + end);
+            let end = compact[at..]
+                .find(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':'))
+                .map_or(compact.len(), |end| at + end);
             paths.push(compact[at..end].to_string());
         }
     }
@@ -452,7 +514,10 @@ fn circles(src: &Path) -> Vec<Vec<String>> {
     let modules = module_files(src);
     let mut edges: BTreeSet<(Vec<String>, Vec<String>)> = BTreeSet::new();
     // A test module may use anything: it is not part of the crate's structure.
-    for (module, file) in modules.iter().filter(|(module, _)| module.last().is_none_or(|last| last != "tests")) {
+    for (module, file) in modules
+        .iter()
+        .filter(|(module, _)| module.last().is_none_or(|last| last != "tests"))
+    {
         for mut target in references(module, &code_of(&read(file))) {
             while !target.is_empty() && !modules.contains_key(&target) {
                 target.pop();
@@ -462,8 +527,10 @@ fn circles(src: &Path) -> Vec<Vec<String>> {
     }
     let mut found = Vec::new();
     for parent in modules.keys() {
-        let children: Vec<&Vec<String>> =
-            modules.keys().filter(|child| child.len() == parent.len() + 1 && child.starts_with(parent)).collect();
+        let children: Vec<&Vec<String>> = modules
+            .keys()
+            .filter(|child| child.len() == parent.len() + 1 && child.starts_with(parent))
+            .collect();
         let child_of = |module: &Vec<String>| children.iter().position(|child| module.starts_with(child));
         let mut graph = vec![BTreeSet::new(); children.len()];
         for (from, to) in &edges {

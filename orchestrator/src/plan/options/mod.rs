@@ -39,12 +39,12 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use skein_dsl::ir::{EngineChoice, ModelRequirement, Precision, Preference};
+use skein_model_registry::Bytes;
 use skein_model_registry::catalog::ModelInfo;
 use skein_model_registry::catalog::fit::engine_for;
 use skein_model_registry::estimate::{
     DeviceKind, Engine, Estimate, EstimateRequest, FitMargin, KvDtype, Layout, estimate,
 };
-use skein_model_registry::Bytes;
 
 use cache::{ComputeCapability, List};
 pub use cache::{Need, UnitCache};
