@@ -207,6 +207,8 @@ fn the_up_banner_suggests_commands_that_reach_its_server() {
     }
 
     // Both work as printed (the submission without `--wait`: the run is not the point).
+    // "skein is up" comes before the laptop's agent has joined: wait for it.
+    lab.nodes_up(1);
     let cache = lab.dir().join("cli-cache");
     let out = lab
         .skein(&cache)

@@ -26,10 +26,6 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> u16 {
-    skein_agent::engine::free_port("127.0.0.1").unwrap()
-}
-
 fn start(data: &Path, api: u16, grpc: u16) -> Server {
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -114,7 +110,7 @@ async fn session(http: &reqwest::Client, base: &str, i: usize) -> String {
 fn sigterm_under_load_answers_what_is_in_flight_keeps_what_was_acknowledged_and_exits_0() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let (api, grpc) = (free_port(), free_port());
+    let (api, grpc) = (skein_testkit::net::free_port(), skein_testkit::net::free_port());
     let base = format!("http://127.0.0.1:{api}");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
