@@ -3,11 +3,10 @@
 //! stop an endless loop or a runaway allocation — each against a baseline
 //! measured in the same run (see docs/PERFORMANCE.md).
 
-use std::collections::BTreeMap;
 use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use skein_dsl::expr::{Context, Evaluator};
+use skein_dsl::expr::{Bindings, Context, Evaluator, Value};
 
 const LAB_YAML: &str = include_str!("../workflows/lab-research.yaml");
 const LAB_RHAI: &str = include_str!("../workflows/lab-research.rhai");
@@ -25,9 +24,7 @@ fn front_ends(c: &mut Criterion) {
 
 fn sandbox_stops(c: &mut Criterion) {
     let ev = Evaluator::default();
-    let mut gpu = rhai::Map::new();
-    gpu.insert("util".into(), rhai::Dynamic::from_float(0.9));
-    let vars = BTreeMap::from([("gpu".to_owned(), rhai::Dynamic::from_map(gpu))]);
+    let vars = Bindings::from([("gpu".to_owned(), Value::map([("util", Value::Float(0.9))]))]);
     let condition = ev.compile("gpu.util > 0.8", Context::Reflex).expect("compiles");
     let endless = ev.compile("loop { }", Context::Reflex).expect("compiles");
     let huge = ev

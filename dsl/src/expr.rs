@@ -24,7 +24,8 @@ use rhai::packages::{Package, StandardPackage};
 use rhai::{AST, Dynamic, Engine, EvalAltResult, ParseError, ParseErrorType, Position, Scope};
 
 use crate::ir::Expr;
-pub use crate::truth::{Truth, absent_flag, absent_number, is_absent};
+pub use crate::truth::Truth;
+pub use crate::value::{Bindings, Value};
 
 /// Resource limits of one sandboxed engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -383,12 +384,12 @@ impl Evaluator {
     fn on_pool<T: Send + 'static>(
         &self,
         compiled: &Compiled,
-        vars: &BTreeMap<String, Dynamic>,
+        vars: &Bindings,
         then: impl FnOnce(Dynamic) -> Result<T, ExprError> + Send + 'static,
     ) -> Result<T, ExprError> {
         let engine = Arc::clone(&self.engine);
         let compiled = compiled.clone();
-        let vars = vars.clone();
+        let vars = crate::value::scope_values(vars, None);
         let budget_ms = self.limits.budget_ms;
         crate::pool::run(move || {
             with_budget(budget_ms, || {
@@ -407,10 +408,10 @@ impl Evaluator {
 
     /// Evaluate to any value with the given variables bound. A value that
     /// nests arrays and maps deeper than [`MAX_RESULT_DEPTH`] is refused.
-    pub fn eval(&self, compiled: &Compiled, vars: &BTreeMap<String, Dynamic>) -> Result<Dynamic, ExprError> {
+    pub fn eval(&self, compiled: &Compiled, vars: &Bindings) -> Result<Value, ExprError> {
         self.on_pool(compiled, vars, |v| {
             if nests_within(&v, MAX_RESULT_DEPTH) {
-                Ok(v)
+                Ok(crate::value::from_dynamic(v))
             } else {
                 Err(ExprError {
                     message: format!(
@@ -425,12 +426,12 @@ impl Evaluator {
 
     /// Evaluate and render the value as text (what a `{{ }}` interpolation
     /// puts into a prompt).
-    pub fn eval_text(&self, compiled: &Compiled, vars: &BTreeMap<String, Dynamic>) -> Result<String, ExprError> {
+    pub fn eval_text(&self, compiled: &Compiled, vars: &Bindings) -> Result<String, ExprError> {
         self.on_pool(compiled, vars, |v| Ok(v.to_string()))
     }
 
     /// Evaluate a condition; anything but a boolean is a type error.
-    pub fn eval_bool(&self, compiled: &Compiled, vars: &BTreeMap<String, Dynamic>) -> Result<bool, ExprError> {
+    pub fn eval_bool(&self, compiled: &Compiled, vars: &Bindings) -> Result<bool, ExprError> {
         self.on_pool(compiled, vars, |v| {
             v.as_bool().map_err(|ty| ExprError {
                 message: format!("a condition must be true or false, this one gave {ty}"),
@@ -440,14 +441,14 @@ impl Evaluator {
         })
     }
     /// Evaluate a condition whose variables may hold absent metrics
-    /// ([`crate::truth`]): `True` or `False` when the present values decide it,
+    /// (see `truth`): `True` or `False` when the present values decide it,
     /// `Unknown` when an absent one does. Without absent metrics it is
     /// [`Evaluator::eval_bool`].
     ///
     /// Errors: as [`Evaluator::eval_bool`] when nothing is absent; with absent
     /// metrics, only the limits (time, operations): any other failure is `Unknown`.
-    pub fn eval_truth(&self, compiled: &Compiled, vars: &BTreeMap<String, Dynamic>) -> Result<Truth, ExprError> {
-        if !crate::truth::any_absent(vars) {
+    pub fn eval_truth(&self, compiled: &Compiled, vars: &Bindings) -> Result<Truth, ExprError> {
+        if !vars.values().any(Value::holds_absent) {
             return self.eval_bool(compiled, vars).map(Truth::from);
         }
         let engine = Arc::clone(&self.engine);
@@ -469,7 +470,7 @@ impl Evaluator {
                         met: Vec::new(),
                     }));
                     let mut scope = Scope::new();
-                    for (k, v) in crate::truth::bind(&vars, &atoms) {
+                    for (k, v) in crate::value::scope_values(&vars, Some(&atoms)) {
                         scope.push_constant_dynamic(k, v);
                     }
                     let value = match engine.eval_ast_with_scope::<Dynamic>(&mut scope, &compiled.ast) {
@@ -687,9 +688,7 @@ mod tests {
     fn conditions_evaluate_with_bound_variables() {
         let ev = Evaluator::default();
         let c = ev.compile("gpu.util > 0.8", Context::Reflex).expect("compiles");
-        let mut gpu = rhai::Map::new();
-        gpu.insert("util".into(), Dynamic::from_float(0.9));
-        let vars = BTreeMap::from([("gpu".to_owned(), Dynamic::from_map(gpu))]);
+        let vars = Bindings::from([("gpu".to_owned(), Value::map([("util", Value::Float(0.9))]))]);
         assert_eq!(ev.eval_bool(&c, &vars), Ok(true));
     }
 

@@ -1,5 +1,5 @@
 //! The workflow IR: what every later stage (planner, executor, reflexes)
-//! consumes. Produced only by [`crate::lower`] after validation, so a value of
+//! consumes. Produced only by `lower` after validation, so a value of
 //! these types is always a valid workflow: names resolve, steps form a DAG,
 //! expressions compile.
 //!

@@ -14,6 +14,9 @@
 //! - `read` and `lower`: tree → draft workflow, field by field.
 //! - `check`: cross references, cycles, expressions → [`ir::Workflow`].
 //! - [`expr`]: the sandboxed Rhai engine, expression compile and evaluation.
+//! - `truth`: three-valued conditions over metrics that may have no data.
+//! - `value`: [`expr::Value`] and [`expr::Bindings`], what expressions read and
+//!   return, so that no caller needs Rhai's types.
 //! - [`pool`]: the big-stack threads all Rhai work runs on (the one place
 //!   this crate starts threads; with the evaluation deadline, the one place
 //!   it reads a clock).
@@ -41,6 +44,7 @@ mod script;
 pub mod source;
 pub mod template;
 mod truth;
+mod value;
 mod yaml;
 
 pub use diag::{Code, Diagnostic, Diagnostics, RenderOptions, Severity};

@@ -2,7 +2,7 @@
 //!
 //! A metric with no data (a GPU scope before its first sample, `gpu.*` of an agent
 //! served by a remote endpoint, a latency with no answer in its window) is *absent*:
-//! bound as [`absent_number`] or [`absent_flag`] instead of a value. A comparison that
+//! bound as `Value::AbsentNumber` or `Value::AbsentFlag` instead of a value. A comparison that
 //! reads an absent value is *unknown*, and `&&`, `||` and `!` combine unknowns as in
 //! Kleene's three-valued logic: `false && unknown` is false, `true || unknown` is true,
 //! `!unknown` is unknown, and so is anything else an unknown decides. The condition's
@@ -22,7 +22,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use rhai::{Dynamic, Engine, FLOAT, INT};
+use rhai::{Engine, FLOAT, INT};
 
 /// The value of a condition whose metrics may be absent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +62,7 @@ pub(crate) struct Atoms {
 
 impl Atoms {
     /// The truth of atom `key` in this evaluation.
-    fn truth(&mut self, key: String) -> bool {
+    pub(crate) fn truth(&mut self, key: String) -> bool {
         if let Some(t) = self.chosen.get(&key) {
             return *t;
         }
@@ -76,41 +76,31 @@ impl Atoms {
 /// An absent metric as Rhai sees it: its label (`gpu.util`, `(gpu.temp - 10)`) and,
 /// while a condition is evaluated, the atoms of that evaluation.
 #[derive(Debug, Clone)]
-pub struct Absent {
+pub(crate) struct Absent {
     label: Arc<str>,
     flag: bool,
     atoms: Option<Arc<Mutex<Atoms>>>,
 }
 
-/// An absent number metric, `name` being its path (`gpu.util`), to bind in place of
-/// its value.
-pub fn absent_number(name: &str) -> Dynamic {
-    Dynamic::from(Absent {
-        label: Arc::from(name),
-        flag: false,
-        atoms: None,
-    })
-}
-
-/// An absent true-or-false metric (`gpu.throttled`), to bind in place of its value.
-pub fn absent_flag(name: &str) -> Dynamic {
-    Dynamic::from(Absent {
-        label: Arc::from(name),
-        flag: true,
-        atoms: None,
-    })
-}
-
-/// Whether `v` is an absent metric.
-pub fn is_absent(v: &Dynamic) -> bool {
-    v.is::<Absent>()
-}
-
-fn lock(atoms: &Mutex<Atoms>) -> std::sync::MutexGuard<'_, Atoms> {
+pub(crate) fn lock(atoms: &Mutex<Atoms>) -> std::sync::MutexGuard<'_, Atoms> {
     atoms.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Absent {
+    /// The absent metric labelled `label`: a flag or a number, reading `atoms`.
+    pub(crate) fn new(label: &str, flag: bool, atoms: Option<Arc<Mutex<Atoms>>>) -> Absent {
+        Absent {
+            label: Arc::from(label),
+            flag,
+            atoms,
+        }
+    }
+
+    /// Whether this is a true-or-false metric.
+    pub(crate) fn is_flag(&self) -> bool {
+        self.flag
+    }
+
     fn atom(&self, key: String) -> bool {
         match &self.atoms {
             Some(atoms) => lock(atoms).truth(key),
@@ -185,65 +175,32 @@ pub(crate) fn register(engine: &mut Engine) {
     engine.register_fn("-", |a: Absent| a.derived(format!("(-{})", a.label)));
 }
 
-/// `vars` with every absent metric bound for one evaluation: a number as an
-/// [`Absent`] that reads `atoms`, a flag as the truth `atoms` chose for it. Only
-/// maps one level down are looked into (`gpu.util`), where metrics are.
-pub(crate) fn bind(vars: &BTreeMap<String, Dynamic>, atoms: &Arc<Mutex<Atoms>>) -> BTreeMap<String, Dynamic> {
-    vars.iter()
-        .map(|(name, value)| {
-            let Some(map) = value.read_lock::<rhai::Map>() else {
-                return (name.clone(), value.clone());
-            };
-            if !map.values().any(is_absent) {
-                return (name.clone(), value.clone());
-            }
-            let bound: rhai::Map = map
-                .iter()
-                .map(|(k, v)| match v.read_lock::<Absent>() {
-                    Some(a) if a.flag => (k.clone(), Dynamic::from_bool(lock(atoms).truth(a.label.to_string()))),
-                    Some(a) => {
-                        let mut a = a.clone();
-                        a.atoms = Some(Arc::clone(atoms));
-                        (k.clone(), Dynamic::from(a))
-                    }
-                    None => (k.clone(), v.clone()),
-                })
-                .collect();
-            (name.clone(), Dynamic::from_map(bound))
-        })
-        .collect()
-}
-
-/// Whether any variable (or a map one level down) holds an absent metric.
-pub(crate) fn any_absent(vars: &BTreeMap<String, Dynamic>) -> bool {
-    vars.values()
-        .any(|v| is_absent(v) || v.read_lock::<rhai::Map>().is_some_and(|m| m.values().any(is_absent)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::expr::{Context, Evaluator};
+    use crate::value::{Bindings, Value};
 
     /// The truth of `condition` with `gpu.*` and `node.down` absent and the agent's
     /// queue at `queue`.
     fn truth(condition: &str, queue: f64) -> Truth {
         let ev = Evaluator::default();
         let compiled = ev.compile(condition, Context::Reflex).unwrap();
-        let mut gpu = rhai::Map::new();
-        for metric in ["util", "mem_used_frac", "temp", "power_frac", "ecc_rate"] {
-            gpu.insert(metric.into(), absent_number(&format!("gpu.{metric}")));
-        }
-        gpu.insert("throttled".into(), absent_flag("gpu.throttled"));
-        let mut node = rhai::Map::new();
-        node.insert("down".into(), absent_flag("node.down"));
-        let mut agent = rhai::Map::new();
-        agent.insert("queue_depth".into(), Dynamic::from_float(queue));
-        agent.insert("latency_p95_ms".into(), absent_number("agent.latency_p95_ms"));
-        let vars = BTreeMap::from([
-            ("gpu".to_owned(), Dynamic::from_map(gpu)),
-            ("node".to_owned(), Dynamic::from_map(node)),
-            ("agent".to_owned(), Dynamic::from_map(agent)),
+        let mut gpu: Vec<(&str, Value)> = ["util", "mem_used_frac", "temp", "power_frac", "ecc_rate"]
+            .into_iter()
+            .map(|metric| (metric, Value::AbsentNumber))
+            .collect();
+        gpu.push(("throttled", Value::AbsentFlag));
+        let vars = Bindings::from([
+            ("gpu".to_owned(), Value::map(gpu)),
+            ("node".to_owned(), Value::map([("down", Value::AbsentFlag)])),
+            (
+                "agent".to_owned(),
+                Value::map([
+                    ("queue_depth", Value::Float(queue)),
+                    ("latency_p95_ms", Value::AbsentNumber),
+                ]),
+            ),
         ]);
         ev.eval_truth(&compiled, &vars).unwrap()
     }

@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use skein_dsl::expr::{Compiled, Context, Evaluator};
+use skein_dsl::expr::{Bindings, Compiled, Context, Evaluator, Value};
 use skein_orchestrator::reflex::{DecisionKind, Engine, GpuKey, GpuReading};
 
 const REFLEXES: usize = 1_000;
@@ -103,13 +103,11 @@ fn main() {
             let r = reading(0, i);
             for (scope, condition) in &scanned {
                 if scope.contains(key) {
-                    let mut map = rhai::Map::new();
-                    map.insert("util".into(), rhai::Dynamic::from_float(r.util));
-                    map.insert("temp".into(), rhai::Dynamic::from_float(r.temp));
-                    let vars = std::collections::BTreeMap::from([
-                        ("gpu".to_owned(), rhai::Dynamic::from_map(map)),
-                        ("node".to_owned(), rhai::Dynamic::from_map(rhai::Map::new())),
-                        ("agent".to_owned(), rhai::Dynamic::from_map(rhai::Map::new())),
+                    let gpu = Value::map([("util", Value::Float(r.util)), ("temp", Value::Float(r.temp))]);
+                    let vars = Bindings::from([
+                        ("gpu".to_owned(), gpu),
+                        ("node".to_owned(), Value::Map(Default::default())),
+                        ("agent".to_owned(), Value::Map(Default::default())),
                     ]);
                     let _ = evaluator.eval_bool(condition, &vars);
                 }

@@ -21,9 +21,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use rhai::Dynamic;
 use serde::Serialize;
-use skein_dsl::expr::{Compiled, Context, Evaluator, ExprError, Truth, absent_flag, absent_number};
+use skein_dsl::expr::{Bindings, Compiled, Context, Evaluator, ExprError, Truth, Value};
 use skein_dsl::ir::{Action, Aggregate, Reflex, Scope};
 
 pub use crate::load::AgentReading;
@@ -498,16 +497,15 @@ fn millis(duration: std::time::Duration) -> i64 {
 }
 
 /// The values of the metrics the reflex's conditions read (`gpu.util`), for a decision.
-fn values_read(live: &Live, vars: &BTreeMap<String, Dynamic>) -> BTreeMap<String, f64> {
+fn values_read(live: &Live, vars: &Bindings) -> BTreeMap<String, f64> {
     live.reads
         .iter()
         .filter_map(|path| {
             let (map, metric) = path.split_once('.')?;
-            let value = vars.get(map)?.read_lock::<rhai::Map>()?.get(metric)?.clone();
-            let value = value
-                .as_float()
-                .ok()
-                .or_else(|| value.as_bool().ok().map(|b| f64::from(u8::from(b))))?;
+            let value = match vars.get(map)?.get(metric)? {
+                Value::Bool(b) => f64::from(u8::from(*b)),
+                other => other.as_f64()?,
+            };
             Some((path.clone(), value))
         })
         .collect()
@@ -524,7 +522,7 @@ pub fn figures_of(scope: &Scope) -> Option<String> {
     }
 }
 
-fn variables(live: &Live, readings: &[GpuReading]) -> BTreeMap<String, Dynamic> {
+fn variables(live: &Live, readings: &[GpuReading]) -> Bindings {
     let combine = |f: fn(&GpuReading) -> f64| -> f64 {
         let values = readings.iter().map(f);
         match live.reflex.aggregate {
@@ -562,22 +560,16 @@ fn variables(live: &Live, readings: &[GpuReading]) -> BTreeMap<String, Dynamic> 
         ("agent", "tokens_per_s", agent.map(|a| a.tokens_per_s)),
         ("agent", "sessions", agent.map(|a| a.sessions)),
     ]);
-    let mut maps: BTreeMap<&str, rhai::Map> = BTreeMap::new();
+    let mut maps: BTreeMap<&str, BTreeMap<String, Value>> = BTreeMap::new();
     for (map, metric, value) in numbers {
-        let value = match value {
-            Some(value) => Dynamic::from_float(value),
-            None => absent_number(&format!("{map}.{metric}")),
-        };
-        maps.entry(map).or_default().insert(metric.into(), value);
+        let value = value.map_or(Value::AbsentNumber, Value::Float);
+        maps.entry(map).or_default().insert(metric.to_owned(), value);
     }
     for (map, metric, flag) in flags {
-        let flag = match flag {
-            Some(flag) => Dynamic::from_bool(flag),
-            None => absent_flag(&format!("{map}.{metric}")),
-        };
-        maps.entry(map).or_default().insert(metric.into(), flag);
+        let flag = flag.map_or(Value::AbsentFlag, Value::Bool);
+        maps.entry(map).or_default().insert(metric.to_owned(), flag);
     }
     maps.into_iter()
-        .map(|(name, map)| (name.to_owned(), Dynamic::from_map(map)))
+        .map(|(name, map)| (name.to_owned(), Value::Map(map)))
         .collect()
 }

@@ -7,9 +7,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::Duration;
 
-use rhai::Dynamic;
 use serde::{Deserialize, Serialize};
-use skein_dsl::expr::{Context, Evaluator};
+use skein_dsl::expr::{Bindings, Context, Evaluator, Value};
 use skein_dsl::ir::{InputValue, Step, TemplatePart, Workflow};
 
 pub use self::inputs::{InputError, typed_inputs};
@@ -582,37 +581,30 @@ impl RunRecord {
 
     /// `inputs`, `steps` (and `iteration`) as expressions see them. Steps not finished
     /// in this pass read as empty output with their status.
-    fn variables(&self, iteration: Option<u32>) -> BTreeMap<String, Dynamic> {
-        let mut vars = BTreeMap::new();
-        let inputs: rhai::Map = self
-            .inputs
-            .iter()
-            .map(|(k, v)| {
-                let value = match v {
-                    InputValue::Boolean(b) => Dynamic::from(*b),
-                    InputValue::Integer(i) => Dynamic::from(*i),
-                    InputValue::Number(n) => Dynamic::from(*n),
-                    InputValue::String(s) => Dynamic::from(s.clone()),
-                };
-                (k.as_str().into(), value)
-            })
-            .collect();
-        vars.insert("inputs".to_owned(), Dynamic::from_map(inputs));
-        let steps: rhai::Map = self
-            .steps
-            .iter()
-            .map(|s| {
-                let mut fields = rhai::Map::new();
-                fields.insert("output".into(), Dynamic::from(s.output.clone().unwrap_or_default()));
-                fields.insert("status".into(), Dynamic::from(s.state.name().to_owned()));
-                fields.insert("attempts".into(), Dynamic::from(i64::from(s.attempts)));
-                fields.insert("agent".into(), Dynamic::from(s.agent.clone()));
-                (s.id.as_str().into(), Dynamic::from_map(fields))
-            })
-            .collect();
-        vars.insert("steps".to_owned(), Dynamic::from_map(steps));
+    fn variables(&self, iteration: Option<u32>) -> Bindings {
+        let mut vars = Bindings::new();
+        let inputs = self.inputs.iter().map(|(k, v)| {
+            let value = match v {
+                InputValue::Boolean(b) => Value::Bool(*b),
+                InputValue::Integer(i) => Value::Int(*i),
+                InputValue::Number(n) => Value::Float(*n),
+                InputValue::String(s) => Value::Text(s.clone()),
+            };
+            (k.as_str(), value)
+        });
+        vars.insert("inputs".to_owned(), Value::map(inputs));
+        let steps = self.steps.iter().map(|s| {
+            let fields = Value::map([
+                ("output", Value::Text(s.output.clone().unwrap_or_default())),
+                ("status", Value::from(s.state.name())),
+                ("attempts", Value::Int(i64::from(s.attempts))),
+                ("agent", Value::Text(s.agent.clone())),
+            ]);
+            (s.id.as_str(), fields)
+        });
+        vars.insert("steps".to_owned(), Value::map(steps));
         if let Some(iteration) = iteration {
-            vars.insert("iteration".to_owned(), Dynamic::from(i64::from(iteration)));
+            vars.insert("iteration".to_owned(), Value::Int(i64::from(iteration)));
         }
         vars
     }
@@ -641,7 +633,7 @@ impl StepRecord {
 }
 
 /// A step's prompt with its `{{ }}` interpolations evaluated.
-fn render(evaluator: &Evaluator, step: &Step, vars: &BTreeMap<String, Dynamic>) -> Result<String, String> {
+fn render(evaluator: &Evaluator, step: &Step, vars: &Bindings) -> Result<String, String> {
     let mut out = String::with_capacity(step.prompt.source.len());
     for part in &step.prompt.parts {
         match part {
