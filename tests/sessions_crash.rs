@@ -6,41 +6,21 @@
 //! order, and nothing else.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 use skein_testkit::lab::Rng;
 use skein_testkit::net::free_port;
+use skein_testkit::sessions::{BareServer, create_session, message_heads};
 
 const SESSIONS: usize = 20;
 const ROUNDS: usize = 4;
 const API_TOKEN: &str = "crash-test-admin-token";
 
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start(data: &Path, api: u16, grpc: u16) -> Server {
-    let child = Command::new(env!("CARGO_BIN_EXE_skein"))
-        .args(["server", "--listen", &format!("127.0.0.1:{api}")])
-        .args(["--agent-listen", &format!("127.0.0.1:{grpc}")])
-        .args(["--api-token", API_TOKEN, "--data-dir"])
-        .arg(data)
-        .env("HF_HUB_OFFLINE", "1")
-        .env("HF_HOME", data.join("hf"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    Server(child)
+fn start(data: &Path, api: u16, grpc: u16) -> BareServer {
+    BareServer::start(Path::new(env!("CARGO_BIN_EXE_skein")), data, api, grpc, API_TOKEN, None)
 }
 
 #[test]
@@ -63,24 +43,7 @@ fn every_acknowledged_message_survives_kill_9_exactly_once_and_in_order() {
     let ids: Vec<String> = runtime.block_on(async {
         let mut ids = Vec::new();
         for i in 0..SESSIONS {
-            let deadline = Instant::now() + Duration::from_secs(60);
-            loop {
-                let response = http
-                    .post(format!("{base}/v1/sessions"))
-                    .bearer_auth(API_TOKEN)
-                    .json(&json!({"model": "Qwen/Qwen2.5-0.5B-Instruct", "metadata": {"client": i.to_string()}}))
-                    .send()
-                    .await;
-                if let Ok(response) = response
-                    && response.status() == 201
-                {
-                    let body: Value = response.json().await.unwrap();
-                    ids.push(body["id"].as_str().unwrap().to_owned());
-                    break;
-                }
-                assert!(Instant::now() < deadline, "the server never answered");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            ids.push(create_session(&http, &base, API_TOKEN, i).await);
         }
         ids
     });
@@ -145,27 +108,7 @@ fn every_acknowledged_message_survives_kill_9_exactly_once_and_in_order() {
 
     runtime.block_on(async {
         for (i, id) in ids.iter().enumerate() {
-            let mut texts = Vec::new();
-            let mut from = 0u64;
-            loop {
-                let page: Value = http
-                    .get(format!("{base}/v1/sessions/{id}/messages?from={from}&limit=1000"))
-                    .bearer_auth(API_TOKEN)
-                    .send()
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap();
-                for message in page["data"].as_array().unwrap() {
-                    let text = message["content"].as_str().unwrap();
-                    texts.push(text.split(' ').next().unwrap().to_owned());
-                }
-                match page["next"].as_u64() {
-                    Some(next) => from = next,
-                    None => break,
-                }
-            }
+            let texts = message_heads(&http, &base, API_TOKEN, id).await;
             // The last append may have been written but not acknowledged when the
             // clients stopped: at most one message past the acknowledged ones.
             let acked = acknowledged[i] as usize;

@@ -5,46 +5,27 @@
 //! after a restart on the same data directory every acknowledged message is there.
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use skein_testkit::sessions::{BareServer, create_session, message_heads};
 
 const SESSIONS: usize = 8;
 const API_TOKEN: &str = "shutdown-test-admin-token";
 /// How long the stopping server may take before the test calls it a hang.
 const EXIT_BOUND: Duration = Duration::from_secs(30);
 
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start(data: &Path, api: u16, grpc: u16) -> Server {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(data.with_extension("log"))
-        .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_skein"))
-        .args(["server", "--listen", &format!("127.0.0.1:{api}")])
-        .args(["--agent-listen", &format!("127.0.0.1:{grpc}")])
-        .args(["--api-token", API_TOKEN, "--data-dir"])
-        .arg(data)
-        .env("HF_HUB_OFFLINE", "1")
-        .env("HF_HOME", data.join("hf"))
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap();
-    Server(child)
+fn start(data: &Path, api: u16, grpc: u16) -> BareServer {
+    BareServer::start(
+        Path::new(env!("CARGO_BIN_EXE_skein")),
+        data,
+        api,
+        grpc,
+        API_TOKEN,
+        Some(&data.with_extension("log")),
+    )
 }
 
 fn server_log(data: &Path) -> String {
@@ -52,58 +33,12 @@ fn server_log(data: &Path) -> String {
 }
 
 /// Sends SIGTERM to the server.
-fn terminate(server: &Server) {
+fn terminate(server: &BareServer) {
     let pid = i32::try_from(server.0.id())
         .ok()
         .and_then(rustix::process::Pid::from_raw)
         .unwrap();
     rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-}
-
-/// Every message text of session `id`, the first word of each.
-async fn stored(http: &reqwest::Client, base: &str, id: &str) -> Vec<String> {
-    let mut texts = Vec::new();
-    let mut from = 0u64;
-    loop {
-        let page: Value = http
-            .get(format!("{base}/v1/sessions/{id}/messages?from={from}&limit=1000"))
-            .bearer_auth(API_TOKEN)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        for message in page["data"].as_array().unwrap() {
-            let text = message["content"].as_str().unwrap();
-            texts.push(text.split(' ').next().unwrap().to_owned());
-        }
-        match page["next"].as_u64() {
-            Some(next) => from = next,
-            None => return texts,
-        }
-    }
-}
-
-/// Creates a session, retrying until the server answers.
-async fn session(http: &reqwest::Client, base: &str, i: usize) -> String {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let response = http
-            .post(format!("{base}/v1/sessions"))
-            .bearer_auth(API_TOKEN)
-            .json(&json!({"model": "Qwen/Qwen2.5-0.5B-Instruct", "metadata": {"client": i.to_string()}}))
-            .send()
-            .await;
-        if let Ok(response) = response
-            && response.status() == 201
-        {
-            let body: Value = response.json().await.unwrap();
-            return body["id"].as_str().unwrap().to_owned();
-        }
-        assert!(Instant::now() < deadline, "the server never answered");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[test]
@@ -125,7 +60,7 @@ fn sigterm_under_load_answers_what_is_in_flight_keeps_what_was_acknowledged_and_
     let ids: Vec<String> = runtime.block_on(async {
         let mut ids = Vec::new();
         for i in 0..SESSIONS {
-            ids.push(session(&http, &base, i).await);
+            ids.push(create_session(&http, &base, API_TOKEN, i).await);
         }
         ids
     });
@@ -230,7 +165,7 @@ fn sigterm_under_load_answers_what_is_in_flight_keeps_what_was_acknowledged_and_
                 assert!(Instant::now() < deadline, "the restarted server never answered");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            let texts = stored(&http, &base, id).await;
+            let texts = message_heads(&http, &base, API_TOKEN, id).await;
             let (acked, _) = &acknowledged[i];
             assert!(
                 texts.len() == acked.len() || texts.len() == acked.len() + 1,

@@ -35,6 +35,9 @@
 //! - [`lab`]: real `skein server` and `skein agent` processes on loopback (CPU-only or
 //!   simulated nodes) with the mock hub serving the tiny Llama, and the CLI against them,
 //!   for the root package's end-to-end tests and benchmarks.
+//! - [`sessions`]: a bare `skein server` and the session REST API from a client's side
+//!   (create a session once the server answers, read its stored messages), for the
+//!   crash and shutdown tests.
 
 pub mod agent;
 pub mod endpoint;
@@ -43,6 +46,7 @@ pub mod lab;
 pub mod mock_hub;
 pub mod models;
 pub mod net;
+pub mod sessions;
 pub mod smollm2;
 pub mod swarm;
 pub mod tensors;
