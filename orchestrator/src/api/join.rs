@@ -130,13 +130,8 @@ async fn list(
     Params(query): Params<PageQuery>,
 ) -> Result<Json<Listed<JoinTokenRecord, String>>, ApiError> {
     admin_only(&principal)?;
-    let limit = query.limit()?;
-    let mut tokens = state.join.tokens().map_err(ApiError::internal)?;
-    tokens.sort_by(|a, b| a.id.cmp(&b.id));
-    let rest = tokens
-        .into_iter()
-        .filter(|token| query.after.as_deref().is_none_or(|after| token.id.as_str() > after));
-    Ok(Json(Listed::cut(rest, limit, |token| token.id.clone())))
+    let tokens = state.join.tokens().map_err(ApiError::internal)?;
+    query.page_by_id(tokens, |token| token.id.as_str()).map(Json)
 }
 
 /// Revokes a join token: it claims no node name from now on (nodes that joined with it keep their identity).

@@ -112,13 +112,8 @@ async fn list(
     Params(query): Params<PageQuery>,
 ) -> Result<Json<Listed<TokenRecord, String>>, ApiError> {
     admin_only(&principal)?;
-    let limit = query.limit()?;
-    let mut tokens = state.tokens.list().map_err(ApiError::internal)?;
-    tokens.sort_by(|a, b| a.id.cmp(&b.id));
-    let rest = tokens
-        .into_iter()
-        .filter(|token| query.after.as_deref().is_none_or(|after| token.id.as_str() > after));
-    Ok(Json(Listed::cut(rest, limit, |token| token.id.clone())))
+    let tokens = state.tokens.list().map_err(ApiError::internal)?;
+    query.page_by_id(tokens, |token| token.id.as_str()).map(Json)
 }
 
 /// Revokes a token: it is refused from now on.
