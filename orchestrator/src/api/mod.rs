@@ -40,7 +40,7 @@ mod web;
 use crate::graph::{GraphEvent, HardwareGraph};
 use crate::plan::Planner;
 pub(crate) use error::ApiError;
-use error::{STORE_RETRY_AFTER_S, json_errors};
+use error::{ErrorBody, STORE_RETRY_AFTER_S, json_errors};
 pub use graph::{GpuSampleRows, GpuSamples, GraphSamples, NodeSamples, NodeSummary, SampleRow};
 pub use metrics::{prometheus_text, store_metrics};
 pub use openapi::openapi;
@@ -128,7 +128,7 @@ pub(crate) fn protected_routes() -> OpenApiRouter<ApiState> {
 #[utoipa::path(get, operation_id = "healthz", path = "/healthz", tag = "server",
     responses(
         (status = 200, description = "The server is up and its store acknowledges writes", body = String, content_type = "text/plain"),
-        (status = 503, description = "The store's writer is stalled", body = String, content_type = "text/plain"),
+        (status = 503, description = "The store's writer is stalled; see Retry-After", body = ErrorBody),
     ))]
 async fn healthz(State(state): State<ApiState>) -> Result<&'static str, ApiError> {
     let health = state.db.health();
