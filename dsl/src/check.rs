@@ -164,6 +164,7 @@ pub fn check(cx: &mut Cx<'_>, draft: Draft<'_>) -> Option<Workflow> {
         steps,
         reflexes,
         placement: draft.placement,
+        tool_servers: BTreeMap::new(),
     })
 }
 

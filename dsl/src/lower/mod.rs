@@ -343,6 +343,8 @@ fn agent(cx: &mut Cx<'_>, node: &Node, anchor: Span, name: &str) -> Option<Agent
         system,
         temperature,
         max_tokens,
+        tools: Vec::new(),
+        max_turns: None,
     })
 }
 

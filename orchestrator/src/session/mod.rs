@@ -54,6 +54,8 @@ pub fn fixture(id: &str, owner: &str) -> SessionRecord {
             system: None,
             temperature: None,
             max_tokens: None,
+            tools: Vec::new(),
+            max_turns: None,
         },
         binding: None,
         metadata: BTreeMap::new(),

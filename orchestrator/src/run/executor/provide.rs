@@ -56,6 +56,7 @@ impl Executor {
             steps: Vec::new(),
             reflexes: Vec::new(),
             placement: skein_dsl::ir::Placement::default(),
+            tool_servers: BTreeMap::new(),
         };
         let wanted = crate::plan::demand::instances(&workflow).into_iter().next();
         let key = wanted.as_ref().map(warm_key).unwrap_or_default();
