@@ -152,6 +152,7 @@ pub fn check(cx: &mut Cx<'_>, draft: Draft<'_>) -> Option<Workflow> {
     }
 
     let reflexes = reflexes(cx, &evaluator, &draft, &agent_names);
+    tool_servers(cx, &draft);
 
     if cx.diags.has_errors() {
         return None;
@@ -164,8 +165,56 @@ pub fn check(cx: &mut Cx<'_>, draft: Draft<'_>) -> Option<Workflow> {
         steps,
         reflexes,
         placement: draft.placement,
-        tool_servers: BTreeMap::new(),
+        tool_servers: draft.tool_servers.into_iter().map(|(k, (v, _))| (k, v)).collect(),
     })
+}
+
+/// Every tool server an agent lists is declared; a declared one no agent lists is
+/// a warning (its program would never start, its URL never be called).
+fn tool_servers(cx: &mut Cx<'_>, draft: &Draft<'_>) {
+    let declared: Vec<&str> = draft.declared_tool_servers.iter().map(String::as_str).collect();
+    for refs in draft.tool_refs.values() {
+        for (r, span) in refs {
+            if draft.declared_tool_servers.contains(&r.server) {
+                continue;
+            }
+            let server = &r.server;
+            let help = match (declared.is_empty(), cx.script) {
+                (false, _) => did_you_mean(server, declared.iter().copied(), "tool servers"),
+                (true, false) => format!(
+                    "declare it under `tool_servers:`, e.g. `{server}: {{ command: [program, arg] }}` or `{server}: {{ url: https://... }}`"
+                ),
+                (true, true) => {
+                    format!("declare it, e.g. `tool_server(\"{server}\", #{{ command: [\"program\", \"arg\"] }});`")
+                }
+            };
+            cx.push(
+                Diagnostic::error(
+                    Code::UndefinedToolServer,
+                    *span,
+                    format!("no tool server is named `{server}`"),
+                )
+                .with_label("undefined tool server")
+                .with_help(help),
+            );
+        }
+    }
+    for (name, (_, span)) in &draft.tool_servers {
+        let used = draft.tool_refs.values().flatten().any(|(r, _)| &r.server == name);
+        if !used {
+            cx.push(
+                Diagnostic::warning(
+                    Code::UnusedToolServer,
+                    *span,
+                    format!("no agent lists a tool of tool server `{name}`"),
+                )
+                .with_label("never used")
+                .with_help(format!(
+                    "add `{name}.TOOL` or `{name}.*` to an agent's `tools`, or remove the server"
+                )),
+            );
+        }
+    }
 }
 
 /// Report every name given twice (the kind of item, its plural, and the key

@@ -45,6 +45,12 @@ pub enum Code {
     ScriptLimit,
     EmptyWorkflow,
     CannotAct,
+    CommandAndUrl,
+    NoCommandOrUrl,
+    BadToolRef,
+    UndefinedToolServer,
+    DuplicateTool,
+    UnusedToolServer,
 }
 
 impl Code {
@@ -78,6 +84,12 @@ impl Code {
             Code::ScriptLimit => "script-limit",
             Code::EmptyWorkflow => "empty-workflow",
             Code::CannotAct => "cannot-act",
+            Code::CommandAndUrl => "command-and-url",
+            Code::NoCommandOrUrl => "no-command-or-url",
+            Code::BadToolRef => "bad-tool-ref",
+            Code::UndefinedToolServer => "undefined-tool-server",
+            Code::DuplicateTool => "duplicate-tool",
+            Code::UnusedToolServer => "unused-tool-server",
         }
     }
 }

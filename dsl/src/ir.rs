@@ -106,6 +106,9 @@ pub struct Agent {
 /// Model calls in one step's agent loop when the agent does not say.
 pub const DEFAULT_MAX_TURNS: u32 = 10;
 
+/// The most `max_turns` a workflow may give an agent.
+pub const MAX_TURNS: u32 = 100;
+
 /// A tool server an agent's steps call tools on, over the Model Context Protocol.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolServer {
@@ -688,6 +691,13 @@ pub fn is_valid_name(s: &str) -> bool {
     s.len() <= 64
         && chars.next().is_some_and(|c| c.is_ascii_alphabetic())
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+/// Whether `s` is a tool name a workflow may write (in `server.tool`, and as a key of
+/// `in_flight`): 1 to 128 ASCII letters, digits, `-` and `_`. A server may declare
+/// other names at run time; `server.*` still gives an agent those.
+pub fn is_valid_tool_name(s: &str) -> bool {
+    (1..=128).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_'))
 }
 
 /// Whether `s` is a valid secret name: ASCII letters, digits, `-`, `_` and `.`,

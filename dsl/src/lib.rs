@@ -68,6 +68,9 @@ pub struct Parsed {
     /// Where each endpoint agent's `url` is written, by agent: for checks made
     /// outside the language (the server's endpoint policy) to point at it.
     pub endpoint_urls: std::collections::BTreeMap<String, Span>,
+    /// Where each tool server's `command` or `url` is written, by server: for
+    /// the server's checks of both (allowed programs, the egress policy).
+    pub tool_transports: std::collections::BTreeMap<String, Span>,
 }
 
 impl Parsed {
@@ -111,6 +114,7 @@ pub fn parse_as(name: &str, text: &str, kind: SourceKind) -> Parsed {
                 workflow: None,
                 diagnostics,
                 endpoint_urls: Default::default(),
+                tool_transports: Default::default(),
             }
         }
     }
@@ -138,6 +142,7 @@ fn parse_here(name: &str, text: &str, kind: SourceKind) -> Parsed {
             workflow: None,
             diagnostics,
             endpoint_urls: Default::default(),
+            tool_transports: Default::default(),
         };
     }
     let tree = match kind {
@@ -145,15 +150,18 @@ fn parse_here(name: &str, text: &str, kind: SourceKind) -> Parsed {
         SourceKind::Rhai => script::parse(&file, &mut diagnostics),
     };
     let mut endpoint_urls = std::collections::BTreeMap::new();
+    let mut tool_transports = std::collections::BTreeMap::new();
     let workflow = tree.and_then(|root| {
         let mut cx = read::Cx {
             file: &file,
             diags: &mut diagnostics,
             script: kind == SourceKind::Rhai,
             endpoint_urls: std::collections::BTreeMap::new(),
+            tool_transports: std::collections::BTreeMap::new(),
         };
         let draft = lower::workflow(&mut cx, &root);
         endpoint_urls = std::mem::take(&mut cx.endpoint_urls);
+        tool_transports = std::mem::take(&mut cx.tool_transports);
         check::check(&mut cx, draft?)
     });
     let workflow = workflow.filter(|_| !diagnostics.has_errors());
@@ -162,5 +170,6 @@ fn parse_here(name: &str, text: &str, kind: SourceKind) -> Parsed {
         workflow,
         diagnostics,
         endpoint_urls,
+        tool_transports,
     }
 }

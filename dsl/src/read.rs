@@ -21,6 +21,8 @@ pub struct Cx<'a> {
     pub script: bool,
     /// Where each endpoint agent's `url` is written, by agent.
     pub endpoint_urls: std::collections::BTreeMap<String, Span>,
+    /// Where each tool server's `command` or `url` is written, by server.
+    pub tool_transports: std::collections::BTreeMap<String, Span>,
 }
 
 impl Cx<'_> {
@@ -294,6 +296,8 @@ pub enum NameKind {
     Input,
     /// A reflex.
     Reflex,
+    /// A tool server.
+    ToolServer,
 }
 
 impl NameKind {
@@ -304,6 +308,7 @@ impl NameKind {
             NameKind::Step => "step",
             NameKind::Input => "input",
             NameKind::Reflex => "reflex",
+            NameKind::ToolServer => "tool server",
         }
     }
 

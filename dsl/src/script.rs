@@ -2,7 +2,7 @@
 //! YAML front end builds.
 //!
 //! A script calls a small registered API — `workflow`, `description`,
-//! `input`, `agent`, `step`, `reflex`, `placement` — whose arguments are the
+//! `input`, `agent`, `tool_server`, `step`, `reflex`, `placement` — whose arguments are the
 //! same values a YAML file would hold (object maps, arrays, strings,
 //! numbers). Each call's values are recorded with the call's position; the
 //! tree then goes through the one lowering and checking path, so a script
@@ -25,6 +25,7 @@ struct State {
     top: Vec<Entry>,
     inputs: Vec<Entry>,
     agents: Vec<Entry>,
+    tool_servers: Vec<Entry>,
     steps: Vec<Node>,
     reflexes: Vec<Node>,
     diags: Vec<Diagnostic>,
@@ -105,6 +106,9 @@ pub fn parse(file: &SourceFile, diags: &mut Diagnostics) -> Option<Node> {
     if !st.agents.is_empty() {
         entries.push(section("agents", NodeKind::Map(st.agents)));
     }
+    if !st.tool_servers.is_empty() {
+        entries.push(section("tool_servers", NodeKind::Map(st.tool_servers)));
+    }
     if !st.steps.is_empty() {
         entries.push(section("steps", NodeKind::Seq(st.steps)));
     }
@@ -175,7 +179,11 @@ fn register(engine: &mut rhai::Engine, file: &SourceFile, state: &Shared) {
             },
         );
     }
-    for (func, section) in [("input", Section::Inputs), ("agent", Section::Agents)] {
+    for (func, section) in [
+        ("input", Section::Inputs),
+        ("agent", Section::Agents),
+        ("tool_server", Section::ToolServers),
+    ] {
         let (st, at) = (state.clone(), call_span.clone());
         engine.register_fn(
             func,
@@ -222,6 +230,7 @@ fn register(engine: &mut rhai::Engine, file: &SourceFile, state: &Shared) {
 enum Section {
     Inputs,
     Agents,
+    ToolServers,
     Steps,
     Reflexes,
 }
@@ -262,6 +271,7 @@ fn set_top(s: &mut State, key: &str, span: Span, value: Node) -> CallResult {
 fn named(s: &mut State, section: Section, name: &str, span: Span, value: Node) -> CallResult {
     let (list, what) = match section {
         Section::Inputs => (&mut s.inputs, "input"),
+        Section::ToolServers => (&mut s.tool_servers, "tool server"),
         _ => (&mut s.agents, "agent"),
     };
     if let Some(first) = list.iter().find(|e| e.key == name) {

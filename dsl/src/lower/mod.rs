@@ -7,13 +7,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::diag::{Code, Diagnostic};
-use crate::ir::{Agent, Backend, Endpoint, Input, InputType, InputValue, Placement};
+use crate::ir::{Agent, Backend, Endpoint, Input, InputType, InputValue, Placement, ToolRef, ToolServer};
 use crate::node::{Node, NodeKind};
 use crate::read::{self, Cx, NameKind};
 use crate::source::Span;
 
 mod model;
 mod reflex;
+mod tools;
 pub use model::is_valid_repo_id;
 use model::model_requirement;
 pub use reflex::ReflexDraft;
@@ -31,9 +32,18 @@ const TOP_KEYS: &[&str] = &[
     "steps",
     "reflexes",
     "placement",
+    "tool_servers",
 ];
 const INPUT_KEYS: &[&str] = &["type", "default", "description"];
-const AGENT_KEYS: &[&str] = &["model", "endpoint", "system", "temperature", "max_tokens"];
+const AGENT_KEYS: &[&str] = &[
+    "model",
+    "endpoint",
+    "system",
+    "temperature",
+    "max_tokens",
+    "tools",
+    "max_turns",
+];
 const MODEL_KEYS: &[&str] = &[
     "repo",
     "revision",
@@ -53,6 +63,7 @@ const ENDPOINT_KEYS: &[&str] = &["url", "model", "api_key_secret", "api_key_env"
 const STEP_KEYS: &[&str] = &["id", "agent", "prompt", "after", "when", "repeat", "timeout", "retries"];
 const REPEAT_KEYS: &[&str] = &["back_to", "until", "max"];
 const PLACEMENT_KEYS: &[&str] = &["priority", "max_gpus_per_agent"];
+const TOOL_SERVER_KEYS: &[&str] = &["command", "url", "api_key_secret", "in_flight"];
 
 /// Default context length when a model requirement names none.
 pub const DEFAULT_CONTEXT: u32 = 4096;
@@ -85,6 +96,12 @@ pub struct Draft<'n> {
     pub reflexes: Vec<ReflexDraft<'n>>,
     /// `placement`.
     pub placement: Placement,
+    /// Tool servers, with the span of their names.
+    pub tool_servers: BTreeMap<String, (ToolServer, Span)>,
+    /// Every validly named tool server, including those whose body has errors.
+    pub declared_tool_servers: BTreeSet<String>,
+    /// Each agent's `tools`, with where each is written, by agent.
+    pub tool_refs: BTreeMap<String, Vec<(ToolRef, Span)>>,
 }
 
 /// A step as read.
@@ -160,7 +177,12 @@ pub fn workflow<'n>(cx: &mut Cx<'_>, root: &'n Node) -> Option<Draft<'n>> {
     let agents_node = m.entry("agents");
     let declared_agents = agents_node.map(|e| declared(&e.value)).unwrap_or_default();
     let declared_inputs = inputs_node.map(declared).unwrap_or_default();
-    let agents = agents_node
+    let servers_node = m.entry("tool_servers");
+    let declared_tool_servers = servers_node.map(|e| declared(&e.value)).unwrap_or_default();
+    let tool_servers = servers_node
+        .map(|e| tools::tool_servers(cx, &e.value, e.key_span))
+        .unwrap_or_default();
+    let (agents, tool_refs) = agents_node
         .map(|e| agents(cx, &e.value, e.key_span))
         .unwrap_or_default();
     let steps = m
@@ -197,10 +219,14 @@ pub fn workflow<'n>(cx: &mut Cx<'_>, root: &'n Node) -> Option<Draft<'n>> {
         steps,
         reflexes,
         placement,
+        tool_servers,
+        declared_tool_servers,
+        tool_refs,
     })
 }
 
-/// The valid names declared in an open-ended mapping (`agents`, `inputs`).
+/// The valid names declared in an open-ended mapping (`agents`, `inputs`,
+/// `tool_servers`).
 fn declared(node: &Node) -> BTreeSet<String> {
     match &node.kind {
         NodeKind::Map(entries) => entries
@@ -276,8 +302,12 @@ fn input_value(cx: &mut Cx<'_>, node: &Node, ty: InputType) -> Option<InputValue
     }
 }
 
-fn agents(cx: &mut Cx<'_>, node: &Node, anchor: Span) -> BTreeMap<String, (Agent, Span)> {
-    let mut out = BTreeMap::new();
+/// Agents and the tools each lists, with where they are written; an agent whose
+/// body has an error still has its tools read.
+type AgentsRead = (BTreeMap<String, (Agent, Span)>, BTreeMap<String, Vec<(ToolRef, Span)>>);
+
+fn agents(cx: &mut Cx<'_>, node: &Node, anchor: Span) -> AgentsRead {
+    let mut out = AgentsRead::default();
     let Some(mut m) = read::map(cx, node, anchor, "`agents`", &[]) else {
         return out;
     };
@@ -285,16 +315,23 @@ fn agents(cx: &mut Cx<'_>, node: &Node, anchor: Span) -> BTreeMap<String, (Agent
         let Some(name) = read::name(cx, e.key_span, &e.key, NameKind::Agent) else {
             continue;
         };
-        if let Some(a) = agent(cx, &e.value, e.key_span, &e.key) {
-            out.insert(name, (a, e.key_span));
+        let (a, tool_refs) = agent(cx, &e.value, e.key_span, &e.key);
+        if let Some(a) = a {
+            out.0.insert(name.clone(), (a, e.key_span));
+        }
+        if !tool_refs.is_empty() {
+            out.1.insert(name, tool_refs);
         }
     }
     out
 }
 
-fn agent(cx: &mut Cx<'_>, node: &Node, anchor: Span, name: &str) -> Option<Agent> {
+/// An agent, and the tools it lists even when the rest has an error.
+fn agent(cx: &mut Cx<'_>, node: &Node, anchor: Span, name: &str) -> (Option<Agent>, Vec<(ToolRef, Span)>) {
     let what = format!("agent `{name}`");
-    let mut m = read::map(cx, node, anchor, what, AGENT_KEYS)?;
+    let Some(mut m) = read::map(cx, node, anchor, what, AGENT_KEYS) else {
+        return (None, Vec::new());
+    };
     let model = m.entry("model");
     let endpoint = m.entry("endpoint");
     let backend = match (model, endpoint) {
@@ -337,15 +374,21 @@ fn agent(cx: &mut Cx<'_>, node: &Node, anchor: Span, name: &str) -> Option<Agent
         .get("temperature")
         .and_then(|n| read::number(cx, n, "`temperature`", 0.0, 2.0));
     let max_tokens = m.get("max_tokens").and_then(|n| read::count(cx, n, "`max_tokens`", 1));
+    let tool_refs = m.get("tools").map(|n| tools::tools(cx, n, name)).unwrap_or_default();
+    let max_turns = m
+        .get("max_turns")
+        .and_then(|n| read::integer(cx, n, "`max_turns`", 1, i64::from(crate::ir::MAX_TURNS)))
+        .and_then(|n| u32::try_from(n).ok());
     m.finish(cx);
-    Some(Agent {
-        backend: backend?,
+    let agent = backend.map(|backend| Agent {
+        backend,
         system,
         temperature,
         max_tokens,
-        tools: Vec::new(),
-        max_turns: None,
-    })
+        tools: tool_refs.iter().map(|(r, _)| r.clone()).collect(),
+        max_turns,
+    });
+    (agent, tool_refs)
 }
 
 /// Whether some key of the mapping `node` looks like a misspelling of one of
@@ -365,21 +408,11 @@ fn endpoint_spec(cx: &mut Cx<'_>, node: &Node, anchor: Span, agent: &str) -> Opt
     let what = format!("the endpoint of agent `{agent}`");
     let mut m = read::map(cx, node, anchor, what, ENDPOINT_KEYS)?;
     let url = m.require(cx, "url", "https://api.example.org/v1").and_then(|n| {
-        let url = read::string(cx, n, "`url`")?;
-        let ok = ["http://", "https://"]
-            .iter()
-            .any(|p| url.len() > p.len() && url.get(..p.len()).is_some_and(|s| s.eq_ignore_ascii_case(p)))
-            && !url.chars().any(char::is_whitespace);
-        if ok {
-            Some(url)
-        } else {
-            cx.push(
-                Diagnostic::error(Code::BadValue, n.span, format!("`{url}` is not an http(s) URL"))
-                    .with_label("expected http:// or https://")
-                    .with_help("give the base URL of an OpenAI-compatible API, e.g. `https://api.example.org/v1`"),
-            );
-            None
-        }
+        http_url(
+            cx,
+            n,
+            "give the base URL of an OpenAI-compatible API, e.g. `https://api.example.org/v1`",
+        )
     });
     let model = m
         .require(cx, "model", "model-name")
@@ -397,21 +430,7 @@ fn endpoint_spec(cx: &mut Cx<'_>, node: &Node, anchor: Span, agent: &str) -> Opt
             ),
         );
     }
-    let api_key_secret = m.get("api_key_secret").and_then(|n| {
-        let v = read::string(cx, n, "`api_key_secret`")?;
-        if crate::ir::is_valid_secret_reference(&v) {
-            Some(v)
-        } else {
-            cx.push(
-                Diagnostic::error(Code::BadValue, n.span, format!("`{v}` is not a secret name"))
-                    .with_label("invalid secret name")
-                    .with_help(
-                        "name a secret stored with `skein secret set NAME` (letters, digits, `-`, `_`, `.`), or `shared/NAME` for one the admin published; never write the key itself",
-                    ),
-            );
-            None
-        }
-    });
+    let api_key_secret = m.get("api_key_secret").and_then(|n| secret_reference(cx, n));
     if let Some(n) = m.get("url") {
         cx.endpoint_urls.insert(agent.to_owned(), n.span);
     }
@@ -421,6 +440,41 @@ fn endpoint_spec(cx: &mut Cx<'_>, node: &Node, anchor: Span, agent: &str) -> Opt
         model: model?,
         api_key_secret,
     })
+}
+
+/// An `http` or `https` URL (any case) with something after the scheme and no
+/// whitespace; `help` says what the URL should point at.
+fn http_url(cx: &mut Cx<'_>, node: &Node, help: &str) -> Option<String> {
+    let url = read::string(cx, node, "`url`")?;
+    let ok = ["http://", "https://"]
+        .iter()
+        .any(|p| url.len() > p.len() && url.get(..p.len()).is_some_and(|s| s.eq_ignore_ascii_case(p)))
+        && !url.chars().any(char::is_whitespace);
+    if ok {
+        return Some(url);
+    }
+    cx.push(
+        Diagnostic::error(Code::BadValue, node.span, format!("`{url}` is not an http(s) URL"))
+            .with_label("expected http:// or https://")
+            .with_help(help),
+    );
+    None
+}
+
+/// `api_key_secret`: the name of a secret (`NAME` or `shared/NAME`), never the key.
+fn secret_reference(cx: &mut Cx<'_>, node: &Node) -> Option<String> {
+    let v = read::string(cx, node, "`api_key_secret`")?;
+    if crate::ir::is_valid_secret_reference(&v) {
+        return Some(v);
+    }
+    cx.push(
+        Diagnostic::error(Code::BadValue, node.span, format!("`{v}` is not a secret name"))
+            .with_label("invalid secret name")
+            .with_help(
+                "name a secret stored with `skein secret set NAME` (letters, digits, `-`, `_`, `.`), or `shared/NAME` for one the admin published; never write the key itself",
+            ),
+    );
+    None
 }
 
 fn named(cx: &mut Cx<'_>, node: &Node, kind: NameKind) -> Option<Named> {
