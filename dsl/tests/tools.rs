@@ -144,3 +144,26 @@ fn malformed_tool_references_are_each_reported() {
         assert_eq!(codes, [Code::BadToolRef], "{bad}");
     }
 }
+
+/// The first block of `lang` after the heading `## Tools` in docs/workflows.md.
+fn documented(lang: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/workflows.md");
+    let doc = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let section = doc.split_once("\n## Tools\n").expect("a Tools section").1;
+    let block = section
+        .split_once(&format!("```{lang}\n"))
+        .and_then(|(_, rest)| rest.split_once("```"))
+        .unwrap_or_else(|| panic!("a {lang} block in the Tools section"));
+    block.0.to_owned()
+}
+
+#[test]
+fn the_documented_examples_are_valid() {
+    let yaml = valid("doc.yaml", &format!("name: doc\n{}", documented("yaml")));
+    let search = &yaml.workflow.unwrap().tool_servers["search"];
+    assert_eq!(search.default_in_flight, InFlight::Fail);
+    let rhai = valid("doc.rhai", &format!("workflow(\"doc\");\n{}", documented("rhai")));
+    let counter = &rhai.workflow.unwrap().tool_servers["counter"];
+    assert_eq!(counter.in_flight_of("count"), InFlight::Retry);
+    assert_eq!(counter.in_flight_of("other"), InFlight::Fail);
+}
