@@ -8,6 +8,10 @@
 //!   starts.
 //! - [`fake_engine`]: [`fake_engine_path`], the `fake-engine` binary (a fake inference
 //!   engine process, `src/bin/fake-engine.rs`) for other crates' tests.
+//! - [`mcp`]: real MCP tool servers (the Rust `mcp-tools`, `src/bin/mcp-tools.rs`, and
+//!   the Python `tests/tools/mcp_server.py` in the venv `tests/engines/mcp-python.sh`
+//!   prepares): [`mcp::mcp_tools_path`], [`mcp::mcp_python`],
+//!   [`mcp::python_mcp_server_script`], and [`mcp::HttpToolServer`] for streamable HTTP.
 //! - [`mock_hub`]: the hub (`MockHub`, `MockRepo`) with virtual file bodies.
 //! - [`endpoint`]: a remote OpenAI-compatible endpoint on loopback that answers whole
 //!   completions and keeps what it was sent (endpoint agents' tests).
@@ -43,6 +47,7 @@ pub mod agent;
 pub mod endpoint;
 pub mod fake_engine;
 pub mod lab;
+pub mod mcp;
 pub mod mock_hub;
 pub mod models;
 pub mod net;
