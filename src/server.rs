@@ -81,7 +81,10 @@ pub fn server_config(args: &ServerArgs, default_agent_listen: &str) -> anyhow::R
                 max_requests_per_user: usize::try_from(args.chat_requests_per_user).unwrap_or(usize::MAX),
                 max_streams_per_user: usize::try_from(args.chat_streams_per_user).unwrap_or(usize::MAX),
             },
-            executor: skein_orchestrator::run::ExecutorConfig::default(),
+            executor: skein_orchestrator::run::ExecutorConfig {
+                tool_commands: args.allow_tool_commands.clone(),
+                ..skein_orchestrator::run::ExecutorConfig::default()
+            },
         },
         dir,
     ))

@@ -91,6 +91,17 @@ impl Clients {
         })
     }
 
+    /// The guarded client (the one endpoint agents use), for a connection to `url`
+    /// that passes the egress policy: what HTTP tool servers are reached with.
+    ///
+    /// Errors: the policy refuses `url` ([`CallError::Denied`]).
+    pub fn guarded(&self, url: &str) -> Result<reqwest::Client, CallError> {
+        self.policy
+            .check_url(url)
+            .map_err(|e| CallError::Denied(e.to_string()))?;
+        Ok(self.endpoints.clone())
+    }
+
     /// The client for `route`: an instance's, or for an endpoint, the guarded one once
     /// its URL passes the policy (a URL naming an address is never resolved, so it is
     /// checked here; names are checked as they are resolved).
@@ -172,6 +183,20 @@ pub struct Answer {
     /// first over the time after the first piece, else the tokens over the whole call
     /// (prefill included: a little low).
     pub decode_tokens_per_s: Option<f64>,
+    /// The tools the model asked to call (a whole answer to a request with `tools`),
+    /// in its order.
+    pub tool_calls: Vec<RequestedCall>,
+}
+
+/// A tool call a model asked for, as OpenAI's `tool_calls` carry it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestedCall {
+    /// The call's id, which the tool's result message names.
+    pub id: String,
+    /// The function's name.
+    pub name: String,
+    /// Its arguments, JSON text as the model wrote it.
+    pub arguments: String,
 }
 
 /// Answers with fewer generated tokens give no decode speed (too noisy).
@@ -223,6 +248,22 @@ struct Choice {
 struct Message {
     #[serde(default)]
     content: Option<String>,
+    #[serde(default)]
+    tool_calls: Vec<WireCall>,
+}
+
+#[derive(Deserialize)]
+struct WireCall {
+    #[serde(default)]
+    id: String,
+    function: WireFunction,
+}
+
+#[derive(Deserialize)]
+struct WireFunction {
+    name: String,
+    #[serde(default)]
+    arguments: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -322,10 +363,30 @@ fn whole_answer(text: &str, start: Instant) -> Result<Answer, CallError> {
         .into_iter()
         .next()
         .ok_or_else(|| CallError::Engine("the engine's answer has no message".to_owned()))?;
-    let content = choice
+    let message = choice
         .message
-        .and_then(|m| m.content)
         .ok_or_else(|| CallError::Engine("the engine's answer has no message".to_owned()))?;
+    let tool_calls: Vec<RequestedCall> = message
+        .tool_calls
+        .into_iter()
+        .enumerate()
+        .map(|(i, call)| RequestedCall {
+            // An engine that gives no id: one the result can name.
+            id: if call.id.is_empty() {
+                format!("call_{i}")
+            } else {
+                call.id
+            },
+            name: call.function.name,
+            arguments: call.function.arguments.unwrap_or_else(|| "{}".to_owned()),
+        })
+        .collect();
+    // A message that only calls tools may have no text.
+    let content = match message.content {
+        Some(content) => content,
+        None if !tool_calls.is_empty() => String::new(),
+        None => return Err(CallError::Engine("the engine's answer has no message".to_owned())),
+    };
     let usage = completion.usage.map(Usage::from);
     let engine_rate = completion.timings.and_then(|t| t.predicted_per_second);
     Ok(Answer {
@@ -333,6 +394,7 @@ fn whole_answer(text: &str, start: Instant) -> Result<Answer, CallError> {
         decode_tokens_per_s: decode_speed(usage.map(|u| u.completion_tokens), engine_rate, None, start),
         usage,
         finish_reason: choice.finish_reason,
+        tool_calls,
     })
 }
 
@@ -372,6 +434,7 @@ pub async fn call_streaming(
         usage: None,
         finish_reason: None,
         decode_tokens_per_s: None,
+        tool_calls: Vec::new(),
     };
     let mut first: Option<Instant> = None;
     let mut engine_rate = None;

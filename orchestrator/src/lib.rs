@@ -14,6 +14,8 @@
 //!   agent, with the reasons.
 //! - [`catalogs`]: the hub edge in front of the planner: every model a workflow names.
 //! - [`engine_client`]: one chat completion to an engine, whole or streamed.
+//! - [`tools`]: tool servers over the Model Context Protocol (stdio programs the admin
+//!   allowed, streamable HTTP under the egress policy): connect, list, call.
 //! - [`egress`]: the admin's policy over where endpoint agents may connect, checked at
 //!   submit and at every connection.
 //! - [`secrets`]: users' secrets (endpoint keys), encrypted at rest, resolved for the
@@ -68,5 +70,6 @@ pub mod secrets;
 pub mod server;
 pub mod session;
 pub mod store;
+pub mod tools;
 pub mod transport;
 pub mod workflows;

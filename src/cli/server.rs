@@ -87,6 +87,18 @@ pub struct ServerArgs {
     #[arg(long, env = "SKEIN_CHAT_MAX_TEXT_KIB", default_value_t = 4096, value_name = "KIB",
         value_parser = clap::value_parser!(u64).range(1..=4096))]
     pub chat_max_text_kib: u64,
+    /// A program workflows' stdio tool servers may run (their `command`'s first word,
+    /// as written: give an absolute path), repeatable. A workflow is another user's
+    /// code: no program runs unless listed here, and it runs with an empty
+    /// environment. HTTP tool servers need nothing here (they follow the endpoint
+    /// rules below).
+    #[arg(
+        long = "allow-tool-command",
+        env = "SKEIN_ALLOW_TOOL_COMMANDS",
+        value_delimiter = ',',
+        value_name = "PROGRAM"
+    )]
+    pub allow_tool_commands: Vec<std::path::PathBuf>,
     /// Hosts and address blocks endpoint agents may reach past the built-in refusals
     /// (loopback, link-local, this server's own addresses), comma-separated:
     /// `10.0.0.0/8,api.example.org,*.lab.example`. The most specific rule decides.

@@ -208,6 +208,7 @@ async fn completions(
                     usage: reply.message.usage,
                     finish_reason: Some("stop".to_owned()),
                     decode_tokens_per_s: None,
+                    tool_calls: Vec::new(),
                 })
             }
             (None, Some(target)) => {

@@ -12,9 +12,11 @@ use skein_dsl::expr::{Bindings, Context, Evaluator, Value};
 use skein_dsl::ir::{InputValue, Step, TemplatePart, Workflow};
 
 pub use self::inputs::{InputError, typed_inputs};
+pub use self::turns::{CallState, LoopChange, ToolCall, Turn};
 pub use crate::base::UnixMs;
 
 mod inputs;
+mod turns;
 
 /// Where a run is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -172,6 +174,10 @@ pub struct StepRecord {
     /// Tokens of the prompt and of the answer, as the engine counted them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// The agent loop of the current attempt (an agent with tools): each model turn
+    /// that asked for tools, and its calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub turns: Vec<Turn>,
 }
 
 pub use crate::engine_client::Usage;
@@ -475,6 +481,8 @@ impl RunRecord {
         };
         if record.attempts <= retries {
             let at = now.plus(policy.backoff(record.attempts));
+            // The next attempt is a new agent loop.
+            record.turns.clear();
             record.state = StepState::Retrying;
             record.error = Some(error);
             record.retry_at = Some(at);
@@ -628,6 +636,7 @@ impl StepRecord {
             finished_at: None,
             retry_at: None,
             usage: None,
+            turns: Vec::new(),
         }
     }
 }

@@ -12,6 +12,7 @@ use skein_model_registry::catalog::ModelInfo;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
+use super::act::AgentLoop;
 use super::bring_up::{Lost, Readiness};
 use super::provide::Pin;
 use super::{Executor, off_worker};
@@ -189,6 +190,8 @@ impl Executor {
     ) -> Result<Stop, StoreError> {
         let evaluator = &self.inner.evaluator;
         let (results, mut finished) = mpsc::channel::<(String, Result<Answer, CallError>)>(64);
+        // Agent loops' changes, each written before the loop acts on it.
+        let (loop_changes, mut loop_changed) = mpsc::channel(64);
         // Attempts in a row that could not reach their engine, by step.
         let mut unreachable: HashMap<String, u32> = HashMap::new();
         let mut attempts: JoinSet<()> = JoinSet::new();
@@ -242,6 +245,26 @@ impl Executor {
                 let owner = run.owner.clone();
                 let run_id = run.id.clone();
                 let executor = self.clone();
+                // An agent with tools runs an agent loop, resumed from its recorded turns.
+                let agent_loop = run
+                    .workflow
+                    .agents
+                    .get(&agent)
+                    .is_some_and(|a| !a.tools.is_empty())
+                    .then(|| AgentLoop {
+                        clients: clients.clone(),
+                        route: route.clone(),
+                        access: self.tool_access(),
+                        workflow: run.workflow.clone(),
+                        owner: owner.clone(),
+                        step: step.clone(),
+                        agent: agent.clone(),
+                        request: request.0.clone(),
+                        model_timeout: request.1,
+                        tool_timeout: self.inner.config.tool_timeout,
+                        recorded: run.step(&step).map(|r| r.turns.clone()).unwrap_or_default(),
+                        changes: loop_changes.clone(),
+                    });
                 attempts.spawn(async move {
                     // An endpoint agent's requests count under the agent, as reflexes read them.
                     let counted = crate::load::counted_under(
@@ -254,9 +277,10 @@ impl Executor {
                         Some(endpoint) => clients.endpoint_route(&owner, &endpoint),
                         None => Ok(route),
                     };
-                    let answer = match route {
-                        Ok(route) => call(&clients, &route, request.0, request.1).await,
-                        Err(error) => Err(error),
+                    let answer = match (route, agent_loop) {
+                        (Ok(route), Some(agent_loop)) => AgentLoop { route, ..agent_loop }.run().await,
+                        (Ok(route), None) => call(&clients, &route, request.0, request.1).await,
+                        (Err(error), _) => Err(error),
                     };
                     if let (Some(flight), Ok(answer)) = (flight, &answer) {
                         flight.done(answer.usage.map_or(0, |u| u.completion_tokens));
@@ -280,6 +304,11 @@ impl Executor {
                     // and the next start runs them again (RunRecord::recover).
                     attempts.abort_all();
                     return Ok(Stop::Shutdown);
+                }
+                Some((step, change, written)) = loop_changed.recv() => {
+                    let recorded = run.record_loop(&step, change);
+                    self.save(run).await?;
+                    let _ = written.send(recorded);
                 }
                 Some((step, answer)) = finished.recv() => {
                     let now = unix_ms();

@@ -13,6 +13,7 @@
 //! writing anything: its record is the last one written, which the next start resumes
 //! (attempts in flight are started again) as it would after a crash.
 
+mod act;
 mod admission;
 mod bring_up;
 mod drive;
@@ -60,6 +61,11 @@ pub struct ExecutorConfig {
     /// the same model (zero: stopped at once). Idle instances are stopped early when a
     /// queued run needs their GPUs.
     pub keep_warm: Duration,
+    /// Programs a workflow's stdio tool server may run (`skein server
+    /// --allow-tool-command`); none by default.
+    pub tool_commands: Vec<std::path::PathBuf>,
+    /// The longest one tool call may take.
+    pub tool_timeout: Duration,
 }
 
 impl Default for ExecutorConfig {
@@ -72,6 +78,8 @@ impl Default for ExecutorConfig {
             admission_interval: Duration::from_secs(2),
             seed: 0,
             keep_warm: Duration::from_secs(10 * 60),
+            tool_commands: Vec::new(),
+            tool_timeout: Duration::from_secs(5 * 60),
         }
     }
 }
@@ -331,6 +339,15 @@ impl Executor {
     /// that nothing stops: runs are admitted only once the executor started).
     fn lifecycle(&self) -> Lifecycle {
         self.inner.lifecycle.get().cloned().unwrap_or_default()
+    }
+
+    /// What a run's agent loops may reach: the admin's allowed tool programs, and the
+    /// clients endpoint agents use (egress policy, secrets).
+    fn tool_access(&self) -> crate::tools::ToolAccess {
+        crate::tools::ToolAccess {
+            commands: std::sync::Arc::new(self.inner.config.tool_commands.clone()),
+            clients: self.inner.clients.clone(),
+        }
     }
 
     fn changed(&self, id: &str) {

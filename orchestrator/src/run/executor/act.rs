@@ -1,0 +1,223 @@
+//! A step's agent loop, for an agent with tools: the model is called with the tools'
+//! definitions; each tool call it asks for is recorded, sent over MCP, and its result
+//! recorded and fed back; until the model answers without calling a tool, or
+//! `max_turns` model calls.
+//!
+//! Every change goes to the run's task ([`LoopChanges`]), which writes it to the store
+//! and acknowledges it once flushed; only then does the loop act. An attempt resumed
+//! from the record (after a restart, or a lost instance) replays the recorded turns
+//! into the conversation: a returned call is never sent again, a pending one is sent,
+//! and one that was in flight is sent again only if its server's `in_flight` policy
+//! for that tool is `retry` (under `fail` the attempt fails).
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use skein_dsl::ir::{DEFAULT_MAX_TURNS, InFlight, Workflow};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::base::unix_ms;
+use crate::engine_client::{Answer, CallError, Clients, Route, call};
+use crate::run::record::{CallState, LoopChange, ToolCall, Turn};
+use crate::tools::{ToolAccess, ToolBox};
+
+/// Where the loop sends its changes: the step, the change, and the acknowledgement
+/// (`true` once written; `false` when the step no longer runs).
+pub(super) type LoopChanges = mpsc::Sender<(String, LoopChange, oneshot::Sender<bool>)>;
+
+/// What one step's agent loop needs.
+pub(super) struct AgentLoop {
+    pub clients: Clients,
+    pub route: Route,
+    pub access: ToolAccess,
+    pub workflow: Workflow,
+    pub owner: String,
+    pub step: String,
+    pub agent: String,
+    /// The chat request of the step's prompt (system and user messages, sampling).
+    pub request: Value,
+    /// Longest one model call may take.
+    pub model_timeout: Duration,
+    /// Longest one tool call may take.
+    pub tool_timeout: Duration,
+    /// The turns recorded by an earlier run of this attempt.
+    pub recorded: Vec<Turn>,
+    pub changes: LoopChanges,
+}
+
+impl AgentLoop {
+    /// Runs the loop to the model's final answer.
+    pub async fn run(self) -> Result<Answer, CallError> {
+        let toolbox = ToolBox::connect(&self.workflow, &self.agent, &self.owner, &self.access)
+            .await
+            .map_err(|e| CallError::Refused(e.to_string()))?;
+        let result = self.drive(&toolbox).await;
+        toolbox.close().await;
+        result
+    }
+
+    async fn drive(&self, toolbox: &ToolBox) -> Result<Answer, CallError> {
+        let max_turns = self
+            .workflow
+            .agents
+            .get(&self.agent)
+            .and_then(|a| a.max_turns)
+            .unwrap_or(DEFAULT_MAX_TURNS) as usize;
+        let mut messages: Vec<Value> = self.request["messages"].as_array().cloned().unwrap_or_default();
+        // The recorded turns, replayed; calls without a result are sent now.
+        for (t, turn) in self.recorded.iter().enumerate() {
+            messages.push(assistant_message(turn));
+            for (c, recorded) in turn.calls.iter().enumerate() {
+                let result = match recorded.state {
+                    CallState::Returned => recorded.result.clone().unwrap_or_default(),
+                    CallState::Pending => self.send(toolbox, t, c, recorded).await?,
+                    CallState::Sent => match self.policy(recorded) {
+                        InFlight::Retry => self.send(toolbox, t, c, recorded).await?,
+                        InFlight::Fail => {
+                            return Err(CallError::Refused(format!(
+                                "tool call {} (`{}`) was in flight when the orchestrator stopped, and its server's `in_flight` policy for it is `fail`; set `in_flight: retry` for tools that are safe to call twice",
+                                recorded.id, recorded.name
+                            )));
+                        }
+                    },
+                };
+                messages.push(tool_message(&recorded.id, &result));
+            }
+        }
+        let mut turns = self.recorded.len();
+        loop {
+            let last = turns + 1 >= max_turns;
+            let mut body = self.request.clone();
+            body["messages"] = Value::Array(messages.clone());
+            body["tools"] = Value::Array(toolbox.definitions());
+            // The last model call must answer.
+            body["tool_choice"] = json!(if last { "none" } else { "auto" });
+            let answer = call(&self.clients, &self.route, body, self.model_timeout).await?;
+            if answer.tool_calls.is_empty() {
+                return Ok(answer);
+            }
+            if last {
+                return Err(CallError::Engine(format!(
+                    "the agent loop reached `max_turns` ({max_turns} model calls) and the model still calls tools; raise `max_turns` or ask for an answer sooner"
+                )));
+            }
+            let calls: Vec<ToolCall> = answer
+                .tool_calls
+                .iter()
+                .map(|requested| {
+                    let resolved = toolbox
+                        .resolve(&requested.name)
+                        .map(|offered| (offered.server.clone(), offered.tool.clone()));
+                    ToolCall::pending(
+                        requested.id.clone(),
+                        requested.name.clone(),
+                        requested.arguments.clone(),
+                        resolved,
+                    )
+                })
+                .collect();
+            let turn = Turn {
+                content: Some(answer.content.clone()).filter(|c| !c.is_empty()),
+                calls,
+                at: unix_ms(),
+                usage: answer.usage,
+            };
+            self.record(LoopChange::Turn(turn.clone())).await?;
+            messages.push(assistant_message(&turn));
+            for (c, requested) in turn.calls.iter().enumerate() {
+                let result = self.send(toolbox, turns, c, requested).await?;
+                messages.push(tool_message(&requested.id, &result));
+            }
+            turns += 1;
+        }
+    }
+
+    /// The in-flight policy of `call`'s tool.
+    fn policy(&self, call: &ToolCall) -> InFlight {
+        match (&call.server, &call.tool) {
+            (Some(server), Some(tool)) => self
+                .workflow
+                .tool_servers
+                .get(server)
+                .map_or(InFlight::Fail, |s| s.in_flight_of(tool)),
+            // Never sent: nothing can have happened twice.
+            _ => InFlight::Retry,
+        }
+    }
+
+    /// Sends call `c` of turn `t` (recorded as sent first) and records its result; the
+    /// text for the model. A call the loop cannot make (an unknown tool, arguments
+    /// that are not a JSON object, a server that fails) returns an error text the
+    /// model reads, recorded like a result.
+    async fn send(&self, toolbox: &ToolBox, t: usize, c: usize, call: &ToolCall) -> Result<String, CallError> {
+        let (result, is_error) = match (&call.server, &call.tool) {
+            (Some(server), Some(tool)) => match serde_json::from_str::<Value>(&call.arguments) {
+                Ok(Value::Object(arguments)) => {
+                    self.record(LoopChange::Sent {
+                        turn: t,
+                        call: c,
+                        at: unix_ms(),
+                    })
+                    .await?;
+                    match toolbox.call(server, tool, arguments, self.tool_timeout).await {
+                        Ok(outcome) => (outcome.text, outcome.is_error),
+                        Err(error) => (format!("error: {error}"), true),
+                    }
+                }
+                Ok(_) | Err(_) => (
+                    format!(
+                        "error: the arguments of `{}` must be a JSON object, got: {}",
+                        call.name,
+                        call.arguments.chars().take(200).collect::<String>()
+                    ),
+                    true,
+                ),
+            },
+            _ => (
+                format!(
+                    "error: there is no tool `{}`; the tools are listed in `tools`",
+                    call.name
+                ),
+                true,
+            ),
+        };
+        self.record(LoopChange::Returned {
+            turn: t,
+            call: c,
+            result: result.clone(),
+            is_error,
+            at: unix_ms(),
+        })
+        .await?;
+        Ok(result)
+    }
+
+    /// Sends `change` to the run's task and waits until it is written.
+    async fn record(&self, change: LoopChange) -> Result<(), CallError> {
+        let (ack, written) = oneshot::channel();
+        let stopped = || CallError::Engine(format!("step `{}` stopped while its agent loop ran", self.step));
+        self.changes
+            .send((self.step.clone(), change, ack))
+            .await
+            .map_err(|_| stopped())?;
+        match written.await {
+            Ok(true) => Ok(()),
+            Ok(false) | Err(_) => Err(stopped()),
+        }
+    }
+}
+
+/// The assistant message of a recorded turn, as OpenAI's chat format writes it.
+fn assistant_message(turn: &Turn) -> Value {
+    let calls: Vec<Value> = turn
+        .calls
+        .iter()
+        .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+        .collect();
+    json!({"role": "assistant", "content": turn.content, "tool_calls": calls})
+}
+
+/// The message that feeds a call's result back.
+fn tool_message(id: &str, result: &str) -> Value {
+    json!({"role": "tool", "tool_call_id": id, "content": result})
+}
