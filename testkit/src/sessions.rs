@@ -1,6 +1,7 @@
 //! The session REST API from a client's side, for the crash and shutdown tests: a bare
 //! `skein server` (no agents) on fixed ports, sessions created once it answers, and a
-//! session's stored messages read page by page.
+//! session's stored messages read page by page. The tool-loop tests start their
+//! servers (endpoint agents, no GPUs) the same way.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -17,12 +18,26 @@ impl BareServer {
     /// `127.0.0.1:grpc` (agents), keeping its data in `data`. With `log`, its log
     /// (`RUST_LOG=info`) is appended there; without, it is discarded.
     pub fn start(skein: &Path, data: &Path, api: u16, grpc: u16, token: &str, log: Option<&Path>) -> BareServer {
+        BareServer::start_with(skein, data, api, grpc, token, log, &[])
+    }
+
+    /// [`BareServer::start`] with more arguments of `skein server`.
+    pub fn start_with(
+        skein: &Path,
+        data: &Path,
+        api: u16,
+        grpc: u16,
+        token: &str,
+        log: Option<&Path>,
+        extra: &[&str],
+    ) -> BareServer {
         let mut command = Command::new(skein);
         command
             .args(["server", "--listen", &format!("127.0.0.1:{api}")])
             .args(["--agent-listen", &format!("127.0.0.1:{grpc}")])
             .args(["--api-token", token, "--data-dir"])
             .arg(data)
+            .args(extra)
             .env("HF_HUB_OFFLINE", "1")
             .env("HF_HOME", data.join("hf"))
             .stdout(Stdio::null());

@@ -1,0 +1,341 @@
+//! Agent loops against real MCP tool servers, through the real `skein server`: the
+//! testkit's Rust `mcp-tools` (over stdio and streamable HTTP) and the Python one
+//! written with the official SDK (over stdio). The model is an endpoint agent on
+//! loopback that asks for one tool call per turn ([`WholeAnswer::tool_caller`]); the
+//! tool servers, the MCP client, the durable record and the server are all real.
+//!
+//! The crash test kills the server (SIGKILL) many times while a loop runs and checks
+//! the tool-call durability contract: no completed call is sent again, no result is
+//! lost, and a call in flight at a crash is sent again only under `in_flight: retry`.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use skein_testkit::endpoint::WholeAnswer;
+use skein_testkit::lab::Rng;
+use skein_testkit::mcp::{HttpToolServer, mcp_python, mcp_tools_path, python_mcp_server_script};
+use skein_testkit::net::free_port;
+use skein_testkit::sessions::BareServer;
+
+const TOKEN: &str = "tools-test-admin-token";
+const PATIENCE: Duration = Duration::from_secs(120);
+
+/// A running `skein server` and a client of its REST API.
+struct Api {
+    base: String,
+    http: reqwest::Client,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Api {
+    fn new(port: u16) -> Api {
+        Api {
+            base: format!("http://127.0.0.1:{port}"),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap(),
+            runtime: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+        }
+    }
+
+    /// GET or POST `path`; `None` while the server does not answer.
+    fn call(&self, path: &str, body: Option<Value>) -> Option<(u16, Value)> {
+        self.runtime.block_on(async {
+            let url = format!("{}{path}", self.base);
+            let request = match body {
+                Some(body) => self.http.post(url).json(&body),
+                None => self.http.get(url),
+            };
+            let response = request.bearer_auth(TOKEN).send().await.ok()?;
+            let status = response.status().as_u16();
+            Some((status, response.json().await.unwrap_or(Value::Null)))
+        })
+    }
+
+    fn wait_up(&self) {
+        let deadline = Instant::now() + PATIENCE;
+        while self.call("/healthz", None).is_none() {
+            assert!(Instant::now() < deadline, "the server did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn submit(&self, workflow: &str) -> String {
+        let (status, body) = self
+            .call("/v1/runs", Some(json!({"workflow": workflow})))
+            .expect("the server answers");
+        assert!(status == 201 || status == 202, "{status}: {body:#}");
+        body["id"].as_str().unwrap().to_owned()
+    }
+
+    /// The run once it ended.
+    fn finished(&self, id: &str) -> Value {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some((_, run)) = self.call(&format!("/v1/runs/{id}"), None)
+                && matches!(run["state"].as_str(), Some("succeeded" | "failed" | "cancelled"))
+            {
+                return run;
+            }
+            assert!(Instant::now() < deadline, "run {id} did not finish");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn start(data: &Path, api: u16, extra: &[&str]) -> BareServer {
+    let mut args = vec!["--endpoint-allow", "127.0.0.1/32"];
+    args.extend_from_slice(extra);
+    BareServer::start_with(
+        Path::new(env!("CARGO_BIN_EXE_skein")),
+        data,
+        api,
+        free_port(),
+        TOKEN,
+        Some(&data.with_extension("log")),
+        &args,
+    )
+}
+
+/// A workflow whose one step's agent (the model at `model`) may call `counter.count`
+/// on the tool server `server` (YAML of its fields).
+fn workflow(model: &str, server: &str, max_turns: u32) -> String {
+    workflow_with(model, server, "count", max_turns)
+}
+
+/// [`workflow`] with the agent's tool `counter.TOOL`.
+fn workflow_with(model: &str, server: &str, tool: &str, max_turns: u32) -> String {
+    format!(
+        "name: tools\ntool_servers:\n  counter:\n    {server}\nagents:\n  worker:\n    endpoint: {{ url: \"{model}\", model: m }}\n    tools: [counter.{tool}]\n    max_turns: {max_turns}\nsteps:\n  - {{ id: work, agent: worker, prompt: count, retries: 0 }}\n"
+    )
+}
+
+/// A stdio server's YAML: `command` and the policy.
+fn stdio(command: &[&Path], count_file: &Path, in_flight: &str) -> String {
+    let mut words: Vec<String> = command.iter().map(|p| format!("\"{}\"", p.display())).collect();
+    words.push("\"--count-file\"".to_owned());
+    words.push(format!("\"{}\"", count_file.display()));
+    format!("command: [{}]\n    in_flight: {in_flight}", words.join(", "))
+}
+
+fn lines(path: &Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |text| text.lines().count())
+}
+
+/// Every tool call of step `work`'s loop.
+fn calls(run: &Value) -> Vec<Value> {
+    run["steps"][0]["turns"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|turn| turn["calls"].as_array().cloned().unwrap_or_default())
+        .collect()
+}
+
+#[test]
+fn an_agent_loop_calls_real_tool_servers_and_records_each_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = WholeAnswer::tool_caller("counter__count", "{}", 3, Duration::ZERO);
+    let rust = mcp_tools_path();
+    let python = mcp_python();
+    let script = python_mcp_server_script();
+    let http_count = dir.path().join("http.count");
+    let http = HttpToolServer::rust(&http_count, None);
+    let port = free_port();
+    let data = dir.path().join("data");
+    let rust_arg = rust.to_string_lossy().into_owned();
+    let python_arg = python.to_string_lossy().into_owned();
+    let _server = start(
+        &data,
+        port,
+        &["--allow-tool-command", &rust_arg, "--allow-tool-command", &python_arg],
+    );
+    let api = Api::new(port);
+    api.wait_up();
+
+    let rust_count = dir.path().join("rust.count");
+    let python_count = dir.path().join("python.count");
+    let cases: [(&str, String, &PathBuf); 3] = [
+        ("rust over stdio", stdio(&[&rust], &rust_count, "retry"), &rust_count),
+        (
+            "python over stdio",
+            stdio(&[&python, &script], &python_count, "fail"),
+            &python_count,
+        ),
+        ("rust over HTTP", format!("url: \"{}\"", http.url()), &http_count),
+    ];
+    for (case, server, count_file) in cases {
+        let id = api.submit(&workflow(&model.url(), &server, 10));
+        let run = api.finished(&id);
+        let log = std::fs::read_to_string(data.with_extension("log")).unwrap_or_default();
+        assert_eq!(run["state"], "succeeded", "{case}: {run:#}\n{log}");
+        assert_eq!(run["steps"][0]["output"], "done: 3", "{case}");
+        assert_eq!(lines(count_file), 3, "{case}: each call reached the tool once");
+        let calls = calls(&run);
+        assert_eq!(calls.len(), 3, "{case}: {run:#}");
+        for (i, call) in calls.iter().enumerate() {
+            assert_eq!(call["name"], "counter__count", "{case}");
+            assert_eq!((&call["server"], &call["tool"]), (&json!("counter"), &json!("count")));
+            assert_eq!(call["state"], "returned", "{case}");
+            assert_eq!(call["sends"], 1, "{case}");
+            assert_eq!(call["result"], (i + 1).to_string(), "{case}");
+            assert_eq!(call["is_error"], false, "{case}");
+        }
+    }
+    // The model saw the tools as OpenAI functions, and each result under its call's id.
+    let last = model.requests().last().cloned().unwrap();
+    let body: Value = serde_json::from_str(last.split_once("\r\n\r\n").unwrap().1).unwrap();
+    assert_eq!(body["tools"][0]["function"]["name"], "counter__count");
+    let results: Vec<&Value> = body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .collect();
+    assert_eq!(results.len(), 3);
+    assert_eq!(results[2]["tool_call_id"], "call_2");
+}
+
+#[test]
+fn a_stdio_tool_server_runs_only_if_the_admin_allowed_its_program() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = WholeAnswer::tool_caller("counter__count", "{}", 1, Duration::ZERO);
+    let count_file = dir.path().join("count");
+    let port = free_port();
+    let _server = start(&dir.path().join("data"), port, &[]);
+    let api = Api::new(port);
+    api.wait_up();
+    let id = api.submit(&workflow(
+        &model.url(),
+        &stdio(&[&mcp_tools_path()], &count_file, "retry"),
+        5,
+    ));
+    let run = api.finished(&id);
+    assert_eq!(run["state"], "failed", "{run:#}");
+    let error = run["steps"][0]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("--allow-tool-command"), "{error}");
+    assert_eq!(lines(&count_file), 0, "nothing ran");
+    assert!(model.requests().is_empty(), "the model was not called");
+}
+
+#[test]
+fn kill_9_mid_loop_never_sends_a_completed_tool_call_again_nor_loses_a_result() {
+    const ROUNDS: usize = 60;
+    const KILLS: usize = 6;
+    let dir = tempfile::tempdir().unwrap();
+    // A model that takes a little while, so that the kills land inside the loop.
+    let model = WholeAnswer::tool_caller("counter__count", "{}", ROUNDS, Duration::from_millis(25));
+    let tools = mcp_tools_path();
+    let tools_arg = tools.to_string_lossy().into_owned();
+    let count_file = dir.path().join("count");
+    let data = dir.path().join("data");
+    let port = free_port();
+    let extra = ["--allow-tool-command", tools_arg.as_str()];
+    let mut server = start(&data, port, &extra);
+    let api = Api::new(port);
+    api.wait_up();
+    let id = api.submit(&workflow(
+        &model.url(),
+        &stdio(&[&tools], &count_file, "retry"),
+        ROUNDS as u32 + 1,
+    ));
+
+    let mut rng = Rng(0x0700_ca11_5eed);
+    let mut kills = 0;
+    while kills < KILLS {
+        // Kill while the loop runs: once some calls returned, before it can end.
+        std::thread::sleep(Duration::from_millis(50 + rng.below(200)));
+        if lines(&count_file) >= ROUNDS {
+            break;
+        }
+        server.0.kill().unwrap();
+        server.0.wait().unwrap();
+        kills += 1;
+        server = start(&data, port, &extra);
+        api.wait_up();
+    }
+    let run = api.finished(&id);
+    let log = std::fs::read_to_string(data.with_extension("log")).unwrap_or_default();
+    assert_eq!(run["state"], "succeeded", "after {kills} kills: {run:#}\n{log}");
+    assert!(kills >= 2, "the loop ended before the server was killed twice");
+    let calls = calls(&run);
+    // No result lost: every call the model asked for came back, in order.
+    assert_eq!(calls.len(), ROUNDS, "{run:#}");
+    for call in &calls {
+        assert_eq!(call["state"], "returned", "{call:#}");
+    }
+    assert_eq!(
+        run["steps"][0]["output"],
+        format!("done: {}", calls[ROUNDS - 1]["result"].as_str().unwrap())
+    );
+    // A call is sent more than once only when it was in flight at a kill (at most one
+    // a kill: the loop sends one call at a time), and never after its result was
+    // recorded: the tool saw each call once, plus at most one a kill.
+    let sends: u64 = calls.iter().map(|c| c["sends"].as_u64().unwrap()).sum();
+    let resent = calls.iter().filter(|c| c["sends"].as_u64().unwrap() > 1).count();
+    assert!(resent <= kills, "{resent} calls sent again after {kills} kills");
+    let invocations = lines(&count_file);
+    assert!(
+        invocations >= ROUNDS && invocations as u64 <= sends && invocations <= ROUNDS + kills,
+        "{invocations} invocations of the tool for {ROUNDS} calls, {sends} sends, {kills} kills"
+    );
+    eprintln!("{kills} kills, {invocations} invocations, {sends} sends, {resent} calls sent again");
+}
+
+#[test]
+fn a_call_in_flight_at_a_kill_is_sent_again_under_retry_and_fails_its_attempt_under_fail() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = WholeAnswer::tool_caller("counter__sleep", r#"{"ms": 1500}"#, 1, Duration::ZERO);
+    let tools = mcp_tools_path();
+    let tools_arg = tools.to_string_lossy().into_owned();
+    let data = dir.path().join("data");
+    let port = free_port();
+    let extra = ["--allow-tool-command", tools_arg.as_str()];
+    let mut server = start(&data, port, &extra);
+    let api = Api::new(port);
+    api.wait_up();
+    for policy in ["retry", "fail"] {
+        let server_yaml = stdio(&[&tools], &dir.path().join("count"), policy);
+        let id = api.submit(&workflow_with(&model.url(), &server_yaml, "sleep", 3));
+        // Kill while the sleep is in flight: recorded as sent, no result.
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let run = api
+                .call(&format!("/v1/runs/{id}"), None)
+                .map(|(_, run)| run)
+                .unwrap_or_default();
+            if calls(&run).first().is_some_and(|c| c["state"] == "sent") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{policy}: the call never went out: {run:#}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server.0.kill().unwrap();
+        server.0.wait().unwrap();
+        server = start(&data, port, &extra);
+        api.wait_up();
+        let run = api.finished(&id);
+        let call = &calls(&run)[0];
+        match policy {
+            "retry" => {
+                assert_eq!(run["state"], "succeeded", "{run:#}");
+                assert_eq!(call["sends"], 2, "{call:#}");
+                assert_eq!(call["result"], "slept 1500 ms");
+                assert_eq!(run["steps"][0]["output"], "done: slept 1500 ms");
+            }
+            _ => {
+                assert_eq!(run["state"], "failed", "{run:#}");
+                let error = run["steps"][0]["error"].as_str().unwrap_or_default();
+                assert!(
+                    error.contains("in flight") && error.contains("in_flight: retry"),
+                    "{error}"
+                );
+            }
+        }
+    }
+}
