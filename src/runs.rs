@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use crate::cli::common::{ListArgs, OutputFormat};
 use crate::cli::models::MeasuredArgs;
-use crate::cli::runs::{InstancesArgs, LogsArgs, RunIdArgs, SubmitArgs};
+use crate::cli::runs::{InstancesArgs, LogsArgs, RunIdArgs, RunShowArgs, SubmitArgs};
 use crate::cli::{EXIT_FAILURE, EXIT_OK};
 use crate::client::{ApiClient, refused_error};
 use skein_orchestrator::instances::InstanceState;
@@ -51,6 +51,35 @@ struct Step {
     started_at: Option<String>,
     #[serde(default)]
     finished_at: Option<String>,
+    #[serde(default)]
+    turns: Vec<Turn>,
+}
+
+/// One model turn of a step's agent loop that asked for tools.
+#[derive(Debug, Deserialize)]
+struct Turn {
+    #[serde(default)]
+    content: Option<String>,
+    calls: Vec<ToolCall>,
+    at: String,
+}
+
+/// One tool call of a [`Turn`].
+#[derive(Debug, Deserialize)]
+struct ToolCall {
+    name: String,
+    arguments: String,
+    state: String,
+    #[serde(default)]
+    sends: u32,
+    #[serde(default)]
+    sent_at: Option<String>,
+    #[serde(default)]
+    returned_at: Option<String>,
+    #[serde(default)]
+    result: Option<String>,
+    #[serde(default)]
+    is_error: bool,
 }
 
 /// How long `skein submit` waits for a server that is still starting.
@@ -254,7 +283,8 @@ pub fn run_list(args: &ListArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// `skein run show`.
-pub fn run_show(args: &RunIdArgs) -> anyhow::Result<ExitCode> {
+pub fn run_show(args: &RunShowArgs) -> anyhow::Result<ExitCode> {
+    let (step, args) = (args.step.as_deref(), &args.run);
     let client = ApiClient::new(&args.remote.server, &args.remote.client)?;
     let body = client.get(&format!("/v1/runs/{}", args.id))?;
     if args.output == OutputFormat::Json {
@@ -262,6 +292,14 @@ pub fn run_show(args: &RunIdArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::from(EXIT_OK));
     }
     let run: Run = serde_json::from_str(&body).context("the server's run is not what this skein expects")?;
+    if let Some(step) = step {
+        let Some(record) = run.steps.iter().find(|s| s.id == step) else {
+            let known: Vec<&str> = run.steps.iter().map(|s| s.id.as_str()).collect();
+            bail!("run {} has no step `{step}`; its steps: {}", run.id, known.join(", "));
+        };
+        print!("{}", agent_loop(record));
+        return Ok(ExitCode::from(EXIT_OK));
+    }
     println!("run {} of {}: {}", run.id, run.workflow.name, run.state);
     if let Some(reason) = &run.reason {
         println!("  {reason}");
@@ -307,6 +345,67 @@ pub fn run_show(args: &RunIdArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::from(EXIT_OK))
+}
+
+/// Step `step`'s agent loop as `skein run show --step` prints it: each turn's text and
+/// calls (`name(arguments) → result`, each cut to one line), with their state, sends
+/// and duration, then the answer.
+fn agent_loop(step: &Step) -> String {
+    use std::fmt::Write as _;
+    let line = |text: &str, max: usize| -> String {
+        let one: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        if one.chars().count() > max {
+            format!("{}…", one.chars().take(max).collect::<String>())
+        } else {
+            one
+        }
+    };
+    let mut out = format!("step {} ({}): {}\n", step.id, step.agent, step.state);
+    if step.turns.is_empty() {
+        out.push_str("  no tool calls\n");
+    }
+    for (t, turn) in step.turns.iter().enumerate() {
+        let _ = writeln!(out, "  turn {} at {}", t + 1, turn.at);
+        if let Some(content) = turn.content.as_deref().filter(|c| !c.trim().is_empty()) {
+            let _ = writeln!(out, "    says: {}", line(content, 200));
+        }
+        for call in &turn.calls {
+            let took = match (&call.sent_at, &call.returned_at) {
+                (Some(sent), Some(back)) => match (humantime::parse_rfc3339(sent), humantime::parse_rfc3339(back)) {
+                    (Ok(sent), Ok(back)) => back
+                        .duration_since(sent)
+                        .map(|d| format!(" in {} ms", d.as_millis()))
+                        .unwrap_or_default(),
+                    _ => String::new(),
+                },
+                _ => String::new(),
+            };
+            let sends = if call.sends > 1 {
+                format!(", sent {} times", call.sends)
+            } else {
+                String::new()
+            };
+            let result = match (&call.result, call.is_error) {
+                (Some(result), true) => format!("error: {}", line(result, 200)),
+                (Some(result), false) => line(result, 200),
+                (None, _) => "(no result yet)".to_owned(),
+            };
+            let _ = writeln!(
+                out,
+                "    {}({}) → {result}  [{}{sends}{took}]",
+                call.name,
+                line(&call.arguments, 120),
+                call.state
+            );
+        }
+    }
+    if let Some(output) = &step.output {
+        let _ = writeln!(out, "  answer: {}", line(output, 400));
+    }
+    if let Some(error) = &step.error {
+        let _ = writeln!(out, "  error: {}", line(error, 400));
+    }
+    out
 }
 
 /// `skein run cancel`.

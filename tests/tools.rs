@@ -187,6 +187,46 @@ fn an_agent_loop_calls_real_tool_servers_and_records_each_call() {
             assert_eq!(call["is_error"], false, "{case}");
         }
     }
+    // `skein run show --step` prints the loop: each call, its result and state.
+    let ids: Vec<String> = api
+        .call("/v1/runs", None)
+        .map(|(_, page)| {
+            page["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|r| r["id"].as_str().unwrap().to_owned())
+                .collect()
+        })
+        .unwrap();
+    let shown = std::process::Command::new(env!("CARGO_BIN_EXE_skein"))
+        .args(["run", "show", &ids[0], "--step", "work", "--server", &api.base])
+        .env("SKEIN_API_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&shown.stderr)
+    );
+    assert!(text.contains("step work (worker): done"), "{text}");
+    for n in 1..=3 {
+        assert!(text.contains(&format!("turn {n} at ")), "{text}");
+        assert!(
+            text.contains(&format!("counter__count({{}}) → {n}  [returned in ")),
+            "{text}"
+        );
+    }
+    assert!(text.contains("answer: done: 3"), "{text}");
+    let missing = std::process::Command::new(env!("CARGO_BIN_EXE_skein"))
+        .args(["run", "show", &ids[0], "--step", "nope", "--server", &api.base])
+        .env("SKEIN_API_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("has no step `nope`; its steps: work"));
+
     // The model saw the tools as OpenAI functions, and each result under its call's id.
     let last = model.requests().last().cloned().unwrap();
     let body: Value = serde_json::from_str(last.split_once("\r\n\r\n").unwrap().1).unwrap();

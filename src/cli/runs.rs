@@ -28,8 +28,9 @@ pub struct SubmitArgs {
 /// `skein run …`.
 #[derive(Debug, Subcommand)]
 pub enum RunCommand {
-    /// A run's state, its steps with their timestamps, and its outputs.
-    Show(RunIdArgs),
+    /// A run's state, its steps with their timestamps, and its outputs; with
+    /// `--step`, that step's agent loop (each model turn, each tool call).
+    Show(RunShowArgs),
     /// Cancel a run: queued, it never starts; running, its steps stop and its
     /// instances are stopped.
     Cancel(RunIdArgs),
@@ -46,6 +47,17 @@ pub struct RunIdArgs {
     /// Output format: a report, or the run as JSON.
     #[arg(long, value_enum, default_value_t = OutputFormat::Human)]
     pub output: OutputFormat,
+}
+
+/// `skein run show`.
+#[derive(Debug, Args)]
+pub struct RunShowArgs {
+    #[command(flatten)]
+    pub run: RunIdArgs,
+    /// Show this step's agent loop: each model turn and each tool call, with its
+    /// arguments, result (cut to a line) and duration.
+    #[arg(long, value_name = "STEP")]
+    pub step: Option<String>,
 }
 
 /// `skein instances`.
