@@ -250,15 +250,30 @@ fn a_stdio_tool_server_runs_only_if_the_admin_allowed_its_program() {
     let _server = start(&dir.path().join("data"), port, &[]);
     let api = Api::new(port);
     api.wait_up();
-    let id = api.submit(&workflow(
-        &model.url(),
-        &stdio(&[&mcp_tools_path()], &count_file, "retry"),
-        5,
-    ));
-    let run = api.finished(&id);
-    assert_eq!(run["state"], "failed", "{run:#}");
-    let error = run["steps"][0]["error"].as_str().unwrap_or_default();
-    assert!(error.contains("--allow-tool-command"), "{error}");
+    let tools = mcp_tools_path();
+    let text = workflow(&model.url(), &stdio(&[&tools], &count_file, "retry"), 5);
+    // Refused at submission, pointing at the command, saying how to allow it.
+    let (status, body) = api
+        .call("/v1/runs", Some(json!({"workflow": text})))
+        .expect("the server answers");
+    assert_eq!(status, 422, "{body:#}");
+    let diagnostic = &body["diagnostics"][0];
+    let message = diagnostic.to_string();
+    assert!(
+        message.contains(&format!("--allow-tool-command {}", tools.display())) && message.contains("`counter`"),
+        "{body:#}"
+    );
+    assert_eq!(diagnostic["line"], 4, "{body:#}");
+    // A URL the egress policy refuses is refused the same way.
+    let http = workflow(&model.url(), "url: \"http://169.254.169.254/mcp\"", 5);
+    let (status, body) = api
+        .call("/v1/runs", Some(json!({"workflow": http})))
+        .expect("the server answers");
+    assert_eq!(status, 422, "{body:#}");
+    assert!(
+        body.to_string().contains("this server does not call this address"),
+        "{body:#}"
+    );
     assert_eq!(lines(&count_file), 0, "nothing ran");
     assert!(model.requests().is_empty(), "the model was not called");
 }

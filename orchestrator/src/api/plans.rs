@@ -59,13 +59,7 @@ async fn plans(
             format!("the body is not a plan request ({e}); send {{\"workflow\": \"<YAML or Rhai text>\"}}"),
         )
     })?;
-    let workflow = parse_workflow(
-        &principal,
-        request.name.as_deref(),
-        &request.workflow,
-        state.executor.clients().policy(),
-    )
-    .await?;
+    let workflow = parse_workflow(&principal, request.name.as_deref(), &request.workflow, &state.executor).await?;
     let options = InspectOptions {
         derivatives: request
             .derivatives
@@ -103,13 +97,15 @@ async fn plans(
 }
 
 /// A workflow sent as text: 400 for a name of no known language, 422 with the
-/// diagnostics for an invalid workflow, or one whose endpoints the `policy` refuses.
+/// diagnostics for an invalid workflow, or one whose endpoints or tool servers the
+/// executor's `policy` and allowed tool programs refuse.
 pub(crate) async fn parse_workflow(
     principal: &Principal,
     name: Option<&str>,
     text: &str,
-    policy: &crate::egress::EgressPolicy,
+    executor: &crate::run::Executor,
 ) -> Result<skein_dsl::Workflow, ApiError> {
+    let policy = executor.clients().policy();
     let name = name.unwrap_or("workflow.yaml");
     let Some(kind) = SourceKind::from_name(name) else {
         return Err(ApiError::new(
@@ -120,12 +116,59 @@ pub(crate) async fn parse_workflow(
     // On the Rhai pool, a few at a time per user (429 beyond).
     let mut parsed = evaluate::parse(principal, name, text, kind).await?;
     refuse_endpoints(&mut parsed, policy);
+    refuse_tool_servers(&mut parsed, policy, executor.tool_commands());
     match parsed.workflow {
         Some(w) if !parsed.diagnostics.has_errors() => Ok(w),
         _ => Err(ApiError::invalid_workflow(skein_dsl::diag::to_json(
             &parsed.diagnostics,
             &parsed.file,
         ))),
+    }
+}
+
+/// Adds a diagnostic at the `command` or `url` of every tool server this server would
+/// refuse to run or reach: a program the admin did not allow, a URL the policy refuses.
+fn refuse_tool_servers(
+    parsed: &mut skein_dsl::Parsed,
+    policy: &crate::egress::EgressPolicy,
+    commands: &[std::path::PathBuf],
+) {
+    use skein_dsl::ir::ToolTransport;
+    let Some(workflow) = &parsed.workflow else {
+        return;
+    };
+    for (server, spec) in &workflow.tool_servers {
+        let span = parsed
+            .tool_transports
+            .get(server)
+            .copied()
+            .unwrap_or(skein_dsl::Span::point(0));
+        let refusal = match &spec.transport {
+            ToolTransport::Stdio { command } => {
+                let program = command.first().map(String::as_str).unwrap_or_default();
+                (!commands.iter().any(|allowed| allowed.as_os_str() == program)).then(|| {
+                    skein_dsl::Diagnostic::error(
+                        skein_dsl::Code::BadValue,
+                        span,
+                        format!("tool server `{server}` runs `{program}`, which this server does not allow"),
+                    )
+                    .with_label("this server does not run this program")
+                    .with_help(format!(
+                        "ask the admin to start the server with `--allow-tool-command {program}`, or use a tool server reached by `url`"
+                    ))
+                })
+            }
+            ToolTransport::Http { url, .. } => policy.check_url(url).err().map(|refusal| {
+                skein_dsl::Diagnostic::error(skein_dsl::Code::BadValue, span, refusal.to_string())
+                    .with_label("this server does not call this address")
+                    .with_help(
+                        "use a tool server outside this server and its local network, or ask the admin to allow it",
+                    )
+            }),
+        };
+        if let Some(diagnostic) = refusal {
+            parsed.diagnostics.push(diagnostic);
+        }
     }
 }
 

@@ -96,13 +96,7 @@ async fn submit(
             ),
         )
     })?;
-    let workflow = parse_workflow(
-        &principal,
-        request.name.as_deref(),
-        &request.workflow,
-        state.executor.clients().policy(),
-    )
-    .await?;
+    let workflow = parse_workflow(&principal, request.name.as_deref(), &request.workflow, &state.executor).await?;
     let key = idempotency_key(&headers)?;
     let idempotent = key.as_deref().map(|key| Idempotent { key, request: &body });
     let Submitted { run, replayed } = state

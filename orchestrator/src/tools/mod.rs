@@ -372,6 +372,22 @@ mod tests {
         assert_eq!(offered_name(&"s".repeat(40), &"t".repeat(40)).len(), 64);
     }
 
+    /// A run resumed after the admin took a program off the list does not run it.
+    #[tokio::test]
+    async fn a_program_off_the_admins_list_is_not_started() {
+        let yaml = "name: t\ntool_servers:\n  s: { command: [/bin/true] }\nagents:\n  a:\n    endpoint: { url: \"https://api.example.org/v1\", model: m }\n    tools: [s.x]\nsteps:\n  - { id: go, agent: a, prompt: hi }\n";
+        let workflow = skein_dsl::parse("t.yaml", yaml).workflow.unwrap();
+        let db = crate::store::Db::temporary().unwrap();
+        let secrets = crate::secrets::Secrets::open(&db, &crate::secrets::SecretsKey::random().unwrap()).unwrap();
+        let policy = crate::egress::EgressPolicy::new(crate::egress::EgressRules::default(), Vec::new());
+        let access = ToolAccess {
+            commands: Arc::new(Vec::new()),
+            clients: Clients::new(Arc::new(policy), secrets),
+        };
+        let error = ToolBox::connect(&workflow, "a", "alice", &access).await.unwrap_err();
+        assert!(error.to_string().contains("--allow-tool-command /bin/true"), "{error}");
+    }
+
     #[test]
     fn long_results_are_cut_at_a_character_boundary_and_say_so() {
         let text = "é".repeat(MAX_RESULT_BYTES);

@@ -341,6 +341,11 @@ impl Executor {
         self.inner.lifecycle.get().cloned().unwrap_or_default()
     }
 
+    /// The programs workflows' stdio tool servers may run (`--allow-tool-command`).
+    pub fn tool_commands(&self) -> &[std::path::PathBuf] {
+        &self.inner.config.tool_commands
+    }
+
     /// What a run's agent loops may reach: the admin's allowed tool programs, and the
     /// clients endpoint agents use (egress policy, secrets).
     fn tool_access(&self) -> crate::tools::ToolAccess {
