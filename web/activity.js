@@ -1,9 +1,10 @@
-// The side panel's lists: runs (a run opens with its steps), sessions (each movable
+// The side panel's lists: runs (a run opens with its steps and their agent loops), sessions (each movable
 // to another GPU from the page) and reflex events.
 
 import { $, h, kids } from "./dom.js";
 import { fmtTime, gib, memoryOf, nodesInOrder } from "./fleet.js";
 import { api } from "./live.js";
+import { loopRows } from "./runs.js";
 import { state } from "./state.js";
 
 // ---------------------------------------------------------------- runs
@@ -38,12 +39,28 @@ async function openRun(id, quiet) {
           h("td", {}, s.id), h("td", {}, s.agent),
           h("td", {}, h("span", { class: `badge ${s.state}` }, s.state), s.error ? h("div", { class: "error reason" }, s.error) : null),
           h("td", {}, s.instance || "")))))),
+      run.steps.filter((s) => s.turns && s.turns.length).map(agentLoop),
     ));
     if (!quiet) detail.querySelector("h3").scrollIntoView({ block: "nearest" });
   } catch (error) {
     const detail = $("run-detail");
     if (detail) detail.replaceChildren(...kids(h("p", { class: "error" }, error.message)));
   }
+}
+
+/** A step's agent loop: each tool call, live while the step runs. */
+function agentLoop(step) {
+  const rows = loopRows(step);
+  return h("div", { class: "agent-loop", "data-loop": step.id },
+    h("h4", {}, `${step.id}: agent loop (${rows.length} tool calls)`),
+    h("div", { class: "table-wrap" }, h("table", {},
+      h("thead", {}, h("tr", {}, h("th", { class: "num" }, "turn"), h("th", {}, "call"), h("th", {}, "result"), h("th", {}, "state"), h("th", { class: "num" }, "ms"))),
+      h("tbody", {}, rows.map((r) => h("tr", {},
+        h("td", { class: "num" }, String(r.turn)),
+        h("td", {}, `${r.name}(${r.args})`),
+        h("td", { class: r.error ? "error" : "" }, r.result),
+        h("td", {}, h("span", { class: `badge ${r.state}` }, r.state), r.sends > 1 ? ` ×${r.sends}` : ""),
+        h("td", { class: "num" }, r.ms == null ? "" : String(r.ms))))))));
 }
 
 // ---------------------------------------------------------------- sessions

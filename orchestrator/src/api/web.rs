@@ -40,6 +40,7 @@ const ASSETS: &[Asset] = &[
     asset!("layout.js", "text/javascript; charset=utf-8"),
     asset!("live.js", "text/javascript; charset=utf-8"),
     asset!("panels.js", "text/javascript; charset=utf-8"),
+    asset!("runs.js", "text/javascript; charset=utf-8"),
     asset!("sse.js", "text/javascript; charset=utf-8"),
     asset!("state.js", "text/javascript; charset=utf-8"),
     asset!("style.css", "text/css; charset=utf-8"),
