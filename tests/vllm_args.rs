@@ -233,6 +233,11 @@ fn every_vllm_command_line_parses_and_gives_each_worker_what_its_plan_needs() {
         args.contains("\"--tensor-parallel-size\",\"2\"") && args.contains("\"--pipeline-parallel-size\",\"4\""),
         "TP 2 × PP 4: {args}"
     );
+    // Llama 3 is served with its family's tool calls, which the pinned vLLM knows.
+    assert!(
+        args.contains("\"--enable-auto-tool-choice\",\"--tool-call-parser\",\"llama3_json\""),
+        "tool calls: {args}"
+    );
     cases.extend(big);
     // The reference fleet's split writer (over Ray) is among them.
     assert!(

@@ -46,6 +46,7 @@ fn vllm(model: &str, tp: u64, partition: &[u64], reserved: &[u64], total: &[u64]
         ray_address: None,
         hub_cache: None,
         kv_cache_bytes: None,
+        tool_call_parser: None,
     }
 }
 
@@ -90,13 +91,17 @@ fn writer_tensor_parallel_over_two_nvlinked_a100s_spec() -> LaunchSpec {
         &[1, 2],
         8192,
         1,
-        EngineLaunch::Vllm(vllm(
-            "meta-llama/Llama-3.1-70B-Instruct",
-            2,
-            &[80],
-            &[74 * GIB, 75 * GIB],
-            &[A100, A100],
-        )),
+        EngineLaunch::Vllm(VllmLaunch {
+            // Llama 3's tool calls, as the orchestrator asks for this family.
+            tool_call_parser: Some("llama3_json".to_owned()),
+            ..vllm(
+                "meta-llama/Llama-3.1-70B-Instruct",
+                2,
+                &[80],
+                &[74 * GIB, 75 * GIB],
+                &[A100, A100],
+            )
+        }),
     )
 }
 

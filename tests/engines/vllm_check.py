@@ -9,6 +9,8 @@ Each case: {"name", "args": [...after the program...], "env": {...},
 Prints one line per worker and exits 1 when any case fails.
 
 What is mirrored, from vLLM 0.33.0:
+- the tool-call parser named by `--tool-call-parser`: looked up as the server does at
+  start (`vllm/tool_parsers/abstract_tool_parser.py` `ToolParserManager.get_tool_parser`);
 - the parser: `vllm serve`'s (`vllm/entrypoints/cli/serve.py` `ServeSubcommand.subparser_init`
   calls `vllm/entrypoints/common/cli_args.py` `make_arg_parser`; `validate` calls
   `validate_parsed_serve_args`), then `AsyncEngineArgs.from_cli_args` and the
@@ -39,6 +41,7 @@ from vllm.config import CacheConfig  # noqa: E402
 from vllm.distributed.utils import get_pp_indices  # noqa: E402
 from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
 from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args  # noqa: E402
+from vllm.tool_parsers.abstract_tool_parser import ToolParserManager  # noqa: E402
 from vllm.utils.argparse_utils import FlexibleArgumentParser  # noqa: E402
 
 import vllm  # noqa: E402
@@ -52,6 +55,10 @@ def parse(argv):
     if args.subparser != "serve":
         raise ValueError(f"not `vllm serve`: {argv[:1]}")
     validate_parsed_serve_args(args)
+    # The server looks its tool parser up by name at start
+    # (`ToolParserManager.get_tool_parser`): a name it does not know fails there.
+    if args.tool_call_parser is not None:
+        ToolParserManager.get_tool_parser(args.tool_call_parser)
     engine = AsyncEngineArgs.from_cli_args(args)
     cache = CacheConfig(
         block_size=engine.block_size or 16,  # CUDA's default block size

@@ -247,6 +247,10 @@ pub struct VllmLaunch {
     /// budget on every GPU, which uneven stages cannot share.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_cache_bytes: Option<u64>,
+    /// `--enable-auto-tool-choice --tool-call-parser PARSER`: the model family's tool-call
+    /// parser; `None`: served without tool calling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_parser: Option<String>,
 }
 
 /// A process to start: program, arguments, and the environment added to the agent's.
@@ -531,6 +535,10 @@ impl LaunchSpec {
             // context to fit its own idea of free memory (`--fit` is on by default).
             "--fit".to_owned(),
             "off".to_owned(),
+            // The model's own chat template, which renders `tools` and lets llama.cpp
+            // parse the family's tool calls (on by default in recent builds; said here
+            // for older ones).
+            "--jinja".to_owned(),
         ];
         if let Some(mmproj) = &l.mmproj {
             args.extend(["--mmproj".to_owned(), mmproj.display().to_string()]);
@@ -656,6 +664,13 @@ impl LaunchSpec {
         }
         if v.enforce_eager {
             args.push("--enforce-eager".to_owned());
+        }
+        if let Some(parser) = &v.tool_call_parser {
+            args.extend([
+                "--enable-auto-tool-choice".to_owned(),
+                "--tool-call-parser".to_owned(),
+                parser.clone(),
+            ]);
         }
         if let Some(head) = &v.ray_address {
             args.extend(["--distributed-executor-backend".to_owned(), "ray".to_owned()]);

@@ -475,6 +475,7 @@ pub fn launch_spec(
                 ray_address: e.ray_address.clone(),
                 hub_cache,
                 kv_cache_bytes: e.kv_cache_bytes,
+                tool_call_parser: e.tool_call_parser.clone(),
             })
         }
         Some(start_instance::Engine::RayNode(e)) => EngineLaunch::RayNode(RayNodeLaunch {
@@ -583,6 +584,7 @@ mod tests {
                 kv_cache_dtype: None,
                 ray_address: None,
                 kv_cache_bytes: Some(3 << 30),
+                tool_call_parser: Some("hermes".to_owned()),
             }),
             vec![2, 3, 0, 1],
         );
@@ -597,6 +599,7 @@ mod tests {
         assert_eq!(v.layer_partition, vec![30, 34]);
         assert_eq!(v.quantization.as_deref(), Some("awq"));
         assert_eq!(v.kv_cache_bytes, Some(3 << 30));
+        assert_eq!(v.tool_call_parser.as_deref(), Some("hermes"));
 
         let llama = command(
             start_instance::Engine::LlamaCpp(pb::LlamaCppEngine {
