@@ -102,6 +102,45 @@ fn start(data: &Path, api: u16, extra: &[&str]) -> BareServer {
     )
 }
 
+/// A server that may run the testkit's `mcp-tools`, on a fixed port so that it can be
+/// killed and started again on the same data.
+struct Restartable {
+    data: PathBuf,
+    port: u16,
+    allow: String,
+    server: BareServer,
+    api: Api,
+}
+
+impl Restartable {
+    fn start(data: PathBuf) -> Restartable {
+        let port = free_port();
+        let allow = mcp_tools_path().to_string_lossy().into_owned();
+        let server = start(&data, port, &["--allow-tool-command", &allow]);
+        let api = Api::new(port);
+        api.wait_up();
+        Restartable {
+            data,
+            port,
+            allow,
+            server,
+            api,
+        }
+    }
+
+    /// SIGKILL, then a start on the same data and port, waiting until it answers.
+    fn kill_and_restart(&mut self) {
+        self.server.0.kill().unwrap();
+        self.server.0.wait().unwrap();
+        self.server = start(&self.data, self.port, &["--allow-tool-command", &self.allow]);
+        self.api.wait_up();
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.data.with_extension("log")).unwrap_or_default()
+    }
+}
+
 /// A workflow whose one step's agent (the model at `model`) may call `counter.count`
 /// on the tool server `server` (YAML of its fields).
 fn workflow(model: &str, server: &str, max_turns: u32) -> String {
@@ -286,15 +325,9 @@ fn kill_9_mid_loop_never_sends_a_completed_tool_call_again_nor_loses_a_result() 
     // A model that takes a little while, so that the kills land inside the loop.
     let model = WholeAnswer::tool_caller("counter__count", "{}", ROUNDS, Duration::from_millis(25));
     let tools = mcp_tools_path();
-    let tools_arg = tools.to_string_lossy().into_owned();
     let count_file = dir.path().join("count");
-    let data = dir.path().join("data");
-    let port = free_port();
-    let extra = ["--allow-tool-command", tools_arg.as_str()];
-    let mut server = start(&data, port, &extra);
-    let api = Api::new(port);
-    api.wait_up();
-    let id = api.submit(&workflow(
+    let mut lab = Restartable::start(dir.path().join("data"));
+    let id = lab.api.submit(&workflow(
         &model.url(),
         &stdio(&[&tools], &count_file, "retry"),
         ROUNDS as u32 + 1,
@@ -308,15 +341,11 @@ fn kill_9_mid_loop_never_sends_a_completed_tool_call_again_nor_loses_a_result() 
         if lines(&count_file) >= ROUNDS {
             break;
         }
-        server.0.kill().unwrap();
-        server.0.wait().unwrap();
+        lab.kill_and_restart();
         kills += 1;
-        server = start(&data, port, &extra);
-        api.wait_up();
     }
-    let run = api.finished(&id);
-    let log = std::fs::read_to_string(data.with_extension("log")).unwrap_or_default();
-    assert_eq!(run["state"], "succeeded", "after {kills} kills: {run:#}\n{log}");
+    let run = lab.api.finished(&id);
+    assert_eq!(run["state"], "succeeded", "after {kills} kills: {run:#}\n{}", lab.log());
     assert!(kills >= 2, "the loop ended before the server was killed twice");
     let calls = calls(&run);
     // No result lost: every call the model asked for came back, in order.
@@ -347,20 +376,15 @@ fn a_call_in_flight_at_a_kill_is_sent_again_under_retry_and_fails_its_attempt_un
     let dir = tempfile::tempdir().unwrap();
     let model = WholeAnswer::tool_caller("counter__sleep", r#"{"ms": 1500}"#, 1, Duration::ZERO);
     let tools = mcp_tools_path();
-    let tools_arg = tools.to_string_lossy().into_owned();
-    let data = dir.path().join("data");
-    let port = free_port();
-    let extra = ["--allow-tool-command", tools_arg.as_str()];
-    let mut server = start(&data, port, &extra);
-    let api = Api::new(port);
-    api.wait_up();
+    let mut lab = Restartable::start(dir.path().join("data"));
     for policy in ["retry", "fail"] {
         let server_yaml = stdio(&[&tools], &dir.path().join("count"), policy);
-        let id = api.submit(&workflow_with(&model.url(), &server_yaml, "sleep", 3));
+        let id = lab.api.submit(&workflow_with(&model.url(), &server_yaml, "sleep", 3));
         // Kill while the sleep is in flight: recorded as sent, no result.
         let deadline = Instant::now() + PATIENCE;
         loop {
-            let run = api
+            let run = lab
+                .api
                 .call(&format!("/v1/runs/{id}"), None)
                 .map(|(_, run)| run)
                 .unwrap_or_default();
@@ -370,11 +394,8 @@ fn a_call_in_flight_at_a_kill_is_sent_again_under_retry_and_fails_its_attempt_un
             assert!(Instant::now() < deadline, "{policy}: the call never went out: {run:#}");
             std::thread::sleep(Duration::from_millis(20));
         }
-        server.0.kill().unwrap();
-        server.0.wait().unwrap();
-        server = start(&data, port, &extra);
-        api.wait_up();
-        let run = api.finished(&id);
+        lab.kill_and_restart();
+        let run = lab.api.finished(&id);
         let call = &calls(&run)[0];
         match policy {
             "retry" => {
