@@ -64,11 +64,6 @@ impl Value {
         }
     }
 
-    /// Whether this is an absent metric.
-    pub fn is_absent(&self) -> bool {
-        matches!(self, Value::AbsentNumber | Value::AbsentFlag)
-    }
-
     /// Whether this value is, or holds anywhere inside it, an absent metric.
     pub fn holds_absent(&self) -> bool {
         match self {

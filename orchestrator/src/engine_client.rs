@@ -96,10 +96,16 @@ impl Clients {
     ///
     /// Errors: the policy refuses `url` ([`CallError::Denied`]).
     pub fn guarded(&self, url: &str) -> Result<reqwest::Client, CallError> {
+        self.endpoint_client(url).cloned()
+    }
+
+    /// The guarded client once `url` passes the policy (a URL naming an address is
+    /// never resolved, so it is checked here; names are checked as they are resolved).
+    fn endpoint_client(&self, url: &str) -> Result<&reqwest::Client, CallError> {
         self.policy
             .check_url(url)
             .map_err(|e| CallError::Denied(e.to_string()))?;
-        Ok(self.endpoints.clone())
+        Ok(&self.endpoints)
     }
 
     /// The client for `route`: an instance's, or for an endpoint, the guarded one once
@@ -109,10 +115,7 @@ impl Clients {
         if route.instance.is_some() {
             return Ok(&self.engines);
         }
-        self.policy
-            .check_url(url)
-            .map_err(|e| CallError::Denied(e.to_string()))?;
-        Ok(&self.endpoints)
+        self.endpoint_client(url)
     }
 }
 

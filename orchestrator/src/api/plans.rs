@@ -145,8 +145,7 @@ fn refuse_tool_servers(
             .unwrap_or(skein_dsl::Span::point(0));
         let refusal = match &spec.transport {
             ToolTransport::Stdio { command } => {
-                let program = command.first().map(String::as_str).unwrap_or_default();
-                (!commands.iter().any(|allowed| allowed.as_os_str() == program)).then(|| {
+                crate::tools::disallowed_program(command, commands).map(|program| {
                     skein_dsl::Diagnostic::error(
                         skein_dsl::Code::BadValue,
                         span,

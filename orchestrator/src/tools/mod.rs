@@ -105,6 +105,13 @@ pub struct ToolOutcome {
     pub is_error: bool,
 }
 
+/// The program of a stdio server's `command` when the admin did not allow it (it is
+/// compared as written with each of `allowed`); `None` when it may run.
+pub fn disallowed_program<'a>(command: &'a [String], allowed: &[PathBuf]) -> Option<&'a str> {
+    let program = command.first().map(String::as_str).unwrap_or_default();
+    (!allowed.iter().any(|a| a.as_os_str() == program)).then_some(program)
+}
+
 /// The name the model calls `tool` of `server` by: `server__tool`, with every
 /// character outside OpenAI's `[A-Za-z0-9_-]` as `_`, cut to 64 characters.
 pub fn offered_name(server: &str, tool: &str) -> String {
@@ -154,71 +161,69 @@ impl ToolBox {
         let Some(definition) = workflow.agents.get(agent) else {
             return Ok(toolbox);
         };
+        // The tools wanted of each server: `None` for all of them (`server.*`).
+        let mut wanted: BTreeMap<&str, Vec<Option<&str>>> = BTreeMap::new();
         for reference in &definition.tools {
-            let server = reference.server.as_str();
-            if !toolbox.servers.contains_key(server) {
-                let Some(spec) = workflow.tool_servers.get(server) else {
-                    return Err(ToolError::Unavailable {
-                        server: server.to_owned(),
-                        reason: "the workflow declares no such tool server".to_owned(),
-                    });
-                };
-                let service = tokio::time::timeout(CONNECT_TIMEOUT, connect(server, &spec.transport, owner, access))
-                    .await
-                    .map_err(|_| ToolError::Unavailable {
-                        server: server.to_owned(),
-                        reason: format!("no answer within {}s", CONNECT_TIMEOUT.as_secs()),
-                    })??;
-                toolbox.servers.insert(server.to_owned(), service);
-            }
-            let Some(service) = toolbox.servers.get(server) else {
-                continue;
+            wanted
+                .entry(reference.server.as_str())
+                .or_default()
+                .push(reference.tool.as_deref());
+        }
+        for (server, names) in wanted {
+            let unavailable = |reason: String| ToolError::Unavailable {
+                server: server.to_owned(),
+                reason,
             };
+            let spec = workflow
+                .tool_servers
+                .get(server)
+                .ok_or_else(|| unavailable("the workflow declares no such tool server".to_owned()))?;
+            let service = tokio::time::timeout(CONNECT_TIMEOUT, connect(server, &spec.transport, owner, access))
+                .await
+                .map_err(|_| unavailable(format!("no answer within {}s", CONNECT_TIMEOUT.as_secs())))??;
             let declared = tokio::time::timeout(CONNECT_TIMEOUT, service.peer().list_all_tools())
                 .await
-                .map_err(|_| ToolError::Unavailable {
-                    server: server.to_owned(),
-                    reason: format!("its tool list did not come within {}s", CONNECT_TIMEOUT.as_secs()),
+                .map_err(|_| {
+                    unavailable(format!(
+                        "its tool list did not come within {}s",
+                        CONNECT_TIMEOUT.as_secs()
+                    ))
                 })?
-                .map_err(|e| ToolError::Unavailable {
-                    server: server.to_owned(),
-                    reason: format!("cannot list its tools: {e}"),
-                })?;
-            let wanted: Vec<&rmcp::model::Tool> = match &reference.tool {
-                None => declared.iter().collect(),
-                Some(name) => match declared.iter().find(|t| t.name == name.as_str()) {
-                    Some(tool) => vec![tool],
-                    None => {
-                        return Err(ToolError::NoSuchTool {
-                            server: server.to_owned(),
-                            tool: name.clone(),
-                            available: declared
-                                .iter()
-                                .map(|t| t.name.to_string())
-                                .collect::<Vec<_>>()
-                                .join(", "),
-                        });
+                .map_err(|e| unavailable(format!("cannot list its tools: {e}")))?;
+            toolbox.servers.insert(server.to_owned(), service);
+            for name in names {
+                let tools: Vec<&rmcp::model::Tool> = match name {
+                    None => declared.iter().collect(),
+                    Some(name) => {
+                        let tool = declared
+                            .iter()
+                            .find(|t| t.name == name)
+                            .ok_or_else(|| ToolError::NoSuchTool {
+                                server: server.to_owned(),
+                                tool: name.to_owned(),
+                                available: declared
+                                    .iter()
+                                    .map(|t| t.name.to_string())
+                                    .collect::<Vec<_>>()
+                                    .join(", "),
+                            })?;
+                        vec![tool]
                     }
-                },
-            };
-            for tool in wanted {
-                toolbox.offered.insert(
-                    offered_name(server, &tool.name),
-                    Offered {
-                        server: server.to_owned(),
-                        tool: tool.name.to_string(),
-                        description: tool.description.as_ref().map(|d| d.to_string()),
-                        parameters: Value::Object((*tool.input_schema).clone()),
-                    },
-                );
+                };
+                for tool in tools {
+                    toolbox.offered.insert(
+                        offered_name(server, &tool.name),
+                        Offered {
+                            server: server.to_owned(),
+                            tool: tool.name.to_string(),
+                            description: tool.description.as_ref().map(|d| d.to_string()),
+                            parameters: Value::Object((*tool.input_schema).clone()),
+                        },
+                    );
+                }
             }
         }
         Ok(toolbox)
-    }
-
-    /// Whether the agent has any tool.
-    pub fn is_empty(&self) -> bool {
-        self.offered.is_empty()
     }
 
     /// The tools in OpenAI's `tools` format, in name order.
@@ -321,13 +326,13 @@ async fn connect(
     };
     match transport {
         ToolTransport::Stdio { command } => {
-            let program = command.first().map(String::as_str).unwrap_or_default();
-            if !access.commands.iter().any(|allowed| allowed.as_os_str() == program) {
+            if let Some(program) = disallowed_program(command, &access.commands) {
                 return Err(ToolError::NotAllowed {
                     server: server.to_owned(),
                     program: program.to_owned(),
                 });
             }
+            let program = command.first().map(String::as_str).unwrap_or_default();
             let mut cmd = tokio::process::Command::new(program);
             cmd.args(&command[1..]).env_clear().kill_on_drop(true);
             let (child, _) = TokioChildProcess::builder(cmd)

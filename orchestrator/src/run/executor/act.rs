@@ -17,7 +17,7 @@ use skein_dsl::ir::{DEFAULT_MAX_TURNS, InFlight, Workflow};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::base::unix_ms;
-use crate::engine_client::{Answer, CallError, Clients, Route, call};
+use crate::engine_client::{Answer, CallError, Route, call};
 use crate::run::record::{CallState, LoopChange, ToolCall, Turn};
 use crate::tools::{ToolAccess, ToolBox};
 
@@ -27,8 +27,7 @@ pub(super) type LoopChanges = mpsc::Sender<(String, LoopChange, oneshot::Sender<
 
 /// What one step's agent loop needs.
 pub(super) struct AgentLoop {
-    pub clients: Clients,
-    pub route: Route,
+    /// The tool servers it may reach, and the clients engines are called with.
     pub access: ToolAccess,
     pub workflow: Workflow,
     pub owner: String,
@@ -46,27 +45,33 @@ pub(super) struct AgentLoop {
 }
 
 impl AgentLoop {
-    /// Runs the loop to the model's final answer.
-    pub async fn run(self) -> Result<Answer, CallError> {
+    /// Runs the loop to the model's final answer, calling the model at `route`.
+    pub async fn run(self, route: Route) -> Result<Answer, CallError> {
         let toolbox = ToolBox::connect(&self.workflow, &self.agent, &self.owner, &self.access)
             .await
             .map_err(|e| CallError::Refused(e.to_string()))?;
-        let result = self.drive(&toolbox).await;
+        let result = self.drive(&route, &toolbox).await;
         toolbox.close().await;
         result
     }
 
-    async fn drive(&self, toolbox: &ToolBox) -> Result<Answer, CallError> {
+    async fn drive(&self, route: &Route, toolbox: &ToolBox) -> Result<Answer, CallError> {
         let max_turns = self
             .workflow
             .agents
             .get(&self.agent)
             .and_then(|a| a.max_turns)
             .unwrap_or(DEFAULT_MAX_TURNS) as usize;
-        let mut messages: Vec<Value> = self.request["messages"].as_array().cloned().unwrap_or_default();
+        // The request of every model call: the step's, with the tools, and the
+        // conversation growing in place.
+        let mut body = self.request.clone();
+        body["tools"] = Value::Array(toolbox.definitions());
+        if !body["messages"].is_array() {
+            body["messages"] = json!([]);
+        }
         // The recorded turns, replayed; calls without a result are sent now.
         for (t, turn) in self.recorded.iter().enumerate() {
-            messages.push(assistant_message(turn));
+            push(&mut body, assistant_message(turn));
             for (c, recorded) in turn.calls.iter().enumerate() {
                 let result = match recorded.state {
                     CallState::Returned => recorded.result.clone().unwrap_or_default(),
@@ -81,18 +86,15 @@ impl AgentLoop {
                         }
                     },
                 };
-                messages.push(tool_message(&recorded.id, &result));
+                push(&mut body, tool_message(&recorded.id, &result));
             }
         }
         let mut turns = self.recorded.len();
         loop {
             let last = turns + 1 >= max_turns;
-            let mut body = self.request.clone();
-            body["messages"] = Value::Array(messages.clone());
-            body["tools"] = Value::Array(toolbox.definitions());
             // The last model call must answer.
             body["tool_choice"] = json!(if last { "none" } else { "auto" });
-            let answer = call(&self.clients, &self.route, body, self.model_timeout).await?;
+            let answer = call(&self.access.clients, route, body.clone(), self.model_timeout).await?;
             if answer.tool_calls.is_empty() {
                 return Ok(answer);
             }
@@ -123,10 +125,10 @@ impl AgentLoop {
                 usage: answer.usage,
             };
             self.record(LoopChange::Turn(turn.clone())).await?;
-            messages.push(assistant_message(&turn));
+            push(&mut body, assistant_message(&turn));
             for (c, requested) in turn.calls.iter().enumerate() {
                 let result = self.send(toolbox, turns, c, requested).await?;
-                messages.push(tool_message(&requested.id, &result));
+                push(&mut body, tool_message(&requested.id, &result));
             }
             turns += 1;
         }
@@ -204,6 +206,13 @@ impl AgentLoop {
             Ok(true) => Ok(()),
             Ok(false) | Err(_) => Err(stopped()),
         }
+    }
+}
+
+/// Appends `message` to the conversation of `body` (whose `messages` is an array).
+fn push(body: &mut Value, message: Value) {
+    if let Some(messages) = body["messages"].as_array_mut() {
+        messages.push(message);
     }
 }
 

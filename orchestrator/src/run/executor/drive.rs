@@ -252,8 +252,6 @@ impl Executor {
                     .get(&agent)
                     .is_some_and(|a| !a.tools.is_empty())
                     .then(|| AgentLoop {
-                        clients: clients.clone(),
-                        route: route.clone(),
                         access: self.tool_access(),
                         workflow: run.workflow.clone(),
                         owner: owner.clone(),
@@ -278,7 +276,7 @@ impl Executor {
                         None => Ok(route),
                     };
                     let answer = match (route, agent_loop) {
-                        (Ok(route), Some(agent_loop)) => AgentLoop { route, ..agent_loop }.run().await,
+                        (Ok(route), Some(agent_loop)) => agent_loop.run(route).await,
                         (Ok(route), None) => call(&clients, &route, request.0, request.1).await,
                         (Err(error), _) => Err(error),
                     };
