@@ -147,6 +147,9 @@ pub fn check(cx: &mut Cx<'_>, draft: Draft<'_>) -> Option<Workflow> {
                 repeat,
                 timeout: s.timeout,
                 retries: s.retries,
+                output_schema: None,
+                for_each: None,
+                approval: None,
             });
         }
     }

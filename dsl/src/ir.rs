@@ -63,6 +63,8 @@ pub enum InputType {
     Number,
     /// `true` or `false`.
     Boolean,
+    /// A list of strings, numbers or booleans (what a `for_each` runs over).
+    List,
 }
 
 /// A typed input value.
@@ -77,6 +79,8 @@ pub enum InputValue {
     Number(f64),
     /// Text.
     String(String),
+    /// A list (of an input of type `list`).
+    List(Vec<InputValue>),
 }
 
 /// An agent: a model the orchestrator places, or a remote endpoint.
@@ -441,12 +445,14 @@ pub struct Endpoint {
     pub api_key_secret: Option<String>,
 }
 
-/// One step: a prompt sent to an agent.
+/// One step: a prompt sent to an agent (once, or once per item of a `for_each`),
+/// or text a person approves.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Step {
     /// Unique step id.
     pub id: String,
-    /// The agent that answers.
+    /// The agent that answers; empty for an approval step (a person answers).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub agent: String,
     /// The prompt, with `{{ expr }}` interpolations.
     pub prompt: Template,
@@ -464,6 +470,64 @@ pub struct Step {
     pub timeout: Option<Duration>,
     /// Attempts after the first when the agent fails.
     pub retries: u32,
+    /// The JSON Schema the answer must satisfy: the engine is asked for it
+    /// (`response_format`), the answer is validated, and a non-conforming answer
+    /// fails the attempt. Later steps read its fields as
+    /// `steps.<id>.output.json.<field>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<serde_json::Value>,
+    /// Run the step once per item of a list, in parallel up to a limit; its
+    /// output is the JSON array of the items' answers, in the list's order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub for_each: Option<ForEach>,
+    /// A step a person answers instead of an agent: the run waits until someone
+    /// approves or rejects it. Its `prompt` is the text to approve, and its
+    /// `agent` is empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<Approval>,
+}
+
+/// `for_each:` — one instance of the step per item of a list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForEach {
+    /// An expression whose value is the list (an input of type `list`, or an
+    /// earlier step's JSON such as `steps.plan.output.json.topics`). The step's
+    /// prompt reads the current item as `item` and its position as `index`
+    /// (from 0).
+    pub over: Expr,
+    /// Most items whose attempts run at once.
+    pub max_parallel: u32,
+}
+
+/// Items of a `for_each` that run at once when the workflow does not say.
+pub const DEFAULT_MAX_PARALLEL: u32 = 4;
+
+/// The most items one `for_each` may run at once.
+pub const MAX_PARALLEL: u32 = 256;
+
+/// The most items one `for_each` list may hold at run time.
+pub const MAX_ITEMS: usize = 10_000;
+
+/// `approval:` — a step that waits for a person.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Approval {
+    /// How long to wait; `None` waits until someone answers or the run is cancelled.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_duration")]
+    pub timeout: Option<Duration>,
+    /// What a timeout counts as.
+    #[serde(default)]
+    pub on_timeout: OnTimeout,
+}
+
+/// What an approval that nobody answered in time counts as.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnTimeout {
+    /// Rejected: the step fails, and the run with it.
+    #[default]
+    Reject,
+    /// Approved: the run goes on.
+    Approve,
 }
 
 /// `repeat:` — re-run from `back_to` through this step until `until` holds,

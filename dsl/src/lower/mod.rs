@@ -299,6 +299,8 @@ fn input_value(cx: &mut Cx<'_>, node: &Node, ty: InputType) -> Option<InputValue
         InputType::Integer => read::integer(cx, node, what, i64::MIN, i64::MAX).map(InputValue::Integer),
         InputType::Number => read::number(cx, node, what, f64::MIN, f64::MAX).map(InputValue::Number),
         InputType::Boolean => read::boolean(cx, node, what).map(InputValue::Boolean),
+        // Read by the DSL's list inputs (issue 29, for_each); not yet accepted.
+        InputType::List => None,
     }
 }
 

@@ -591,15 +591,7 @@ impl RunRecord {
     /// in this pass read as empty output with their status.
     fn variables(&self, iteration: Option<u32>) -> Bindings {
         let mut vars = Bindings::new();
-        let inputs = self.inputs.iter().map(|(k, v)| {
-            let value = match v {
-                InputValue::Boolean(b) => Value::Bool(*b),
-                InputValue::Integer(i) => Value::Int(*i),
-                InputValue::Number(n) => Value::Float(*n),
-                InputValue::String(s) => Value::Text(s.clone()),
-            };
-            (k.as_str(), value)
-        });
+        let inputs = self.inputs.iter().map(|(k, v)| (k.as_str(), input_value(v)));
         vars.insert("inputs".to_owned(), Value::map(inputs));
         let steps = self.steps.iter().map(|s| {
             let fields = Value::map([
@@ -638,6 +630,17 @@ impl StepRecord {
             usage: None,
             turns: Vec::new(),
         }
+    }
+}
+
+/// An input as expressions see it.
+fn input_value(value: &InputValue) -> Value {
+    match value {
+        InputValue::Boolean(b) => Value::Bool(*b),
+        InputValue::Integer(i) => Value::Int(*i),
+        InputValue::Number(n) => Value::Float(*n),
+        InputValue::String(s) => Value::Text(s.clone()),
+        InputValue::List(items) => Value::List(items.iter().map(input_value).collect()),
     }
 }
 

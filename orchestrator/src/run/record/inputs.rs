@@ -42,6 +42,7 @@ fn type_name(ty: InputType) -> &'static str {
         InputType::Integer => "an integer",
         InputType::Number => "a number",
         InputType::Boolean => "true or false",
+        InputType::List => "a JSON list of strings, numbers or booleans",
     }
 }
 
@@ -119,5 +120,36 @@ fn convert(name: &str, ty: InputType, value: &serde_json::Value) -> Result<Input
             .or_else(|| text.and_then(|t| t.parse().ok()))
             .map(InputValue::Boolean)
             .ok_or_else(wrong),
+        InputType::List => {
+            // `--input topics='["a","b"]'` arrives as text.
+            let parsed;
+            let items = match value {
+                Value::Array(items) => items,
+                Value::String(text) => {
+                    parsed = serde_json::from_str::<Value>(text).map_err(|_| wrong())?;
+                    parsed.as_array().ok_or_else(wrong)?
+                }
+                _ => return Err(wrong()),
+            };
+            items
+                .iter()
+                .map(|item| list_item(item).ok_or_else(wrong))
+                .collect::<Result<_, _>>()
+                .map(InputValue::List)
+        }
+    }
+}
+
+/// An item of a list input: a string, number or boolean.
+fn list_item(value: &serde_json::Value) -> Option<InputValue> {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => Some(InputValue::String(s.clone())),
+        Value::Bool(b) => Some(InputValue::Boolean(*b)),
+        Value::Number(n) => n
+            .as_i64()
+            .map(InputValue::Integer)
+            .or_else(|| n.as_f64().map(InputValue::Number)),
+        _ => None,
     }
 }
