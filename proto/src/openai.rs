@@ -39,6 +39,37 @@ pub struct ChatCompletionRequest {
     pub seed: Option<u64>,
     /// One stop string or several.
     pub stop: Option<Stop>,
+    /// The tools the model may call (OpenAI's `{"type": "function", "function": {…}}`),
+    /// passed to the engine as given.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Vec<Object>>))]
+    pub tools: Option<Vec<Value>>,
+    /// `none`, `auto`, `required` or `{"type": "function", "function": {"name": …}}`,
+    /// passed to the engine as given.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub tool_choice: Option<Value>,
+    /// Whether the model may ask for several calls in one answer.
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
+    /// `{"type": "json_object"}` or `{"type": "json_schema", "json_schema": {…}}`,
+    /// passed to the engine as given.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<Object>))]
+    pub response_format: Option<Value>,
+}
+
+impl ChatCompletionRequest {
+    /// Whether the request offers tools, names a tool choice, or holds tool calls or
+    /// tool results: what only a whole request (not a stored session) can carry.
+    pub fn uses_tools(&self) -> bool {
+        self.tools.as_ref().is_some_and(|t| !t.is_empty())
+            || self.tool_choice.is_some()
+            || self
+                .messages
+                .iter()
+                .any(|m| m.role == "tool" || m.tool_calls.as_ref().is_some_and(|c| !c.is_empty()))
+    }
 }
 
 /// `stream_options`.
@@ -82,6 +113,54 @@ pub struct ChatMessage {
     /// The content.
     #[serde(default)]
     pub content: Option<Content>,
+    /// The calls an assistant message asked for.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// The call a `tool` message answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+}
+
+/// A tool call, as an assistant message carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ToolCall {
+    /// The call's id, which the tool message with its result names.
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type", default = "function_kind")]
+    pub kind: String,
+    /// The function and its arguments.
+    pub function: FunctionCall,
+}
+
+fn function_kind() -> String {
+    "function".to_owned()
+}
+
+impl ToolCall {
+    /// A call of function `name` with `arguments` (JSON text).
+    pub fn new(id: impl Into<String>, name: impl Into<String>, arguments: impl Into<String>) -> ToolCall {
+        ToolCall {
+            id: id.into(),
+            kind: function_kind(),
+            function: FunctionCall {
+                name: name.into(),
+                arguments: arguments.into(),
+            },
+        }
+    }
+}
+
+/// The function a tool call names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FunctionCall {
+    /// The function's name.
+    pub name: String,
+    /// Its arguments: JSON text, as the model wrote it.
+    #[serde(default)]
+    pub arguments: String,
 }
 
 /// A message's content.
@@ -175,7 +254,7 @@ pub struct Choice {
     pub index: u32,
     /// The assistant's message.
     pub message: AnswerMessage,
-    /// `stop` or `length`.
+    /// `stop`, `length` or `tool_calls`.
     pub finish_reason: String,
 }
 
@@ -185,8 +264,11 @@ pub struct Choice {
 pub struct AnswerMessage {
     /// Always `assistant`.
     pub role: String,
-    /// The text.
-    pub content: String,
+    /// The text (null in an answer that only calls tools).
+    pub content: Option<String>,
+    /// The tools the model asked to call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
 }
 
 /// The non-streaming response body.
@@ -200,12 +282,46 @@ pub fn response_body(meta: &ResponseMeta, text: &str, finish_reason: &str, usage
             index: 0,
             message: AnswerMessage {
                 role: "assistant".to_owned(),
-                content: text.to_owned(),
+                content: Some(text.to_owned()),
+                tool_calls: Vec::new(),
             },
             finish_reason: finish_reason.to_owned(),
         }],
         usage,
     }
+}
+
+/// The non-streaming response body of an answer that may call tools: its content is
+/// null when it only calls tools.
+pub fn tool_response_body(
+    meta: &ResponseMeta,
+    text: &str,
+    tool_calls: Vec<ToolCall>,
+    finish_reason: &str,
+    usage: Option<Usage>,
+) -> ChatCompletion {
+    let mut body = response_body(meta, text, finish_reason, usage);
+    for choice in &mut body.choices {
+        if text.is_empty() && !tool_calls.is_empty() {
+            choice.message.content = None;
+        }
+        choice.message.tool_calls = tool_calls.clone();
+    }
+    body
+}
+
+/// A stream chunk's `delta` with a piece of tool call `index`: the first piece of a
+/// call carries its id and name, the rest only pieces of its arguments.
+pub fn tool_call_delta(index: usize, id: Option<&str>, name: Option<&str>, arguments: &str) -> Value {
+    let mut call = json!({ "index": index, "function": { "arguments": arguments } });
+    if let Some(id) = id {
+        call["id"] = json!(id);
+        call["type"] = json!("function");
+    }
+    if let Some(name) = name {
+        call["function"]["name"] = json!(name);
+    }
+    json!({ "tool_calls": [call] })
 }
 
 /// `GET /v1/models`.
