@@ -21,6 +21,8 @@
 //!   this crate starts threads; with the evaluation deadline, the one place
 //!   it reads a clock).
 //! - [`template`]: `{{ expr }}` prompt templates.
+//! - [`schema`]: a step's `output_schema` (JSON Schema) compiled, and the
+//!   check of an answer against it (what the orchestrator runs on each answer).
 //! - [`ir`]: the workflow IR every later stage consumes.
 //!
 //! # Example
@@ -40,6 +42,7 @@ mod lower;
 pub mod node;
 pub mod pool;
 mod read;
+pub mod schema;
 mod script;
 pub mod source;
 pub mod template;
