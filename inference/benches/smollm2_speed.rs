@@ -75,10 +75,10 @@ fn main() {
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
     let engine = Engine::load(&gguf, &candle_core::Device::Cpu).expect("load the GGUF");
     let prompt = engine
-        .render_prompt(&[TemplateMessage {
-            role: "user".to_owned(),
-            content: "Write a short story about a lighthouse keeper.".to_owned(),
-        }])
+        .render_prompt(&[TemplateMessage::new(
+            "user",
+            "Write a short story about a lighthouse keeper.",
+        )])
         .expect("render the prompt");
     let prompt: Vec<u32> = engine
         .tokenizer()

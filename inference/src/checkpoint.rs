@@ -25,6 +25,17 @@ pub enum Family {
     Qwen2,
 }
 
+impl Family {
+    /// The `model_type` of `config.json` for the family.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Family::Llama => "llama",
+            Family::Mistral => "mistral",
+            Family::Qwen2 => "qwen2",
+        }
+    }
+}
+
 /// The files of a model, found and checked.
 #[derive(Debug, Clone)]
 pub(crate) struct ModelFiles {

@@ -4,17 +4,20 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::sync::Arc;
 
-use candle_core::Device;
+use candle_core::{Device, Tensor};
 use candle_transformers::generation::{LogitsProcessor, Sampling};
 use serde_json::Value;
 use tokenizers::Tokenizer;
 
 use crate::Error;
 use crate::checkpoint::{self, ModelFiles, read_json};
+use crate::constrain::{Grammars, ResponseFormat};
 use crate::gguf_vocab;
 use crate::model::{self, Model};
 use crate::template::{ChatTemplate, TemplateMessage, token_text};
+use crate::tools::{ParsedCall, ToolFormat};
 
 /// Completion length when a request does not set `max_tokens`.
 pub const DEFAULT_MAX_TOKENS: usize = 256;
@@ -34,6 +37,27 @@ pub struct GenerationRequest {
     pub seed: u64,
     /// Strings that end the completion (not included in it).
     pub stop: Vec<String>,
+    /// The tools offered (OpenAI's definitions, rendered by the chat template); with
+    /// any, the answer is parsed for calls in the model's format.
+    pub tools: Vec<Value>,
+    /// What the answer must be; anything but text constrains sampling.
+    pub response_format: ResponseFormat,
+}
+
+impl GenerationRequest {
+    /// A request for free text with no tools.
+    pub fn new(messages: Vec<TemplateMessage>, seed: u64) -> GenerationRequest {
+        GenerationRequest {
+            messages,
+            max_tokens: None,
+            temperature: None,
+            top_p: None,
+            seed,
+            stop: Vec::new(),
+            tools: Vec::new(),
+            response_format: ResponseFormat::Text,
+        }
+    }
 }
 
 /// Why generation ended.
@@ -43,6 +67,8 @@ pub enum FinishReason {
     Stop,
     /// `max_tokens` (or the context) was reached.
     Length,
+    /// The answer calls tools.
+    ToolCalls,
 }
 
 impl FinishReason {
@@ -51,6 +77,7 @@ impl FinishReason {
         match self {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
+            FinishReason::ToolCalls => "tool_calls",
         }
     }
 }
@@ -67,6 +94,9 @@ pub struct Completion {
     pub completion_tokens: usize,
     /// Why it ended.
     pub finish_reason: FinishReason,
+    /// The tools the answer calls (then [`Completion::text`] is the text around the
+    /// calls, and the reason is [`FinishReason::ToolCalls`]).
+    pub tool_calls: Vec<ParsedCall>,
 }
 
 /// A model ready to generate.
@@ -77,6 +107,10 @@ pub struct Engine {
     eos: BTreeSet<u32>,
     context: usize,
     device: Device,
+    vocab_size: usize,
+    tool_format: Option<ToolFormat>,
+    /// Built on the first constrained request (or the reason it cannot be).
+    grammars: Option<Result<Arc<Grammars>, String>>,
 }
 
 impl std::fmt::Debug for Engine {
@@ -176,6 +210,15 @@ impl Engine {
                 })?;
             eos.insert(id);
         }
+        let model_type = match &files.weights {
+            checkpoint::Weights::Safetensors { config, family, .. } => config
+                .get("model_type")
+                .and_then(Value::as_str)
+                .map_or_else(|| family.model_type().to_owned(), str::to_owned),
+            // Only Llama GGUF files load.
+            checkpoint::Weights::Gguf { .. } => "llama".to_owned(),
+        };
+        let tool_format = ToolFormat::of(&model_type, template.source());
         tracing::info!(dir = %files.dir.display(), "loading weights");
         let loaded = model::load(&files.weights, device)?;
         let tokenizer_vocab = tokenizer.get_vocab_size(true);
@@ -193,6 +236,9 @@ impl Engine {
             eos,
             context: loaded.context,
             device: device.clone(),
+            vocab_size: loaded.vocab_size.max(tokenizer_vocab),
+            tool_format,
+            grammars: None,
         })
     }
 
@@ -242,6 +288,21 @@ impl Engine {
         Ok(generated)
     }
 
+    /// The format this model writes tool calls in; `None`: it cannot call tools.
+    pub fn tool_format(&self) -> Option<ToolFormat> {
+        self.tool_format
+    }
+
+    /// The grammar compiler of this model's vocabulary, built once.
+    fn grammars(&mut self) -> Result<Arc<Grammars>, Error> {
+        let built = self.grammars.get_or_insert_with(|| {
+            Grammars::new(&self.tokenizer, self.vocab_size, &self.eos)
+                .map(Arc::new)
+                .map_err(|error| error.to_string())
+        });
+        built.clone().map_err(|reason| Error::Grammar { reason })
+    }
+
     /// The end-of-sequence token ids.
     pub fn eos_ids(&self) -> &BTreeSet<u32> {
         &self.eos
@@ -254,18 +315,40 @@ impl Engine {
         self.template.render(messages, true)
     }
 
+    /// The prompt a conversation renders to with `tools` offered.
+    ///
+    /// Errors: [`Error::ChatTemplate`].
+    pub fn render_prompt_with_tools(&self, messages: &[TemplateMessage], tools: &[Value]) -> Result<String, Error> {
+        self.template.render_with_tools(messages, tools, true)
+    }
+
     /// Generates a completion, handing each new piece of text to `on_text` as soon as
     /// it is final (never a part of a stop string, never half a character). The pieces
-    /// concatenate to [`Completion::text`].
+    /// concatenate to [`Completion::text`]. With tools offered, the text is handed
+    /// over at the end, once the calls are parsed out of it.
+    ///
+    /// With a `response_format`, each token is sampled among those the format allows
+    /// and generation stops when the format is complete.
     ///
     /// Errors: [`Error::ChatTemplate`], [`Error::Tokenize`], [`Error::ContextOverflow`]
-    /// for a prompt that fills the context, [`Error::Candle`] if the model fails.
+    /// for a prompt that fills the context, [`Error::CannotCallTools`] for tools offered
+    /// to a model that cannot call them, [`Error::Grammar`] for a response format that
+    /// cannot be used, [`Error::Candle`] if the model fails.
     pub fn generate(
         &mut self,
         request: &GenerationRequest,
         mut on_text: impl FnMut(&str),
     ) -> Result<Completion, Error> {
-        let prompt = self.render_prompt(&request.messages)?;
+        let tool_format = match (request.tools.is_empty(), self.tool_format) {
+            (true, _) => None,
+            (false, Some(format)) => Some(format),
+            (false, None) => return Err(Error::CannotCallTools),
+        };
+        let mut matcher = match request.response_format {
+            ResponseFormat::Text => None,
+            _ => self.grammars()?.matcher(&request.response_format)?,
+        };
+        let prompt = self.render_prompt_with_tools(&request.messages, &request.tools)?;
         // The template writes the special tokens itself (`bos_token` among them), so
         // the tokenizer must not add its own.
         let encoding = self
@@ -293,8 +376,11 @@ impl Engine {
         let mut position = 0usize;
         let mut finish_reason = FinishReason::Length;
         while generated.len() < max_tokens {
-            let logits = self.model.forward(&input, position, &self.device)?;
+            let mut logits = self.model.forward(&input, position, &self.device)?;
             position += input.len();
+            if let Some(matcher) = matcher.as_mut() {
+                logits = masked(matcher, &logits)?;
+            }
             let next = sampler.sample(&logits).map_err(|source| Error::Candle {
                 action: "sample the next token".to_owned(),
                 source,
@@ -304,9 +390,11 @@ impl Engine {
                 finish_reason = FinishReason::Stop;
                 break;
             }
+            // Tool-call markers may be special tokens (Mistral's `[TOOL_CALLS]`): kept
+            // for the parser when tools are offered.
             text = self
                 .tokenizer
-                .decode(&generated, true)
+                .decode(&generated, tool_format.is_none())
                 .map_err(|source| Error::Tokenize { source })?;
             if let Some(at) = request.stop.iter().filter_map(|stop| text.find(stop.as_str())).min() {
                 text.truncate(at);
@@ -314,11 +402,29 @@ impl Engine {
                 break;
             }
             let safe = final_len(&text, &request.stop);
-            if safe > emitted {
+            if safe > emitted && tool_format.is_none() {
                 on_text(text.get(emitted..safe).unwrap_or_default());
                 emitted = safe;
             }
+            if let Some(matcher) = matcher.as_mut() {
+                matcher
+                    .consume_token(next)
+                    .map_err(|e| Error::Constraint { reason: e.to_string() })?;
+                if matcher.is_stopped() {
+                    finish_reason = FinishReason::Stop;
+                    break;
+                }
+            }
             input = vec![next];
+        }
+        let mut tool_calls = Vec::new();
+        if let Some(format) = tool_format {
+            let parsed = format.parse(&text);
+            if !parsed.calls.is_empty() {
+                text = parsed.content;
+                tool_calls = parsed.calls;
+                finish_reason = FinishReason::ToolCalls;
+            }
         }
         if let Some(rest) = text.get(emitted..).filter(|rest| !rest.is_empty()) {
             on_text(rest);
@@ -328,8 +434,28 @@ impl Engine {
             prompt_tokens,
             completion_tokens: generated.len(),
             finish_reason,
+            tool_calls,
         })
     }
+}
+
+/// `logits` with every token the matcher does not allow now at minus infinity.
+fn masked(matcher: &mut llguidance::Matcher, logits: &Tensor) -> Result<Tensor, Error> {
+    let constraint = |e: &dyn std::fmt::Display| Error::Constraint { reason: e.to_string() };
+    let mask = matcher.compute_mask_or_eos().map_err(|e| constraint(&e))?;
+    let mut values = logits.to_vec1::<f32>().map_err(|source| Error::Candle {
+        action: "read the logits".to_owned(),
+        source,
+    })?;
+    for (id, value) in (0u32..).zip(values.iter_mut()) {
+        if !mask.is_allowed(id) {
+            *value = f32::NEG_INFINITY;
+        }
+    }
+    Tensor::new(values, logits.device()).map_err(|source| Error::Candle {
+        action: "mask the logits".to_owned(),
+        source,
+    })
 }
 
 /// The sampler a request asks for.

@@ -190,6 +190,30 @@ pub enum Error {
         context: usize,
     },
 
+    /// A request's `response_format` cannot constrain this model's sampling: its
+    /// schema does not compile, or the tokenizer is of a kind the constraint engine
+    /// does not read. The client's fault or the model's; answered 400.
+    #[error("{reason}")]
+    Grammar {
+        /// What is wrong, for the client.
+        reason: String,
+    },
+
+    /// A request offers tools to a model that cannot call them: its chat template
+    /// takes no `tools`, or its tool-call format is unknown. Answered 400.
+    #[error(
+        "this model cannot call tools: its chat template takes no `tools` or writes calls in no format the engine knows \
+         (Hermes `<tool_call>`, Llama 3 JSON, Mistral `[TOOL_CALLS]`); help: send the request without `tools`"
+    )]
+    CannotCallTools,
+
+    /// Constrained sampling failed while generating (the grammar engine's own error).
+    #[error("constrained sampling failed: {reason}")]
+    Constraint {
+        /// The grammar engine's message.
+        reason: String,
+    },
+
     /// The prompt could not be tokenized or the output decoded.
     #[error("tokenizing or decoding failed")]
     Tokenize {

@@ -11,6 +11,11 @@
 //! - `gguf_llama`: a GGUF Llama on the CPU, our own forward pass over the file's blocks.
 //! - `quant`: its matrix products (quantized activations, the Q4_1 AVX2 kernel, threads).
 //! - [`template`]: the chat template of `tokenizer_config.json`, rendered by minijinja.
+//! - [`tools`]: [`ToolFormat`], the tool-call formats (Hermes, Llama 3 JSON, Mistral):
+//!   which one a model writes ([`ToolFormat::of`], also the planner's test of whether a
+//!   model can call tools) and the calls parsed out of its text.
+//! - [`constrain`]: [`ResponseFormat`] and the `llguidance` matcher over the model's
+//!   token trie that constrains sampling to it.
 //! - [`engine`]: [`Engine`], a loaded model that generates one completion at a time.
 //! - [`openai`]: the wire format (requests, responses, stream chunks, error bodies).
 //! - `server`: [`serve`], the axum routes, admission and the generation thread.
@@ -32,6 +37,7 @@
 #![warn(missing_docs)]
 
 mod checkpoint;
+pub mod constrain;
 pub mod engine;
 mod error;
 mod gguf_llama;
@@ -41,10 +47,13 @@ pub mod openai;
 mod quant;
 mod server;
 pub mod template;
+pub mod tools;
 
 pub use checkpoint::Family;
+pub use constrain::ResponseFormat;
 pub use engine::{Completion, DEFAULT_MAX_TOKENS, Engine, FinishReason, GenerationRequest};
 pub use error::Error;
 pub use gguf_vocab::{gguf_tokenizer, gguf_tokenizer_supported};
 pub use server::{ApiKey, DeviceSpec, QUEUE_CAPACITY, RETRY_AFTER_S, RunningEngine, STREAM_BUFFER, ServeConfig, serve};
 pub use template::{ChatTemplate, TemplateMessage};
+pub use tools::{ParsedAnswer, ParsedCall, ToolFormat};

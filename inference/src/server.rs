@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
@@ -30,9 +30,11 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::Error;
+use crate::constrain::ResponseFormat;
 use crate::engine::{Completion, Engine, GenerationRequest};
 use crate::openai::{self, ChatCompletionRequest, ResponseMeta};
 use crate::template::TemplateMessage;
+use crate::tools::{self, ToolFormat};
 
 /// Requests admitted but not yet generating; beyond it the server answers 503.
 pub const QUEUE_CAPACITY: usize = 8;
@@ -175,6 +177,8 @@ struct Shared {
     api_key: Option<ApiKey>,
     seed: u64,
     status: RwLock<Status>,
+    /// Set once the model is loaded: the format it writes tool calls in, if any.
+    tool_format: OnceLock<Option<ToolFormat>>,
     jobs: mpsc::Sender<Job>,
     next_id: AtomicU64,
 }
@@ -269,6 +273,7 @@ pub async fn serve(config: ServeConfig) -> Result<RunningEngine, Error> {
         api_key: config.api_key.clone(),
         seed: config.seed,
         status: RwLock::new(Status::Loading),
+        tool_format: OnceLock::new(),
         jobs,
         next_id: AtomicU64::new(0),
     });
@@ -317,7 +322,12 @@ fn generation_thread(
         .and_then(|device| Engine::load(&config.model, &device));
     let mut engine = match engine {
         Ok(engine) => {
-            tracing::info!(elapsed_ms = started.elapsed().as_millis() as u64, "model loaded");
+            tracing::info!(
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                tool_format = engine.tool_format().map_or("none", ToolFormat::name),
+                "model loaded"
+            );
+            let _ = shared.tool_format.set(engine.tool_format());
             shared.set_status(Status::Ready);
             let _ = loaded.send(Ok(()));
             engine
@@ -367,7 +377,13 @@ fn generation_error(error: &Error) -> Response {
             "invalid_request_error",
             "context_length_exceeded",
         ),
-        Error::ChatTemplate { .. } => bad_request(&message),
+        Error::ChatTemplate { .. } | Error::Grammar { .. } => bad_request(&message),
+        Error::CannotCallTools => error_response(
+            StatusCode::BAD_REQUEST,
+            &message,
+            "invalid_request_error",
+            "tools_unsupported",
+        ),
         _ => error_response(
             StatusCode::INTERNAL_SERVER_ERROR,
             &message,
@@ -462,6 +478,11 @@ fn validate(shared: &Shared, request: ChatCompletionRequest) -> Result<Generatio
     if max_tokens == Some(0) {
         return Err(Box::new(bad_request("`max_tokens` must be at least 1")));
     }
+    let tools = offered_tools(shared, request.tools.unwrap_or_default(), request.tool_choice.as_ref())?;
+    let response_format = match &request.response_format {
+        None => ResponseFormat::Text,
+        Some(format) => ResponseFormat::from_request(format).map_err(|message| Box::new(bad_request(&message)))?,
+    };
     let mut messages = Vec::with_capacity(request.messages.len());
     for (index, message) in request.messages.into_iter().enumerate() {
         let content = match message.content {
@@ -472,9 +493,15 @@ fn validate(shared: &Shared, request: ChatCompletionRequest) -> Result<Generatio
                 )))
             })?,
         };
+        let tool_calls = message
+            .tool_calls
+            .filter(|calls| !calls.is_empty())
+            .map(|calls| calls.iter().map(template_call).collect());
         messages.push(TemplateMessage {
             role: message.role,
             content,
+            tool_calls,
+            tool_call_id: message.tool_call_id,
         });
     }
     Ok(GenerationRequest {
@@ -484,7 +511,66 @@ fn validate(shared: &Shared, request: ChatCompletionRequest) -> Result<Generatio
         top_p: request.top_p,
         seed: request.seed.unwrap_or(shared.seed),
         stop: request.stop.map(openai::Stop::into_vec).unwrap_or_default(),
+        tools,
+        response_format,
     })
+}
+
+/// The tools a request offers the model after its `tool_choice`: none for `none`, the
+/// one named by `{"type": "function", "function": {"name": …}}`, else all. Refused
+/// (400) when the model cannot call tools (known once it is loaded) or the named
+/// function is not offered.
+fn offered_tools(shared: &Shared, tools: Vec<Value>, choice: Option<&Value>) -> Result<Vec<Value>, Box<Response>> {
+    let tools = match choice {
+        Some(Value::String(choice)) if choice == "none" => return Ok(Vec::new()),
+        Some(Value::Object(choice)) => {
+            let name = choice
+                .get("function")
+                .and_then(|function| function.get("name"))
+                .and_then(Value::as_str)
+                .ok_or_else(|| Box::new(bad_request("`tool_choice` names no function")))?;
+            let named: Vec<Value> = tools
+                .into_iter()
+                .filter(|tool| tool.pointer("/function/name").and_then(Value::as_str) == Some(name))
+                .collect();
+            if named.is_empty() {
+                return Err(Box::new(bad_request(&format!(
+                    "`tool_choice` names `{name}`, which `tools` does not offer"
+                ))));
+            }
+            named
+        }
+        _ => tools,
+    };
+    if !tools.is_empty() && shared.tool_format.get().is_some_and(Option::is_none) {
+        return Err(Box::new(generation_error(&Error::CannotCallTools)));
+    }
+    Ok(tools)
+}
+
+/// An assistant message's call as the chat template reads it: OpenAI's shape, with
+/// the arguments as a JSON object when they parse as one (as `transformers` users
+/// pass them), else as the text they are.
+fn template_call(call: &openai::ToolCall) -> Value {
+    let arguments = serde_json::from_str::<Value>(&call.function.arguments)
+        .ok()
+        .filter(Value::is_object)
+        .unwrap_or_else(|| Value::String(call.function.arguments.clone()));
+    json!({
+        "id": call.id,
+        "type": call.kind,
+        "function": { "name": call.function.name, "arguments": arguments },
+    })
+}
+
+/// The OpenAI calls of a completion, with ids made from the response's.
+fn openai_calls(meta: &ResponseMeta, completion: &Completion) -> Vec<openai::ToolCall> {
+    completion
+        .tool_calls
+        .iter()
+        .enumerate()
+        .map(|(index, call)| openai::ToolCall::new(tools::call_id(&meta.id, index), &call.name, &call.arguments))
+        .collect()
 }
 
 /// Queues a job, or answers why it cannot be queued.
@@ -577,9 +663,10 @@ async fn chat_completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Res
             return *response;
         }
         match completion.await {
-            Ok(Ok(completion)) => axum::Json(openai::response_body(
+            Ok(Ok(completion)) => axum::Json(openai::tool_response_body(
                 &meta,
                 &completion.text,
+                openai_calls(&meta, &completion),
                 completion.finish_reason.as_str(),
                 Some(openai::usage_of(&completion)),
             ))
@@ -595,8 +682,8 @@ fn data(value: &Value) -> Result<Event, Infallible> {
 }
 
 /// The SSE events of a streaming completion: a role chunk, a chunk per text piece, a
-/// finish chunk (and a usage chunk when asked), then `[DONE]`; an error mid-way is sent
-/// as an error body and ends the stream.
+/// chunk per tool call (whole, at the end), a finish chunk (and a usage chunk when
+/// asked), then `[DONE]`; an error mid-way is sent as an error body and ends the stream.
 fn event_stream(
     meta: ResponseMeta,
     pieces: mpsc::Receiver<Piece>,
@@ -622,12 +709,29 @@ fn event_stream(
                         Some((data(&chunk), (Phase::Pieces, pieces)))
                     }
                     Some(Piece::Done(Ok(completion))) => {
-                        let mut tail = Vec::new();
+                        let mut tail: Vec<Value> = openai_calls(&meta, &completion)
+                            .iter()
+                            .enumerate()
+                            .map(|(index, call)| {
+                                let delta = openai::tool_call_delta(
+                                    index,
+                                    Some(&call.id),
+                                    Some(&call.function.name),
+                                    &call.function.arguments,
+                                );
+                                openai::chunk_body(&meta, delta, None)
+                            })
+                            .collect();
+                        tail.push(openai::chunk_body(
+                            &meta,
+                            json!({}),
+                            Some(completion.finish_reason.as_str()),
+                        ));
                         if include_usage {
                             tail.push(openai::usage_chunk_body(&meta, openai::usage_of(&completion)));
                         }
-                        let chunk = openai::chunk_body(&meta, json!({}), Some(completion.finish_reason.as_str()));
-                        Some((data(&chunk), (Phase::Tail(tail), pieces)))
+                        let first = tail.remove(0);
+                        Some((data(&first), (Phase::Tail(tail), pieces)))
                     }
                     Some(Piece::Done(Err(error))) => {
                         let body = openai::error_body(

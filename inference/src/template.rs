@@ -21,12 +21,34 @@ pub struct TemplateMessage {
     pub role: String,
     /// The text.
     pub content: String,
+    /// An assistant message's tool calls, in OpenAI's shape
+    /// (`{"id", "type": "function", "function": {"name", "arguments"}}`) but with the
+    /// arguments as a JSON object, which the templates write with `tojson`. Absent
+    /// (not `null`) for a message without calls, as `transformers` sees it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Value>>,
+    /// The call a `tool` message answers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl TemplateMessage {
+    /// A message with text only.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> TemplateMessage {
+        TemplateMessage {
+            role: role.into(),
+            content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+        }
+    }
 }
 
 /// A compiled chat template and the special tokens it may refer to.
 pub struct ChatTemplate {
     env: Environment<'static>,
     path: PathBuf,
+    source: String,
     /// The beginning-of-sequence token's text (may be empty).
     pub bos_token: String,
     /// The end-of-sequence token's text (may be empty).
@@ -102,7 +124,7 @@ impl ChatTemplate {
             },
         );
         env.add_function("strftime_now", |format: String| strftime(&format, SystemTime::now()));
-        env.add_template_owned(TEMPLATE_NAME, source)
+        env.add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(|source| Error::ChatTemplate {
                 path: path.to_path_buf(),
                 source,
@@ -110,6 +132,7 @@ impl ChatTemplate {
         Ok(ChatTemplate {
             env,
             path: path.to_path_buf(),
+            source,
             bos_token,
             eos_token,
         })
@@ -121,6 +144,25 @@ impl ChatTemplate {
     /// Errors: [`Error::ChatTemplate`] when rendering fails (an unexpected role order
     /// that the template refuses with `raise_exception`, among others).
     pub fn render(&self, messages: &[TemplateMessage], add_generation_prompt: bool) -> Result<String, Error> {
+        self.render_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// The template's source.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Renders `messages` offering `tools` (OpenAI's `{"type": "function", "function":
+    /// {…}}` definitions, the `tools` variable of Hugging Face templates; `none` when
+    /// there are none, as `transformers` passes it).
+    ///
+    /// Errors: as [`ChatTemplate::render`].
+    pub fn render_with_tools(
+        &self,
+        messages: &[TemplateMessage],
+        tools: &[Value],
+        add_generation_prompt: bool,
+    ) -> Result<String, Error> {
         let error = |source| Error::ChatTemplate {
             path: self.path.clone(),
             source,
@@ -129,6 +171,7 @@ impl ChatTemplate {
         template
             .render(context! {
                 messages => messages,
+                tools => (!tools.is_empty()).then_some(tools),
                 bos_token => &self.bos_token,
                 eos_token => &self.eos_token,
                 add_generation_prompt => add_generation_prompt,

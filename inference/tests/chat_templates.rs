@@ -116,10 +116,7 @@ fn fixtures() -> Vec<Fixture> {
 }
 
 fn message(role: &str, content: &str) -> TemplateMessage {
-    TemplateMessage {
-        role: role.to_owned(),
-        content: content.to_owned(),
-    }
+    TemplateMessage::new(role, content)
 }
 
 /// The conversations rendered, each with and without the generation prompt.

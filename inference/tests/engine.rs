@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use skein_inference::{DeviceSpec, Engine, Error, FinishReason, GenerationRequest, ServeConfig, TemplateMessage};
+use skein_inference::{
+    DeviceSpec, Engine, Error, FinishReason, GenerationRequest, ResponseFormat, ServeConfig, TemplateMessage,
+};
 use skein_model_registry::hub::{HubClientBuilder, HubConfig, RepoId};
 use skein_testkit::mock_hub::MockHub;
 use skein_testkit::tiny_llama;
@@ -39,14 +41,8 @@ fn tiny_dir() -> tempfile::TempDir {
 
 fn user(text: &str) -> Vec<TemplateMessage> {
     vec![
-        TemplateMessage {
-            role: "system".to_owned(),
-            content: "You are terse.".to_owned(),
-        },
-        TemplateMessage {
-            role: "user".to_owned(),
-            content: text.to_owned(),
-        },
+        TemplateMessage::new("system", "You are terse."),
+        TemplateMessage::new("user", text),
     ]
 }
 
@@ -58,6 +54,8 @@ fn request(max_tokens: usize, temperature: f64, seed: u64) -> GenerationRequest 
         top_p: None,
         seed,
         stop: Vec::new(),
+        tools: Vec::new(),
+        response_format: ResponseFormat::Text,
     }
 }
 

@@ -23,7 +23,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use skein_inference::{Engine, GenerationRequest, TemplateMessage};
+use skein_inference::{Engine, GenerationRequest, ResponseFormat, TemplateMessage};
 use skein_model_registry::hub::{HubClientBuilder, HubConfig, RepoId};
 use skein_testkit::mock_hub::{MockHub, MockRepo};
 use skein_testkit::smollm2::{self, Architecture, LlamaServer};
@@ -92,10 +92,7 @@ async fn download(repo: MockRepo, cache: &Path) -> PathBuf {
 }
 
 fn messages(question: &str) -> Vec<TemplateMessage> {
-    vec![TemplateMessage {
-        role: "user".to_owned(),
-        content: question.to_owned(),
-    }]
+    vec![TemplateMessage::new("user", question)]
 }
 
 /// The built-in engine on `repo`, downloaded through a mock hub into `cache`.
@@ -191,20 +188,16 @@ fn assert_answers_paris(engine: &mut Engine, max_tokens: usize) -> skein_inferen
         .generate(
             &GenerationRequest {
                 messages: vec![
-                    TemplateMessage {
-                        role: "system".to_owned(),
-                        content: "You are a helpful assistant.".to_owned(),
-                    },
-                    TemplateMessage {
-                        role: "user".to_owned(),
-                        content: QUESTION.to_owned(),
-                    },
+                    TemplateMessage::new("system", "You are a helpful assistant."),
+                    TemplateMessage::new("user", QUESTION),
                 ],
                 max_tokens: Some(max_tokens),
                 temperature: Some(0.0),
                 top_p: None,
                 seed: 1,
                 stop: Vec::new(),
+                tools: Vec::new(),
+                response_format: ResponseFormat::Text,
             },
             |_| {},
         )
