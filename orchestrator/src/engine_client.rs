@@ -202,6 +202,59 @@ pub struct RequestedCall {
     pub arguments: String,
 }
 
+/// A piece of a streamed answer: text, or a piece of a tool call as OpenAI streams
+/// them (the first piece of call `index` carries its id and name, later ones pieces of
+/// its arguments).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    /// Text of the answer.
+    Text(String),
+    /// A piece of a tool call.
+    ToolCall(CallPiece),
+}
+
+/// A piece of tool call `index` of a streamed answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallPiece {
+    /// Which call of the answer, from 0.
+    pub index: usize,
+    /// Its id (the first piece).
+    pub id: Option<String>,
+    /// The function's name (the first piece).
+    pub name: Option<String>,
+    /// A piece of its arguments' JSON text.
+    pub arguments: String,
+}
+
+/// Where the pieces of a streamed answer go as they arrive. A sender of text gets the
+/// text only; a sender of [`Piece`]s gets the tool-call pieces too. A closed receiver
+/// stops nothing.
+pub trait Pieces: Sync {
+    /// A piece of text.
+    fn text(&self, text: String) -> impl Future<Output = ()> + Send;
+    /// A piece of a tool call (ignored by default).
+    fn tool_call(&self, piece: CallPiece) -> impl Future<Output = ()> + Send {
+        let _ = piece;
+        async {}
+    }
+}
+
+impl Pieces for mpsc::Sender<String> {
+    async fn text(&self, text: String) {
+        let _ = self.send(text).await;
+    }
+}
+
+impl Pieces for mpsc::Sender<Piece> {
+    async fn text(&self, text: String) {
+        let _ = self.send(Piece::Text(text)).await;
+    }
+
+    async fn tool_call(&self, piece: CallPiece) {
+        let _ = self.send(Piece::ToolCall(piece)).await;
+    }
+}
+
 /// Answers with fewer generated tokens give no decode speed (too noisy).
 pub const MIN_MEASURED_TOKENS: u64 = 8;
 
@@ -242,7 +295,7 @@ struct Choice {
     #[serde(default)]
     message: Option<Message>,
     #[serde(default)]
-    delta: Option<Message>,
+    delta: Option<Delta>,
     #[serde(default)]
     finish_reason: Option<String>,
 }
@@ -253,6 +306,62 @@ struct Message {
     content: Option<String>,
     #[serde(default)]
     tool_calls: Vec<WireCall>,
+}
+
+/// A stream chunk's delta: a piece of text, pieces of tool calls.
+#[derive(Deserialize)]
+struct Delta {
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Vec<DeltaCall>,
+}
+
+#[derive(Deserialize)]
+struct DeltaCall {
+    #[serde(default)]
+    index: usize,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    function: Option<DeltaFunction>,
+}
+
+#[derive(Deserialize)]
+struct DeltaFunction {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    arguments: Option<String>,
+}
+
+/// The most tool calls one streamed answer may hold (an engine's `index` is not
+/// trusted to size anything).
+const MAX_STREAMED_CALLS: usize = 128;
+
+/// Adds a streamed piece of a tool call to `calls`: a new index starts a call.
+fn add_call_piece(calls: &mut Vec<RequestedCall>, piece: &CallPiece) -> Result<(), CallError> {
+    if piece.index >= MAX_STREAMED_CALLS || piece.index > calls.len() {
+        return Err(CallError::Engine(format!(
+            "the engine streamed a piece of tool call {} after {} calls",
+            piece.index,
+            calls.len()
+        )));
+    }
+    if piece.index == calls.len() {
+        calls.push(RequestedCall {
+            id: piece.id.clone().unwrap_or_else(|| format!("call_{}", piece.index)),
+            name: String::new(),
+            arguments: String::new(),
+        });
+    }
+    if let Some(call) = calls.get_mut(piece.index) {
+        if let Some(name) = &piece.name {
+            call.name.push_str(name);
+        }
+        call.arguments.push_str(&piece.arguments);
+    }
+    Ok(())
 }
 
 #[derive(Deserialize)]
@@ -401,15 +510,15 @@ fn whole_answer(text: &str, start: Instant) -> Result<Answer, CallError> {
     })
 }
 
-/// One chat completion, streamed: each piece of text goes to `tokens` as it arrives
-/// (a closed receiver stops nothing: the answer is still read whole), and the whole
-/// answer is returned at the end.
-pub async fn call_streaming(
+/// One chat completion, streamed: each piece of text (and of a tool call, for a sink
+/// of [`Piece`]s) goes to `tokens` as it arrives (a closed receiver stops nothing: the
+/// answer is still read whole), and the whole answer is returned at the end.
+pub async fn call_streaming<S: Pieces>(
     clients: &Clients,
     route: &Route,
     body: serde_json::Value,
     timeout: Duration,
-    tokens: &mpsc::Sender<String>,
+    tokens: &S,
 ) -> Result<Answer, CallError> {
     let url = format!("{}/chat/completions", route.base_url);
     let start = Instant::now();
@@ -428,7 +537,16 @@ pub async fn call_streaming(
             .map_err(|e| CallError::Engine(format!("the answer from {url} was cut off: {e}")))?;
         let answer = whole_answer(&text, start)?;
         if !answer.content.is_empty() {
-            let _ = tokens.send(answer.content.clone()).await;
+            tokens.text(answer.content.clone()).await;
+        }
+        for (index, call) in answer.tool_calls.iter().enumerate() {
+            let piece = CallPiece {
+                index,
+                id: Some(call.id.clone()),
+                name: Some(call.name.clone()),
+                arguments: call.arguments.clone(),
+            };
+            tokens.tool_call(piece).await;
         }
         return Ok(answer);
     }
@@ -465,10 +583,29 @@ pub async fn call_streaming(
                 engine_rate = Some(rate);
             }
             for choice in chunk.choices {
-                if let Some(text) = choice.delta.and_then(|d| d.content).filter(|t| !t.is_empty()) {
+                let Delta { content, tool_calls } = choice.delta.unwrap_or(Delta {
+                    content: None,
+                    tool_calls: Vec::new(),
+                });
+                if let Some(text) = content.filter(|t| !t.is_empty()) {
                     first.get_or_insert_with(Instant::now);
                     answer.content.push_str(&text);
-                    let _ = tokens.send(text).await;
+                    tokens.text(text).await;
+                }
+                for call in tool_calls {
+                    first.get_or_insert_with(Instant::now);
+                    let (name, arguments) = match call.function {
+                        Some(f) => (f.name, f.arguments.unwrap_or_default()),
+                        None => (None, String::new()),
+                    };
+                    let piece = CallPiece {
+                        index: call.index,
+                        id: call.id,
+                        name,
+                        arguments,
+                    };
+                    add_call_piece(&mut answer.tool_calls, &piece)?;
+                    tokens.tool_call(piece).await;
                 }
                 if choice.finish_reason.is_some() {
                     answer.finish_reason = choice.finish_reason;

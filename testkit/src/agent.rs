@@ -2,7 +2,8 @@
 //! over the real agent protocol, streams telemetry, and answers `StartInstance` by
 //! starting an OpenAI-compatible fake engine in-process (it answers `echo: <prompt>`,
 //! and can fail or be slow on request; it demands the start's `engine_api_key`, as real
-//! engines do). Dropping it is a machine dying: its node goes
+//! engines do; offered tools and not answering a tool result, it calls a tool, whole
+//! or streamed as OpenAI streams calls: [`tool_call_answer`]). Dropping it is a machine dying: its node goes
 //! silent and its engines stop answering.
 
 use std::collections::BTreeMap;
@@ -120,6 +121,9 @@ async fn chat(
         .and_then(|m| m["content"].as_str())
         .unwrap_or("")
         .to_owned();
+    if let Some(answer) = tool_call_answer(&body, &prompt) {
+        return answer;
+    }
     let reply = format!("echo: {prompt}");
     if body["stream"] == json!(true) {
         // The OpenAI stream: a chunk per word, the finish, the usage, `[DONE]`.
@@ -146,6 +150,61 @@ async fn chat(
         "usage": {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
     }))
     .into_response()
+}
+
+/// The fake engine's tool call, when the request offers tools (and `tool_choice` is not
+/// `none`) and its last message is not a tool result: a call of the chosen function (or
+/// the first offered) with `{"text": PROMPT}`, id `call_echo_N` (N the number of
+/// messages). Streamed: the call's id and name first, then its arguments in three
+/// pieces, the `tool_calls` finish, usage, `[DONE]`.
+fn tool_call_answer(body: &Value, prompt: &str) -> Option<axum::response::Response> {
+    use axum::response::IntoResponse;
+    let tools = body["tools"].as_array().filter(|t| !t.is_empty())?;
+    let messages = body["messages"].as_array()?;
+    if body["tool_choice"] == "none" || messages.last().is_some_and(|m| m["role"] == "tool") {
+        return None;
+    }
+    let name = body["tool_choice"]["function"]["name"]
+        .as_str()
+        .or_else(|| tools[0]["function"]["name"].as_str())?
+        .to_owned();
+    let id = format!("call_echo_{}", messages.len());
+    let arguments = json!({ "text": prompt }).to_string();
+    let usage = json!({"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8});
+    if body["stream"] != json!(true) {
+        let call = json!({"id": id, "type": "function", "function": {"name": name, "arguments": arguments}});
+        return Some(
+            axum::Json(json!({
+                "id": "x", "object": "chat.completion", "model": body["model"],
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": [call]},
+                             "finish_reason": "tool_calls"}],
+                "usage": usage,
+            }))
+            .into_response(),
+        );
+    }
+    let chunk = |delta: Value, finish: Value| {
+        json!({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+            .to_string()
+    };
+    let mut events = vec![chunk(
+        json!({"role": "assistant", "tool_calls": [{"index": 0, "id": id, "type": "function",
+                                                     "function": {"name": name, "arguments": ""}}]}),
+        Value::Null,
+    )];
+    let chars: Vec<char> = arguments.chars().collect();
+    for piece in chars.chunks(chars.len().div_ceil(3).max(1)) {
+        let piece: String = piece.iter().collect();
+        events.push(chunk(
+            json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}),
+            Value::Null,
+        ));
+    }
+    events.push(chunk(json!({}), json!("tool_calls")));
+    events.push(json!({"object": "chat.completion.chunk", "choices": [], "usage": usage}).to_string());
+    events.push("[DONE]".to_owned());
+    let text: String = events.iter().map(|e| format!("data: {e}\n\n")).collect();
+    Some(([(axum::http::header::CONTENT_TYPE, "text/event-stream")], text).into_response())
 }
 
 /// Serves the OpenAI chat route on loopback; returns its base URL.

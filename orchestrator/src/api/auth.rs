@@ -20,8 +20,13 @@ fn bearer_token(value: &str) -> Option<&str> {
         .filter(|t| !t.is_empty())
 }
 
-/// Finds who presents the request's bearer token and hands them to the route as an
-/// extension ([`Principal`]); 401 without a live token.
+/// The route that also takes the token as `x-api-key` (Anthropic's clients send their
+/// key there).
+const API_KEY_ROUTE: &str = "/v1/messages";
+
+/// Finds who presents the request's bearer token (on [`API_KEY_ROUTE`], or its
+/// `x-api-key`) and hands them to the route as an extension ([`Principal`]); 401
+/// without a live token.
 pub(super) async fn authorize(
     State(state): State<ApiState>,
     mut request: Request,
@@ -31,7 +36,15 @@ pub(super) async fn authorize(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(bearer_token);
+        .and_then(bearer_token)
+        .or_else(|| {
+            (request.uri().path() == API_KEY_ROUTE)
+                .then(|| request.headers().get("x-api-key"))
+                .flatten()
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+        });
     let Some(token) = presented else {
         return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,

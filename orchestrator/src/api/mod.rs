@@ -3,7 +3,8 @@
 //! workflow on the live graph), runs and instances ([`runs`]) and `GET /metrics`
 //! (Prometheus text).
 //!
-//! Every route but `/healthz` needs `Authorization: Bearer <API token>`.
+//! Every route but `/healthz` needs `Authorization: Bearer <API token>` (`POST
+//! /v1/messages` also takes it as `x-api-key`, as Anthropic's clients send it).
 
 use std::sync::Arc;
 
@@ -18,6 +19,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 
 pub use crate::auth::Principal;
 
+mod anthropic;
 mod auth;
 mod error;
 mod evaluate;
@@ -119,6 +121,7 @@ pub(crate) fn protected_routes() -> OpenApiRouter<ApiState> {
         .merge(join::routes())
         .merge(sessions::routes())
         .merge(openai::routes())
+        .merge(anthropic::routes())
         .merge(events::routes())
         .merge(metrics::routes())
 }

@@ -100,7 +100,7 @@ fn add_error(operation: &mut utoipa::openapi::path::Operation, status: StatusCod
 #[openapi(
     info(
         title = "Skein API",
-        description = "The orchestrator's REST API: the hardware graph, plans, runs, instances, sessions, users' tokens, and OpenAI-compatible chat completions. Every route but /healthz and /v1/openapi.json needs `Authorization: Bearer <API token>`. Errors answer `{\"error\": {\"code\", \"message\"}}`; lists answer `{\"data\": [...], \"next\": cursor | null}`; times are RFC 3339."
+        description = "The orchestrator's REST API: the hardware graph, plans, runs, instances, sessions, users' tokens, OpenAI-compatible chat completions and Anthropic-compatible messages. Every route but /healthz and /v1/openapi.json needs `Authorization: Bearer <API token>`. Errors answer `{\"error\": {\"code\", \"message\"}}`; lists answer `{\"data\": [...], \"next\": cursor | null}`; times are RFC 3339."
     ),
     modifiers(&BearerScheme),
     security(("bearer" = [])),
@@ -111,6 +111,7 @@ fn add_error(operation: &mut utoipa::openapi::path::Operation, status: StatusCod
         (name = "runs", description = "Submitted workflows and the model instances serving them"),
         (name = "sessions", description = "Durable conversations with an agent (docs/sessions.md)"),
         (name = "openai", description = "OpenAI-compatible routes for existing clients"),
+        (name = "anthropic", description = "The Anthropic-compatible Messages route for existing clients (the token may come as `x-api-key`)"),
         (name = "tokens", description = "Users' API tokens (admin only)"),
         (name = "secrets", description = "Users' secrets, the keys of their endpoint agents (never shown again)"),
         (name = "join", description = "Join tokens and node identities: who may join the fleet as which node (admin only)"),

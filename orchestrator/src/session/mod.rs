@@ -29,7 +29,7 @@ pub use limits::{Admission, ChatLimits, Flight, LimitError, Permit, RequestSize}
 pub use log::{AppendOutcome, CreateKey, Created, LogConfig, LogError, SessionLog};
 pub use record::{Binding, MessageRecord, NewMessage, Role, SessionRecord};
 pub use service::{
-    Migration, MoveTo, NewSession, Reply, Sampling, SessionError, Sessions, SessionsConfig, Target, Turn,
+    Migration, MoveTo, NewSession, Prompt, Reply, Sampling, SessionError, Sessions, SessionsConfig, Target, Turn,
 };
 pub use store::{SessionStore, SledSessions};
 

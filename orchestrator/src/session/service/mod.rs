@@ -21,11 +21,11 @@ use tokio::sync::mpsc;
 
 use super::limits::{Admission, ChatLimits, Flight, LimitError, Permit, RequestSize};
 use super::log::{CreateKey, Created, LogError, SessionLog};
-use super::record::{self, Binding, Invalid, MessageRecord, NewMessage, Role, SessionRecord};
+use super::record::{self, Binding, Invalid, MessageRecord, NewMessage, SessionRecord};
 use super::store::Page;
 use crate::auth::Principal;
 use crate::base::{lock, new_id, unix_ms};
-use crate::engine_client::{Answer, CallError, Route};
+use crate::engine_client::{Answer, CallError, Pieces, Route};
 use crate::instances::{InstanceView, Instances};
 use crate::run::{ContextWanted, Executor, Pin, ProvideError};
 use crate::store::StoreError;
@@ -163,6 +163,16 @@ pub struct Turn {
     /// Whether the agent answers; false only stores the messages (context a client
     /// adds without asking for a reply).
     pub reply: bool,
+}
+
+/// A completion's prompt as the engine takes it ([`Sessions::complete_prompt`]).
+#[derive(Debug, Clone, Default)]
+pub struct Prompt {
+    /// The messages, in OpenAI's form.
+    pub messages: Vec<serde_json::Value>,
+    /// Request fields passed to the engine as given (`tools`, `tool_choice`,
+    /// `parallel_tool_calls`, `response_format`).
+    pub fields: serde_json::Map<String, serde_json::Value>,
 }
 
 /// Sampling a client asks for, over the agent's.
@@ -469,15 +479,39 @@ impl Sessions {
     /// instance provided for the model.
     ///
     /// Errors: [`SessionError`].
-    pub async fn complete(
+    pub async fn complete<S: Pieces>(
         &self,
         principal: &Principal,
         target: &Target,
         messages: Vec<NewMessage>,
         sampling: Sampling,
-        tokens: Option<&mpsc::Sender<String>>,
+        tokens: Option<&S>,
     ) -> Result<Answer, SessionError> {
         self.inner.config.limits.check(RequestSize::of_messages(&messages))?;
+        let sent = messages
+            .iter()
+            .map(|m| serde_json::json!({"role": m.role.name(), "content": m.content}))
+            .collect();
+        let prompt = Prompt {
+            messages: sent,
+            fields: serde_json::Map::new(),
+        };
+        self.complete_prompt(principal, target, prompt, sampling, tokens).await
+    }
+
+    /// [`Sessions::complete`] of a prompt as the engine takes it: messages in OpenAI's
+    /// form (tool calls and tool results among them) and fields passed on as given
+    /// (`tools`, `tool_choice`, …). The caller has bounded its size.
+    ///
+    /// Errors: [`SessionError`].
+    pub async fn complete_prompt<S: Pieces>(
+        &self,
+        principal: &Principal,
+        target: &Target,
+        prompt: Prompt,
+        sampling: Sampling,
+        tokens: Option<&S>,
+    ) -> Result<Answer, SessionError> {
         sampling.check()?;
         let (agent, definition, run) = match target {
             Target::RunAgent { run, agent } => {
@@ -513,15 +547,14 @@ impl Sessions {
             }
         };
         self.note_run(&route, served.as_deref());
-        let has_system = messages.iter().any(|m| m.role == Role::System);
+        let has_system = prompt.messages.iter().any(|m| m["role"] == "system");
         let mut sent = Vec::new();
         if let (false, Some(system)) = (has_system, &definition.system) {
             sent.push(serde_json::json!({"role": "system", "content": system}));
         }
-        for m in &messages {
-            sent.push(serde_json::json!({"role": m.role.name(), "content": m.content}));
-        }
-        let mut body = serde_json::json!({ "messages": sent });
+        sent.extend(prompt.messages);
+        let mut body = serde_json::Value::Object(prompt.fields);
+        body["messages"] = serde_json::Value::Array(sent);
         sampling.write(&definition, &mut body);
         let serves = run.as_deref().map(|r| (r, agent.as_str()));
         self.call(&route, serves, None, &principal.user, body, tokens)

@@ -3,10 +3,9 @@
 //! exceeded).
 
 use skein_dsl::ir::Agent;
-use tokio::sync::mpsc;
 
 use crate::auth::Principal;
-use crate::engine_client::{self, Answer, CallError, Route};
+use crate::engine_client::{self, Answer, CallError, Pieces, Route};
 use crate::run::Pin;
 use crate::session::limits::RequestSize;
 use crate::session::record::{self, MessageRecord, NewMessage, Role};
@@ -167,14 +166,14 @@ impl Sessions {
     /// the instance's serving figures, or, for a remote endpoint serving the agent of a
     /// run (`serves`: run and agent), in the agent's; the instance records `user` among
     /// its users (its logs may hold their prompt from now on).
-    pub(super) async fn call(
+    pub(super) async fn call<S: Pieces>(
         &self,
         route: &Route,
         serves: Option<(&str, &str)>,
         session: Option<&str>,
         user: &str,
         body: serde_json::Value,
-        tokens: Option<&mpsc::Sender<String>>,
+        tokens: Option<&S>,
     ) -> Result<Answer, CallError> {
         let timeout = self.inner.config.reply_timeout;
         if let Some(instance) = &route.instance {

@@ -7,19 +7,26 @@
 //!   `X-Skein-Session` header), the request continues that session: its `messages` are
 //!   the new ones, the session holds the history, and the reply is stored
 //!   (`Idempotency-Key` makes a retry a no-op that answers, or streams, the stored reply).
+//!   Without a session, `tools`, `tool_choice`, `parallel_tool_calls` and
+//!   `response_format` reach the engine as given, assistant messages may carry
+//!   `tool_calls` and `tool` messages their results; the answer carries the model's
+//!   `tool_calls` (streamed as OpenAI streams them, [`stream`]). A session stores text
+//!   only: tools on a session request are refused (400).
 //! - `GET /v1/models`: the agents of the user's runs and the models they use.
 //!
 //! A chat completion has the limits of a session turn ([`crate::session::limits`]):
 //! its body is measured before it is parsed (413), and it counts against the user's
 //! chat requests and streams in flight (429).
 
+mod stream;
+
 use std::collections::BTreeSet;
-use std::convert::Infallible;
+use std::pin::Pin;
 
 use axum::Json;
 use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::sse::{Event, Sse};
+use axum::response::sse::Sse;
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde::Deserialize;
@@ -35,8 +42,8 @@ use super::extract::{body, idempotency_key};
 use super::openapi::ServerSentEvent;
 use super::sessions::chat_body;
 use super::{ApiState, Principal};
-use crate::engine_client::Answer;
-use crate::session::{Flight, NewMessage, Role, Sampling, SessionError, Turn};
+use crate::engine_client::{Answer, Piece};
+use crate::session::{Flight, NewMessage, Prompt, Role, Sampling, SessionError, Turn};
 
 /// Text pieces of a streamed completion that may wait for a slow reader.
 const STREAM_BUFFER: usize = 256;
@@ -58,7 +65,7 @@ struct CompletionRequest {
     session_id: Option<String>,
 }
 
-fn meta(model: &str) -> ResponseMeta {
+pub(super) fn meta(model: &str) -> ResponseMeta {
     let now = crate::base::unix_ms().0;
     ResponseMeta {
         id: format!("chatcmpl-{now:x}{:04x}", rand_suffix()),
@@ -73,7 +80,7 @@ fn rand_suffix() -> u16 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-fn usage(answer: &Answer) -> Option<openai::Usage> {
+pub(super) fn usage(answer: &Answer) -> Option<openai::Usage> {
     answer.usage.map(|u| {
         let prompt = usize::try_from(u.prompt_tokens).unwrap_or(usize::MAX);
         let completion = usize::try_from(u.completion_tokens).unwrap_or(usize::MAX);
@@ -85,7 +92,26 @@ fn usage(answer: &Answer) -> Option<openai::Usage> {
     })
 }
 
-/// The request's messages as a turn's: text only; `tool` messages are refused.
+/// 400 naming what is wrong with `field`.
+fn bad(field: &str, what: &str) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, format!("`{field}` {what}"))
+}
+
+/// The text of message `index`'s content (none: empty).
+fn text_of(index: usize, content: Option<openai::Content>) -> Result<String, ApiError> {
+    match content {
+        Some(content) => content.text().map_err(|kind| {
+            bad(
+                &format!("messages[{index}].content"),
+                &format!("has a `{kind}` part; only text parts are taken"),
+            )
+        }),
+        None => Ok(String::new()),
+    }
+}
+
+/// The request's messages as a session turn's: text only; tool calls and `tool`
+/// messages are refused (a session stores text).
 fn messages(request: ChatCompletionRequest) -> Result<Vec<NewMessage>, ApiError> {
     request
         .messages
@@ -97,24 +123,146 @@ fn messages(request: ChatCompletionRequest) -> Result<Vec<NewMessage>, ApiError>
                 "user" => Role::User,
                 "assistant" => Role::Assistant,
                 other => {
-                    return Err(ApiError::new(
-                        StatusCode::BAD_REQUEST,
-                        format!("messages[{index}] has role `{other}`; Skein agents take system, user and assistant messages"),
+                    return Err(bad(
+                        &format!("messages[{index}].role"),
+                        &format!("is `{other}`; a session takes system, user and assistant messages (tool results only without a session)"),
                     ));
                 }
             };
-            let content = match m.content {
-                Some(content) => content.text().map_err(|kind| {
-                    ApiError::new(
-                        StatusCode::BAD_REQUEST,
-                        format!("messages[{index}] has a `{kind}` part; only text parts are taken"),
-                    )
-                })?,
-                None => String::new(),
-            };
-            Ok(NewMessage::new(role, content))
+            Ok(NewMessage::new(role, text_of(index, m.content)?))
         })
         .collect()
+}
+
+/// The most tools one request may offer.
+pub(super) const MAX_TOOLS: usize = 128;
+
+/// Checks `tools`: each a function with a name.
+fn check_tools(tools: &[Value]) -> Result<(), ApiError> {
+    if tools.len() > MAX_TOOLS {
+        return Err(bad(
+            "tools",
+            &format!("has {} tools; at most {MAX_TOOLS} are taken", tools.len()),
+        ));
+    }
+    for (index, tool) in tools.iter().enumerate() {
+        if tool.get("type").is_some_and(|t| t != "function") {
+            return Err(bad(&format!("tools[{index}].type"), "must be `function`"));
+        }
+        if !tool.pointer("/function/name").is_some_and(Value::is_string) {
+            return Err(bad(
+                &format!("tools[{index}].function.name"),
+                "is missing; each tool is {\"type\": \"function\", \"function\": {\"name\": …, \"parameters\": {…}}}",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A request without a session as the engine takes it: its messages in OpenAI's form
+/// (tool calls and tool results kept), and its tool fields as given.
+fn prompt(request: ChatCompletionRequest) -> Result<Prompt, ApiError> {
+    let mut fields = serde_json::Map::new();
+    if let Some(tools) = request.tools {
+        check_tools(&tools)?;
+        fields.insert("tools".to_owned(), Value::Array(tools));
+    }
+    if let Some(choice) = request.tool_choice {
+        fields.insert("tool_choice".to_owned(), choice);
+    }
+    if let Some(parallel) = request.parallel_tool_calls {
+        fields.insert("parallel_tool_calls".to_owned(), json!(parallel));
+    }
+    if let Some(format) = request.response_format {
+        if !format.is_object() {
+            return Err(bad(
+                "response_format",
+                "must be an object such as {\"type\": \"json_object\"}",
+            ));
+        }
+        fields.insert("response_format".to_owned(), format);
+    }
+    let mut sent = Vec::with_capacity(request.messages.len());
+    for (index, m) in request.messages.into_iter().enumerate() {
+        let content = text_of(index, m.content.clone())?;
+        let message = match m.role.as_str() {
+            "system" | "developer" => json!({"role": "system", "content": content}),
+            "user" => json!({"role": "user", "content": content}),
+            "assistant" => {
+                let calls = m.tool_calls.unwrap_or_default();
+                if calls.is_empty() {
+                    json!({"role": "assistant", "content": content})
+                } else {
+                    for (c, call) in calls.iter().enumerate() {
+                        if call.id.is_empty() || call.function.name.is_empty() {
+                            return Err(bad(
+                                &format!("messages[{index}].tool_calls[{c}]"),
+                                "needs an `id` and a `function.name`",
+                            ));
+                        }
+                    }
+                    let content = (!content.is_empty()).then_some(content);
+                    json!({"role": "assistant", "content": content, "tool_calls": calls})
+                }
+            }
+            "tool" => {
+                let id = m.tool_call_id.filter(|id| !id.is_empty()).ok_or_else(|| {
+                    bad(
+                        &format!("messages[{index}].tool_call_id"),
+                        "is missing; a tool message names the call it answers",
+                    )
+                })?;
+                json!({"role": "tool", "tool_call_id": id, "content": content})
+            }
+            other => {
+                return Err(bad(
+                    &format!("messages[{index}].role"),
+                    &format!("is `{other}`; give system, developer, user, assistant or tool"),
+                ));
+            }
+        };
+        sent.push(message);
+    }
+    Ok(Prompt { messages: sent, fields })
+}
+
+/// What a request without a session asks: a prompt with the fields the session layer
+/// cannot store, refused (400) when a session was named.
+fn refuse_tools_on_session(request: &ChatCompletionRequest) -> Result<(), ApiError> {
+    let field = if request.uses_tools() {
+        Some("tools")
+    } else if request.response_format.is_some() {
+        Some("response_format")
+    } else {
+        request.parallel_tool_calls.map(|_| "parallel_tool_calls")
+    };
+    match field {
+        Some(field) => Err(bad(
+            field,
+            "(and tool calls or tool results) is taken only without a session: a session stores text messages. \
+             help: leave out session_id (and X-Skein-Session) and send the whole conversation",
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The answer's tool calls in OpenAI's form.
+pub(super) fn tool_calls(answer: &Answer) -> Vec<openai::ToolCall> {
+    answer
+        .tool_calls
+        .iter()
+        .map(|c| openai::ToolCall::new(c.id.clone(), c.name.clone(), c.arguments.clone()))
+        .collect()
+}
+
+/// Why the answer ended: the engine's reason, else `tool_calls` when it called tools,
+/// else `stop`.
+pub(super) fn finish_reason(answer: &Answer) -> String {
+    match &answer.finish_reason {
+        Some(reason) => reason.clone(),
+        None if !answer.tool_calls.is_empty() => "tool_calls".to_owned(),
+        None => "stop".to_owned(),
+    }
 }
 
 /// OpenAI's chat completion: `model` is an agent of the caller's newest run that has
@@ -172,36 +320,49 @@ async fn completions(
         stop: request.stop.clone().map(openai::Stop::into_vec).unwrap_or_default(),
     };
     let target = match &session {
-        Some(_) => None,
+        Some(_) => {
+            refuse_tools_on_session(&request)?;
+            None
+        }
         None => Some(state.sessions.resolve(&principal, &request.model)?),
     };
-    let turn_messages = messages(request)?;
     let key = idempotency_key(&headers)?;
     let sessions = state.sessions.clone();
-    let (tokens, pieces) = mpsc::channel(STREAM_BUFFER);
-    let tokens = stream.then_some(tokens);
+    let (pieces_in, pieces) = mpsc::channel(STREAM_BUFFER);
+    let pieces_in = stream.then_some(pieces_in);
     // The completion runs to its end even if a streaming client goes away, so a
     // session's reply is stored.
-    let work = async move {
-        match (session, target) {
-            (Some(id), _) => {
-                let replay = tokens.clone();
+    let work: Pin<Box<dyn Future<Output = Result<Answer, SessionError>> + Send>> = match (session, target) {
+        (Some(id), _) => {
+            let turn_messages = messages(request)?;
+            Box::pin(async move {
+                let (text_in, mut text) = mpsc::channel::<String>(STREAM_BUFFER);
                 let turn = Turn {
                     messages: turn_messages,
                     idempotency_key: key,
-                    tokens,
+                    tokens: pieces_in.is_some().then_some(text_in),
                     sampling,
                     reply: true,
                 };
-                let reply = sessions.send(&principal, &id, turn).await?;
+                // The turn's text goes on as pieces; it ends when the turn drops its
+                // sender.
+                let forward = async {
+                    while let Some(piece) = text.recv().await {
+                        if let Some(out) = &pieces_in {
+                            let _ = out.send(Piece::Text(piece)).await;
+                        }
+                    }
+                };
+                let (reply, ()) = tokio::join!(sessions.send(&principal, &id, turn), forward);
+                let reply = reply?;
                 // A retry (same Idempotency-Key) generates nothing: the reply stored by
                 // the first request is streamed instead, as one piece. The send fails
                 // only when the client went away, and the reply is stored anyway.
                 if reply.replayed
                     && !reply.message.content.is_empty()
-                    && let Some(replay) = &replay
+                    && let Some(replay) = &pieces_in
                 {
-                    let _ = replay.send(reply.message.content.clone()).await;
+                    let _ = replay.send(Piece::Text(reply.message.content.clone())).await;
                 }
                 Ok(Answer {
                     content: reply.message.content,
@@ -210,20 +371,28 @@ async fn completions(
                     decode_tokens_per_s: None,
                     tool_calls: Vec::new(),
                 })
-            }
-            (None, Some(target)) => {
-                sessions
-                    .complete(&principal, &target, turn_messages, sampling, tokens.as_ref())
-                    .await
-            }
-            (None, None) => Err(SessionError::Invalid("no model and no session".to_owned())),
+            })
         }
+        (None, Some(target)) => {
+            let prompt = prompt(request)?;
+            Box::pin(async move {
+                sessions
+                    .complete_prompt(&principal, &target, prompt, sampling, pieces_in.as_ref())
+                    .await
+            })
+        }
+        (None, None) => Box::pin(async { Err(SessionError::Invalid("no model and no session".to_owned())) }),
     };
     if !stream {
         let answer = work.await?;
         drop(request_permit);
-        let finish = answer.finish_reason.clone().unwrap_or_else(|| "stop".to_owned());
-        let completion: ChatCompletion = openai::response_body(&meta, &answer.content, &finish, usage(&answer));
+        let completion: ChatCompletion = openai::tool_response_body(
+            &meta,
+            &answer.content,
+            tool_calls(&answer),
+            &finish_reason(&answer),
+            usage(&answer),
+        );
         return Ok(Json(completion).into_response());
     }
     let done = state.tasks.spawn(async move {
@@ -232,89 +401,11 @@ async fn completions(
         answer
     });
     // The stream counts as open until it ends or its client goes away (it is dropped).
-    let events = completion_events(meta, pieces, done, include_usage).map(move |event| {
+    let events = stream::completion_events(meta, pieces, done, include_usage).map(move |event| {
         let _open = &stream_permit;
         event
     });
     Ok(Sse::new(events).into_response())
-}
-
-type Work = tokio::task::JoinHandle<Result<Answer, SessionError>>;
-
-enum Phase {
-    Start,
-    Pieces,
-    Tail(Vec<String>),
-    Done,
-}
-
-/// The OpenAI stream: a role chunk, a chunk per piece, the finish chunk (and the usage
-/// chunk when asked), `[DONE]`; a failure is an error body before `[DONE]`.
-fn completion_events(
-    meta: ResponseMeta,
-    pieces: mpsc::Receiver<String>,
-    done: Work,
-    include_usage: bool,
-) -> impl futures::Stream<Item = Result<Event, Infallible>> {
-    futures::stream::unfold(
-        (Phase::Start, pieces, Some(done)),
-        move |(phase, mut pieces, mut done)| {
-            let meta = meta.clone();
-            async move {
-                let data = |v: Value| Event::default().data(v.to_string());
-                match phase {
-                    Phase::Start => {
-                        let chunk = openai::chunk_body(&meta, json!({"role": "assistant", "content": ""}), None);
-                        Some((Ok(data(chunk)), (Phase::Pieces, pieces, done)))
-                    }
-                    Phase::Pieces => {
-                        if let Some(text) = pieces.recv().await {
-                            let chunk = openai::chunk_body(&meta, json!({ "content": text }), None);
-                            return Some((Ok(data(chunk)), (Phase::Pieces, pieces, done)));
-                        }
-                        let outcome = match done.take() {
-                            Some(handle) => handle.await,
-                            None => return None,
-                        };
-                        let mut tail = Vec::new();
-                        match outcome {
-                            Ok(Ok(answer)) => {
-                                let finish = answer.finish_reason.clone().unwrap_or_else(|| "stop".to_owned());
-                                tail.push(openai::chunk_body(&meta, json!({}), Some(&finish)).to_string());
-                                if include_usage && let Some(u) = usage(&answer) {
-                                    tail.push(openai::usage_chunk_body(&meta, u).to_string());
-                                }
-                            }
-                            Ok(Err(e)) => {
-                                let e = ApiError::from(e);
-                                tail.push(openai::error_body(&e.message, e.code, e.code).to_string());
-                            }
-                            Err(e) => {
-                                tail.push(
-                                    openai::error_body(&format!("the completion failed: {e}"), "internal", "internal")
-                                        .to_string(),
-                                );
-                            }
-                        }
-                        tail.push("[DONE]".to_owned());
-                        tail.reverse();
-                        let first = tail.pop().unwrap_or_default();
-                        Some((Ok(Event::default().data(first)), (Phase::Tail(tail), pieces, done)))
-                    }
-                    Phase::Tail(mut tail) => {
-                        let next = tail.pop()?;
-                        let phase = if tail.is_empty() {
-                            Phase::Done
-                        } else {
-                            Phase::Tail(tail)
-                        };
-                        Some((Ok(Event::default().data(next)), (phase, pieces, done)))
-                    }
-                    Phase::Done => None,
-                }
-            }
-        },
-    )
 }
 
 /// The names `model` takes: the agents of the caller's runs and their hub models.
