@@ -16,6 +16,7 @@ use serde_json::{Value, json};
 use tokenizers::Tokenizer;
 
 use crate::Error;
+use crate::tools::ToolFormat;
 
 /// What the answer must be, from a request's `response_format`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -111,6 +112,22 @@ impl Grammars {
         })
     }
 
+    /// A fresh matcher that lets the model write exactly one call, in `format`, of one
+    /// of `tools` (OpenAI's definitions) with arguments valid against its
+    /// `parameters`: what `tool_choice: "required"` (or a named function) asks for.
+    ///
+    /// Errors: [`Error::Grammar`] when a tool's parameters schema does not compile.
+    pub fn call_matcher(&self, format: ToolFormat, tools: &[Value]) -> Result<Matcher, Error> {
+        self.compile(TopLevelGrammar::from_lark(call_grammar(format, tools)))
+    }
+
+    fn compile(&self, grammar: TopLevelGrammar) -> Result<Matcher, Error> {
+        let parser = self.factory.create_parser(grammar).map_err(|e| Error::Grammar {
+            reason: format!("the response format's schema cannot be used: {e}"),
+        })?;
+        Ok(Matcher::new(Ok(parser)))
+    }
+
     /// A fresh matcher for `format` (`None` for free text).
     ///
     /// Errors: [`Error::Grammar`] when the schema does not compile.
@@ -118,14 +135,45 @@ impl Grammars {
         let Some(schema) = format.schema() else {
             return Ok(None);
         };
-        let parser = self
-            .factory
-            .create_parser(TopLevelGrammar::from_json_schema(schema))
-            .map_err(|e| Error::Grammar {
-                reason: format!("the response format's schema cannot be used: {e}"),
-            })?;
-        Ok(Some(Matcher::new(Ok(parser))))
+        self.compile(TopLevelGrammar::from_json_schema(schema)).map(Some)
     }
+}
+
+/// The Lark grammar (llguidance's dialect) of one call of one of `tools` in `format`:
+/// the format's markup around a JSON object whose schema is a choice of one object
+/// per tool (its name as a constant, its parameters schema for the arguments).
+pub(crate) fn call_grammar(format: ToolFormat, tools: &[Value]) -> String {
+    let key = match format {
+        ToolFormat::Llama3Json => "parameters",
+        ToolFormat::Hermes | ToolFormat::Mistral => "arguments",
+    };
+    let choices: Vec<Value> = tools
+        .iter()
+        .filter_map(|tool| {
+            let function = tool.get("function")?;
+            let name = function.get("name")?.as_str()?;
+            let parameters = function
+                .get("parameters")
+                .cloned()
+                .unwrap_or_else(|| json!({ "type": "object" }));
+            Some(json!({
+                "type": "object",
+                "properties": { "name": { "const": name }, key: parameters },
+                "required": ["name", key],
+                "additionalProperties": false,
+            }))
+        })
+        .collect();
+    let schema = json!({
+        "anyOf": choices,
+        "x-guidance": { "whitespace_flexible": false, "lenient": true },
+    });
+    let markup = match format {
+        ToolFormat::Hermes => r#""<tool_call>\n" call "\n</tool_call>""#,
+        ToolFormat::Llama3Json => "call",
+        ToolFormat::Mistral => r#""[TOOL_CALLS][" call "]""#,
+    };
+    format!("start: {markup}\ncall: %json {schema}\n")
 }
 
 #[cfg(test)]

@@ -42,6 +42,10 @@ pub struct GenerationRequest {
     pub tools: Vec<Value>,
     /// What the answer must be; anything but text constrains sampling.
     pub response_format: ResponseFormat,
+    /// The answer must be one call of one of `tools` (`tool_choice: "required"` or a
+    /// named function): sampling is constrained to the model's call format, and
+    /// `response_format` does not apply.
+    pub force_tool_call: bool,
 }
 
 impl GenerationRequest {
@@ -56,6 +60,7 @@ impl GenerationRequest {
             stop: Vec::new(),
             tools: Vec::new(),
             response_format: ResponseFormat::Text,
+            force_tool_call: false,
         }
     }
 }
@@ -344,9 +349,12 @@ impl Engine {
             (false, Some(format)) => Some(format),
             (false, None) => return Err(Error::CannotCallTools),
         };
-        let mut matcher = match request.response_format {
-            ResponseFormat::Text => None,
-            _ => self.grammars()?.matcher(&request.response_format)?,
+        let mut matcher = match (tool_format, &request.response_format) {
+            (Some(format), _) if request.force_tool_call => {
+                Some(self.grammars()?.call_matcher(format, &request.tools)?)
+            }
+            (_, ResponseFormat::Text) => None,
+            (_, response_format) => self.grammars()?.matcher(response_format)?,
         };
         let prompt = self.render_prompt_with_tools(&request.messages, &request.tools)?;
         // The template writes the special tokens itself (`bos_token` among them), so

@@ -478,6 +478,11 @@ fn validate(shared: &Shared, request: ChatCompletionRequest) -> Result<Generatio
     if max_tokens == Some(0) {
         return Err(Box::new(bad_request("`max_tokens` must be at least 1")));
     }
+    let force_tool_call = match &request.tool_choice {
+        Some(Value::String(choice)) => choice == "required",
+        Some(Value::Object(_)) => true,
+        _ => false,
+    };
     let tools = offered_tools(shared, request.tools.unwrap_or_default(), request.tool_choice.as_ref())?;
     let response_format = match &request.response_format {
         None => ResponseFormat::Text,
@@ -511,6 +516,7 @@ fn validate(shared: &Shared, request: ChatCompletionRequest) -> Result<Generatio
         top_p: request.top_p,
         seed: request.seed.unwrap_or(shared.seed),
         stop: request.stop.map(openai::Stop::into_vec).unwrap_or_default(),
+        force_tool_call: force_tool_call && !tools.is_empty(),
         tools,
         response_format,
     })

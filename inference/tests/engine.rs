@@ -56,6 +56,7 @@ fn request(max_tokens: usize, temperature: f64, seed: u64) -> GenerationRequest 
         stop: Vec::new(),
         tools: Vec::new(),
         response_format: ResponseFormat::Text,
+        force_tool_call: false,
     }
 }
 

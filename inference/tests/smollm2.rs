@@ -198,6 +198,7 @@ fn assert_answers_paris(engine: &mut Engine, max_tokens: usize) -> skein_inferen
                 stop: Vec::new(),
                 tools: Vec::new(),
                 response_format: ResponseFormat::Text,
+                force_tool_call: false,
             },
             |_| {},
         )
