@@ -19,7 +19,7 @@ use std::time::Duration;
 use skein_dsl::ir::{Agent, Backend};
 use tokio::sync::mpsc;
 
-use super::limits::{Admission, ChatLimits, Flight, LimitError, Permit, RequestSize};
+use super::limits::{Admission, ChatLimits, Flight, LimitError, Permit};
 use super::log::{CreateKey, Created, LogError, SessionLog};
 use super::record::{self, Binding, Invalid, MessageRecord, NewMessage, SessionRecord};
 use super::store::Page;
@@ -474,34 +474,11 @@ impl Sessions {
         }
     }
 
-    /// One completion without a session: `messages` go as given (after the agent's
-    /// system prompt when they have none) to the run's instance of the agent, or to an
-    /// instance provided for the model.
-    ///
-    /// Errors: [`SessionError`].
-    pub async fn complete<S: Pieces>(
-        &self,
-        principal: &Principal,
-        target: &Target,
-        messages: Vec<NewMessage>,
-        sampling: Sampling,
-        tokens: Option<&S>,
-    ) -> Result<Answer, SessionError> {
-        self.inner.config.limits.check(RequestSize::of_messages(&messages))?;
-        let sent = messages
-            .iter()
-            .map(|m| serde_json::json!({"role": m.role.name(), "content": m.content}))
-            .collect();
-        let prompt = Prompt {
-            messages: sent,
-            fields: serde_json::Map::new(),
-        };
-        self.complete_prompt(principal, target, prompt, sampling, tokens).await
-    }
-
-    /// [`Sessions::complete`] of a prompt as the engine takes it: messages in OpenAI's
-    /// form (tool calls and tool results among them) and fields passed on as given
-    /// (`tools`, `tool_choice`, …). The caller has bounded its size.
+    /// One completion without a session: the prompt's messages, in OpenAI's form (tool
+    /// calls and tool results among them), go as given (after the agent's system prompt
+    /// when they have none) with its fields (`tools`, `tool_choice`, …) to the run's
+    /// instance of the agent, or to an instance provided for the model. The caller has
+    /// bounded its size (the chat limits, on the raw body).
     ///
     /// Errors: [`SessionError`].
     pub async fn complete_prompt<S: Pieces>(
