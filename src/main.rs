@@ -85,6 +85,8 @@ fn try_main(args: Cli) -> anyhow::Result<ExitCode> {
         Command::Runs(a) => runs::run_list(&a),
         Command::Run(RunCommand::Show(a)) => runs::run_show(&a),
         Command::Run(RunCommand::Cancel(a)) => runs::run_cancel(&a),
+        Command::Run(RunCommand::Approve(a)) => runs::run_decide(&a, true),
+        Command::Run(RunCommand::Reject(a)) => runs::run_decide(&a, false),
         Command::Instances(a) => runs::run_instances(&a),
         Command::Logs(a) => runs::run_logs(&a),
         Command::Engine(EngineCommand::Serve(a)) => engine::run_serve(&a),

@@ -1,4 +1,4 @@
-//! `skein submit`, `skein runs`, `skein run show|cancel` and `skein instances`: runs and
+//! `skein submit`, `skein runs`, `skein run show|cancel|approve|reject` and `skein instances`: runs and
 //! instances of a running server, for people (tables, live progress) or as JSON.
 
 use std::collections::BTreeMap;
@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use crate::cli::common::{ListArgs, OutputFormat};
 use crate::cli::models::MeasuredArgs;
-use crate::cli::runs::{InstancesArgs, LogsArgs, RunIdArgs, RunShowArgs, SubmitArgs};
+use crate::cli::runs::{DecideArgs, InstancesArgs, LogsArgs, RunIdArgs, RunShowArgs, SubmitArgs};
 use crate::cli::{EXIT_FAILURE, EXIT_OK};
 use crate::client::{ApiClient, refused_error};
 use skein_orchestrator::instances::InstanceState;
@@ -51,6 +51,25 @@ struct Step {
     started_at: Option<String>,
     #[serde(default)]
     finished_at: Option<String>,
+    #[serde(default)]
+    turns: Vec<Turn>,
+    /// The rendered prompt (an approval step's text to approve).
+    #[serde(default)]
+    prompt: Option<String>,
+    #[serde(default)]
+    items: Vec<Item>,
+}
+
+/// One item of a `for_each` step.
+#[derive(Debug, Deserialize)]
+struct Item {
+    index: u32,
+    state: StepState,
+    attempts: u32,
+    #[serde(default)]
+    output: Option<String>,
+    #[serde(default)]
+    error: Option<String>,
     #[serde(default)]
     turns: Vec<Turn>,
 }
@@ -200,6 +219,15 @@ fn progress(before: Option<&Run>, now: &Run) {
             String::new()
         };
         let detail = match step.state {
+            StepState::Running if !step.items.is_empty() => items_done(step),
+            StepState::Waiting => format!(
+                "for approval: {}\n    approve: skein run approve {} {}   reject: skein run reject {} {}",
+                one_line(step.prompt.as_deref().unwrap_or_default(), 200),
+                now.id,
+                step.id,
+                now.id,
+                step.id
+            ),
             StepState::Running => format!(
                 "attempt {} on {}",
                 step.attempts,
@@ -297,7 +325,7 @@ pub fn run_show(args: &RunShowArgs) -> anyhow::Result<ExitCode> {
             let known: Vec<&str> = run.steps.iter().map(|s| s.id.as_str()).collect();
             bail!("run {} has no step `{step}`; its steps: {}", run.id, known.join(", "));
         };
-        print!("{}", agent_loop(record));
+        print!("{}", step_detail(record));
         return Ok(ExitCode::from(EXIT_OK));
     }
     println!("run {} of {}: {}", run.id, run.workflow.name, run.state);
@@ -320,7 +348,11 @@ pub fn run_show(args: &RunShowArgs) -> anyhow::Result<ExitCode> {
                 s.iteration.to_string(),
                 s.started_at.clone().unwrap_or_default(),
                 s.finished_at.clone().unwrap_or_default(),
-                s.error.clone().unwrap_or_default(),
+                match s.state {
+                    StepState::Waiting => format!("waiting for approval: skein run approve {} {}", run.id, s.id),
+                    StepState::Running if !s.items.is_empty() => items_done(s),
+                    _ => s.error.clone().unwrap_or_default(),
+                },
             ]
         })
         .collect();
@@ -347,27 +379,59 @@ pub fn run_show(args: &RunShowArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::from(EXIT_OK))
 }
 
-/// Step `step`'s agent loop as `skein run show --step` prints it: each turn's text and
-/// calls (`name(arguments) → result`, each cut to one line), with their state, sends
-/// and duration, then the answer.
-fn agent_loop(step: &Step) -> String {
+/// Step `step` as `skein run show --step` prints it: an approval's text and decision;
+/// its agent loop, each turn's text and calls (`name(arguments) → result`, each cut to
+/// one line) with their state, sends and duration, then the answer; for a `for_each`
+/// step, each item so.
+fn step_detail(step: &Step) -> String {
     use std::fmt::Write as _;
-    let line = |text: &str, max: usize| -> String {
-        let one: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
-        if one.chars().count() > max {
-            format!("{}…", one.chars().take(max).collect::<String>())
-        } else {
-            one
-        }
-    };
     let mut out = format!("step {} ({}): {}\n", step.id, step.agent, step.state);
-    if step.turns.is_empty() {
-        out.push_str("  no tool calls\n");
+    if step.agent.is_empty() {
+        out = format!("step {} (approval): {}\n", step.id, step.state);
+        let _ = writeln!(
+            out,
+            "  text: {}",
+            one_line(step.prompt.as_deref().unwrap_or_default(), 400)
+        );
+    } else if step.items.is_empty() {
+        turn_lines(&mut out, &step.turns, "  ");
+    } else {
+        let _ = writeln!(out, "  {}", items_done(step));
+        for item in &step.items {
+            let _ = writeln!(
+                out,
+                "  item {}: {} (attempts {})",
+                item.index, item.state, item.attempts
+            );
+            turn_lines(&mut out, &item.turns, "    ");
+            if let Some(output) = &item.output {
+                let _ = writeln!(out, "    answer: {}", one_line(output, 200));
+            }
+            if let Some(error) = &item.error {
+                let _ = writeln!(out, "    error: {}", one_line(error, 200));
+            }
+        }
     }
-    for (t, turn) in step.turns.iter().enumerate() {
-        let _ = writeln!(out, "  turn {} at {}", t + 1, turn.at);
+    if let Some(output) = &step.output {
+        let _ = writeln!(out, "  answer: {}", one_line(output, 400));
+    }
+    if let Some(error) = &step.error {
+        let _ = writeln!(out, "  error: {}", one_line(error, 400));
+    }
+    out
+}
+
+/// The turns of one agent loop, indented.
+fn turn_lines(out: &mut String, turns: &[Turn], indent: &str) {
+    use std::fmt::Write as _;
+    let line = one_line;
+    if turns.is_empty() {
+        let _ = writeln!(out, "{indent}no tool calls");
+    }
+    for (t, turn) in turns.iter().enumerate() {
+        let _ = writeln!(out, "{indent}turn {} at {}", t + 1, turn.at);
         if let Some(content) = turn.content.as_deref().filter(|c| !c.trim().is_empty()) {
-            let _ = writeln!(out, "    says: {}", line(content, 200));
+            let _ = writeln!(out, "{indent}  says: {}", line(content, 200));
         }
         for call in &turn.calls {
             let took = match (&call.sent_at, &call.returned_at) {
@@ -392,20 +456,53 @@ fn agent_loop(step: &Step) -> String {
             };
             let _ = writeln!(
                 out,
-                "    {}({}) → {result}  [{}{sends}{took}]",
+                "{indent}  {}({}) → {result}  [{}{sends}{took}]",
                 call.name,
                 line(&call.arguments, 120),
                 call.state
             );
         }
     }
-    if let Some(output) = &step.output {
-        let _ = writeln!(out, "  answer: {}", line(output, 400));
+}
+
+/// "3/10 items done" of a `for_each` step.
+fn items_done(step: &Step) -> String {
+    let done = step.items.iter().filter(|i| i.state == StepState::Done).count();
+    format!("{done}/{} items done", step.items.len())
+}
+
+/// `text` on one line (runs of whitespace made one space), cut to `max` characters.
+fn one_line(text: &str, max: usize) -> String {
+    let one: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one.chars().count() > max {
+        format!("{}…", one.chars().take(max).collect::<String>())
+    } else {
+        one
     }
-    if let Some(error) = &step.error {
-        let _ = writeln!(out, "  error: {}", line(error, 400));
+}
+
+/// `skein run approve` and `skein run reject`.
+pub fn run_decide(args: &DecideArgs, approved: bool) -> anyhow::Result<ExitCode> {
+    let client = ApiClient::new(&args.run.remote.server, &args.run.remote.client)?;
+    let verb = if approved { "approve" } else { "reject" };
+    let mut body = serde_json::json!({});
+    if let Some(comment) = &args.comment {
+        body["comment"] = serde_json::json!(comment);
     }
-    out
+    let answer = client
+        .post(&format!("/v1/runs/{}/steps/{}/{verb}", args.run.id, args.step), &body)?
+        .map_err(|r| refused_error(&r))?;
+    if args.run.output == OutputFormat::Json {
+        println!("{answer}");
+        return Ok(ExitCode::from(EXIT_OK));
+    }
+    let run: Run = serde_json::from_str(&answer).context("the server's run is not what this skein expects")?;
+    let step = run.steps.iter().find(|s| s.id == args.step);
+    println!("run {}: step {} {}d; the run is {}", run.id, args.step, verb, run.state);
+    if let Some(error) = step.and_then(|s| s.error.as_ref()).filter(|_| !approved) {
+        println!("  {error}");
+    }
+    Ok(ExitCode::from(EXIT_OK))
 }
 
 /// `skein run cancel`.

@@ -63,14 +63,16 @@ fn step_states_have_one_name() {
             StepState::Pending => 0,
             StepState::Queued => 1,
             StepState::Running => 2,
-            StepState::Retrying => 3,
-            StepState::Done => 4,
-            StepState::Skipped => 5,
-            StepState::Failed => 6,
-            StepState::Cancelled => 7,
+            StepState::Waiting => 3,
+            StepState::Retrying => 4,
+            StepState::Done => 5,
+            StepState::Skipped => 6,
+            StepState::Failed => 7,
+            StepState::Cancelled => 8,
         },
     );
     assert_eq!(StepState::Retrying.name(), "retrying");
+    assert_eq!(StepState::Waiting.name(), "waiting");
 }
 
 #[test]

@@ -34,6 +34,24 @@ pub enum RunCommand {
     /// Cancel a run: queued, it never starts; running, its steps stop and its
     /// instances are stopped.
     Cancel(RunIdArgs),
+    /// Approve a step that waits for approval: the run goes on, the comment as the
+    /// step's output.
+    Approve(DecideArgs),
+    /// Reject a step that waits for approval: the step fails, and the run with it.
+    Reject(DecideArgs),
+}
+
+/// `skein run approve|reject`.
+#[derive(Debug, Args)]
+pub struct DecideArgs {
+    #[command(flatten)]
+    pub run: RunIdArgs,
+    /// The approval step (`skein run show ID` shows the steps that wait).
+    #[arg(value_name = "STEP")]
+    pub step: String,
+    /// Why: kept with the decision (an approval's comment is the step's output).
+    #[arg(long)]
+    pub comment: Option<String>,
 }
 
 /// One run.

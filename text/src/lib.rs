@@ -8,6 +8,7 @@
 //! - [`suggest`]: "did you mean": [`likeness`] (Jaro-Winkler, ignoring case, at least
 //!   [`LIKELY_TYPO`]) and [`closest`].
 //! - [`size`]: [`parse_size`], a memory size with a unit (`24GiB`, `80 GB`) in bytes.
+//! - [`cut`]: [`truncate_at_char`], text cut to a size in bytes at a character boundary.
 //!
 //! # Invariants
 //!
@@ -16,8 +17,10 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod cut;
 pub mod size;
 pub mod suggest;
 
+pub use cut::truncate_at_char;
 pub use size::parse_size;
 pub use suggest::{LIKELY_TYPO, closest, likeness};

@@ -20,6 +20,7 @@ use utoipa_axum::{router::OpenApiRouter, routes};
 pub use crate::auth::Principal;
 
 mod anthropic;
+mod approvals;
 mod auth;
 mod error;
 mod evaluate;
@@ -116,6 +117,7 @@ pub(crate) fn protected_routes() -> OpenApiRouter<ApiState> {
         .merge(plans::routes())
         .merge(live::routes())
         .merge(runs::routes())
+        .merge(approvals::routes())
         .merge(tokens::routes())
         .merge(secrets::routes())
         .merge(join::routes())

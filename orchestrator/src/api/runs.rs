@@ -192,7 +192,7 @@ fn not_found(id: &str) -> ApiError {
 }
 
 /// The run `id` if `principal` may see it; another user's run is "not found".
-fn visible_run(state: &ApiState, principal: &Principal, id: &str) -> Result<RunRecord, ApiError> {
+pub(super) fn visible_run(state: &ApiState, principal: &Principal, id: &str) -> Result<RunRecord, ApiError> {
     match state.executor.get(id) {
         Ok(Some(run)) if principal.may_see(&run.owner) => Ok(run),
         Ok(_) => Err(not_found(id)),

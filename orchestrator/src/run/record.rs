@@ -10,12 +10,17 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use skein_dsl::expr::{Bindings, Context, Evaluator, Value};
 use skein_dsl::ir::{InputValue, Step, TemplatePart, Workflow};
+use skein_dsl::schema::OutputSchema;
 
+pub use self::approval::{ApprovalRecord, DecideError, Decision, MAX_COMMENT_BYTES};
 pub use self::inputs::{InputError, typed_inputs};
+pub use self::items::ItemRecord;
 pub use self::turns::{CallState, LoopChange, ToolCall, Turn};
 pub use crate::base::UnixMs;
 
+mod approval;
 mod inputs;
+mod items;
 mod turns;
 
 /// Where a run is.
@@ -80,8 +85,10 @@ pub enum StepState {
     Pending,
     /// Ready, waiting for its agent.
     Queued,
-    /// An attempt is running.
+    /// An attempt is running (a `for_each` step: some of its items are).
     Running,
+    /// An approval step waits for a person to approve or reject it.
+    Waiting,
     /// An attempt failed; the next one waits for its backoff.
     Retrying,
     /// Finished with an output.
@@ -96,10 +103,11 @@ pub enum StepState {
 
 impl StepState {
     /// Every state.
-    pub const ALL: [StepState; 8] = [
+    pub const ALL: [StepState; 9] = [
         StepState::Pending,
         StepState::Queued,
         StepState::Running,
+        StepState::Waiting,
         StepState::Retrying,
         StepState::Done,
         StepState::Skipped,
@@ -119,6 +127,7 @@ impl StepState {
             StepState::Pending => "pending",
             StepState::Queued => "queued",
             StepState::Running => "running",
+            StepState::Waiting => "waiting",
             StepState::Retrying => "retrying",
             StepState::Done => "done",
             StepState::Skipped => "skipped",
@@ -178,6 +187,12 @@ pub struct StepRecord {
     /// that asked for tools, and its calls.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub turns: Vec<Turn>,
+    /// A `for_each` step's items, once its list was evaluated.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub items: Vec<ItemRecord>,
+    /// An approval step's approval, once it waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalRecord>,
 }
 
 pub use crate::engine_client::Usage;
@@ -225,11 +240,31 @@ pub enum Next {
     Start {
         /// The step.
         step: String,
+        /// The item of a `for_each` step.
+        item: Option<u32>,
         /// Its agent.
         agent: String,
         /// The rendered prompt.
         prompt: String,
     },
+}
+
+/// Which attempt: of a step, or of one item of a `for_each` step.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Attempt {
+    /// The step.
+    pub step: String,
+    /// The item, for a `for_each` step.
+    pub item: Option<u32>,
+}
+
+impl fmt::Display for Attempt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.item {
+            Some(index) => write!(f, "step `{}` item {index}", self.step),
+            None => write!(f, "step `{}`", self.step),
+        }
+    }
 }
 
 /// How a step's failed attempt is retried: `retries` more attempts (the step's own
@@ -310,6 +345,52 @@ impl RunRecord {
         self.steps.iter_mut().find(|s| s.id == id)
     }
 
+    /// Records the instance that serves `attempt`.
+    pub fn set_instance(&mut self, attempt: &Attempt, instance: Option<String>) {
+        match attempt.item {
+            Some(index) => {
+                if let Some(item) = self.running_item(&attempt.step, index) {
+                    item.instance = instance;
+                }
+            }
+            None => {
+                if let Some(record) = self.step_mut(&attempt.step) {
+                    record.instance = instance;
+                }
+            }
+        }
+    }
+
+    /// The agent loop turns recorded for `attempt` (an earlier run of it, before a
+    /// restart).
+    pub fn turns_of(&self, attempt: &Attempt) -> Vec<Turn> {
+        let Some(record) = self.step(&attempt.step) else {
+            return Vec::new();
+        };
+        match attempt.item {
+            Some(index) => record
+                .items
+                .get(index as usize)
+                .map(|i| i.turns.clone())
+                .unwrap_or_default(),
+            None => record.turns.clone(),
+        }
+    }
+
+    /// `answer` as step `id` keeps it: for a step with an `output_schema`, the JSON it
+    /// holds (written compactly) once it validates; otherwise the answer itself. The
+    /// error says how the answer fails the schema.
+    pub fn conform(&self, id: &str, answer: &str) -> Result<String, String> {
+        let Some(schema) = self.workflow.step(id).and_then(|s| s.output_schema.as_ref()) else {
+            return Ok(answer.to_owned());
+        };
+        let schema = OutputSchema::compile(schema).map_err(|e| format!("its output_schema does not compile: {e}"))?;
+        schema
+            .check(answer)
+            .map(|value| value.to_string())
+            .map_err(|e| format!("the answer does not match the step's output_schema: {e}"))
+    }
+
     /// The outputs of the steps that produced one, by step id.
     pub fn outputs(&self) -> BTreeMap<&str, &str> {
         self.steps
@@ -325,10 +406,18 @@ impl RunRecord {
     /// recorded done stay done.
     pub fn recover(&mut self) {
         for step in &mut self.steps {
-            if step.state == StepState::Running {
+            // A `for_each` step keeps its items: only those that ran start again.
+            if step.state == StepState::Running && step.items.is_empty() {
                 step.state = StepState::Queued;
                 step.attempts = step.attempts.saturating_sub(1);
                 step.started_at = None;
+            }
+            for item in &mut step.items {
+                if item.state == StepState::Running {
+                    item.state = StepState::Pending;
+                    item.attempts = item.attempts.saturating_sub(1);
+                    item.started_at = None;
+                }
             }
         }
     }
@@ -342,11 +431,18 @@ impl RunRecord {
         if self.state.is_final() || self.cancel_requested {
             return started;
         }
+        self.time_out_approvals(evaluator, now);
         loop {
             let mut changed = false;
             let workflow = self.workflow.clone();
             for step in &workflow.steps {
                 let Some(record) = self.step(&step.id) else { continue };
+                if record.state == StepState::Running && step.for_each.is_some() {
+                    let items = self.start_items(step, now);
+                    changed |= !items.is_empty();
+                    started.extend(items);
+                    continue;
+                }
                 let ready = match record.state {
                     StepState::Pending => step
                         .after
@@ -384,13 +480,28 @@ impl RunRecord {
                         }
                     }
                 }
-                let prompt = match render(evaluator, step, &vars) {
+                if step.for_each.is_some() {
+                    if let Err(error) = self.expand(step, evaluator, &vars, now) {
+                        self.fail_step(&step.id, error, now);
+                        return started;
+                    }
+                    self.begin(now);
+                    changed = true;
+                    continue;
+                }
+                let prompt = match render_with(evaluator, step, &vars, Context::Step) {
                     Ok(prompt) => prompt,
                     Err(error) => {
                         self.fail_step(&step.id, error, now);
                         return started;
                     }
                 };
+                if step.approval.is_some() {
+                    self.await_approval(step, prompt, now);
+                    self.begin(now);
+                    changed = true;
+                    continue;
+                }
                 if let Some(r) = self.step_mut(&step.id) {
                     if r.queued_at.is_none() || r.state == StepState::Pending {
                         r.queued_at = Some(now);
@@ -401,12 +512,10 @@ impl RunRecord {
                     r.retry_at = None;
                     r.prompt = Some(prompt.clone());
                 }
-                if self.started_at.is_none() {
-                    self.started_at = Some(now);
-                }
-                self.state = RunState::Running;
+                self.begin(now);
                 started.push(Next::Start {
                     step: step.id.clone(),
+                    item: None,
                     agent: step.agent.clone(),
                     prompt,
                 });
@@ -417,7 +526,57 @@ impl RunRecord {
             }
         }
         self.settle(now);
+        // The run says when it waits for a person.
+        let waiting: Vec<String> = self.waiting().map(|s| format!("`{s}`")).collect();
+        let was_waiting = self.reason.as_deref().is_some_and(|r| r.starts_with(WAITING));
+        if !self.state.is_final() {
+            if !waiting.is_empty() {
+                self.reason = Some(format!("{WAITING} of step {}", waiting.join(", ")));
+            } else if was_waiting {
+                self.reason = None;
+            }
+        }
         started
+    }
+
+    /// The run's steps have begun.
+    fn begin(&mut self, now: UnixMs) {
+        if self.started_at.is_none() {
+            self.started_at = Some(now);
+        }
+        self.state = RunState::Running;
+    }
+
+    /// Records the answer of an attempt of step `id` (of its item `item`).
+    pub fn complete_attempt(
+        &mut self,
+        id: &str,
+        item: Option<u32>,
+        output: String,
+        usage: Option<Usage>,
+        evaluator: &Evaluator,
+        now: UnixMs,
+    ) {
+        match item {
+            Some(index) => self.complete_item(id, index, output, usage, evaluator, now),
+            None => self.complete(id, output, usage, evaluator, now),
+        }
+    }
+
+    /// Records a failed attempt of step `id` (of its item `item`); see
+    /// [`fail_attempt`](Self::fail_attempt).
+    pub fn fail_attempt_of(
+        &mut self,
+        id: &str,
+        item: Option<u32>,
+        error: String,
+        policy: &RetryPolicy,
+        now: UnixMs,
+    ) -> AfterFailure {
+        match item {
+            Some(index) => self.fail_item_attempt(id, index, error, policy, now),
+            None => self.fail_attempt(id, error, policy, now),
+        }
     }
 
     /// Records step `id`'s answer. A step with `repeat` whose `until` does not hold
@@ -497,7 +656,16 @@ impl RunRecord {
     /// unreachable, as when its node dies): it does not count against the step's
     /// retries, and runs again at `retry_at` (on whatever instance serves the agent
     /// then).
-    pub fn interrupt(&mut self, id: &str, reason: String, retry_at: UnixMs) {
+    pub fn interrupt(&mut self, id: &str, item: Option<u32>, reason: String, retry_at: UnixMs) {
+        if let Some(index) = item {
+            if let Some(item) = self.running_item(id, index) {
+                item.state = StepState::Retrying;
+                item.attempts = item.attempts.saturating_sub(1);
+                item.error = Some(reason);
+                item.retry_at = Some(retry_at);
+            }
+            return;
+        }
         if let Some(record) = self.step_mut(id)
             && record.state == StepState::Running
         {
@@ -531,20 +699,28 @@ impl RunRecord {
         self.stop_unfinished(StepState::Cancelled, now);
     }
 
-    /// The earliest pending retry, if steps wait for one.
+    /// The earliest time the run moves on by itself: a pending retry (of a step or an
+    /// item), or an approval's deadline.
     pub fn next_retry(&self) -> Option<UnixMs> {
-        self.steps
+        let steps = self
+            .steps
             .iter()
             .filter(|s| s.state == StepState::Retrying)
-            .filter_map(|s| s.retry_at)
-            .min()
+            .filter_map(|s| s.retry_at);
+        let items = self
+            .steps
+            .iter()
+            .flat_map(|s| &s.items)
+            .filter(|i| i.state == StepState::Retrying)
+            .filter_map(|i| i.retry_at);
+        steps.chain(items).chain(self.next_deadline()).min()
     }
 
     /// The agents the run's unfinished steps still need.
     pub fn agents_needed(&self) -> BTreeSet<&str> {
         self.steps
             .iter()
-            .filter(|s| !s.state.is_finished())
+            .filter(|s| !s.state.is_finished() && !s.agent.is_empty())
             .map(|s| s.agent.as_str())
             .collect()
     }
@@ -565,7 +741,7 @@ impl RunRecord {
         for record in &mut self.steps {
             if matches!(
                 record.state,
-                StepState::Pending | StepState::Queued | StepState::Running | StepState::Retrying
+                StepState::Pending | StepState::Queued | StepState::Running | StepState::Waiting | StepState::Retrying
             ) {
                 record.state = to;
                 record.finished_at = Some(now);
@@ -629,6 +805,8 @@ impl StepRecord {
             retry_at: None,
             usage: None,
             turns: Vec::new(),
+            items: Vec::new(),
+            approval: None,
         }
     }
 }
@@ -644,8 +822,11 @@ fn input_value(value: &InputValue) -> Value {
     }
 }
 
-/// A step's prompt with its `{{ }}` interpolations evaluated.
-fn render(evaluator: &Evaluator, step: &Step, vars: &Bindings) -> Result<String, String> {
+/// What a run's reason starts with while a step waits for approval.
+pub const WAITING: &str = "waiting for approval";
+
+/// A step's prompt with its `{{ }}` interpolations evaluated in `context`.
+fn render_with(evaluator: &Evaluator, step: &Step, vars: &Bindings, context: Context) -> Result<String, String> {
     let mut out = String::with_capacity(step.prompt.source.len());
     for part in &step.prompt.parts {
         match part {
@@ -653,7 +834,7 @@ fn render(evaluator: &Evaluator, step: &Step, vars: &Bindings) -> Result<String,
             TemplatePart::Expr(expr) => {
                 // Rendered on the evaluator's thread: the value never reaches this one.
                 let value = evaluator
-                    .compile_expr(expr, Context::Step)
+                    .compile_expr(expr, context)
                     .and_then(|c| evaluator.eval_text(&c, vars))
                     .map_err(|e| format!("its prompt's `{{{{ {} }}}}` failed: {e}", expr.source()))?;
                 out.push_str(&value);

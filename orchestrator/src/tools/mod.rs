@@ -300,16 +300,10 @@ fn outcome(result: &CallToolResult) -> ToolOutcome {
 
 /// `text` cut to [`MAX_RESULT_BYTES`] at a character boundary, saying so.
 fn cut(mut text: String) -> String {
-    if text.len() <= MAX_RESULT_BYTES {
-        return text;
-    }
     let total = text.len();
-    let mut end = MAX_RESULT_BYTES;
-    while !text.is_char_boundary(end) {
-        end -= 1;
+    if skein_text::truncate_at_char(&mut text, MAX_RESULT_BYTES) {
+        text.push_str(&format!("\n[cut: {total} bytes in all]"));
     }
-    text.truncate(end);
-    text.push_str(&format!("\n[cut: {total} bytes in all]"));
     text
 }
 

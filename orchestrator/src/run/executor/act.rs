@@ -18,12 +18,12 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::base::unix_ms;
 use crate::engine_client::{Answer, CallError, Route, call};
-use crate::run::record::{CallState, LoopChange, ToolCall, Turn};
+use crate::run::record::{Attempt, CallState, LoopChange, ToolCall, Turn};
 use crate::tools::{ToolAccess, ToolBox};
 
-/// Where the loop sends its changes: the step, the change, and the acknowledgement
+/// Where the loop sends its changes: the attempt, the change, and the acknowledgement
 /// (`true` once written; `false` when the step no longer runs).
-pub(super) type LoopChanges = mpsc::Sender<(String, LoopChange, oneshot::Sender<bool>)>;
+pub(super) type LoopChanges = mpsc::Sender<(Attempt, LoopChange, oneshot::Sender<bool>)>;
 
 /// What one step's agent loop needs.
 pub(super) struct AgentLoop {
@@ -31,7 +31,7 @@ pub(super) struct AgentLoop {
     pub access: ToolAccess,
     pub workflow: Workflow,
     pub owner: String,
-    pub step: String,
+    pub attempt: Attempt,
     pub agent: String,
     /// The chat request of the step's prompt (system and user messages, sampling).
     pub request: Value,
@@ -66,6 +66,9 @@ impl AgentLoop {
         // conversation growing in place.
         let mut body = self.request.clone();
         body["tools"] = Value::Array(toolbox.definitions());
+        // A schema would keep the model from calling tools: only the last call, which
+        // must answer, is held to it; an earlier answer is validated all the same.
+        let response_format = body.as_object_mut().and_then(|b| b.remove("response_format"));
         if !body["messages"].is_array() {
             body["messages"] = json!([]);
         }
@@ -94,6 +97,9 @@ impl AgentLoop {
             let last = turns + 1 >= max_turns;
             // The last model call must answer.
             body["tool_choice"] = json!(if last { "none" } else { "auto" });
+            if let (true, Some(format)) = (last, &response_format) {
+                body["response_format"] = format.clone();
+            }
             let answer = call(&self.access.clients, route, body.clone(), self.model_timeout).await?;
             if answer.tool_calls.is_empty() {
                 return Ok(answer);
@@ -197,9 +203,9 @@ impl AgentLoop {
     /// Sends `change` to the run's task and waits until it is written.
     async fn record(&self, change: LoopChange) -> Result<(), CallError> {
         let (ack, written) = oneshot::channel();
-        let stopped = || CallError::Engine(format!("step `{}` stopped while its agent loop ran", self.step));
+        let stopped = || CallError::Engine(format!("{} stopped while its agent loop ran", self.attempt));
         self.changes
-            .send((self.step.clone(), change, ack))
+            .send((self.attempt.clone(), change, ack))
             .await
             .map_err(|_| stopped())?;
         match written.await {

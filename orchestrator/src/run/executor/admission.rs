@@ -169,12 +169,13 @@ impl Executor {
         self.inner.runs.put(id, &run).await?;
         self.changed(id);
         let (cancel, cancelled) = watch::channel(false);
-        lock(&self.inner.active).insert(id.to_owned(), cancel);
+        let (decide, decisions) = tokio::sync::mpsc::channel(super::approve::DECISIONS_QUEUED);
+        lock(&self.inner.active).insert(id.to_owned(), super::approve::Signals { cancel, decide });
         let executor = self.clone();
         // The server owns the run's task: its shutdown stops the run between steps.
         self.lifecycle().tasks.spawn(async move {
             let id = run.id.clone();
-            if let Err(error) = executor.drive(run, plan, models, warm, cancelled).await {
+            if let Err(error) = executor.drive(run, plan, models, warm, cancelled, decisions).await {
                 tracing::error!(run = %id, %error, "a run stopped: the store failed");
             }
             lock(&executor.inner.active).remove(&id);

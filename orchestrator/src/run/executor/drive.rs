@@ -13,13 +13,14 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
 use super::act::AgentLoop;
+use super::approve::Decide;
 use super::bring_up::{Lost, Readiness};
 use super::provide::Pin;
 use super::{Executor, off_worker};
 use crate::base::{lock, unix_ms};
 use crate::engine_client::{Answer, CallError, Route, call};
 use crate::plan::Plan;
-use crate::run::record::{AfterFailure, Next, RunRecord, RunState};
+use crate::run::record::{AfterFailure, Attempt, Next, RunRecord, RunState};
 use crate::store::StoreError;
 
 impl Executor {
@@ -31,6 +32,7 @@ impl Executor {
         mut models: Arc<BTreeMap<String, ModelInfo>>,
         mut warm: Vec<String>,
         mut cancelled: watch::Receiver<bool>,
+        mut decisions: mpsc::Receiver<Decide>,
     ) -> Result<(), StoreError> {
         let id = run.id.clone();
         let shutdown = self.lifecycle().shutdown;
@@ -47,7 +49,7 @@ impl Executor {
                 Err(reason) => return self.finish_failed(run, reason, &names).await,
             }
             let lost = match self.wait_ready(&mut run, &names, &mut cancelled).await {
-                Ok(routes) => match self.steps(&mut run, &routes, &mut cancelled).await? {
+                Ok(routes) => match self.steps(&mut run, &routes, &mut cancelled, &mut decisions).await? {
                     Stop::Shutdown => return Ok(()),
                     Stop::Cancelled => return self.finish_cancelled(run, &names).await,
                     Stop::Ended | Stop::Failed(_) => {
@@ -187,13 +189,14 @@ impl Executor {
         run: &mut RunRecord,
         routes: &BTreeMap<String, Route>,
         cancelled: &mut watch::Receiver<bool>,
+        decisions: &mut mpsc::Receiver<Decide>,
     ) -> Result<Stop, StoreError> {
         let evaluator = &self.inner.evaluator;
-        let (results, mut finished) = mpsc::channel::<(String, Result<Answer, CallError>)>(64);
+        let (results, mut finished) = mpsc::channel::<(Attempt, Result<Answer, CallError>)>(64);
         // Agent loops' changes, each written before the loop acts on it.
         let (loop_changes, mut loop_changed) = mpsc::channel(64);
-        // Attempts in a row that could not reach their engine, by step.
-        let mut unreachable: HashMap<String, u32> = HashMap::new();
+        // Attempts in a row that could not reach their engine, by step (and item).
+        let mut unreachable: HashMap<Attempt, u32> = HashMap::new();
         let mut attempts: JoinSet<()> = JoinSet::new();
         let mut changes = self.inner.instances.subscribe();
         let shutdown = self.lifecycle().shutdown;
@@ -210,7 +213,13 @@ impl Executor {
             }
             let starts = off_worker(|| run.advance(evaluator, unix_ms()));
             self.save(run).await?;
-            for Next::Start { step, agent, prompt } in starts {
+            for Next::Start {
+                step,
+                item,
+                agent,
+                prompt,
+            } in starts
+            {
                 let Some(route) = routes.get(&agent).cloned() else {
                     run.fail(format!("agent `{agent}` has no instance"), unix_ms());
                     self.save(run).await?;
@@ -226,14 +235,13 @@ impl Executor {
                         .unwrap_or(route),
                     None => route,
                 };
-                if let Some(record) = run.steps.iter_mut().find(|s| s.id == step) {
-                    record.instance = route.instance.clone();
-                }
+                let attempt = Attempt { step, item };
+                run.set_instance(&attempt, route.instance.clone());
                 // Its engine's logs may hold this prompt from now on.
                 if let Some(instance) = &route.instance {
                     self.inner.instances.used_by(instance, &run.owner);
                 }
-                let request = self.chat_request(&run.workflow, &step, &agent, prompt);
+                let request = self.chat_request(&run.workflow, &attempt.step, &agent, prompt);
                 let clients = self.inner.clients.clone();
                 let results = results.clone();
                 let load = self.inner.instances.load().clone();
@@ -255,12 +263,12 @@ impl Executor {
                         access: self.tool_access(),
                         workflow: run.workflow.clone(),
                         owner: owner.clone(),
-                        step: step.clone(),
+                        attempt: attempt.clone(),
                         agent: agent.clone(),
                         request: request.0.clone(),
                         model_timeout: request.1,
                         tool_timeout: self.inner.config.tool_timeout,
-                        recorded: run.step(&step).map(|r| r.turns.clone()).unwrap_or_default(),
+                        recorded: run.turns_of(&attempt),
                         changes: loop_changes.clone(),
                     });
                 attempts.spawn(async move {
@@ -288,7 +296,7 @@ impl Executor {
                     {
                         executor.record_speed(instance, rate);
                     }
-                    let _ = results.send((step, answer)).await;
+                    let _ = results.send((attempt, answer)).await;
                 });
             }
             if run.state.is_final() {
@@ -303,29 +311,43 @@ impl Executor {
                     attempts.abort_all();
                     return Ok(Stop::Shutdown);
                 }
-                Some((step, change, written)) = loop_changed.recv() => {
-                    let recorded = run.record_loop(&step, change);
+                Some((attempt, change, written)) = loop_changed.recv() => {
+                    let recorded = run.record_loop(&attempt.step, attempt.item, change);
                     self.save(run).await?;
                     let _ = written.send(recorded);
                 }
-                Some((step, answer)) = finished.recv() => {
+                Some(decide) = decisions.recv() => {
+                    let outcome = off_worker(|| run.decide(&decide.step, decide.approved, &decide.by, decide.comment, evaluator, unix_ms()));
+                    if outcome.is_ok() {
+                        tracing::info!(run = %run.id, step = %decide.step, approved = decide.approved, by = %decide.by, "approval decided");
+                        self.save(run).await?;
+                    }
+                    let _ = decide.reply.send(outcome.map(|()| run.clone()));
+                }
+                Some((attempt, answer)) = finished.recv() => {
                     let now = unix_ms();
+                    let Attempt { step, item } = &attempt;
+                    // A step with an output schema takes only a conforming answer.
+                    let answer = answer.and_then(|a| match run.conform(step, &a.content) {
+                        Ok(content) => Ok(Answer { content, ..a }),
+                        Err(error) => Err(CallError::Engine(error)),
+                    });
                     match answer {
                         Ok(answer) => {
-                            unreachable.remove(&step);
-                            off_worker(|| run.complete(&step, answer.content, answer.usage, evaluator, now));
+                            unreachable.remove(&attempt);
+                            off_worker(|| run.complete_attempt(step, *item, answer.content, answer.usage, evaluator, now));
                         }
-                        Err(CallError::Unreachable(error)) if unreachable.get(&step).copied().unwrap_or(0) < UNREACHABLE_RETRIES => {
+                        Err(CallError::Unreachable(error)) if unreachable.get(&attempt).copied().unwrap_or(0) < UNREACHABLE_RETRIES => {
                             // Most likely its node is going down: wait for the graph to
                             // say so (the run then moves), without spending a retry.
-                            let count = unreachable.entry(step.clone()).or_insert(0);
+                            let count = unreachable.entry(attempt.clone()).or_insert(0);
                             *count += 1;
-                            run.interrupt(&step, error, now.plus(self.inner.config.retry.backoff(*count)));
+                            run.interrupt(step, *item, error, now.plus(self.inner.config.retry.backoff(*count)));
                         }
                         Err(CallError::Unreachable(error) | CallError::Engine(error) | CallError::Refused(error) | CallError::Denied(error)) => {
-                            unreachable.remove(&step);
-                            if let AfterFailure::RetryAt(_) = run.fail_attempt(&step, error, &self.inner.config.retry, now) {
-                                tracing::info!(run = %run.id, %step, "step failed; retrying");
+                            unreachable.remove(&attempt);
+                            if let AfterFailure::RetryAt(_) = run.fail_attempt_of(step, *item, error, &self.inner.config.retry, now) {
+                                tracing::info!(run = %run.id, %attempt, "attempt failed; retrying");
                             }
                         }
                     }
@@ -369,6 +391,13 @@ impl Executor {
         }
         if let Some(m) = definition.and_then(|a| a.max_tokens) {
             body["max_tokens"] = serde_json::json!(m);
+        }
+        // The engine constrains the answer to the step's schema where it can.
+        if let Some(schema) = workflow.step(step).and_then(|s| s.output_schema.as_ref()) {
+            body["response_format"] = serde_json::json!({
+                "type": "json_schema",
+                "json_schema": {"name": step, "schema": schema, "strict": true},
+            });
         }
         let timeout = workflow
             .step(step)

@@ -15,6 +15,7 @@
 
 mod act;
 mod admission;
+mod approve;
 mod bring_up;
 mod drive;
 mod provide;
@@ -39,6 +40,7 @@ use crate::instances::Instances;
 use crate::plan::Planner;
 use crate::store::{Db, StoreError, Tree};
 
+pub use approve::ApproveError;
 pub use provide::{Pin, ProvideError};
 pub use reuse::{ContextWanted, serves};
 
@@ -170,8 +172,8 @@ struct Inner {
     catalogs: Mutex<HashMap<String, Arc<BTreeMap<String, ModelInfo>>>>,
     /// One placement at a time per model instance key ([`Executor::provide`]).
     provides: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// Cancel signals of the runs being driven.
-    active: Mutex<HashMap<String, watch::Sender<bool>>>,
+    /// Cancel signals and decision queues of the runs being driven.
+    active: Mutex<HashMap<String, approve::Signals>>,
     /// Every change of any run, by id (for live progress).
     changes: watch::Sender<(u64, String)>,
     wake: Notify,
@@ -305,7 +307,7 @@ impl Executor {
     pub async fn cancel(&self, id: &str) -> Result<RunRecord, RunError> {
         let signal = lock(&self.inner.active).get(id).cloned();
         if let Some(signal) = signal {
-            let _ = signal.send(true);
+            let _ = signal.cancel.send(true);
             let mut changes = self.subscribe();
             // The run's task records the cancellation.
             for _ in 0..100 {

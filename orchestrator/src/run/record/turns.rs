@@ -125,23 +125,27 @@ pub enum LoopChange {
 }
 
 impl RunRecord {
-    /// Records `change` to running step `id`'s agent loop. A step no longer running
-    /// (cancelled, failed meanwhile) or an index out of range is left alone: returns
-    /// whether the change was recorded.
-    pub fn record_loop(&mut self, id: &str, change: LoopChange) -> bool {
-        let Some(record) = self.steps.iter_mut().find(|s| s.id == id) else {
-            return false;
+    /// Records `change` to the agent loop of running step `id` (of its running item
+    /// `item`). A step no longer running (cancelled, failed meanwhile) or an index out
+    /// of range is left alone: returns whether the change was recorded.
+    pub fn record_loop(&mut self, id: &str, item: Option<u32>, change: LoopChange) -> bool {
+        let turns = match item {
+            Some(index) => match self.running_item(id, index) {
+                Some(item) => &mut item.turns,
+                None => return false,
+            },
+            None => match self.steps.iter_mut().find(|s| s.id == id) {
+                Some(record) if record.state == StepState::Running => &mut record.turns,
+                _ => return false,
+            },
         };
-        if record.state != StepState::Running {
-            return false;
-        }
         match change {
             LoopChange::Turn(turn) => {
-                record.turns.push(turn);
+                turns.push(turn);
                 true
             }
             LoopChange::Sent { turn, call, at } => {
-                let Some(call) = record.turns.get_mut(turn).and_then(|t| t.calls.get_mut(call)) else {
+                let Some(call) = turns.get_mut(turn).and_then(|t| t.calls.get_mut(call)) else {
                     return false;
                 };
                 call.state = CallState::Sent;
@@ -156,7 +160,7 @@ impl RunRecord {
                 is_error,
                 at,
             } => {
-                let Some(call) = record.turns.get_mut(turn).and_then(|t| t.calls.get_mut(call)) else {
+                let Some(call) = turns.get_mut(turn).and_then(|t| t.calls.get_mut(call)) else {
                     return false;
                 };
                 call.state = CallState::Returned;

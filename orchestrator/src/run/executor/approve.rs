@@ -1,0 +1,110 @@
+//! Decisions on approval steps: a person's approve or reject goes to the task that
+//! drives the run (the only writer of its record), which records it, writes it, and
+//! answers with the run as written.
+
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, watch};
+
+use super::{Executor, RunError};
+use crate::base::lock;
+use crate::run::record::{DecideError, RunRecord, RunState};
+use crate::store::StoreError;
+
+/// A decision on one approval step, and where its outcome goes.
+#[derive(Debug)]
+pub(super) struct Decide {
+    pub step: String,
+    pub approved: bool,
+    /// Who decided.
+    pub by: String,
+    pub comment: Option<String>,
+    pub reply: oneshot::Sender<Result<RunRecord, DecideError>>,
+}
+
+/// What a driven run listens to besides its engines: a cancellation, and decisions.
+#[derive(Debug, Clone)]
+pub(super) struct Signals {
+    pub cancel: watch::Sender<bool>,
+    pub decide: mpsc::Sender<Decide>,
+}
+
+/// Decisions that may wait for a run's task at once.
+pub(super) const DECISIONS_QUEUED: usize = 16;
+
+/// How long a decision waits for the run's task (busy placing its instances again).
+const DECISION_WAIT: Duration = Duration::from_secs(10);
+
+/// Why a decision was not recorded.
+#[derive(Debug, thiserror::Error)]
+pub enum ApproveError {
+    /// No such run.
+    #[error(transparent)]
+    Run(#[from] RunError),
+    /// The run is not being driven now, so nothing waits.
+    #[error("run `{id}` is {state}; only a running run's steps wait for approval")]
+    NotRunning {
+        /// The run.
+        id: String,
+        /// Its state.
+        state: RunState,
+    },
+    /// The step cannot take a decision.
+    #[error(transparent)]
+    Refused(#[from] DecideError),
+    /// The run's task did not take the decision in time.
+    #[error("run `{0}` is busy (placing its instances again); retry in a few seconds")]
+    Busy(String),
+}
+
+impl From<StoreError> for ApproveError {
+    fn from(e: StoreError) -> Self {
+        ApproveError::Run(RunError::Store(e))
+    }
+}
+
+impl Executor {
+    /// Approves (or rejects) waiting approval step `step` of run `id` as `by`, with an
+    /// optional comment; answers with the run as written.
+    ///
+    /// Errors: the run does not exist or is not running, the step is not an approval
+    /// step waiting, or the run's task is busy.
+    pub async fn decide(
+        &self,
+        id: &str,
+        step: &str,
+        approved: bool,
+        by: &str,
+        comment: Option<String>,
+    ) -> Result<RunRecord, ApproveError> {
+        let signals = lock(&self.inner.active).get(id).cloned();
+        let Some(signals) = signals else {
+            let run = self
+                .inner
+                .runs
+                .get(id)?
+                .ok_or_else(|| RunError::NotFound(id.to_owned()))?;
+            return Err(ApproveError::NotRunning {
+                id: id.to_owned(),
+                state: run.state,
+            });
+        };
+        let (reply, answer) = oneshot::channel();
+        let decide = Decide {
+            step: step.to_owned(),
+            approved,
+            by: by.to_owned(),
+            comment,
+            reply,
+        };
+        let busy = || ApproveError::Busy(id.to_owned());
+        tokio::time::timeout(DECISION_WAIT, signals.decide.send(decide))
+            .await
+            .map_err(|_| busy())?
+            .map_err(|_| busy())?;
+        match tokio::time::timeout(DECISION_WAIT, answer).await {
+            Ok(Ok(outcome)) => Ok(outcome?),
+            _ => Err(busy()),
+        }
+    }
+}
