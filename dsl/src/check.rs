@@ -6,11 +6,14 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::diag::{Code, Diagnostic, did_you_mean};
 use crate::expr::{self, Context, Evaluator, ExprErrorKind};
-use crate::ir::{Action, Expr, Reflex, Repeat, Scope, Step, Template, TemplatePart, Workflow};
+use crate::ir::{Action, Expr, ForEach, Reflex, Repeat, Scope, Step, Template, TemplatePart, Workflow};
 use crate::lower::{Draft, ReflexDraft, StepDraft};
 use crate::node::Node;
 use crate::read::Cx;
 use crate::template::{self, RawPart};
+
+mod fields;
+use fields::Shape;
 
 /// What an expression may reference.
 struct Refs<'a> {
@@ -25,6 +28,11 @@ struct Refs<'a> {
     /// For reflexes: the scope, which decides whether `agent.*` metrics
     /// exist (only where the scope serves an agent).
     scope: Option<&'a Scope>,
+    /// What each step's `.json` holds, by step id.
+    shapes: &'a BTreeMap<&'a str, Shape<'a>>,
+    /// Whether the owner step runs `for_each` (for the message when `item` is
+    /// read outside its prompt).
+    for_each: bool,
 }
 
 /// Check the draft and build the IR when nothing is wrong.
@@ -86,6 +94,19 @@ pub fn check(cx: &mut Cx<'_>, draft: Draft<'_>) -> Option<Workflow> {
 
     let mut steps = Vec::new();
     let empty = BTreeSet::new();
+    let shapes: BTreeMap<&str, Shape<'_>> = draft
+        .steps
+        .iter()
+        .filter_map(|s| {
+            let (id, _) = s.id.as_ref()?;
+            let shape = Shape {
+                schema: s.output_schema.as_ref(),
+                for_each: s.for_each.is_some(),
+                approval: s.approval.is_some(),
+            };
+            Some((id.as_str(), shape))
+        })
+        .collect();
     for s in &draft.steps {
         let id = s.id.as_ref().map(|(id, _)| id.as_str());
         let up = id.and_then(|id| upstream.get(id)).unwrap_or(&empty);
@@ -96,9 +117,27 @@ pub fn check(cx: &mut Cx<'_>, draft: Draft<'_>) -> Option<Workflow> {
             visible: up,
             owner: id,
             scope: None,
+            shapes: &shapes,
+            for_each: s.for_each.is_some(),
         };
-        let prompt = s.prompt.and_then(|p| template(cx, &evaluator, p, &refs));
+        // A `for_each` step's prompt reads its item; nothing else does.
+        let prompt_refs = Refs {
+            context: if s.for_each.is_some() {
+                Context::Item
+            } else {
+                Context::Step
+            },
+            ..refs
+        };
+        let prompt = s.prompt.and_then(|p| template(cx, &evaluator, p, &prompt_refs));
         let when = s.when.and_then(|w| expression(cx, &evaluator, w, &refs));
+        let for_each = s.for_each.as_ref().and_then(|f| {
+            let over = f.over.and_then(|o| expression(cx, &evaluator, o, &refs));
+            Some(ForEach {
+                over: over?,
+                max_parallel: f.max_parallel?,
+            })
+        });
         let repeat = s.repeat.as_ref().and_then(|r| {
             if let (Some((back, span)), Some(id)) = (&r.back_to, id)
                 && back != id
@@ -134,22 +173,29 @@ pub fn check(cx: &mut Cx<'_>, draft: Draft<'_>) -> Option<Workflow> {
                 max: r.max?,
             })
         });
-        if let (Some((id, _)), Some((agent, _)), Some(prompt)) = (&s.id, &s.agent, prompt)
+        // An approval step has no agent; any other step needs one.
+        let agent = match (&s.agent, &s.approval) {
+            (Some((agent, _)), None) => Some(agent.clone()),
+            (None, Some(_)) => Some(String::new()),
+            _ => None,
+        };
+        if let (Some((id, _)), Some(agent), Some(prompt)) = (&s.id, agent, prompt)
             && (s.when.is_none() || when.is_some())
             && (s.repeat.is_none() || repeat.is_some())
+            && (s.for_each.is_none() || for_each.is_some())
         {
             steps.push(Step {
                 id: id.clone(),
-                agent: agent.clone(),
+                agent,
                 prompt,
                 after: s.after.iter().map(|(a, _)| a.clone()).collect(),
                 when,
                 repeat,
                 timeout: s.timeout,
                 retries: s.retries,
-                output_schema: None,
-                for_each: None,
-                approval: None,
+                output_schema: s.output_schema.clone(),
+                for_each,
+                approval: s.approval.clone(),
             });
         }
     }
@@ -358,6 +404,20 @@ fn check_expr(cx: &mut Cx<'_>, ev: &Evaluator, node: &Node, offset: usize, text:
                 .map_or(text.len(), |(i, _)| start + i);
             let span = at(cx, start, end.max(start));
             let d = match &e.kind {
+                ExprErrorKind::UndefinedVariable(v) if matches!(v.as_str(), "item" | "index") => {
+                    let end = start + v.len();
+                    Diagnostic::error(
+                        Code::UnknownVariable,
+                        at(cx, start, end),
+                        format!("`{v}` is defined only in the prompt of a step with `for_each`"),
+                    )
+                    .with_label("no item here")
+                    .with_help(if refs.for_each {
+                        "`item` and `index` are bound once per item, in the prompt only: this expression is read once for the whole step".to_owned()
+                    } else {
+                        "add `for_each: inputs.topics` (an expression that gives a list) to run the step's prompt once per item, as `item` at `index`".to_owned()
+                    })
+                }
                 ExprErrorKind::UndefinedVariable(v) => {
                     let end = start + v.len();
                     Diagnostic::error(
@@ -424,13 +484,14 @@ fn check_expr(cx: &mut Cx<'_>, ev: &Evaluator, node: &Node, offset: usize, text:
     }
     let before = cx.diags.error_count();
     for p in expr::paths(text) {
-        let seg = |i: usize| p.segments.get(i).map(String::as_str);
+        // An index by a number (`[0]`) names no input, step or metric.
+        let seg = |i: usize| p.segments.get(i).map(String::as_str).filter(|s| !s.starts_with('['));
         let span_of = |cx: &Cx<'_>, i: usize| {
             let s = p.offsets[i];
             at(cx, s, s + p.segments[i].len())
         };
         match (refs.context, seg(0)) {
-            (Context::Step | Context::Until, Some("inputs")) => {
+            (Context::Step | Context::Until | Context::Item, Some("inputs")) => {
                 if let Some(name) = seg(1)
                     && !refs.inputs.contains(name)
                 {
@@ -442,7 +503,7 @@ fn check_expr(cx: &mut Cx<'_>, ev: &Evaluator, node: &Node, offset: usize, text:
                     );
                 }
             }
-            (Context::Step | Context::Until, Some("steps")) => {
+            (Context::Step | Context::Until | Context::Item, Some("steps")) => {
                 let Some(name) = seg(1) else { continue };
                 let span = span_of(cx, 1);
                 if !refs.steps.contains(name) {
@@ -482,6 +543,18 @@ fn check_expr(cx: &mut Cx<'_>, ev: &Evaluator, node: &Node, offset: usize, text:
                             "fields",
                         )),
                     );
+                } else if let (Some("output"), Some("json"), Some(shape)) = (seg(2), seg(3), refs.shapes.get(name)) {
+                    let fields: Vec<(&str, crate::source::Span)> = (4..p.segments.len())
+                        .map(|i| (p.segments[i].as_str(), span_of(cx, i)))
+                        .collect();
+                    // Only the last segment can be a method (`.len()`): a call ends the path.
+                    let last = p.segments.len() - 1;
+                    let after_last = p.offsets[last] + p.segments[last].len();
+                    let last_is_call = text[after_last..].trim_start().starts_with('(');
+                    if last == 3 && last_is_call {
+                        continue;
+                    }
+                    fields::check(cx, name, shape, span_of(cx, 3), &fields, last_is_call);
                 }
             }
             (Context::Reflex, Some(scope @ ("gpu" | "node" | "agent"))) => {
@@ -527,6 +600,7 @@ fn check_expr(cx: &mut Cx<'_>, ev: &Evaluator, node: &Node, offset: usize, text:
 fn example(context: Context) -> &'static str {
     match context {
         Context::Step => "steps.code.output.len() > 0",
+        Context::Item => "item.to_upper()",
         Context::Until => "steps.review.output.contains(\"LGTM\")",
         Context::Reflex => "gpu.util > 0.8 && agent.queue_depth > 4",
     }
@@ -581,6 +655,7 @@ fn reflexes(cx: &mut Cx<'_>, ev: &Evaluator, draft: &Draft<'_>, agent_names: &[&
         ("reflex", "reflexes", "name"),
     );
     let no_steps = BTreeSet::new();
+    let no_shapes = BTreeMap::new();
     for r in &draft.reflexes {
         let refs = Refs {
             context: Context::Reflex,
@@ -589,6 +664,8 @@ fn reflexes(cx: &mut Cx<'_>, ev: &Evaluator, draft: &Draft<'_>, agent_names: &[&
             visible: &no_steps,
             owner: None,
             scope: r.scope.as_ref().map(|(s, _)| s),
+            shapes: &no_shapes,
+            for_each: false,
         };
 
         if let Some((Scope::Agent(a), span)) = &r.scope

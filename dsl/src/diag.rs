@@ -51,6 +51,12 @@ pub enum Code {
     UndefinedToolServer,
     DuplicateTool,
     UnusedToolServer,
+    BadSchema,
+    UnknownField,
+    JsonWithoutSchema,
+    ForEachAndRepeat,
+    ApprovalConflict,
+    NoAgentOrApproval,
 }
 
 impl Code {
@@ -90,6 +96,12 @@ impl Code {
             Code::UndefinedToolServer => "undefined-tool-server",
             Code::DuplicateTool => "duplicate-tool",
             Code::UnusedToolServer => "unused-tool-server",
+            Code::BadSchema => "bad-schema",
+            Code::UnknownField => "unknown-field",
+            Code::JsonWithoutSchema => "json-without-schema",
+            Code::ForEachAndRepeat => "for-each-and-repeat",
+            Code::ApprovalConflict => "approval-conflict",
+            Code::NoAgentOrApproval => "no-agent-or-approval",
         }
     }
 }

@@ -145,8 +145,11 @@ pub fn sandbox(limits: Limits) -> Engine {
 /// Where an expression is evaluated, which decides the variables it may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Context {
-    /// A step's `when` or a prompt interpolation: `inputs`, `steps`.
+    /// A step's `when`, `for_each` or a prompt interpolation: `inputs`, `steps`.
     Step,
+    /// The prompt of a step with `for_each`: `inputs`, `steps`, `item` (the
+    /// current item) and `index` (its position, from 0).
+    Item,
     /// A `repeat.until`: `inputs`, `steps`, `iteration`.
     Until,
     /// A reflex `when`/`release`: `gpu`, `node`, `agent`.
@@ -167,17 +170,19 @@ impl Context {
     pub fn variables(self) -> &'static [&'static str] {
         match self {
             Context::Step => &["inputs", "steps"],
+            Context::Item => &["inputs", "steps", "item", "index"],
             Context::Until => &["inputs", "steps", "iteration"],
             Context::Reflex => &["gpu", "node", "agent"],
         }
     }
 
     /// A scope holding every variable of this context (as unit values), to
-    /// compile against with strict variables.
+    /// compile against with strict variables. Not constants: the optimizer would
+    /// fold a bare variable (`{{ item }}`) into the unit value.
     fn scope(self) -> Scope<'static> {
         let mut scope = Scope::new();
         for v in self.variables() {
-            scope.push_constant_dynamic(*v, Dynamic::UNIT);
+            scope.push_dynamic(*v, Dynamic::UNIT);
         }
         scope
     }
@@ -351,6 +356,7 @@ impl Evaluator {
     pub fn new(limits: Limits) -> Self {
         let mut engine = sandbox(limits);
         crate::truth::register(&mut engine);
+        register_json(&mut engine, limits);
         Evaluator {
             engine: Arc::new(engine),
             limits,
@@ -515,6 +521,29 @@ impl Evaluator {
     }
 }
 
+/// `text.json`: the text parsed as JSON, as Rhai values (objects are maps,
+/// arrays are arrays, `null` is `()`), so that `steps.plan.output.json.topics`
+/// reads a field of a step's JSON answer. Text that is not JSON, or JSON past
+/// the sandbox's sizes (items and entries in all, [`MAX_RESULT_DEPTH`] levels),
+/// is an evaluation error that says so.
+fn register_json(engine: &mut Engine, limits: Limits) {
+    engine.register_get(
+        "json",
+        move |text: &mut rhai::ImmutableString| -> Result<Dynamic, Box<EvalAltResult>> {
+            let value: serde_json::Value = serde_json::from_str(text.trim())
+                .map_err(|e| format!("`.json`: the text is not JSON: {e}"))?;
+            let mut budget = limits.max_array_size.max(limits.max_map_size);
+            crate::value::json_to_dynamic(&value, MAX_RESULT_DEPTH, &mut budget).ok_or_else(|| {
+                format!(
+                    "`.json`: the JSON is too large: more than {} items and entries, or nested more than {MAX_RESULT_DEPTH} levels",
+                    limits.max_array_size.max(limits.max_map_size)
+                )
+                .into()
+            })
+        },
+    );
+}
+
 /// A dotted path (`steps.look.output`) referenced by an expression, with the
 /// byte offset of its first segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -527,7 +556,10 @@ pub struct PathRef {
 
 /// Dotted identifier paths in `text`, skipping string literals and comments,
 /// so that references (`inputs.x`, `steps.y`, `gpu.util`) can be checked
-/// against the workflow.
+/// against the workflow. An index by a string literal is a segment like a
+/// dotted name (`steps["y"]`); an index by a whole number is a segment written
+/// with its brackets (`[0]`), so that a JSON path (`json.topics[0].name`)
+/// goes on through it.
 pub fn paths(text: &str) -> Vec<PathRef> {
     let bytes = text.as_bytes();
     let mut out: Vec<PathRef> = Vec::new();
@@ -612,7 +644,11 @@ pub fn paths(text: &str) -> Vec<PathRef> {
                     let key = &text[start..start + len];
                     (bytes.get(k) == Some(&b']') && !key.contains(['\\', '$'])).then_some((start, key, k + 1))
                 });
-                match (key, current.as_mut()) {
+                // `json.topics[0]`: an index by a whole number is a segment `[0]`.
+                let digits = bytes[i + 1..].iter().take_while(|b| b.is_ascii_digit()).count();
+                let index = (digits > 0 && bytes.get(i + 1 + digits) == Some(&b']'))
+                    .then(|| (i, &text[i..i + digits + 2], i + digits + 2));
+                match (key.or(index), current.as_mut()) {
                     (Some((start, key, next)), Some(p)) => {
                         p.segments.push(key.to_owned());
                         p.offsets.push(start);
@@ -682,6 +718,65 @@ mod tests {
                 vec!["n".to_owned()],
             ]
         );
+    }
+
+    #[test]
+    fn index_by_number_is_a_bracketed_segment() {
+        let p = paths("steps.plan.output.json.topics[0].name + x[ 1 ].y + z[i]");
+        let segs: Vec<Vec<String>> = p.iter().map(|p| p.segments.clone()).collect();
+        let strs = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(
+            segs,
+            vec![
+                strs(&["steps", "plan", "output", "json", "topics", "[0]", "name"]),
+                strs(&["x"]),
+                strs(&["z"]),
+                strs(&["i"]),
+            ]
+        );
+        assert_eq!(p[0].offsets[5], "steps.plan.output.json.topics".len());
+    }
+
+    #[test]
+    fn json_reads_text_as_values() {
+        let ev = Evaluator::default();
+        let vars = Bindings::from([(
+            "steps".to_owned(),
+            Value::map([(
+                "plan",
+                Value::map([(
+                    "output",
+                    Value::from(" {\"topics\": [\"a\", \"b\"], \"n\": 2, \"x\": 1.5, \"ok\": true, \"none\": null} "),
+                )]),
+            )]),
+        )]);
+        let eval = |text: &str| ev.eval(&ev.compile(text, Context::Step).expect("compiles"), &vars);
+        assert_eq!(
+            eval("steps.plan.output.json.topics"),
+            Ok(Value::List(vec![Value::from("a"), Value::from("b")]))
+        );
+        assert_eq!(eval("steps.plan.output.json.topics[1]"), Ok(Value::from("b")));
+        assert_eq!(eval("steps.plan.output.json.n + 1"), Ok(Value::Int(3)));
+        assert_eq!(eval("steps.plan.output.json.x"), Ok(Value::Float(1.5)));
+        assert_eq!(eval("steps.plan.output.json.ok"), Ok(Value::Bool(true)));
+        assert_eq!(eval("steps.plan.output.json.none"), Ok(Value::Unit));
+        assert_eq!(eval("\"[1, [2]]\".json[1][0]"), Ok(Value::Int(2)));
+        let e = eval("\"Sure! {\".json").expect_err("not JSON");
+        assert!(e.message.contains("`.json`: the text is not JSON"), "{}", e.message);
+        assert_eq!(e.kind, ExprErrorKind::Runtime);
+        let deep = format!("\"{}{}\".json", "[".repeat(40), "]".repeat(40));
+        let e = eval(&deep).expect_err("too deep");
+        assert!(e.message.contains("too large"), "{}", e.message);
+        let wide = format!("\"[{}0]\".json", "0,".repeat(20_000));
+        assert!(eval(&wide).is_err());
+    }
+
+    #[test]
+    fn item_and_index_exist_only_in_the_item_context() {
+        let ev = Evaluator::default();
+        assert!(ev.compile("item + index", Context::Item).is_ok());
+        let e = ev.compile("item", Context::Step).expect_err("no item here");
+        assert_eq!(e.kind, ExprErrorKind::UndefinedVariable("item".into()));
     }
 
     #[test]

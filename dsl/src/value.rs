@@ -146,6 +146,41 @@ pub(crate) fn scope_values(bindings: &Bindings, atoms: Option<&Arc<Mutex<Atoms>>
         .collect()
 }
 
+/// JSON as Rhai sees it: objects are maps, `null` is `()`, a whole number
+/// that fits is an integer. `None` when `json` nests deeper than `depth`
+/// levels of arrays and objects, or holds more than `budget` items and
+/// entries in all (`budget` is what is left of it).
+pub(crate) fn json_to_dynamic(json: &serde_json::Value, depth: usize, budget: &mut usize) -> Option<Dynamic> {
+    use serde_json::Value as J;
+    Some(match json {
+        J::Null => Dynamic::UNIT,
+        J::Bool(b) => Dynamic::from_bool(*b),
+        J::Number(n) => match n.as_i64() {
+            Some(i) => Dynamic::from_int(i),
+            None => Dynamic::from_float(n.as_f64()?),
+        },
+        J::String(s) => Dynamic::from(s.clone()),
+        J::Array(items) => {
+            *budget = budget.checked_sub(items.len())?;
+            let depth = depth.checked_sub(1)?;
+            let mut out = rhai::Array::with_capacity(items.len());
+            for v in items {
+                out.push(json_to_dynamic(v, depth, budget)?);
+            }
+            Dynamic::from_array(out)
+        }
+        J::Object(fields) => {
+            *budget = budget.checked_sub(fields.len())?;
+            let depth = depth.checked_sub(1)?;
+            let mut out = rhai::Map::new();
+            for (k, v) in fields {
+                out.insert(k.as_str().into(), json_to_dynamic(v, depth, budget)?);
+            }
+            Dynamic::from_map(out)
+        }
+    })
+}
+
 /// A Rhai result as a [`Value`]. What has no twin here (a function pointer) is
 /// its text. The caller bounds how deep `d` nests.
 pub(crate) fn from_dynamic(d: Dynamic) -> Value {

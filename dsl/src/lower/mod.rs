@@ -4,7 +4,6 @@
 //! next, by [`crate::check`], which turns a draft into the IR.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
 
 use crate::diag::{Code, Diagnostic};
 use crate::ir::{Agent, Backend, Endpoint, Input, InputType, InputValue, Placement, ToolRef, ToolServer};
@@ -14,11 +13,14 @@ use crate::source::Span;
 
 mod model;
 mod reflex;
+mod step;
 mod tools;
 pub use model::is_valid_repo_id;
 use model::model_requirement;
 pub use reflex::ReflexDraft;
 use reflex::reflex;
+pub use step::StepDraft;
+use step::step;
 
 /// The workflow format version this crate reads.
 pub const FORMAT_VERSION: i64 = 1;
@@ -60,8 +62,6 @@ const VARIANT_KEYS: &[&str] = &["repo", "file", "revision"];
 const GPU_KEYS: &[&str] = &["models", "nodes", "min_compute_capability", "min_memory", "max_gpus"];
 /// `api_key_env` is read only to refuse it with a diagnostic that says what to write.
 const ENDPOINT_KEYS: &[&str] = &["url", "model", "api_key_secret", "api_key_env"];
-const STEP_KEYS: &[&str] = &["id", "agent", "prompt", "after", "when", "repeat", "timeout", "retries"];
-const REPEAT_KEYS: &[&str] = &["back_to", "until", "max"];
 const PLACEMENT_KEYS: &[&str] = &["priority", "max_gpus_per_agent"];
 const TOOL_SERVER_KEYS: &[&str] = &["command", "url", "api_key_secret", "in_flight"];
 
@@ -102,38 +102,6 @@ pub struct Draft<'n> {
     pub declared_tool_servers: BTreeSet<String>,
     /// Each agent's `tools`, with where each is written, by agent.
     pub tool_refs: BTreeMap<String, Vec<(ToolRef, Span)>>,
-}
-
-/// A step as read.
-pub struct StepDraft<'n> {
-    /// Where the step is written (its `id` value, else the item).
-    pub anchor: Span,
-    /// `id`.
-    pub id: Option<Named>,
-    /// `agent`.
-    pub agent: Option<Named>,
-    /// `prompt` (a template).
-    pub prompt: Option<&'n Node>,
-    /// `after`.
-    pub after: Vec<Named>,
-    /// `when` (an expression).
-    pub when: Option<&'n Node>,
-    /// `repeat`.
-    pub repeat: Option<RepeatDraft<'n>>,
-    /// `timeout`.
-    pub timeout: Option<Duration>,
-    /// `retries`.
-    pub retries: u32,
-}
-
-/// `repeat:` as read.
-pub struct RepeatDraft<'n> {
-    /// `back_to`.
-    pub back_to: Option<Named>,
-    /// `until`.
-    pub until: Option<&'n Node>,
-    /// `max`.
-    pub max: Option<u32>,
 }
 
 /// Read the whole document.
@@ -265,11 +233,12 @@ fn inputs(cx: &mut Cx<'_>, node: &Node) -> BTreeMap<String, (Input, Span)> {
 }
 
 fn input_type(cx: &mut Cx<'_>, node: &Node) -> Option<InputType> {
-    const TYPES: [(&str, InputType); 4] = [
+    const TYPES: [(&str, InputType); 5] = [
         ("string", InputType::String),
         ("integer", InputType::Integer),
         ("number", InputType::Number),
         ("boolean", InputType::Boolean),
+        ("list", InputType::List),
     ];
     let names: Vec<&str> = TYPES.iter().map(|t| t.0).collect();
     read::choice(cx, node, "input type", &names).map(|i| TYPES[i].1)
@@ -299,9 +268,47 @@ fn input_value(cx: &mut Cx<'_>, node: &Node, ty: InputType) -> Option<InputValue
         InputType::Integer => read::integer(cx, node, what, i64::MIN, i64::MAX).map(InputValue::Integer),
         InputType::Number => read::number(cx, node, what, f64::MIN, f64::MAX).map(InputValue::Number),
         InputType::Boolean => read::boolean(cx, node, what).map(InputValue::Boolean),
-        // Read by the DSL's list inputs (issue 29, for_each); not yet accepted.
-        InputType::List => None,
+        InputType::List => list_value(cx, node),
     }
+}
+
+/// A list default: strings, numbers and booleans, each typed as an unquoted
+/// YAML scalar reads (`[a, 2, true]`); a quoted item is a string.
+fn list_value(cx: &mut Cx<'_>, node: &Node) -> Option<InputValue> {
+    let items = read::seq(cx, node, "the default of a `list` input", "[GPUs, TPUs]")?;
+    if items.len() > crate::ir::MAX_ITEMS {
+        cx.push(
+            Diagnostic::error(
+                Code::BadValue,
+                node.span,
+                format!(
+                    "the default has {} items; a list holds at most {}",
+                    items.len(),
+                    crate::ir::MAX_ITEMS
+                ),
+            )
+            .with_label("too many items")
+            .with_help("shorten the list, or split the work into several runs"),
+        );
+        return None;
+    }
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let value = match step::json(item) {
+            serde_json::Value::Bool(b) => Some(InputValue::Boolean(b)),
+            serde_json::Value::Number(n) => n
+                .as_i64()
+                .map(InputValue::Integer)
+                .or_else(|| n.as_f64().map(InputValue::Number)),
+            serde_json::Value::String(s) => Some(InputValue::String(s)),
+            serde_json::Value::Null | serde_json::Value::Array(_) | serde_json::Value::Object(_) => None,
+        };
+        match value {
+            Some(v) => out.push(v),
+            None => cx.wrong_type(item, "an item of a `list` input", "a string, number or boolean", "GPUs"),
+        }
+    }
+    (out.len() == items.len()).then_some(InputValue::List(out))
 }
 
 /// Agents and the tools each lists, with where they are written; an agent whose
@@ -482,79 +489,6 @@ fn secret_reference(cx: &mut Cx<'_>, node: &Node) -> Option<String> {
 fn named(cx: &mut Cx<'_>, node: &Node, kind: NameKind) -> Option<Named> {
     let s = read::string(cx, node, &format!("{kind:?} name").to_lowercase())?;
     read::name(cx, node.span, &s, kind).map(|n| (n, node.span))
-}
-
-fn step<'n>(cx: &mut Cx<'_>, node: &'n Node) -> StepDraft<'n> {
-    let mut draft = StepDraft {
-        anchor: Span::point(node.span.start),
-        id: None,
-        agent: None,
-        prompt: None,
-        after: Vec::new(),
-        when: None,
-        repeat: None,
-        timeout: None,
-        retries: 0,
-    };
-    let Some(mut m) = read::map(cx, node, draft.anchor, "a step", STEP_KEYS) else {
-        return draft;
-    };
-    draft.id = m
-        .require(cx, "id", "my_step")
-        .and_then(|n| named(cx, n, NameKind::Step));
-    if let Some((_, span)) = &draft.id {
-        m.anchor = *span;
-        draft.anchor = *span;
-    }
-    draft.agent = m
-        .require(cx, "agent", "agent-name")
-        .and_then(|n| named(cx, n, NameKind::Agent));
-    draft.prompt = m.require(cx, "prompt", "\"...\"");
-    if let Some(p) = draft.prompt
-        && read::string(cx, p, "`prompt`").is_none()
-    {
-        draft.prompt = None;
-    }
-    draft.after = m
-        .get("after")
-        .map(|n| {
-            read::list(n)
-                .into_iter()
-                .filter_map(|a| named(cx, a, NameKind::Step))
-                .collect()
-        })
-        .unwrap_or_default();
-    draft.when = m.get("when").filter(|n| read::string(cx, n, "`when`").is_some());
-    draft.repeat = m.entry("repeat").and_then(|e| {
-        let mut r = read::map(cx, &e.value, e.key_span, "`repeat`", REPEAT_KEYS)?;
-        let back_to = r
-            .require(cx, "back_to", "step_id")
-            .and_then(|n| named(cx, n, NameKind::Step));
-        let until = r
-            .require(cx, "until", "'steps.review.output.contains(\"LGTM\")'")
-            .filter(|n| read::string(cx, n, "`until`").is_some());
-        let max = r.require(cx, "max", "3").and_then(|n| read::count(cx, n, "`max`", 1));
-        r.finish(cx);
-        Some(RepeatDraft { back_to, until, max })
-    });
-    draft.timeout = m.get("timeout").and_then(|n| {
-        let d = read::duration(cx, n, "`timeout`")?;
-        if d.is_zero() {
-            cx.push(
-                Diagnostic::error(Code::BadValue, n.span, "a `timeout` of zero would fail every attempt")
-                    .with_label("zero")
-                    .with_help("give the longest an attempt may take, e.g. `10m`, or remove `timeout`"),
-            );
-            return None;
-        }
-        Some(d)
-    });
-    draft.retries = m
-        .get("retries")
-        .and_then(|n| read::count(cx, n, "`retries`", 0))
-        .unwrap_or(0);
-    m.finish(cx);
-    draft
 }
 
 fn placement(cx: &mut Cx<'_>, node: &Node, anchor: Span) -> Placement {
