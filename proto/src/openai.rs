@@ -121,9 +121,11 @@ pub struct ChatMessage {
     pub tool_call_id: Option<String>,
 }
 
-/// A tool call, as an assistant message carries it.
+/// A tool call, as an assistant message carries it (`ChatToolCall` in OpenAPI
+/// documents, apart from other tool calls there).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[cfg_attr(feature = "openapi", schema(as = ChatToolCall))]
 pub struct ToolCall {
     /// The call's id, which the tool message with its result names.
     pub id: String,
