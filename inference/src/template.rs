@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use minijinja::value::Kwargs;
 use minijinja::{Environment, ErrorKind, context};
 use serde::Serialize;
 use serde_json::Value;
@@ -124,6 +125,7 @@ impl ChatTemplate {
             },
         );
         env.add_function("strftime_now", |format: String| strftime(&format, SystemTime::now()));
+        env.add_filter("tojson", tojson);
         env.add_template_owned(TEMPLATE_NAME, source.clone())
             .map_err(|source| Error::ChatTemplate {
                 path: path.to_path_buf(),
@@ -177,6 +179,141 @@ impl ChatTemplate {
                 add_generation_prompt => add_generation_prompt,
             })
             .map_err(error)
+    }
+}
+
+/// The `tojson` filter of `transformers`' chat templates: Python's `json.dumps` with
+/// `ensure_ascii`, `indent`, `separators` and `sort_keys` (default: no escaping of
+/// non-ASCII or HTML characters, `", "` and `": "` between items and keys), not
+/// minijinja's own (compact and HTML-escaped), so that tools and arguments reach the
+/// model as it was trained to see them.
+fn tojson(value: minijinja::Value, kwargs: Kwargs) -> Result<String, minijinja::Error> {
+    let ensure_ascii = kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false);
+    let indent = kwargs.get::<Option<usize>>("indent")?;
+    let sort_keys = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
+    let separators = kwargs.get::<Option<Vec<String>>>("separators")?;
+    kwargs.assert_all_used()?;
+    let (item, key) = match separators.as_deref() {
+        Some([item, key]) => (item.clone(), key.clone()),
+        Some(_) => {
+            return Err(minijinja::Error::new(
+                ErrorKind::InvalidOperation,
+                "tojson: separators must be a pair",
+            ));
+        }
+        None if indent.is_some() => (",".to_owned(), ": ".to_owned()),
+        None => (", ".to_owned(), ": ".to_owned()),
+    };
+    let json = serde_json::to_value(&value)
+        .map_err(|e| minijinja::Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let style = JsonStyle {
+        ensure_ascii,
+        indent,
+        sort_keys,
+        item,
+        key,
+    };
+    let mut out = String::new();
+    style.write(&json, 0, &mut out);
+    Ok(out)
+}
+
+/// How Python's `json.dumps` was asked to write.
+struct JsonStyle {
+    ensure_ascii: bool,
+    indent: Option<usize>,
+    sort_keys: bool,
+    item: String,
+    key: String,
+}
+
+impl JsonStyle {
+    fn write(&self, value: &Value, depth: usize, out: &mut String) {
+        match value {
+            Value::Null => out.push_str("null"),
+            Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+            Value::Number(n) => out.push_str(&python_number(n)),
+            Value::String(text) => self.string(text, out),
+            Value::Array(items) if items.is_empty() => out.push_str("[]"),
+            Value::Array(items) => {
+                out.push('[');
+                for (index, item) in items.iter().enumerate() {
+                    self.separate(index, depth + 1, out);
+                    self.write(item, depth + 1, out);
+                }
+                self.close(depth, out);
+                out.push(']');
+            }
+            Value::Object(map) if map.is_empty() => out.push_str("{}"),
+            Value::Object(map) => {
+                let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+                if self.sort_keys {
+                    entries.sort_by(|a, b| a.0.cmp(b.0));
+                }
+                out.push('{');
+                for (index, (name, item)) in entries.into_iter().enumerate() {
+                    self.separate(index, depth + 1, out);
+                    self.string(name, out);
+                    out.push_str(&self.key);
+                    self.write(item, depth + 1, out);
+                }
+                self.close(depth, out);
+                out.push('}');
+            }
+        }
+    }
+
+    /// Before item `index` of a container at `depth`: the item separator after the
+    /// first, and a new line with indentation when indenting.
+    fn separate(&self, index: usize, depth: usize, out: &mut String) {
+        if index > 0 {
+            out.push_str(&self.item);
+        }
+        if let Some(indent) = self.indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(indent * depth));
+        }
+    }
+
+    fn close(&self, depth: usize, out: &mut String) {
+        if let Some(indent) = self.indent {
+            out.push('\n');
+            out.push_str(&" ".repeat(indent * depth));
+        }
+    }
+
+    fn string(&self, text: &str, out: &mut String) {
+        out.push('"');
+        for c in text.chars() {
+            match c {
+                '"' => out.push_str("\\\""),
+                '\\' => out.push_str("\\\\"),
+                '\n' => out.push_str("\\n"),
+                '\r' => out.push_str("\\r"),
+                '\t' => out.push_str("\\t"),
+                '\u{8}' => out.push_str("\\b"),
+                '\u{c}' => out.push_str("\\f"),
+                c if u32::from(c) < 0x20 || (self.ensure_ascii && !c.is_ascii()) => {
+                    let mut units = [0u16; 2];
+                    for unit in c.encode_utf16(&mut units) {
+                        out.push_str(&format!("\\u{unit:04x}"));
+                    }
+                }
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+}
+
+/// A number as Python's `json.dumps` writes it: integers as they are, floats by
+/// `repr` (`1.0`, not `1`).
+fn python_number(number: &serde_json::Number) -> String {
+    match number.as_f64() {
+        Some(float) if number.is_f64() && float.is_finite() && float.fract() == 0.0 && float.abs() < 1e16 => {
+            format!("{float:.1}")
+        }
+        _ => number.to_string(),
     }
 }
 
@@ -294,6 +431,40 @@ mod tests {
 
     fn at(seconds: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(seconds)
+    }
+
+    fn dumps(value: serde_json::Value, kwargs: &[(&str, minijinja::Value)]) -> String {
+        let kwargs = Kwargs::from_iter(kwargs.iter().map(|(k, v)| (*k, v.clone())));
+        tojson(minijinja::Value::from_serialize(&value), kwargs).unwrap()
+    }
+
+    #[test]
+    fn tojson_writes_as_pythons_json_dumps() {
+        // `json.dumps(v, ensure_ascii=False)` and friends gave the expected texts.
+        let value = serde_json::json!({"b": [1, 2.0, "x<y>&'\"\n"], "a": {"é": null, "t": true}, "e": [], "o": {}});
+        assert_eq!(
+            dumps(value.clone(), &[]),
+            r#"{"b": [1, 2.0, "x<y>&'\"\n"], "a": {"é": null, "t": true}, "e": [], "o": {}}"#
+        );
+        assert_eq!(
+            dumps(
+                value.clone(),
+                &[("sort_keys", true.into()), ("ensure_ascii", true.into())]
+            ),
+            r#"{"a": {"t": true, "\u00e9": null}, "b": [1, 2.0, "x<y>&'\"\n"], "e": [], "o": {}}"#
+        );
+        assert_eq!(
+            dumps(
+                serde_json::json!({"a": [1, {"b": 2}], "c": []}),
+                &[("indent", 2.into())]
+            ),
+            "{\n  \"a\": [\n    1,\n    {\n      \"b\": 2\n    }\n  ],\n  \"c\": []\n}"
+        );
+        let compact = minijinja::Value::from_serialize([",", ":"]);
+        assert_eq!(
+            dumps(serde_json::json!({"a": [1, 2]}), &[("separators", compact)]),
+            r#"{"a":[1,2]}"#
+        );
     }
 
     #[test]

@@ -159,13 +159,15 @@ fn conversations() -> Vec<Vec<TemplateMessage>> {
     ]
 }
 
-/// `transformers`' renderings of `cases` with `fixture`'s template.
-fn reference(python: &Path, fixture: &Fixture, cases: &[(Vec<TemplateMessage>, bool)]) -> Vec<Value> {
+/// `transformers`' renderings of `cases` with `fixture`'s template, offering `tools`
+/// (none when empty).
+fn reference(python: &Path, fixture: &Fixture, cases: &[(Vec<TemplateMessage>, bool)], tools: &[Value]) -> Vec<Value> {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/render_chat_template.py");
     let request = json!({
         "template": fixture.source,
         "bos_token": Fixture::text(&fixture.bos_token),
         "eos_token": Fixture::text(&fixture.eos_token),
+        "tools": (!tools.is_empty()).then_some(tools),
         "cases": cases
             .iter()
             .map(|(messages, add_generation_prompt)| json!({
@@ -212,7 +214,7 @@ fn real_chat_templates_render_as_transformers_renders_them() {
             .iter()
             .map(|(m, generation)| template.render(m, *generation).ok())
             .collect();
-        let expected = reference(&python, &fixture, &cases);
+        let expected = reference(&python, &fixture, &cases, &[]);
         for (((messages, add_generation_prompt), expected), before) in cases.iter().zip(expected).zip(before) {
             let ours = template.render(messages, *add_generation_prompt);
             let case = format!(
@@ -259,4 +261,103 @@ fn real_chat_templates_render_as_transformers_renders_them() {
     );
     eprintln!("{rendered} renderings equal to transformers', {refused} refused by both");
     assert!(refused >= 8, "the refusals were exercised ({refused})");
+}
+
+/// OpenAI tool definitions, keys in the order clients write them.
+fn tools() -> Vec<Value> {
+    vec![
+        json!({"type": "function", "function": {
+            "name": "get_weather",
+            "description": "The weather in a city, now.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "description": "A city, e.g. Zürich"},
+                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                },
+                "required": ["city"],
+            },
+        }}),
+        json!({"type": "function", "function": {
+            "name": "get_time",
+            "description": "The time in a zone.",
+            "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": []},
+        }}),
+    ]
+}
+
+/// An assistant turn that calls `get_weather`, as the engine hands it to a template:
+/// the arguments as an object, the id nine letters and digits (Mistral's demand).
+fn calling() -> TemplateMessage {
+    TemplateMessage {
+        tool_calls: Some(vec![json!({
+            "id": "abc123XYZ",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}},
+        })]),
+        ..message("assistant", "")
+    }
+}
+
+fn result(content: &str) -> TemplateMessage {
+    TemplateMessage {
+        tool_call_id: Some("abc123XYZ".to_owned()),
+        ..message("tool", content)
+    }
+}
+
+#[test]
+fn real_chat_templates_render_tools_calls_and_results_as_transformers_renders_them() {
+    let python = smollm2::vllm_python();
+    let cases: Vec<(Vec<TemplateMessage>, bool)> = vec![
+        (vec![message("user", "Weather in Oslo?")], true),
+        (
+            vec![message("system", "You are terse."), message("user", "Weather in Oslo?")],
+            true,
+        ),
+        (
+            vec![message("user", "Weather in Oslo?"), calling(), result("{\"temp\": 3}")],
+            true,
+        ),
+        (
+            vec![
+                message("system", "You are terse."),
+                message("user", "Weather in Oslo?"),
+                calling(),
+                result("3 degrees, ünïcode <b>"),
+                message("assistant", "It is 3 degrees."),
+            ],
+            false,
+        ),
+    ];
+    let mut problems = Vec::new();
+    let mut with_tools = 0;
+    for fixture in fixtures() {
+        let template = fixture.compile();
+        let expected = reference(&python, &fixture, &cases, &tools());
+        for ((messages, add_generation_prompt), expected) in cases.iter().zip(expected) {
+            let ours = template.render_with_tools(messages, &tools(), *add_generation_prompt);
+            let case = format!("{}, {} messages", fixture.name, messages.len());
+            match (&ours, expected.get("text").and_then(Value::as_str)) {
+                (Ok(ours), Some(theirs)) => {
+                    if ours != theirs {
+                        problems.push(format!("{case}:\n  ours:         {ours:?}\n  transformers: {theirs:?}"));
+                    } else if ours.contains("get_time") {
+                        with_tools += 1;
+                    }
+                }
+                (Ok(ours), None) => problems.push(format!(
+                    "{case}: transformers refuses it ({expected}), we render {ours:?}"
+                )),
+                (Err(error), Some(_)) => problems.push(format!(
+                    "{case}: transformers renders it, we fail: {}",
+                    skein_model_registry::error_chain(error)
+                )),
+                (Err(_), None) => {}
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    // Qwen2.5, Llama 3.1 and 3.2 and Mistral Nemo write the tools into the prompt.
+    assert!(with_tools >= 12, "{with_tools} renderings carried the tools");
 }

@@ -3,7 +3,9 @@ inference/tests/chat_templates.rs.
 
 Reads one JSON object on stdin:
     {"template": str, "bos_token": str | null, "eos_token": str | null,
-     "cases": [{"messages": [{"role": str, "content": str}], "add_generation_prompt": bool}]}
+     "tools": [OpenAI tool definition] | null,
+     "cases": [{"messages": [{"role": str, "content": str, "tool_calls"?: [...],
+                              "tool_call_id"?: str}], "add_generation_prompt": bool}]}
 and writes a JSON list with one entry per case: {"text": str} when it renders, or
 {"error": str, "kind": str} (the exception's message and class) when it does not.
 
@@ -40,6 +42,7 @@ def main():
                 case["messages"],
                 tokenize=False,
                 add_generation_prompt=case["add_generation_prompt"],
+                tools=request.get("tools"),
             )
             results.append({"text": text})
         except Exception as error:  # the template's own refusal, among others
