@@ -738,48 +738,6 @@ mod tests {
     }
 
     #[test]
-    fn json_reads_text_as_values() {
-        let ev = Evaluator::default();
-        let vars = Bindings::from([(
-            "steps".to_owned(),
-            Value::map([(
-                "plan",
-                Value::map([(
-                    "output",
-                    Value::from(" {\"topics\": [\"a\", \"b\"], \"n\": 2, \"x\": 1.5, \"ok\": true, \"none\": null} "),
-                )]),
-            )]),
-        )]);
-        let eval = |text: &str| ev.eval(&ev.compile(text, Context::Step).expect("compiles"), &vars);
-        assert_eq!(
-            eval("steps.plan.output.json.topics"),
-            Ok(Value::List(vec![Value::from("a"), Value::from("b")]))
-        );
-        assert_eq!(eval("steps.plan.output.json.topics[1]"), Ok(Value::from("b")));
-        assert_eq!(eval("steps.plan.output.json.n + 1"), Ok(Value::Int(3)));
-        assert_eq!(eval("steps.plan.output.json.x"), Ok(Value::Float(1.5)));
-        assert_eq!(eval("steps.plan.output.json.ok"), Ok(Value::Bool(true)));
-        assert_eq!(eval("steps.plan.output.json.none"), Ok(Value::Unit));
-        assert_eq!(eval("\"[1, [2]]\".json[1][0]"), Ok(Value::Int(2)));
-        let e = eval("\"Sure! {\".json").expect_err("not JSON");
-        assert!(e.message.contains("`.json`: the text is not JSON"), "{}", e.message);
-        assert_eq!(e.kind, ExprErrorKind::Runtime);
-        let deep = format!("\"{}{}\".json", "[".repeat(40), "]".repeat(40));
-        let e = eval(&deep).expect_err("too deep");
-        assert!(e.message.contains("too large"), "{}", e.message);
-        let wide = format!("\"[{}0]\".json", "0,".repeat(20_000));
-        assert!(eval(&wide).is_err());
-    }
-
-    #[test]
-    fn item_and_index_exist_only_in_the_item_context() {
-        let ev = Evaluator::default();
-        assert!(ev.compile("item + index", Context::Item).is_ok());
-        let e = ev.compile("item", Context::Step).expect_err("no item here");
-        assert_eq!(e.kind, ExprErrorKind::UndefinedVariable("item".into()));
-    }
-
-    #[test]
     fn conditions_evaluate_with_bound_variables() {
         let ev = Evaluator::default();
         let c = ev.compile("gpu.util > 0.8", Context::Reflex).expect("compiles");

@@ -397,10 +397,16 @@ fn output_schema(cx: &mut Cx<'_>, e: &Entry) -> Option<Value> {
 
 /// A tree as JSON: mappings are objects, lists arrays; an unquoted scalar is
 /// null, a boolean or a number when it reads as one (as YAML's core schema
-/// reads it), else a string, and a quoted one is always a string.
+/// reads it), else a string, and a quoted one is always a string. Object keys
+/// are put in sorted order (a script's maps have no other), so that the IR is
+/// the same whether or not serde_json keeps insertion order.
 pub(crate) fn json(node: &Node) -> Value {
     match &node.kind {
-        NodeKind::Map(entries) => Value::Object(entries.iter().map(|e| (e.key.clone(), json(&e.value))).collect()),
+        NodeKind::Map(entries) => {
+            let mut sorted: Vec<&Entry> = entries.iter().collect();
+            sorted.sort_by(|a, b| a.key.cmp(&b.key));
+            Value::Object(sorted.into_iter().map(|e| (e.key.clone(), json(&e.value))).collect())
+        }
         NodeKind::Seq(items) => Value::Array(items.iter().map(json).collect()),
         NodeKind::Scalar(s) if s.style != ScalarStyle::Plain => Value::String(s.text.clone()),
         NodeKind::Scalar(s) if s.is_null() => Value::Null,
