@@ -12,6 +12,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+mod durations;
+use durations::{duration, opt_duration};
+
 /// A validated workflow.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Workflow {
@@ -777,39 +780,4 @@ pub fn is_valid_secret_name(s: &str) -> bool {
 /// `shared/NAME` (one the admin published).
 pub fn is_valid_secret_reference(s: &str) -> bool {
     is_valid_secret_name(s.strip_prefix("shared/").unwrap_or(s))
-}
-
-/// Serialise a duration as humantime text ("5s").
-mod duration {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&humantime::format_duration(*d).to_string())
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(d)?;
-        humantime::parse_duration(&text).map_err(serde::de::Error::custom)
-    }
-}
-
-mod opt_duration {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-        match d {
-            Some(d) => super::duration::serialize(d, s),
-            None => s.serialize_none(),
-        }
-    }
-
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-        let text = Option::<String>::deserialize(d)?;
-        text.map(|t| humantime::parse_duration(&t).map_err(serde::de::Error::custom))
-            .transpose()
-    }
 }
