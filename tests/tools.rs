@@ -16,77 +16,11 @@ use skein_testkit::endpoint::WholeAnswer;
 use skein_testkit::lab::Rng;
 use skein_testkit::mcp::{HttpToolServer, mcp_python, mcp_tools_path, python_mcp_server_script};
 use skein_testkit::net::free_port;
+use skein_testkit::rest::{RestApi, Restartable};
 use skein_testkit::sessions::BareServer;
 
 const TOKEN: &str = "tools-test-admin-token";
 const PATIENCE: Duration = Duration::from_secs(120);
-
-/// A running `skein server` and a client of its REST API.
-struct Api {
-    base: String,
-    http: reqwest::Client,
-    runtime: tokio::runtime::Runtime,
-}
-
-impl Api {
-    fn new(port: u16) -> Api {
-        Api {
-            base: format!("http://127.0.0.1:{port}"),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(10))
-                .build()
-                .unwrap(),
-            runtime: tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap(),
-        }
-    }
-
-    /// GET or POST `path`; `None` while the server does not answer.
-    fn call(&self, path: &str, body: Option<Value>) -> Option<(u16, Value)> {
-        self.runtime.block_on(async {
-            let url = format!("{}{path}", self.base);
-            let request = match body {
-                Some(body) => self.http.post(url).json(&body),
-                None => self.http.get(url),
-            };
-            let response = request.bearer_auth(TOKEN).send().await.ok()?;
-            let status = response.status().as_u16();
-            Some((status, response.json().await.unwrap_or(Value::Null)))
-        })
-    }
-
-    fn wait_up(&self) {
-        let deadline = Instant::now() + PATIENCE;
-        while self.call("/healthz", None).is_none() {
-            assert!(Instant::now() < deadline, "the server did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn submit(&self, workflow: &str) -> String {
-        let (status, body) = self
-            .call("/v1/runs", Some(json!({"workflow": workflow})))
-            .expect("the server answers");
-        assert!(status == 201 || status == 202, "{status}: {body:#}");
-        body["id"].as_str().unwrap().to_owned()
-    }
-
-    /// The run once it ended.
-    fn finished(&self, id: &str) -> Value {
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            if let Some((_, run)) = self.call(&format!("/v1/runs/{id}"), None)
-                && matches!(run["state"].as_str(), Some("succeeded" | "failed" | "cancelled"))
-            {
-                return run;
-            }
-            assert!(Instant::now() < deadline, "run {id} did not finish");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
 
 fn start(data: &Path, api: u16, extra: &[&str]) -> BareServer {
     let mut args = vec!["--endpoint-allow", "127.0.0.1/32"];
@@ -102,43 +36,16 @@ fn start(data: &Path, api: u16, extra: &[&str]) -> BareServer {
     )
 }
 
-/// A server that may run the testkit's `mcp-tools`, on a fixed port so that it can be
-/// killed and started again on the same data.
-struct Restartable {
-    data: PathBuf,
-    port: u16,
-    allow: String,
-    server: BareServer,
-    api: Api,
-}
-
-impl Restartable {
-    fn start(data: PathBuf) -> Restartable {
-        let port = free_port();
-        let allow = mcp_tools_path().to_string_lossy().into_owned();
-        let server = start(&data, port, &["--allow-tool-command", &allow]);
-        let api = Api::new(port);
-        api.wait_up();
-        Restartable {
-            data,
-            port,
-            allow,
-            server,
-            api,
-        }
-    }
-
-    /// SIGKILL, then a start on the same data and port, waiting until it answers.
-    fn kill_and_restart(&mut self) {
-        self.server.0.kill().unwrap();
-        self.server.0.wait().unwrap();
-        self.server = start(&self.data, self.port, &["--allow-tool-command", &self.allow]);
-        self.api.wait_up();
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.data.with_extension("log")).unwrap_or_default()
-    }
+/// A server that may run the testkit's `mcp-tools`, killed and started again by the
+/// crash tests.
+fn restartable(data: PathBuf) -> Restartable {
+    let allow = mcp_tools_path().to_string_lossy().into_owned();
+    Restartable::start(
+        Path::new(env!("CARGO_BIN_EXE_skein")),
+        data,
+        TOKEN,
+        &["--endpoint-allow", "127.0.0.1/32", "--allow-tool-command", &allow],
+    )
 }
 
 /// A workflow whose one step's agent (the model at `model`) may call `counter.count`
@@ -194,7 +101,7 @@ fn an_agent_loop_calls_real_tool_servers_and_records_each_call() {
         port,
         &["--allow-tool-command", &rust_arg, "--allow-tool-command", &python_arg],
     );
-    let api = Api::new(port);
+    let api = RestApi::new(port, TOKEN);
     api.wait_up();
 
     let rust_count = dir.path().join("rust.count");
@@ -287,7 +194,7 @@ fn a_stdio_tool_server_runs_only_if_the_admin_allowed_its_program() {
     let count_file = dir.path().join("count");
     let port = free_port();
     let _server = start(&dir.path().join("data"), port, &[]);
-    let api = Api::new(port);
+    let api = RestApi::new(port, TOKEN);
     api.wait_up();
     let tools = mcp_tools_path();
     let text = workflow(&model.url(), &stdio(&[&tools], &count_file, "retry"), 5);
@@ -326,7 +233,7 @@ fn kill_9_mid_loop_never_sends_a_completed_tool_call_again_nor_loses_a_result() 
     let model = WholeAnswer::tool_caller("counter__count", "{}", ROUNDS, Duration::from_millis(25));
     let tools = mcp_tools_path();
     let count_file = dir.path().join("count");
-    let mut lab = Restartable::start(dir.path().join("data"));
+    let mut lab = restartable(dir.path().join("data"));
     let id = lab.api.submit(&workflow(
         &model.url(),
         &stdio(&[&tools], &count_file, "retry"),
@@ -376,7 +283,7 @@ fn a_call_in_flight_at_a_kill_is_sent_again_under_retry_and_fails_its_attempt_un
     let dir = tempfile::tempdir().unwrap();
     let model = WholeAnswer::tool_caller("counter__sleep", r#"{"ms": 1500}"#, 1, Duration::ZERO);
     let tools = mcp_tools_path();
-    let mut lab = Restartable::start(dir.path().join("data"));
+    let mut lab = restartable(dir.path().join("data"));
     for policy in ["retry", "fail"] {
         let server_yaml = stdio(&[&tools], &dir.path().join("count"), policy);
         let id = lab.api.submit(&workflow_with(&model.url(), &server_yaml, "sleep", 3));

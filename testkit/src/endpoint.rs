@@ -57,6 +57,38 @@ impl WholeAnswer {
         })
     }
 
+    /// Starts a model that answers `answer(prompt)`, the prompt being the text of the
+    /// request's last user message, after `delay`.
+    pub fn answering(delay: Duration, answer: impl Fn(&str) -> String + Send + Sync + 'static) -> WholeAnswer {
+        WholeAnswer::serve(move |request| {
+            std::thread::sleep(delay);
+            let body: Value = serde_json::from_str(request).unwrap_or(Value::Null);
+            let prompt = body["messages"]
+                .as_array()
+                .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+                .and_then(|m| m["content"].as_str())
+                .unwrap_or_default()
+                .to_owned();
+            completion(json!({"role": "assistant", "content": answer(&prompt)}), "stop")
+        })
+    }
+
+    /// The prompts (last user messages) of the requests it answered so far, in order.
+    pub fn prompts(&self) -> Vec<String> {
+        self.requests()
+            .iter()
+            .filter_map(|request| {
+                let body: Value = serde_json::from_str(request.split("\r\n\r\n").nth(1)?).ok()?;
+                let last = body["messages"]
+                    .as_array()?
+                    .iter()
+                    .rev()
+                    .find(|m| m["role"] == "user")?;
+                Some(last["content"].as_str()?.to_owned())
+            })
+            .collect()
+    }
+
     /// Starts one answering each request's body with `reply(body)`.
     fn serve(reply: impl Fn(&str) -> String + Send + Sync + 'static) -> WholeAnswer {
         let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port for the endpoint");

@@ -39,6 +39,8 @@
 //! - [`lab`]: real `skein server` and `skein agent` processes on loopback (CPU-only or
 //!   simulated nodes) with the mock hub serving the tiny Llama, and the CLI against them,
 //!   for the root package's end-to-end tests and benchmarks.
+//! - [`rest`]: a `skein server`'s REST API from a client's side ([`rest::RestApi`]: calls,
+//!   waits on runs) and [`rest::Restartable`], a server a test kills and starts again.
 //! - [`sessions`]: a bare `skein server` and the session REST API from a client's side
 //!   (create a session once the server answers, read its stored messages), for the
 //!   crash and shutdown tests.
@@ -51,6 +53,7 @@ pub mod mcp;
 pub mod mock_hub;
 pub mod models;
 pub mod net;
+pub mod rest;
 pub mod sessions;
 pub mod smollm2;
 pub mod swarm;

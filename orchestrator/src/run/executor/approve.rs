@@ -97,14 +97,19 @@ impl Executor {
             comment,
             reply,
         };
-        let busy = || ApproveError::Busy(id.to_owned());
-        tokio::time::timeout(DECISION_WAIT, signals.decide.send(decide))
-            .await
-            .map_err(|_| busy())?
-            .map_err(|_| busy())?;
-        match tokio::time::timeout(DECISION_WAIT, answer).await {
-            Ok(Ok(outcome)) => Ok(outcome?),
-            _ => Err(busy()),
+        let sent = tokio::time::timeout(DECISION_WAIT, signals.decide.send(decide)).await;
+        if let Ok(Ok(())) = sent
+            && let Ok(Ok(outcome)) = tokio::time::timeout(DECISION_WAIT, answer).await
+        {
+            return Ok(outcome?);
+        }
+        // The run's task ended meanwhile (the run did), or is busy.
+        match self.inner.runs.get(id)? {
+            Some(run) if run.state.is_final() => Err(ApproveError::NotRunning {
+                id: id.to_owned(),
+                state: run.state,
+            }),
+            _ => Err(ApproveError::Busy(id.to_owned())),
         }
     }
 }

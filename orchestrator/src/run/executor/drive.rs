@@ -201,6 +201,11 @@ impl Executor {
         let mut changes = self.inner.instances.subscribe();
         let shutdown = self.lifecycle().shutdown;
         run.reason = None;
+        // Its instances are ready: the run runs, even while nothing starts (a resumed
+        // run whose only unfinished step waits for approval).
+        if run.state == RunState::Starting {
+            run.state = RunState::Running;
+        }
         if run.workflow.steps.is_empty() {
             run.state = RunState::Running;
             run.started_at.get_or_insert(unix_ms());
