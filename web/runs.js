@@ -1,6 +1,8 @@
-// What the page shows of a run's steps beyond their state: a step's agent loop (an
-// agent with tools) as rows, one per tool call, from `GET /v1/runs/ID`. Pure: no DOM,
-// no network (tests/runs.test.mjs tests it in node).
+// What the page shows of a run's steps beyond their state, from `GET /v1/runs/ID`: a
+// step's agent loop (an agent with tools) as rows, one per tool call; an approval step
+// (its text, who may decide, its deadline, the decision); a `for_each` step's items
+// with their progress. Pure: no DOM, no network, no clock (tests/runs.test.mjs tests
+// it in node).
 
 /** Text on one line, cut to `max` characters with an ellipsis. */
 export function oneLine(text, max) {
@@ -33,4 +35,90 @@ export function loopRows(step, max = 120) {
     }
   });
   return rows;
+}
+
+/** Milliseconds from one RFC 3339 time to another; null unless both are there. */
+export function between(from, to) {
+  const a = from ? Date.parse(from) : NaN;
+  const b = to ? Date.parse(to) : NaN;
+  return Number.isFinite(a) && Number.isFinite(b) ? b - a : null;
+}
+
+/**
+ * An approval step as the page shows it, or null for any other step: the text to
+ * approve, its status (`waiting for approval`, `approved`, `rejected`, or the step's
+ * state before it is reached), who may decide (the run's owner or an admin), when it
+ * times out and what a timeout counts as, the decision (who, when, their comment) and
+ * the CLI commands that decide it.
+ */
+export function approvalView(run, step) {
+  const declared = run?.workflow?.steps?.find((s) => s.id === step?.id)?.approval;
+  if (!step || (!step.approval && !declared)) return null;
+  const record = step.approval || {};
+  const decision = record.decision
+    ? { approved: Boolean(record.decision.approved), by: record.decision.by, comment: record.decision.comment || "", at: record.decision.at }
+    : null;
+  const waiting = step.state === "waiting";
+  let status = step.state;
+  if (waiting) status = "waiting for approval";
+  else if (decision) status = decision.approved ? "approved" : "rejected";
+  const verdict = decision
+    ? `${decision.approved ? "approved" : "rejected"} by ${decision.by === "timeout" ? "its timeout (nobody answered in time)" : decision.by}`
+    : "";
+  return {
+    step: step.id,
+    text: step.prompt || "",
+    waiting,
+    status,
+    who: `${run.owner || "the run's owner"} (the run's owner) or an admin`,
+    requested: record.requested_at || null,
+    deadline: record.deadline || null,
+    onTimeout: record.deadline || declared?.timeout ? declared?.on_timeout || "reject" : null,
+    decision,
+    verdict,
+    approve: `skein run approve ${run.id} ${step.id}`,
+    reject: `skein run reject ${run.id} ${step.id}`,
+  };
+}
+
+/**
+ * A `for_each` step's items, one row each in order: its index, state, attempts, prompt
+ * and answer on one line (cut to `max`), its error, instance, the milliseconds from its
+ * last start to its end (null until it ends), when it retries, and its agent loop as
+ * `loopRows` gives it.
+ */
+export function itemRows(step, max = 120) {
+  return (step.items || []).map((item) => ({
+    index: item.index,
+    state: item.state,
+    attempts: item.attempts || 0,
+    prompt: oneLine(item.prompt, max),
+    answer: item.output == null ? "" : oneLine(item.output, max),
+    error: item.error == null ? "" : oneLine(item.error, max),
+    instance: item.instance || "",
+    ms: between(item.started_at, item.finished_at),
+    retryAt: item.retry_at || null,
+    loop: loopRows(item, max),
+  }));
+}
+
+/**
+ * How far a `for_each` step's items are: counts by state and one line such as
+ * `3/10 done, 2 running, 1 retrying, 1 failed` (states with no item are left out).
+ */
+export function itemProgress(step) {
+  const items = step.items || [];
+  const count = (state) => items.filter((i) => i.state === state).length;
+  const progress = {
+    total: items.length,
+    done: count("done"),
+    running: count("running"),
+    retrying: count("retrying"),
+    failed: count("failed"),
+    pending: count("pending"),
+  };
+  const parts = [`${progress.done}/${progress.total} done`];
+  for (const state of ["running", "retrying", "failed"]) if (progress[state]) parts.push(`${progress[state]} ${state}`);
+  progress.text = parts.join(", ");
+  return progress;
 }

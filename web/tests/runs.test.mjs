@@ -1,11 +1,12 @@
-// A step's agent loop as the run panel shows it (web/runs.js), on a step as
-// `GET /v1/runs/ID` gives it: a call returned, one resent after a restart and
-// returned with an error, one still in flight.
+// What the run panel shows of a step (web/runs.js), on steps as `GET /v1/runs/ID`
+// gives them: an agent loop (a call returned, one resent after a restart and returned
+// with an error, one still in flight), approval steps (waiting, decided by a person,
+// timed out, not reached) and a `for_each` step's items.
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
 
-import { loopRows, oneLine } from "../runs.js";
+import { approvalView, between, itemProgress, itemRows, loopRows, oneLine } from "../runs.js";
 
 const step = {
   id: "work",
@@ -47,4 +48,137 @@ test("long text is cut to one line", () => {
 
 test("a step without a loop has no rows", () => {
   assert.deepEqual(loopRows({ id: "plain" }), []);
+});
+
+// ---------------------------------------------------------------- approvals
+const run = {
+  id: "01JRUN",
+  owner: "ada",
+  state: "running",
+  reason: "waiting for approval of step `publish`",
+  workflow: {
+    name: "release",
+    steps: [
+      { id: "draft", agent: "writer", prompt: "Write." },
+      { id: "publish", prompt: "Publish {{ steps.draft.output }}?", approval: { timeout: "1h", on_timeout: "approve" } },
+      { id: "later", prompt: "Really?", approval: { on_timeout: "reject" } },
+    ],
+  },
+  steps: [],
+};
+
+test("a waiting approval: its text, who may decide, its deadline and the commands", () => {
+  const step = {
+    id: "publish", state: "waiting", iteration: 0, attempts: 1, prompt: "Publish\nthe draft?",
+    approval: { requested_at: "2026-11-27T10:00:00.000Z", deadline: "2026-11-27T11:00:00.000Z" },
+  };
+  const view = approvalView(run, step);
+  assert.equal(view.waiting, true);
+  assert.equal(view.status, "waiting for approval");
+  assert.equal(view.text, "Publish\nthe draft?");
+  assert.equal(view.who, "ada (the run's owner) or an admin");
+  assert.equal(view.deadline, "2026-11-27T11:00:00.000Z");
+  assert.equal(view.onTimeout, "approve");
+  assert.equal(view.decision, null);
+  assert.equal(view.approve, "skein run approve 01JRUN publish");
+  assert.equal(view.reject, "skein run reject 01JRUN publish");
+});
+
+test("a decided approval says who decided, when, and their comment", () => {
+  const approved = approvalView(run, {
+    id: "publish", state: "done", output: "ship it",
+    approval: { requested_at: "2026-11-27T10:00:00.000Z", deadline: "2026-11-27T11:00:00.000Z",
+      decision: { approved: true, by: "ada", comment: "ship it", at: "2026-11-27T10:05:00.000Z" } },
+  });
+  assert.equal(approved.waiting, false);
+  assert.equal(approved.status, "approved");
+  assert.deepEqual(approved.decision, { approved: true, by: "ada", comment: "ship it", at: "2026-11-27T10:05:00.000Z" });
+  assert.equal(approved.verdict, "approved by ada");
+
+  const rejected = approvalView(run, {
+    id: "publish", state: "failed", error: "rejected by bob",
+    approval: { requested_at: "2026-11-27T10:00:00.000Z", decision: { approved: false, by: "bob", at: "2026-11-27T10:01:00.000Z" } },
+  });
+  assert.equal(rejected.status, "rejected");
+  assert.equal(rejected.decision.comment, "");
+  assert.equal(rejected.verdict, "rejected by bob");
+
+  const timedOut = approvalView(run, {
+    id: "publish", state: "done",
+    approval: { requested_at: "2026-11-27T10:00:00.000Z", deadline: "2026-11-27T11:00:00.000Z",
+      decision: { approved: true, by: "timeout", at: "2026-11-27T11:00:00.000Z" } },
+  });
+  assert.equal(timedOut.verdict, "approved by its timeout (nobody answered in time)");
+});
+
+test("an approval step not reached yet is known from the workflow; other steps are not approvals", () => {
+  const later = approvalView(run, { id: "later", state: "pending", iteration: 0, attempts: 0 });
+  assert.equal(later.status, "pending");
+  assert.equal(later.waiting, false);
+  assert.equal(later.deadline, null);
+  assert.equal(later.onTimeout, null, "no timeout declared: it waits until someone answers");
+  assert.equal(approvalView(run, { id: "draft", state: "done", agent: "writer" }), null);
+  assert.equal(approvalView({ id: "r", owner: "ada" }, { id: "x", state: "done" }), null);
+});
+
+// ---------------------------------------------------------------- for_each items
+const fanOut = {
+  id: "summarize",
+  agent: "writer",
+  state: "running",
+  items: [
+    { index: 0, state: "done", attempts: 1, prompt: "Summarize\n  topic A", output: "A is\nfine.", instance: "writer-0",
+      started_at: "2026-11-27T10:00:00.000Z", finished_at: "2026-11-27T10:00:02.250Z", usage: { prompt_tokens: 9, completion_tokens: 4 } },
+    { index: 1, state: "running", attempts: 2, prompt: "Summarize topic B", error: "engine went away", instance: "writer-1",
+      started_at: "2026-11-27T10:00:03.000Z",
+      turns: [{ at: "2026-11-27T10:00:03.100Z", calls: [{ id: "c0", name: "web__fetch", arguments: '{"q":"B"}', state: "sent", sends: 1, sent_at: "2026-11-27T10:00:03.200Z" }] }] },
+    { index: 2, state: "retrying", attempts: 1, prompt: "Summarize topic C", error: "timed out", retry_at: "2026-11-27T10:00:09.000Z",
+      started_at: "2026-11-27T10:00:00.000Z" },
+    { index: 3, state: "pending", attempts: 0, prompt: "Summarize topic D" },
+    { index: 4, state: "done", attempts: 1, prompt: "Summarize topic E", output: "x".repeat(500),
+      started_at: "2026-11-27T10:00:00.000Z", finished_at: "2026-11-27T10:00:01.000Z" },
+    { index: 5, state: "failed", attempts: 3, prompt: "Summarize topic F", error: "no\nanswer",
+      started_at: "2026-11-27T10:00:00.000Z", finished_at: "2026-11-27T10:00:05.000Z" },
+  ],
+};
+
+test("each item is a row: index, state, attempts, prompt and answer on one line, error, duration", () => {
+  const rows = itemRows(fanOut, 40);
+  assert.deepEqual(rows.map((r) => [r.index, r.state, r.attempts, r.ms]), [
+    [0, "done", 1, 2250],
+    [1, "running", 2, null],
+    [2, "retrying", 1, null],
+    [3, "pending", 0, null],
+    [4, "done", 1, 1000],
+    [5, "failed", 3, 5000],
+  ]);
+  assert.equal(rows[0].prompt, "Summarize topic A");
+  assert.equal(rows[0].answer, "A is fine.");
+  assert.equal(rows[0].instance, "writer-0");
+  assert.equal(rows[1].answer, "");
+  assert.equal(rows[1].error, "engine went away");
+  assert.equal(rows[2].retryAt, "2026-11-27T10:00:09.000Z");
+  assert.equal(rows[4].answer.length, 40);
+  assert.ok(rows[4].answer.endsWith("…"));
+  assert.equal(rows[5].error, "no answer");
+});
+
+test("an item's agent loop is its rows as loopRows gives them", () => {
+  const rows = itemRows(fanOut);
+  assert.deepEqual(rows[1].loop.map((r) => [r.turn, r.name, r.args, r.state, r.ms]), [[1, "web__fetch", '{"q":"B"}', "sent", null]]);
+  assert.deepEqual(rows[0].loop, []);
+});
+
+test("progress counts the items by state", () => {
+  const progress = itemProgress(fanOut);
+  assert.deepEqual([progress.total, progress.done, progress.running, progress.retrying, progress.failed, progress.pending], [6, 2, 1, 1, 1, 1]);
+  assert.equal(progress.text, "2/6 done, 1 running, 1 retrying, 1 failed");
+  assert.equal(itemProgress({ items: [{ state: "done" }, { state: "running" }, { state: "running" }, { state: "pending" }] }).text, "1/4 done, 2 running");
+  assert.equal(itemProgress({ id: "empty" }).text, "0/0 done");
+});
+
+test("a duration needs both ends", () => {
+  assert.equal(between("2026-11-27T10:00:00.000Z", "2026-11-27T10:00:00.250Z"), 250);
+  assert.equal(between("2026-11-27T10:00:00.000Z", null), null);
+  assert.equal(between(undefined, "2026-11-27T10:00:00.000Z"), null);
 });
