@@ -57,6 +57,8 @@ pub enum Code {
     ForEachAndRepeat,
     ApprovalConflict,
     NoAgentOrApproval,
+    UnknownTool,
+    ToolServerUnreachable,
 }
 
 impl Code {
@@ -102,6 +104,8 @@ impl Code {
             Code::ForEachAndRepeat => "for-each-and-repeat",
             Code::ApprovalConflict => "approval-conflict",
             Code::NoAgentOrApproval => "no-agent-or-approval",
+            Code::UnknownTool => "unknown-tool",
+            Code::ToolServerUnreachable => "tool-server-unreachable",
         }
     }
 }
@@ -116,6 +120,8 @@ impl fmt::Display for Code {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Severity {
+    /// Something worth knowing that is not a problem (a check that could not be made).
+    Note,
     /// The workflow is still valid.
     Warning,
     /// The workflow is invalid.
@@ -160,6 +166,14 @@ impl Diagnostic {
     pub fn warning(code: Code, span: Span, message: impl Into<String>) -> Self {
         Diagnostic {
             severity: Severity::Warning,
+            ..Diagnostic::error(code, span, message)
+        }
+    }
+
+    /// A note at `span`.
+    pub fn note(code: Code, span: Span, message: impl Into<String>) -> Self {
+        Diagnostic {
+            severity: Severity::Note,
             ..Diagnostic::error(code, span, message)
         }
     }
@@ -358,6 +372,7 @@ pub fn one_line(d: &Diagnostic, file: &SourceFile) -> String {
     let sev = match d.severity {
         Severity::Error => "error",
         Severity::Warning => "warning",
+        Severity::Note => "note",
     };
     format!(
         "{}:{}:{}: {sev}[{}]: {}",
@@ -451,6 +466,7 @@ impl miette::Diagnostic for Report<'_> {
         Some(match self.diag.severity {
             Severity::Error => miette::Severity::Error,
             Severity::Warning => miette::Severity::Warning,
+            Severity::Note => miette::Severity::Advice,
         })
     }
 

@@ -74,6 +74,9 @@ pub struct Parsed {
     /// Where each tool server's `command` or `url` is written, by server: for
     /// the server's checks of both (allowed programs, the egress policy).
     pub tool_transports: std::collections::BTreeMap<String, Span>,
+    /// Each agent's `tools` entries with where each is written, by agent: for checks
+    /// against what the servers declare (`skein validate --check-tools`).
+    pub tool_refs: std::collections::BTreeMap<String, Vec<(ir::ToolRef, Span)>>,
 }
 
 impl Parsed {
@@ -118,6 +121,7 @@ pub fn parse_as(name: &str, text: &str, kind: SourceKind) -> Parsed {
                 diagnostics,
                 endpoint_urls: Default::default(),
                 tool_transports: Default::default(),
+                tool_refs: Default::default(),
             }
         }
     }
@@ -146,6 +150,7 @@ fn parse_here(name: &str, text: &str, kind: SourceKind) -> Parsed {
             diagnostics,
             endpoint_urls: Default::default(),
             tool_transports: Default::default(),
+            tool_refs: Default::default(),
         };
     }
     let tree = match kind {
@@ -154,6 +159,7 @@ fn parse_here(name: &str, text: &str, kind: SourceKind) -> Parsed {
     };
     let mut endpoint_urls = std::collections::BTreeMap::new();
     let mut tool_transports = std::collections::BTreeMap::new();
+    let mut tool_refs = std::collections::BTreeMap::new();
     let workflow = tree.and_then(|root| {
         let mut cx = read::Cx {
             file: &file,
@@ -165,6 +171,7 @@ fn parse_here(name: &str, text: &str, kind: SourceKind) -> Parsed {
         let draft = lower::workflow(&mut cx, &root);
         endpoint_urls = std::mem::take(&mut cx.endpoint_urls);
         tool_transports = std::mem::take(&mut cx.tool_transports);
+        tool_refs = draft.as_ref().map(|d| d.tool_refs.clone()).unwrap_or_default();
         check::check(&mut cx, draft?)
     });
     let workflow = workflow.filter(|_| !diagnostics.has_errors());
@@ -174,5 +181,6 @@ fn parse_here(name: &str, text: &str, kind: SourceKind) -> Parsed {
         diagnostics,
         endpoint_urls,
         tool_transports,
+        tool_refs,
     }
 }
