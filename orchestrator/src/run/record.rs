@@ -10,15 +10,16 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use skein_dsl::expr::{Bindings, Context, Evaluator, Value};
 use skein_dsl::ir::{InputValue, Step, TemplatePart, Workflow};
-use skein_dsl::schema::OutputSchema;
 
 pub use self::approval::{ApprovalRecord, DecideError, Decision, MAX_COMMENT_BYTES};
+pub use self::attempt::Attempt;
 pub use self::inputs::{InputError, typed_inputs};
 pub use self::items::ItemRecord;
 pub use self::turns::{CallState, LoopChange, ToolCall, Turn};
 pub use crate::base::UnixMs;
 
 mod approval;
+mod attempt;
 mod inputs;
 mod items;
 mod turns;
@@ -249,24 +250,6 @@ pub enum Next {
     },
 }
 
-/// Which attempt: of a step, or of one item of a `for_each` step.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Attempt {
-    /// The step.
-    pub step: String,
-    /// The item, for a `for_each` step.
-    pub item: Option<u32>,
-}
-
-impl fmt::Display for Attempt {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.item {
-            Some(index) => write!(f, "step `{}` item {index}", self.step),
-            None => write!(f, "step `{}`", self.step),
-        }
-    }
-}
-
 /// How a step's failed attempt is retried: `retries` more attempts (the step's own
 /// setting), waiting `first_backoff` after the first failure, doubling up to
 /// `max_backoff`.
@@ -343,52 +326,6 @@ impl RunRecord {
 
     fn step_mut(&mut self, id: &str) -> Option<&mut StepRecord> {
         self.steps.iter_mut().find(|s| s.id == id)
-    }
-
-    /// Records the instance that serves `attempt`.
-    pub fn set_instance(&mut self, attempt: &Attempt, instance: Option<String>) {
-        match attempt.item {
-            Some(index) => {
-                if let Some(item) = self.running_item(&attempt.step, index) {
-                    item.instance = instance;
-                }
-            }
-            None => {
-                if let Some(record) = self.step_mut(&attempt.step) {
-                    record.instance = instance;
-                }
-            }
-        }
-    }
-
-    /// The agent loop turns recorded for `attempt` (an earlier run of it, before a
-    /// restart).
-    pub fn turns_of(&self, attempt: &Attempt) -> Vec<Turn> {
-        let Some(record) = self.step(&attempt.step) else {
-            return Vec::new();
-        };
-        match attempt.item {
-            Some(index) => record
-                .items
-                .get(index as usize)
-                .map(|i| i.turns.clone())
-                .unwrap_or_default(),
-            None => record.turns.clone(),
-        }
-    }
-
-    /// `answer` as step `id` keeps it: for a step with an `output_schema`, the JSON it
-    /// holds (written compactly) once it validates; otherwise the answer itself. The
-    /// error says how the answer fails the schema.
-    pub fn conform(&self, id: &str, answer: &str) -> Result<String, String> {
-        let Some(schema) = self.workflow.step(id).and_then(|s| s.output_schema.as_ref()) else {
-            return Ok(answer.to_owned());
-        };
-        let schema = OutputSchema::compile(schema).map_err(|e| format!("its output_schema does not compile: {e}"))?;
-        schema
-            .check(answer)
-            .map(|value| value.to_string())
-            .map_err(|e| format!("the answer does not match the step's output_schema: {e}"))
     }
 
     /// The outputs of the steps that produced one, by step id.
@@ -547,38 +484,6 @@ impl RunRecord {
         self.state = RunState::Running;
     }
 
-    /// Records the answer of an attempt of step `id` (of its item `item`).
-    pub fn complete_attempt(
-        &mut self,
-        id: &str,
-        item: Option<u32>,
-        output: String,
-        usage: Option<Usage>,
-        evaluator: &Evaluator,
-        now: UnixMs,
-    ) {
-        match item {
-            Some(index) => self.complete_item(id, index, output, usage, evaluator, now),
-            None => self.complete(id, output, usage, evaluator, now),
-        }
-    }
-
-    /// Records a failed attempt of step `id` (of its item `item`); see
-    /// [`fail_attempt`](Self::fail_attempt).
-    pub fn fail_attempt_of(
-        &mut self,
-        id: &str,
-        item: Option<u32>,
-        error: String,
-        policy: &RetryPolicy,
-        now: UnixMs,
-    ) -> AfterFailure {
-        match item {
-            Some(index) => self.fail_item_attempt(id, index, error, policy, now),
-            None => self.fail_attempt(id, error, policy, now),
-        }
-    }
-
     /// Records step `id`'s answer. A step with `repeat` whose `until` does not hold
     /// sends the run back to `back_to` (the earlier passes go to the history).
     pub fn complete(&mut self, id: &str, output: String, usage: Option<Usage>, evaluator: &Evaluator, now: UnixMs) {
@@ -649,30 +554,6 @@ impl RunRecord {
         } else {
             self.fail_step(id, error, now);
             AfterFailure::Failed
-        }
-    }
-
-    /// Records an attempt of step `id` that never reached its engine (the instance was
-    /// unreachable, as when its node dies): it does not count against the step's
-    /// retries, and runs again at `retry_at` (on whatever instance serves the agent
-    /// then).
-    pub fn interrupt(&mut self, id: &str, item: Option<u32>, reason: String, retry_at: UnixMs) {
-        if let Some(index) = item {
-            if let Some(item) = self.running_item(id, index) {
-                item.state = StepState::Retrying;
-                item.attempts = item.attempts.saturating_sub(1);
-                item.error = Some(reason);
-                item.retry_at = Some(retry_at);
-            }
-            return;
-        }
-        if let Some(record) = self.step_mut(id)
-            && record.state == StepState::Running
-        {
-            record.state = StepState::Retrying;
-            record.attempts = record.attempts.saturating_sub(1);
-            record.error = Some(reason);
-            record.retry_at = Some(retry_at);
         }
     }
 
