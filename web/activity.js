@@ -1,10 +1,11 @@
-// The side panel's lists: runs (a run opens with its steps and their agent loops), sessions (each movable
+// The side panel's lists: runs (a run opens with its steps, approvals waiting first with
+// Approve and Reject, each fan-out's items and each agent loop), sessions (each movable
 // to another GPU from the page) and reflex events.
 
 import { $, h, kids } from "./dom.js";
 import { fmtTime, gib, memoryOf, nodesInOrder } from "./fleet.js";
 import { api } from "./live.js";
-import { loopRows } from "./runs.js";
+import { approvalView, itemProgress, itemRows, loopRows, waitsForApproval } from "./runs.js";
 import { state } from "./state.js";
 
 // ---------------------------------------------------------------- runs
@@ -12,10 +13,11 @@ export async function renderRuns(changed) {
   const view = $("view-runs");
   const list = h("table", {},
     h("thead", {}, h("tr", {}, h("th", {}, "run"), h("th", {}, "workflow"), h("th", {}, "state"), h("th", { class: "num" }, "steps"))),
-    h("tbody", {}, state.runs.map((r) => h("tr", { "data-run": r.id },
+    h("tbody", {}, state.runs.map((r) => h("tr", { "data-run": r.id, class: waitsForApproval(r) ? "waits" : null },
       h("td", {}, h("button", { type: "button", onclick: () => openRun(r.id) }, r.id.slice(0, 10))),
       h("td", {}, r.workflow),
-      h("td", {}, h("span", { class: `badge ${r.state}` }, r.state), r.reason ? h("div", { class: "hint reason" }, r.reason) : null),
+      h("td", {}, h("span", { class: `badge ${r.state}` }, r.state), waitsForApproval(r) ? [" ", h("span", { class: "badge waiting" }, "waiting for approval")] : null,
+        r.reason ? h("div", { class: "hint reason" }, r.reason) : null),
       h("td", { class: "num" }, `${r.steps_done}/${r.steps}`)))));
   const parts = [h("h2", {}, "Runs"), state.runs.length ? h("div", { class: "table-wrap" }, list) : h("p", { class: "hint" }, "No runs yet: `skein submit workflow.yaml`.")];
   const detail = h("div", { id: "run-detail" });
@@ -27,32 +29,117 @@ export async function renderRuns(changed) {
 async function openRun(id, quiet) {
   state.openRun = id;
   try {
-    const run = await api(`/v1/runs/${encodeURIComponent(id)}`);
-    const detail = $("run-detail");
-    if (!detail) return;
-    detail.replaceChildren(...kids(
-      h("h3", {}, `Run ${run.id}`),
-      h("p", { class: "reason" }, `${run.workflow.name} · `, h("span", { class: `badge ${run.state}` }, run.state), run.reason ? ` · ${run.reason}` : ""),
-      h("div", { class: "table-wrap" }, h("table", {},
-        h("thead", {}, h("tr", {}, h("th", {}, "step"), h("th", {}, "agent"), h("th", {}, "state"), h("th", {}, "instance"))),
-        h("tbody", {}, run.steps.map((s) => h("tr", { "data-step": s.id },
-          h("td", {}, s.id), h("td", {}, s.agent),
-          h("td", {}, h("span", { class: `badge ${s.state}` }, s.state), s.error ? h("div", { class: "error reason" }, s.error) : null),
-          h("td", {}, s.instance || "")))))),
-      run.steps.filter((s) => s.turns && s.turns.length).map(agentLoop),
-    ));
-    if (!quiet) detail.querySelector("h3").scrollIntoView({ block: "nearest" });
+    showRun(await api(`/v1/runs/${encodeURIComponent(id)}`), quiet);
   } catch (error) {
     const detail = $("run-detail");
     if (detail) detail.replaceChildren(...kids(h("p", { class: "error" }, error.message)));
   }
 }
 
-/** A step's agent loop: each tool call, live while the step runs. */
-function agentLoop(step) {
-  const rows = loopRows(step);
-  return h("div", { class: "agent-loop", "data-loop": step.id },
-    h("h4", {}, `${step.id}: agent loop (${rows.length} tool calls)`),
+/** A run's panel: its steps, approvals waiting first, each fan-out's items and each
+ *  agent loop. A redraw keeps a comment being typed and the focus. */
+function showRun(run, quiet) {
+  const detail = $("run-detail");
+  if (!detail || state.openRun !== run.id) return;
+  const focused = document.activeElement && detail.contains(document.activeElement) ? document.activeElement.id : null;
+  const approvals = run.steps.map((s) => approvalView(run, s)).filter(Boolean);
+  detail.replaceChildren(...kids(
+    h("h3", {}, `Run ${run.id}`),
+    h("p", { class: "reason" }, `${run.workflow.name} · `, h("span", { class: `badge ${run.state}` }, run.state), run.reason ? ` · ${run.reason}` : ""),
+    approvals.filter((a) => a.waiting).map((a) => waitingApproval(run, a)),
+    h("div", { class: "table-wrap" }, h("table", {},
+      h("thead", {}, h("tr", {}, h("th", {}, "step"), h("th", {}, "agent"), h("th", {}, "state"), h("th", {}, "instance"))),
+      h("tbody", {}, run.steps.map((s) => h("tr", { "data-step": s.id },
+        h("td", {}, s.id), h("td", {}, s.agent || (approvalView(run, s) ? "a person" : "")),
+        h("td", {}, h("span", { class: `badge ${s.state}` }, s.state === "waiting" ? "waiting for approval" : s.state),
+          s.items?.length ? h("div", { class: "hint" }, itemProgress(s).text) : null,
+          s.error ? h("div", { class: "error reason" }, s.error) : null),
+        h("td", {}, s.instance || "")))))),
+    approvals.filter((a) => a.decision).map(decidedApproval),
+    run.steps.filter((s) => s.items && s.items.length).map(fanOut),
+    run.steps.filter((s) => s.turns && s.turns.length).map((s) => agentLoop(s.id, loopRows(s))),
+  ));
+  if (focused && $(focused)) $(focused).focus();
+  if (!quiet) detail.querySelector("h3").scrollIntoView({ block: "nearest" });
+}
+
+/** Comments being typed, by `run/step`, and the last decision's result, kept across redraws. */
+const comments = new Map();
+const decided = new Map();
+
+/** An approval step waiting: its text, who may decide and until when, a comment, Approve
+ *  and Reject (the page's token: the run's owner or an admin), and the CLI's commands. */
+function waitingApproval(run, view) {
+  const key = `${run.id}/${view.step}`;
+  const id = `approval-${view.step}`;
+  const comment = h("textarea", { id: `${id}-comment`, rows: 2, maxlength: 4096, placeholder: "why (optional)",
+    oninput: (e) => comments.set(key, e.target.value) });
+  comment.value = comments.get(key) || "";
+  const decide = async (approve) => {
+    const verb = approve ? "approve" : "reject";
+    for (const b of buttons) b.disabled = true;
+    decided.set(key, `${approve ? "Approving" : "Rejecting"} ${view.step}…`);
+    $(`${id}-result`).textContent = decided.get(key);
+    try {
+      const text = comment.value.trim();
+      const after = await api(`/v1/runs/${encodeURIComponent(run.id)}/steps/${encodeURIComponent(view.step)}/${verb}`,
+        { method: "POST", body: JSON.stringify(text ? { comment: text } : {}) });
+      comments.delete(key);
+      decided.delete(key);
+      showRun(after, true);
+    } catch (error) {
+      decided.set(key, `Could not ${verb} ${view.step}: ${error.message}`);
+      for (const b of buttons) b.disabled = false;
+      const result = $(`${id}-result`);
+      if (result) result.textContent = decided.get(key);
+    }
+  };
+  const buttons = [
+    h("button", { type: "button", class: "approve", id: `${id}-approve`, onclick: () => decide(true) }, "Approve"),
+    h("button", { type: "button", class: "reject", id: `${id}-reject`, onclick: () => decide(false) }, "Reject"),
+  ];
+  const deadline = view.deadline
+    ? `Times out at ${fmtTime(Date.parse(view.deadline))}${view.onTimeout ? `, then counts as ${view.onTimeout === "approve" ? "approved" : "rejected"}` : ""}.`
+    : "No timeout: it waits until someone decides.";
+  return h("section", { class: "approval waiting", id, "data-approval": view.step, "aria-label": `Step ${view.step} waits for approval` },
+    h("h4", {}, `${view.step}: `, h("span", { class: "badge waiting" }, view.status)),
+    h("blockquote", { class: "approval-text" }, view.text || "(no text)"),
+    h("p", { class: "hint" }, `${view.who} may decide. ${deadline}`),
+    h("label", { for: comment.id }, "Comment"), comment,
+    h("div", { class: "approval-actions" }, buttons),
+    h("p", { id: `${id}-result`, role: "status", "aria-live": "polite" }, decided.get(key) || ""),
+    h("p", { class: "hint" }, "Or: ", h("code", {}, view.approve), " / ", h("code", {}, view.reject), " [--comment TEXT]"));
+}
+
+/** An approval decided: who, when, their comment. */
+function decidedApproval(view) {
+  const d = view.decision;
+  return h("div", { class: `approval decided ${d.approved ? "approved" : "rejected"}`, "data-approval": view.step },
+    h("h4", {}, `${view.step}: `, h("span", { class: `badge ${d.approved ? "done" : "failed"}` }, view.status)),
+    h("blockquote", { class: "approval-text" }, view.text),
+    h("p", {}, `${view.verdict} at ${fmtTime(Date.parse(d.at))}`, d.comment ? ": " : ".", d.comment ? h("q", {}, d.comment) : null));
+}
+
+/** A `for_each` step's items with its progress, then each item's agent loop. */
+function fanOut(step) {
+  const rows = itemRows(step);
+  return h("div", { class: "items", "data-items": step.id },
+    h("h4", {}, `${step.id}: ${itemProgress(step).text}`),
+    h("div", { class: "table-wrap" }, h("table", {},
+      h("thead", {}, h("tr", {}, h("th", { class: "num" }, "item"), h("th", {}, "state"), h("th", {}, "prompt → answer"), h("th", { class: "num" }, "ms"))),
+      h("tbody", {}, rows.map((r) => h("tr", { "data-item": r.index },
+        h("td", { class: "num" }, String(r.index)),
+        h("td", {}, h("span", { class: `badge ${r.state}` }, r.state), r.attempts > 1 ? ` ×${r.attempts}` : "",
+          r.retryAt ? h("div", { class: "hint" }, `again at ${fmtTime(Date.parse(r.retryAt))}`) : null),
+        h("td", {}, r.prompt, r.answer ? h("div", {}, "→ ", r.answer) : null, r.error ? h("div", { class: "error" }, r.error) : null),
+        h("td", { class: "num" }, r.ms == null ? "" : String(r.ms))))))),
+    rows.filter((r) => r.loop.length).map((r) => agentLoop(`${step.id}[${r.index}]`, r.loop)));
+}
+
+/** An agent loop (a step's or an item's): each tool call, live while it runs. */
+function agentLoop(name, rows) {
+  return h("div", { class: "agent-loop", "data-loop": name },
+    h("h4", {}, `${name}: agent loop (${rows.length} tool calls)`),
     h("div", { class: "table-wrap" }, h("table", {},
       h("thead", {}, h("tr", {}, h("th", { class: "num" }, "turn"), h("th", {}, "call"), h("th", {}, "result"), h("th", {}, "state"), h("th", { class: "num" }, "ms"))),
       h("tbody", {}, rows.map((r) => h("tr", {},

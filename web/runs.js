@@ -70,7 +70,7 @@ export function approvalView(run, step) {
     text: step.prompt || "",
     waiting,
     status,
-    who: `${run.owner || "the run's owner"} (the run's owner) or an admin`,
+    who: run.owner && run.owner !== "admin" ? `${run.owner} (the run's owner) or an admin` : "the run's owner or an admin",
     requested: record.requested_at || null,
     deadline: record.deadline || null,
     onTimeout: record.deadline || declared?.timeout ? declared?.on_timeout || "reject" : null,
@@ -121,4 +121,10 @@ export function itemProgress(step) {
   for (const state of ["running", "retrying", "failed"]) if (progress[state]) parts.push(`${progress[state]} ${state}`);
   progress.text = parts.join(", ");
   return progress;
+}
+
+/** Whether a run (a `GET /v1/runs` row or the record) waits for a person to approve a
+ *  step: its reason says so (`waiting for approval of step \`ID\``). */
+export function waitsForApproval(run) {
+  return run?.state === "running" && /^waiting for approval\b/.test(run?.reason || "");
 }

@@ -6,7 +6,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 
-import { approvalView, between, itemProgress, itemRows, loopRows, oneLine } from "../runs.js";
+import { approvalView, between, waitsForApproval, itemProgress, itemRows, loopRows, oneLine } from "../runs.js";
 
 const step = {
   id: "work",
@@ -77,6 +77,7 @@ test("a waiting approval: its text, who may decide, its deadline and the command
   assert.equal(view.status, "waiting for approval");
   assert.equal(view.text, "Publish\nthe draft?");
   assert.equal(view.who, "ada (the run's owner) or an admin");
+  assert.equal(approvalView({ ...run, owner: "admin" }, step).who, "the run's owner or an admin");
   assert.equal(view.deadline, "2026-11-27T11:00:00.000Z");
   assert.equal(view.onTimeout, "approve");
   assert.equal(view.decision, null);
@@ -119,6 +120,12 @@ test("an approval step not reached yet is known from the workflow; other steps a
   assert.equal(later.onTimeout, null, "no timeout declared: it waits until someone answers");
   assert.equal(approvalView(run, { id: "draft", state: "done", agent: "writer" }), null);
   assert.equal(approvalView({ id: "r", owner: "ada" }, { id: "x", state: "done" }), null);
+});
+
+test("a run that waits for approval is known from its row", () => {
+  assert.equal(waitsForApproval(run), true);
+  assert.equal(waitsForApproval({ state: "running", reason: null }), false);
+  assert.equal(waitsForApproval({ state: "failed", reason: "step `publish` failed: rejected by bob" }), false);
 });
 
 // ---------------------------------------------------------------- for_each items
