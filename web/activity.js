@@ -11,6 +11,7 @@ import { state } from "./state.js";
 // ---------------------------------------------------------------- runs
 export async function renderRuns(changed) {
   const view = $("view-runs");
+  const focus = focusIn(view);
   const list = h("table", {},
     h("thead", {}, h("tr", {}, h("th", {}, "run"), h("th", {}, "workflow"), h("th", {}, "state"), h("th", { class: "num" }, "steps"))),
     h("tbody", {}, state.runs.map((r) => h("tr", { "data-run": r.id, class: waitsForApproval(r) ? "waits" : null },
@@ -20,10 +21,25 @@ export async function renderRuns(changed) {
         r.reason ? h("div", { class: "hint reason" }, r.reason) : null),
       h("td", { class: "num" }, `${r.steps_done}/${r.steps}`)))));
   const parts = [h("h2", {}, "Runs"), state.runs.length ? h("div", { class: "table-wrap" }, list) : h("p", { class: "hint" }, "No runs yet: `skein submit workflow.yaml`.")];
-  const detail = h("div", { id: "run-detail" });
-  parts.push(detail);
+  // The open run stays as it was until its new state comes.
+  parts.push($("run-detail") || h("div", { id: "run-detail" }));
   view.replaceChildren(...kids(...parts));
   if (state.openRun && changed) await openRun(state.openRun, true);
+  restoreFocus(focus);
+}
+
+/** The focused element inside `within` (by id) and its selection, to give back after a redraw. */
+function focusIn(within) {
+  const e = document.activeElement;
+  if (!e || !e.id || !within.contains(e)) return null;
+  return { id: e.id, start: e.selectionStart ?? null, end: e.selectionEnd ?? null };
+}
+
+function restoreFocus(focus) {
+  const e = focus && $(focus.id);
+  if (!e || document.activeElement === e) return;
+  e.focus();
+  if (focus.start !== null && typeof e.setSelectionRange === "function") e.setSelectionRange(focus.start, focus.end);
 }
 
 async function openRun(id, quiet) {
@@ -41,7 +57,7 @@ async function openRun(id, quiet) {
 function showRun(run, quiet) {
   const detail = $("run-detail");
   if (!detail || state.openRun !== run.id) return;
-  const focused = document.activeElement && detail.contains(document.activeElement) ? document.activeElement.id : null;
+  const focus = focusIn(detail);
   const approvals = run.steps.map((s) => approvalView(run, s)).filter(Boolean);
   detail.replaceChildren(...kids(
     h("h3", {}, `Run ${run.id}`),
@@ -59,7 +75,7 @@ function showRun(run, quiet) {
     run.steps.filter((s) => s.items && s.items.length).map(fanOut),
     run.steps.filter((s) => s.turns && s.turns.length).map((s) => agentLoop(s.id, loopRows(s))),
   ));
-  if (focused && $(focused)) $(focused).focus();
+  restoreFocus(focus);
   if (!quiet) detail.querySelector("h3").scrollIntoView({ block: "nearest" });
 }
 
