@@ -1,12 +1,15 @@
-//! `skein validate FILE...`: check workflow files and report every problem.
+//! `skein validate FILE...`: check workflow files and report every problem; with
+//! `--check-tools`, also each agent's tools against what its tool servers declare.
 
 use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use serde::Serialize;
 use skein_dsl::diag::{self, JsonDiagnostic};
-use skein_dsl::{RenderOptions, Workflow};
+use skein_dsl::{Code, Diagnostic, Parsed, RenderOptions, Span, Workflow};
 use skein_model_registry::error_chain;
+use skein_orchestrator::tools::{self, ToolError};
 use skein_orchestrator::workflows;
 
 use crate::cli::common::OutputFormat;
@@ -45,7 +48,13 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<ExitCode> {
         color,
         ..RenderOptions::default()
     };
-    let loaded: Vec<_> = args.files.iter().map(|p| (p, workflows::load(p))).collect();
+    let mut loaded: Vec<_> = args.files.iter().map(|p| (p, workflows::load(p))).collect();
+    if args.check_tools {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        for parsed in loaded.iter_mut().filter_map(|(_, r)| r.as_mut().ok()) {
+            runtime.block_on(check_tools(parsed));
+        }
+    }
     let unreadable = loaded.iter().any(|(_, r)| r.is_err());
     let invalid = loaded.iter().any(|(_, r)| r.as_ref().is_ok_and(|p| !p.is_valid()));
 
@@ -126,6 +135,100 @@ pub fn run(args: &ValidateArgs) -> anyhow::Result<ExitCode> {
     } else {
         EXIT_OK
     }))
+}
+
+/// How long each tool server is given to start (or answer) and list its tools.
+const TOOL_LIST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Lists the tools of every tool server of a valid workflow (all at once, with no key)
+/// and adds a diagnostic for each tool an agent names that its server does not declare
+/// (`unknown-tool`, at the tool) and each server that could not be listed
+/// (`tool-server-unreachable` at its `command` or `url`: a warning, or a note when it
+/// answered 401).
+async fn check_tools(parsed: &mut Parsed) {
+    let Some(workflow) = parsed.workflow.as_ref().filter(|_| !parsed.diagnostics.has_errors()) else {
+        return;
+    };
+    let mut listings = tokio::task::JoinSet::new();
+    for (server, spec) in &workflow.tool_servers {
+        let (server, transport) = (server.clone(), spec.transport.clone());
+        listings.spawn(async move {
+            let listed = tools::list_tools(&server, &transport, None, TOOL_LIST_TIMEOUT).await;
+            (server, listed)
+        });
+    }
+    let mut results = Vec::new();
+    while let Some(joined) = listings.join_next().await {
+        if let Ok(result) = joined {
+            results.push(result);
+        }
+    }
+    results.sort_by(|a, b| a.0.cmp(&b.0));
+    for (server, listed) in results {
+        let at = parsed.tool_transports.get(&server).copied().unwrap_or(Span::point(0));
+        match listed {
+            Ok(declared) => {
+                for (agent, refs) in &parsed.tool_refs {
+                    for (r, span) in refs {
+                        let Some(tool) = r.tool.as_deref().filter(|t| r.server == server && !declared.iter().any(|d| d == t)) else {
+                            continue;
+                        };
+                        parsed.diagnostics.push(
+                            Diagnostic::error(
+                                Code::UnknownTool,
+                                *span,
+                                format!("agent `{agent}` lists `{server}.{tool}`, but tool server `{server}` declares no tool `{tool}`"),
+                            )
+                            .with_label(format!("not a tool of `{server}`"))
+                            .with_related(at, format!("`{server}` is started (or reached) here"))
+                            .with_help(unknown_tool_help(&server, tool, &declared)),
+                        );
+                    }
+                }
+            }
+            Err(ToolError::NeedsKey { .. }) => parsed.diagnostics.push(
+                Diagnostic::note(
+                    Code::ToolServerUnreachable,
+                    at,
+                    format!("tool server `{server}`: could not list tools: needs its key"),
+                )
+                .with_label("answered 401")
+                .with_help("`skein validate` sends no key; its tools are checked when a run connects with its `api_key_secret`"),
+            ),
+            Err(e) => parsed.diagnostics.push(
+                Diagnostic::warning(
+                    Code::ToolServerUnreachable,
+                    at,
+                    format!("could not list the tools of tool server `{server}`: {}", reason(&e)),
+                )
+                .with_label("could not list its tools")
+                .with_help("check the command or URL (and that the server runs); its tools were not checked"),
+            ),
+        }
+    }
+}
+
+/// The hint of `unknown-tool`: the closest declared tool, and every one.
+fn unknown_tool_help(server: &str, tool: &str, declared: &[String]) -> String {
+    if declared.is_empty() {
+        return format!("tool server `{server}` declares no tools");
+    }
+    let listed: Vec<String> = declared.iter().map(|d| format!("`{d}`")).collect();
+    let all = format!("tool server `{server}` declares {}", listed.join(", "));
+    let hint = diag::did_you_mean(tool, declared.iter().map(String::as_str), "tools");
+    if hint.starts_with("did you mean") {
+        format!("{hint} {all}; or `{server}.*` for every one")
+    } else {
+        format!("{all}; or `{server}.*` for every one")
+    }
+}
+
+/// Why a server could not be listed, without its name (the diagnostic says it).
+fn reason(e: &ToolError) -> String {
+    match e {
+        ToolError::Unavailable { reason, .. } | ToolError::Denied { reason, .. } => reason.clone(),
+        other => other.to_string(),
+    }
 }
 
 fn is_zero(n: &usize) -> bool {

@@ -21,6 +21,14 @@ pub struct ValidateArgs {
     /// Colour: auto (when stderr is a terminal and NO_COLOR is unset), always, never.
     #[arg(long, value_enum, default_value_t = ColorChoice::Auto)]
     pub color: ColorChoice,
+    /// Also check each agent's tools against what its tool servers declare. This starts
+    /// every stdio tool server's program here (its `command` as written, with an empty
+    /// environment; killed once listed) and calls every HTTP one (with no key), each
+    /// given 5 s: off by default for that reason. A tool its server does not declare is
+    /// the error `unknown-tool`; a server that cannot be listed is the warning
+    /// `tool-server-unreachable` (a note when it needs its key).
+    #[arg(long)]
+    pub check_tools: bool,
 }
 
 /// When to use ANSI colours.

@@ -71,6 +71,12 @@ pub enum ToolError {
         /// Why.
         reason: String,
     },
+    /// The HTTP server answered 401: it needs a key that was not given.
+    #[error("tool server `{server}` answered 401: it needs its key")]
+    NeedsKey {
+        /// The server's name.
+        server: String,
+    },
     /// An agent lists a tool its server does not declare.
     #[error("tool server `{server}` has no tool `{tool}` (it has: {available})")]
     NoSuchTool {
@@ -326,16 +332,7 @@ async fn connect(
                     program: program.to_owned(),
                 });
             }
-            let program = command.first().map(String::as_str).unwrap_or_default();
-            let mut cmd = tokio::process::Command::new(program);
-            cmd.args(&command[1..]).env_clear().kill_on_drop(true);
-            let (child, _) = TokioChildProcess::builder(cmd)
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .map_err(|e| unavailable(format!("cannot start `{program}`: {e}")))?;
-            ().serve(child)
-                .await
-                .map_err(|e| unavailable(format!("the MCP handshake failed: {e}")))
+            start_program(server, command).await
         }
         ToolTransport::Http { url, api_key_secret } => {
             let denied = |reason: String| ToolError::Denied {
@@ -358,6 +355,106 @@ async fn connect(
                 .map_err(|e| unavailable(format!("the MCP handshake with {url} failed: {e}")))
         }
     }
+}
+
+/// A stdio server's program started with an empty environment, handshake done (the
+/// process is killed when the service is dropped or cancelled).
+async fn start_program(server: &str, command: &[String]) -> Result<RunningService<RoleClient, ()>, ToolError> {
+    let unavailable = |reason: String| ToolError::Unavailable {
+        server: server.to_owned(),
+        reason,
+    };
+    let program = command.first().map(String::as_str).unwrap_or_default();
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(command.get(1..).unwrap_or_default())
+        .env_clear()
+        .kill_on_drop(true);
+    let (child, _) = TokioChildProcess::builder(cmd)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| unavailable(format!("cannot start `{program}`: {e}")))?;
+    ().serve(child)
+        .await
+        .map_err(|e| unavailable(format!("the MCP handshake failed: {e}")))
+}
+
+/// The names of the tools `server` declares, reached as `skein validate --check-tools`
+/// reaches it: a stdio server's program is started here (whatever the admin's list of
+/// programs), an HTTP one is called directly (no egress policy) with `bearer` when
+/// given. All of it, the tool list included, within `timeout`; the connection is
+/// closed (a program killed) before returning.
+///
+/// Errors: [`ToolError::NeedsKey`] for an HTTP 401, [`ToolError::Unavailable`] for a
+/// server that cannot be started, reached or listed in time.
+pub async fn list_tools(
+    server: &str,
+    transport: &ToolTransport,
+    bearer: Option<&str>,
+    timeout: Duration,
+) -> Result<Vec<String>, ToolError> {
+    let unavailable = |reason: String| ToolError::Unavailable {
+        server: server.to_owned(),
+        reason,
+    };
+    let listing = async {
+        let service = match transport {
+            ToolTransport::Stdio { command } => start_program(server, command).await?,
+            ToolTransport::Http { url, .. } => {
+                let http = reqwest::Client::builder()
+                    .timeout(timeout)
+                    .build()
+                    .map_err(|e| unavailable(format!("no HTTP client: {e}")))?;
+                let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
+                if let Some(key) = bearer {
+                    config = config.auth_header(key.to_owned());
+                }
+                let transport = StreamableHttpClientTransport::with_client(http.clone(), config);
+                match ().serve(transport).await {
+                    Ok(service) => service,
+                    Err(_) if answers_401(&http, url.as_str(), bearer).await => {
+                        return Err(ToolError::NeedsKey {
+                            server: server.to_owned(),
+                        });
+                    }
+                    Err(e) => return Err(unavailable(format!("the MCP handshake with {url} failed: {e}"))),
+                }
+            }
+        };
+        let listed = service.peer().list_all_tools().await;
+        let _ = service.cancel().await;
+        listed
+            .map(|tools| tools.into_iter().map(|t| t.name.to_string()).collect())
+            .map_err(|e| unavailable(format!("cannot list its tools: {e}")))
+    };
+    tokio::time::timeout(timeout, listing)
+        .await
+        .map_err(|_| unavailable(format!("no tool list within {}s", timeout.as_secs())))?
+}
+
+/// Whether `url` answers an MCP `initialize` request with 401 (asked after a failed
+/// handshake, to tell a server that needs a key from one that is down).
+async fn answers_401(http: &reqwest::Client, url: &str, bearer: Option<&str>) -> bool {
+    let initialize = json!({
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-03-26",
+            "capabilities": {},
+            "clientInfo": {"name": "skein", "version": env!("CARGO_PKG_VERSION")},
+        },
+    });
+    let mut request = http
+        .post(url)
+        .header(reqwest::header::ACCEPT, "application/json, text/event-stream")
+        .json(&initialize);
+    if let Some(key) = bearer {
+        request = request.bearer_auth(key);
+    }
+    request
+        .send()
+        .await
+        .is_ok_and(|r| r.status() == reqwest::StatusCode::UNAUTHORIZED)
 }
 
 #[cfg(test)]
