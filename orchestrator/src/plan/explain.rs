@@ -62,7 +62,16 @@ pub(crate) fn render(
                     tokens_per_s: (c.parts.tokens_per_s * 10.0).round() / 10.0,
                     slow: matches!(c.family, Family::Offload | Family::Cpu),
                     score: c.score,
-                    why: why(unit, info, fleet, c, &alone, &owners, &me),
+                    why: {
+                        let mut lines = why(unit, info, fleet, c, &alone, &owners, &me);
+                        lines.extend(tools_line(
+                            input.workflow,
+                            &instance.agents,
+                            info,
+                            c.estimate.engine.name(),
+                        ));
+                        lines
+                    },
                     rejected: rejected(unit, info, fleet, c, &alone, &owners, &me),
                     estimate: Some(unit.detailed_estimate(c)),
                 });
@@ -104,6 +113,30 @@ pub(crate) fn render(
         },
         settings: input.settings,
     }
+}
+
+/// What the plan says of tool calls when some of `agents` list tools: the tool-call
+/// format the engine reads from the model's family, or that the model cannot call
+/// tools (its agents then get answers without calls).
+fn tools_line(workflow: &skein_dsl::Workflow, agents: &[String], info: &ModelInfo, engine: &str) -> Option<String> {
+    let with_tools: Vec<&str> = agents
+        .iter()
+        .filter(|a| workflow.agents.get(*a).is_some_and(|a| !a.tools.is_empty()))
+        .map(String::as_str)
+        .collect();
+    if with_tools.is_empty() {
+        return None;
+    }
+    let architecture = info.architecture();
+    let who = with_tools.join(", ");
+    Some(match super::tool_call_format(architecture) {
+        Some(format) => {
+            format!("tools of {who}: {engine} reads this {architecture:?} model's calls in the `{format}` format")
+        }
+        None => format!(
+            "tools of {who}: this {architecture:?} model cannot call tools on {engine} (no tool-call format for its family), so its agent loops end at the first answer; choose a Qwen2, Llama 3 or Mistral model for an agent with tools"
+        ),
+    })
 }
 
 fn label(name: &str, replica: u32, replicas: u32) -> String {

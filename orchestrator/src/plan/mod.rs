@@ -705,3 +705,21 @@ fn remote_agents(workflow: &Workflow) -> Vec<RemoteAgent> {
         })
         .collect()
 }
+
+/// vLLM's tool-call parser for a model family (`--tool-call-parser`), as vLLM's docs
+/// pair them: Qwen2 answers in Hermes' format, Llama 3 in JSON, Mistral and Mixtral in
+/// Mistral's. `None`: vLLM has no parser for the family, and the model cannot call
+/// tools there.
+pub fn tool_call_format(architecture: skein_model_registry::config::Architecture) -> Option<&'static str> {
+    use skein_model_registry::config::Architecture;
+    match architecture {
+        Architecture::Qwen2 => Some("hermes"),
+        Architecture::Llama => Some("llama3_json"),
+        Architecture::Mistral | Architecture::Mixtral => Some("mistral"),
+        Architecture::Gemma
+        | Architecture::Phi3
+        | Architecture::Falcon
+        | Architecture::Gpt2
+        | Architecture::LlavaNext => None,
+    }
+}

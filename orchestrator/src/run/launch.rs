@@ -92,24 +92,6 @@ pub enum LaunchPlanError {
     },
 }
 
-/// vLLM's tool-call parser for a model family (`--tool-call-parser`), as vLLM's docs
-/// pair them: Qwen2 answers in Hermes' format, Llama 3 in JSON, Mistral and Mixtral in
-/// Mistral's. `None`: vLLM has no parser for the family, and the model cannot call
-/// tools there.
-pub fn vllm_tool_parser(architecture: skein_model_registry::config::Architecture) -> Option<&'static str> {
-    use skein_model_registry::config::Architecture;
-    match architecture {
-        Architecture::Qwen2 => Some("hermes"),
-        Architecture::Llama => Some("llama3_json"),
-        Architecture::Mistral | Architecture::Mixtral => Some("mistral"),
-        Architecture::Gemma
-        | Architecture::Phi3
-        | Architecture::Falcon
-        | Architecture::Gpt2
-        | Architecture::LlavaNext => None,
-    }
-}
-
 /// The variant a planned replica runs.
 pub fn variant<'a>(models: &'a BTreeMap<String, ModelInfo>, id: &str) -> Option<&'a Variant> {
     models.values().flat_map(|m| m.variants.iter()).find(|v| v.id == id)
@@ -264,7 +246,7 @@ pub fn start_instance(
                 tool_call_parser: models
                     .values()
                     .find(|m| m.variants.iter().any(|v| v.id == planned.variant))
-                    .and_then(|m| vllm_tool_parser(m.architecture()))
+                    .and_then(|m| crate::plan::tool_call_format(m.architecture()))
                     .map(str::to_owned),
             })
         }
