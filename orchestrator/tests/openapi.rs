@@ -21,7 +21,22 @@ fn the_document_is_openapi_3_1_with_every_route() {
 
 #[test]
 fn the_document_is_pinned() {
-    insta::assert_json_snapshot!("openapi", document());
+    // Keys sorted, so the snapshot is the same whether or not another crate of the build
+    // turns on serde_json's `preserve_order` (the built-in engine's llguidance does).
+    insta::assert_json_snapshot!("openapi", sorted(document()));
+}
+
+/// `value` with every object's keys in sorted order.
+fn sorted(value: serde_json::Value) -> serde_json::Value {
+    match value {
+        serde_json::Value::Object(map) => {
+            let entries: std::collections::BTreeMap<String, serde_json::Value> =
+                map.into_iter().map(|(k, v)| (k, sorted(v))).collect();
+            serde_json::Value::Object(entries.into_iter().collect())
+        }
+        serde_json::Value::Array(items) => serde_json::Value::Array(items.into_iter().map(sorted).collect()),
+        other => other,
+    }
 }
 
 #[test]
