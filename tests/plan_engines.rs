@@ -107,7 +107,9 @@ fn a_cpu_node_serves_a_gguf_variant_with_llama_cpp_by_itself() {
         .find(|r| r.option.contains("candle CPU") && r.option.starts_with(&h.variant))
         .unwrap_or_else(|| panic!("the built-in engine is a rejected option: {:#?}", h.rejected));
     assert!(builtin.why.starts_with("slower"), "{builtin:?}");
-    insta::assert_json_snapshot!("gguf_on_cpu_by_itself", summary(&plan));
+    // Keys sorted whether or not serde_json keeps insertion order (llguidance turns
+    // on `preserve_order` in workspace builds).
+    insta::with_settings!({ sort_maps => true }, { insta::assert_json_snapshot!("gguf_on_cpu_by_itself", summary(&plan)); });
 }
 
 #[test]
@@ -127,7 +129,9 @@ fn engines_builtin_keeps_the_built_in_engine_and_the_plan_says_what_it_ruled_out
         "{:#?}",
         h.rejected
     );
-    insta::assert_json_snapshot!("gguf_on_cpu_builtin_required", summary(&plan));
+    // Keys sorted whether or not serde_json keeps insertion order (llguidance turns
+    // on `preserve_order` in workspace builds).
+    insta::with_settings!({ sort_maps => true }, { insta::assert_json_snapshot!("gguf_on_cpu_builtin_required", summary(&plan)); });
 }
 
 #[test]
@@ -151,7 +155,9 @@ fn engines_llama_cpp_rules_out_safetensors_and_the_built_in_engine() {
         "{:?}",
         h.why
     );
-    insta::assert_json_snapshot!("any_format_llama_cpp_required", summary(&plan));
+    // Keys sorted whether or not serde_json keeps insertion order (llguidance turns
+    // on `preserve_order` in workspace builds).
+    insta::with_settings!({ sort_maps => true }, { insta::assert_json_snapshot!("any_format_llama_cpp_required", summary(&plan)); });
 }
 
 #[test]

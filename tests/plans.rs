@@ -156,3 +156,26 @@ fn hello_runs_on_the_cpu_of_a_machine_without_gpus_with_the_built_in_engine() {
     assert_eq!(helper.devices.len(), 1);
     assert_eq!(helper.devices[0].gpu, None, "on the host");
 }
+
+/// A plan says what an agent with tools gets: the tool-call format its engine reads for
+/// the model's family (Qwen2: Hermes), on the agents that list tools only.
+#[test]
+fn a_plan_says_how_an_agent_with_tools_calls_them() {
+    let plan = plan_of("workflows/acting.yaml", "workflows/fleets/lab.yaml");
+    let why_of = |agent: &str| -> Vec<String> {
+        plan.instances
+            .iter()
+            .filter(|i| i.agents.iter().any(|a| a == agent))
+            .flat_map(|i| i.why.clone())
+            .collect()
+    };
+    let pricer = why_of("pricer");
+    assert!(
+        pricer
+            .iter()
+            .any(|l| l.starts_with("tools of pricer: ") && l.contains("Qwen2 model's calls in the `hermes` format")),
+        "{pricer:#?}"
+    );
+    // The planner shares the instance but lists no tools: the line names only the pricer.
+    assert!(!pricer.iter().any(|l| l.contains("planner")), "{pricer:#?}");
+}

@@ -1020,8 +1020,12 @@ fn parsed_header_summaries() {
         "metadata": st.metadata(),
         "quantization": Quantization::from_safetensors(st.tensors()).unwrap(),
     });
-    insta::assert_yaml_snapshot!("gguf_summary", gguf_summary);
-    insta::assert_yaml_snapshot!("safetensors_summary", st_summary);
+    // Keys sorted whether or not serde_json keeps insertion order (llguidance turns
+    // on `preserve_order` in workspace builds).
+    insta::with_settings!({ sort_maps => true }, { insta::assert_yaml_snapshot!("gguf_summary", gguf_summary); });
+    // Keys sorted whether or not serde_json keeps insertion order (llguidance turns
+    // on `preserve_order` in workspace builds).
+    insta::with_settings!({ sort_maps => true }, { insta::assert_yaml_snapshot!("safetensors_summary", st_summary); });
 }
 
 // ---------------------------------------------------------------------------------------
