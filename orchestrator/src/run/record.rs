@@ -12,7 +12,7 @@ use skein_dsl::expr::{Bindings, Context, Evaluator, Value};
 use skein_dsl::ir::{InputValue, Step, TemplatePart, Workflow};
 
 pub use self::approval::{ApprovalRecord, DecideError, Decision, MAX_COMMENT_BYTES};
-pub use self::attempt::Attempt;
+pub use self::attempt::{Attempt, conform_to};
 pub use self::inputs::{InputError, typed_inputs};
 pub use self::items::ItemRecord;
 pub use self::turns::{CallState, LoopChange, ToolCall, Turn};

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use skein_dsl::Workflow;
 use skein_dsl::ir::Backend;
+use skein_dsl::schema::OutputSchema;
 use skein_model_registry::catalog::ModelInfo;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
@@ -20,7 +21,7 @@ use super::{Executor, off_worker};
 use crate::base::{lock, unix_ms};
 use crate::engine_client::{Answer, CallError, Route, call};
 use crate::plan::Plan;
-use crate::run::record::{AfterFailure, Attempt, Next, RunRecord, RunState};
+use crate::run::record::{AfterFailure, Attempt, Next, RunRecord, RunState, conform_to};
 use crate::store::StoreError;
 
 impl Executor {
@@ -195,6 +196,13 @@ impl Executor {
         let (results, mut finished) = mpsc::channel::<(Attempt, Result<Answer, CallError>)>(64);
         // Agent loops' changes, each written before the loop acts on it.
         let (loop_changes, mut loop_changed) = mpsc::channel(64);
+        // Each step's output schema, compiled once for all its answers.
+        let schemas: HashMap<String, OutputSchema> = run
+            .workflow
+            .steps
+            .iter()
+            .filter_map(|s| Some((s.id.clone(), OutputSchema::compile(s.output_schema.as_ref()?).ok()?)))
+            .collect();
         // Attempts in a row that could not reach their engine, by step (and item).
         let mut unreachable: HashMap<Attempt, u32> = HashMap::new();
         let mut attempts: JoinSet<()> = JoinSet::new();
@@ -333,9 +341,12 @@ impl Executor {
                     let now = unix_ms();
                     let Attempt { step, item } = &attempt;
                     // A step with an output schema takes only a conforming answer.
-                    let answer = answer.and_then(|a| match run.conform(step, &a.content) {
-                        Ok(content) => Ok(Answer { content, ..a }),
-                        Err(error) => Err(CallError::Engine(error)),
+                    let answer = answer.and_then(|a| {
+                        let content = match schemas.get(step.as_str()) {
+                            Some(schema) => conform_to(schema, &a.content),
+                            None => run.conform(step, &a.content),
+                        };
+                        content.map(|content| Answer { content, ..a }).map_err(CallError::Engine)
                     });
                     match answer {
                         Ok(answer) => {

@@ -68,10 +68,7 @@ impl RunRecord {
             return Ok(answer.to_owned());
         };
         let schema = OutputSchema::compile(schema).map_err(|e| format!("its output_schema does not compile: {e}"))?;
-        schema
-            .check(answer)
-            .map(|value| value.to_string())
-            .map_err(|e| format!("the answer does not match the step's output_schema: {e}"))
+        conform_to(&schema, answer)
     }
 
     /// Records the answer of an attempt of step `id` (of its item `item`).
@@ -129,4 +126,14 @@ impl RunRecord {
             record.retry_at = Some(retry_at);
         }
     }
+}
+
+/// `answer` held to a compiled step schema: the JSON it holds, written compactly, or how
+/// it fails the schema. [`RunRecord::conform`] with the schema compiled once (the
+/// executor compiles a run's schemas when its steps start, not at every answer).
+pub fn conform_to(schema: &OutputSchema, answer: &str) -> Result<String, String> {
+    schema
+        .check(answer)
+        .map(|value| value.to_string())
+        .map_err(|e| format!("the answer does not match the step's output_schema: {e}"))
 }
