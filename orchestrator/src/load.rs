@@ -186,6 +186,7 @@ mod tests {
     #[test]
     fn figures_count_requests_in_flight_latency_tokens_and_sessions() {
         let load = Load::default();
+        let before = Instant::now();
         let a = load.begin("i-a", Some("s1"));
         let b = load.begin("i-b", Some("s2"));
         let _c = load.begin("i-a", Some("s1"));
@@ -195,16 +196,52 @@ mod tests {
         assert_eq!(reading.sessions, 2.0);
         // Nothing answered yet: no latency, not a latency of 0.
         assert_eq!(reading.latency_p95_ms, None);
+        std::thread::sleep(Duration::from_millis(20));
         a.done(50);
         b.done(30);
+        let whole_ms = before.elapsed().as_secs_f64() * 1000.0;
         let reading = load.reading(["i-a", "i-b"], Instant::now());
         assert_eq!(reading.queue_depth, 1.0);
         assert_eq!(reading.tokens_per_s, 8.0);
-        assert!(reading.latency_p95_ms.is_some_and(|l| l >= 0.0));
+        // Each answer took at least the 20 ms slept and at most the whole test so far,
+        // in milliseconds: timed from its own begin.
+        let p95 = reading.latency_p95_ms.expect("two answers in the window");
+        assert!((20.0..=whole_ms).contains(&p95), "p95 {p95} ms, whole {whole_ms} ms");
         assert_eq!(load.reading(["i-b"], Instant::now()).queue_depth, 0.0);
         // Old answers leave the windows.
         let later = Instant::now() + LATENCY_WINDOW + Duration::from_secs(1);
         assert_eq!(load.reading(["i-a", "i-b"], later).tokens_per_s, 0.0);
+    }
+
+    /// An answer of `latency_ms` on `instance` that ended `at`, as [`InFlight::done`]
+    /// records it (answers must come oldest first).
+    fn answered(load: &Load, instance: &str, at: Instant, latency_ms: f64) {
+        let mut figures = lock(&load.figures);
+        figures
+            .entry(instance.to_owned())
+            .or_default()
+            .done
+            .push_back((at, latency_ms, 1));
+    }
+
+    #[test]
+    fn the_p95_latency_is_over_the_answers_of_the_window_on_every_instance() {
+        let load = Load::default();
+        let start = Instant::now();
+        let now = start + LATENCY_WINDOW + Duration::from_secs(1);
+        // Outside the window at `now`; counted, it would make the p95 20 ms.
+        answered(&load, "i-a", start, 1000.0);
+        for ms in 1..=10 {
+            answered(&load, "i-a", now, f64::from(ms));
+            answered(&load, "i-b", now, f64::from(ms + 10));
+        }
+        // 1 to 20 ms: the 19th of 20 (nearest rank).
+        assert_eq!(load.reading(["i-a", "i-b"], now).latency_p95_ms, Some(19.0));
+        // 1 to 10 ms: the 10th of 10.
+        assert_eq!(load.reading(["i-a"], now).latency_p95_ms, Some(10.0));
+        // Later, every answer is out of the window: none, not 0.
+        let later = now + LATENCY_WINDOW + Duration::from_secs(1);
+        assert_eq!(load.reading(["i-a", "i-b"], later).latency_p95_ms, None);
     }
 
     #[test]
