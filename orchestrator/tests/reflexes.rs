@@ -81,6 +81,14 @@ fn of_kind<'a>(events: &'a [Value], reflex: &str, kind: &str) -> Vec<&'a Value> 
         .collect()
 }
 
+/// When `reflex` fired (each decision's sample time, Unix ms), newest first.
+fn fire_times(events: &[Value], reflex: &str) -> Vec<i64> {
+    of_kind(events, reflex, "fire")
+        .iter()
+        .map(|e| serde_json::from_value::<UnixMs>(e["at"].clone()).unwrap().0)
+        .collect()
+}
+
 async fn session(s: &Setup, run: &str) -> (String, String) {
     let (status, session) = s
         .call(
@@ -314,20 +322,26 @@ async fn a_square_wave_acts_at_most_once_per_cooldown_and_a_dry_run_only_records
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     agent.set_gpu(gpu, hot(5));
-    let events = wait_events(&s, |e| !of_kind(e, "wave", "fire").is_empty()).await;
-    let fires: Vec<i64> = of_kind(&events, "wave", "fire")
-        .iter()
-        .map(|e| serde_json::from_value::<UnixMs>(e["at"].clone()).unwrap().0)
-        .collect();
+    // The load stays low now: once each reflex's newest event is its release (after the
+    // cooldown), neither fires again, and every fire of both is recorded.
+    let settled = |e: &[Value], reflex: &str| {
+        e.iter()
+            .find(|e| e["reflex"] == reflex)
+            .is_some_and(|newest| newest["kind"] == "release")
+    };
+    let events = wait_events(&s, |e| settled(e, "wave") && settled(e, "shadow")).await;
+    let fires = fire_times(&events, "wave");
+    assert!(!fires.is_empty(), "{events:#?}");
     // 5 s at a 2 s cooldown: at most 3 fires, at least 2 s apart.
     assert!(fires.len() <= 3, "{events:#?}");
     for pair in fires.windows(2) {
         assert!(pair[0] - pair[1] >= 2000, "{fires:?}");
     }
-    // The dry run decided as often, and did nothing.
-    let shadow = of_kind(&events, "shadow", "fire");
-    assert!(!shadow.is_empty());
-    for event in &shadow {
+    // The dry run reads the same samples with the same condition and cooldown: it
+    // decided as often, on the same samples (an event's `at` is the time of the sample
+    // that decided it), and did nothing.
+    assert_eq!(fire_times(&events, "shadow"), fires, "{events:#?}");
+    for event in of_kind(&events, "shadow", "fire") {
         assert_eq!(event["dry_run"], true);
         assert_eq!(event["actions"][0]["outcome"], "would_do", "{event:#}");
     }
