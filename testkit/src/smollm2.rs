@@ -91,7 +91,19 @@ fn repo_of(dir: &Path, id: &str) -> MockRepo {
     })
 }
 
-/// `dir`, built by `build` into a fresh folder beside it on first use and moved into
+/// A path beside `done` to build it at, unique to this call: tests in one process
+/// build the same thing on several threads at once, and each moves its own into place.
+fn work_path(done: &Path) -> PathBuf {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = done
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    done.with_file_name(format!("{name}.{}-{call}.tmp", std::process::id()))
+}
+
+/// `dir`, built by `build` into a fresh folder of its own beside it on first use and moved into
 /// place when complete (`model.safetensors` marks it), so that tests converting at
 /// the same time, or a conversion cut short, never leave a half-written one.
 fn cached(dir: PathBuf, build: impl FnOnce(&Path) -> Result<(), String>) -> PathBuf {
@@ -99,7 +111,7 @@ fn cached(dir: PathBuf, build: impl FnOnce(&Path) -> Result<(), String>) -> Path
     if done(&dir) {
         return dir;
     }
-    let work = dir.with_extension(format!("{}.tmp", std::process::id()));
+    let work = work_path(&dir);
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).expect("create the conversion directory");
     build(&work).unwrap_or_else(|e| panic!("convert into {}: {e}", dir.display()));
@@ -489,7 +501,7 @@ pub fn f32_gguf(tmp: &Path) -> PathBuf {
     if out.is_file() {
         return out;
     }
-    let work = tmp.join(format!("{name}.{}.tmp", std::process::id()));
+    let work = work_path(&out);
     write_f32_gguf(&gguf_path(), &dir, &work).unwrap_or_else(|e| panic!("write {}: {e}", work.display()));
     std::fs::rename(&work, &out).unwrap_or_else(|e| panic!("move {}: {e}", out.display()));
     out
@@ -645,7 +657,7 @@ pub fn sentencepiece_gguf(tmp: &Path) -> PathBuf {
             content.tensor(&mut file, name, &Device::Cpu).expect("a tensor"),
         ));
     }
-    let work = tmp.join(format!("smollm2-sentencepiece-vocab.{}.tmp", std::process::id()));
+    let work = work_path(&out);
     let mut writer = std::io::BufWriter::new(File::create(&work).expect("create the GGUF"));
     let metadata: Vec<(&str, &GgufValue)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let tensors: Vec<(&str, &candle_core::quantized::QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
