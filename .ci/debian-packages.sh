@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Installs Debian packages that tests need, as root or through sudo: `debian-packages.sh
 # WHO PACKAGE...` (WHO names the tests in messages). Package lists older than a day are
-# refreshed first: a fresh machine may have none.
+# refreshed first: a fresh machine may have none. Tests run in parallel, and apt takes
+# one install at a time: concurrent calls wait for each other (at most 15 minutes).
 set -euo pipefail
 who="$1"
 shift
+lock="${TMPDIR:-/tmp}/skein-debian-packages.lock"
+exec 9>>"$lock"
+flock -w 900 9 || { echo "$who: another install of Debian packages held $lock for 15 minutes" >&2; exit 1; }
 echo "$who: installing Debian's $*" >&2
 sudo=""
 if [ "$(id -u)" != 0 ]; then
@@ -15,4 +19,4 @@ export DEBIAN_FRONTEND=noninteractive
 if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mtime -1 2>/dev/null | head -1)" ]; then
   $sudo apt-get update -qq
 fi
-$sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+$sudo apt-get install -o DPkg::Lock::Timeout=300 -y -qq --no-install-recommends "$@" >/dev/null

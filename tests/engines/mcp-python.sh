@@ -36,7 +36,7 @@ command -v python3 >/dev/null || { echo "mcp-python $VERSION: python3 is needed 
 python3 -c 'import sys; sys.exit(not ((3, 11) <= sys.version_info[:2] < (3, 15)))' \
   || { echo "mcp-python $VERSION: needs Python 3.11 to 3.14, found $(python3 --version)" >&2; exit 1; }
 rm -rf "$dir"
-python3 -m venv "$dir" || { echo "mcp-python $VERSION: python3 -m venv failed (Debian: apt-get install python3-venv)" >&2; exit 1; }
+"$(dirname "$0")/../../.ci/python-venv.sh" "mcp-python $VERSION" "$dir"
 pip=("$dir/bin/python" -m pip install --quiet --disable-pip-version-check --timeout 120 --retries 3)
 echo "mcp-python $VERSION: installing the MCP Python SDK and its requirements from PyPI" >&2
 "${pip[@]}" --no-deps "mcp==$VERSION" "${DEPS[@]}"

