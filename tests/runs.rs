@@ -2,8 +2,9 @@
 //! CPU-only node here: no NVIDIA driver) that downloads the tiny generated Llama from a
 //! mock hub and serves it with the built-in engine (`skein engine serve`), and the CLI
 //! (`skein submit --wait`, `skein runs`, `skein run show`, `skein instances`,
-//! `skein logs`). The server is killed with SIGKILL mid-run and restarted; an agent is
-//! killed and its instance placed on another node.
+//! `skein logs`). The server is killed with SIGKILL mid-run (while an approval holds the
+//! run, so that it cannot have finished) and restarted; an agent is killed and its
+//! instance placed on another node.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -164,48 +165,80 @@ fn engine_answers_only_with_its_key(base_url: &str) {
     });
 }
 
+/// [`STORY`] with an approval after the draft: the run cannot finish until the test
+/// approves, so a server killed while the approval waits provably dies mid-run, with
+/// the draft recorded and the edit and title still to run.
+const GATED_STORY: &str = r#"
+name: story
+inputs: { topic: { type: string } }
+agents:
+  writer: { model: { repo: skein-test/tiny-llama, context: 256 }, temperature: 0, max_tokens: 12 }
+  editor: { model: { repo: skein-test/tiny-llama, context: 256 }, temperature: 0, max_tokens: 12, system: "Edit." }
+steps:
+  - { id: draft, agent: writer, prompt: "Tell me about {{ inputs.topic }}" }
+  - { id: gate, after: [draft], approval: "Edit the draft?" }
+  - { id: edit, agent: editor, after: [gate], prompt: "Edit: {{ steps.draft.output }}" }
+  - { id: title, agent: writer, after: [edit], prompt: "Title for: {{ steps.edit.output }}" }
+"#;
+
+/// The step `id` of `run`.
+fn step<'a>(run: &'a Value, id: &str) -> &'a Value {
+    run["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == id)
+        .unwrap_or_else(|| panic!("no step {id}: {run:#}"))
+}
+
 #[test]
 fn a_run_survives_a_killed_server_and_no_recorded_step_runs_twice() {
     let lab = Lab::new(env!("CARGO_BIN_EXE_skein"));
     let mut server = lab.server();
     let _agent = lab.agent("laptop");
     lab.nodes_up(1);
-    // Long answers, so that the server dies with steps still to run.
-    let slow = STORY.replace("max_tokens: 12", "max_tokens: 200");
-    let file = workflow_file(lab.dir(), &slow);
+    let file = workflow_file(lab.dir(), GATED_STORY);
     let submitted = lab.cli(&["submit", file.to_str().unwrap(), "--input", "topic=GPUs"]);
     assert!(submitted.status.success(), "{}", stderr(&submitted));
     let id = stdout(&submitted).trim().to_owned();
-    let before = lab.wait_run(&id, "the first step", |r| r["steps"][0]["state"] == "done");
+    // Nothing after the gate can run until the test approves: the state seen here is
+    // the state the server dies in.
+    let before = lab.wait_run(&id, "the approval waiting", |r| {
+        r["steps"].is_array() && step(r, "gate")["state"] == "waiting"
+    });
+    assert_eq!(before["state"], "running", "{before:#}");
+    assert_eq!(step(&before, "draft")["state"], "done", "{before:#}");
+    for later in ["edit", "title"] {
+        assert_eq!(step(&before, later)["state"], "pending", "{later}: {before:#}");
+    }
     let _ = server.0.kill(); // SIGKILL
     let _ = server.0.wait();
     drop(server);
 
     let _server = lab.server();
+    // The restarted server has the run where it died (queued again until the agent is
+    // back, then running): the draft recorded, the approval waiting again, which only a
+    // running run's approval takes.
+    let resumed = lab.wait_run(&id, "the run running again, its approval waiting", |r| {
+        r["state"] == "running" && step(r, "gate")["state"] == "waiting"
+    });
+    assert_eq!(step(&resumed, "draft")["output"], step(&before, "draft")["output"]);
+    let approved = lab.cli(&["run", "approve", &id, "gate"]);
+    assert!(approved.status.success(), "{}", stderr(&approved));
     let after = lab.wait_run(&id, "the resumed run", |r| {
         matches!(r["state"].as_str(), Some("succeeded" | "failed"))
     });
-    assert_eq!(before["state"], "running", "the server died mid-run: {before:#}");
     assert_eq!(after["state"], "succeeded", "{after:#}");
-    // Steps recorded done before the crash kept their answer and their single attempt.
-    let done_before: Vec<&Value> = before["steps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|s| s["state"] == "done")
-        .collect();
-    assert!(!done_before.is_empty());
-    for step in done_before {
-        let id = step["id"].as_str().unwrap();
-        let now = after["steps"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|s| s["id"] == id)
-            .unwrap();
-        assert_eq!(now["attempts"], 1, "{id} ran once");
-        assert_eq!(now["finished_at"], step["finished_at"], "{id} was not run again");
-        assert_eq!(now["output"], step["output"]);
+    // The draft, recorded done before the crash, kept its answer and its single attempt.
+    let draft = step(&before, "draft");
+    let now = step(&after, "draft");
+    assert_eq!(now["attempts"], 1, "the draft ran once");
+    assert_eq!(now["finished_at"], draft["finished_at"], "the draft was not run again");
+    assert_eq!(now["output"], draft["output"]);
+    // The steps after the gate ran on the restarted server, once each.
+    for later in ["edit", "title"] {
+        assert_eq!(step(&after, later)["state"], "done", "{later}: {after:#}");
+        assert_eq!(step(&after, later)["attempts"], 1, "{later}: {after:#}");
     }
 }
 
@@ -326,7 +359,8 @@ fn a_session_moves_to_another_node_and_continues_with_its_history() {
 }
 
 /// A Python virtual environment in the target directory with `packages` installed (once;
-/// later runs reuse it). The test needs `python3` with `venv` and the package index.
+/// later runs reuse it). The test needs `python3` and the package index; Debian's
+/// `python3-venv` is installed when it is missing (as root or through sudo).
 fn python_with(packages: &[&str]) -> PathBuf {
     let name = packages[0].split("==").next().unwrap_or("packages");
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("python-{name}"));
@@ -336,16 +370,7 @@ fn python_with(packages: &[&str]) -> PathBuf {
     if std::fs::read_to_string(&marker).is_ok_and(|m| m == wanted) {
         return python;
     }
-    let venv = Command::new("python3")
-        .args(["-m", "venv"])
-        .arg(&dir)
-        .output()
-        .expect("python3 runs");
-    assert!(
-        venv.status.success(),
-        "python3 -m venv: {}",
-        String::from_utf8_lossy(&venv.stderr)
-    );
+    skein_testkit::tools::python_venv(&format!("tests/runs.rs ({name})"), &dir);
     let pip = Command::new(&python)
         .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
         .args(packages)
