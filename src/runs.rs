@@ -58,6 +58,17 @@ struct Step {
     prompt: Option<String>,
     #[serde(default)]
     items: Vec<Item>,
+    #[serde(default)]
+    approval: Option<Approval>,
+}
+
+/// What a step or an item waits for a person about.
+#[derive(Debug, Deserialize)]
+struct Approval {
+    /// The question on a tool call in flight under `in_flight: ask` (an approval step's
+    /// text is its prompt).
+    #[serde(default)]
+    text: Option<String>,
 }
 
 /// One item of a `for_each` step.
@@ -72,6 +83,8 @@ struct Item {
     error: Option<String>,
     #[serde(default)]
     turns: Vec<Turn>,
+    #[serde(default)]
+    approval: Option<Approval>,
 }
 
 /// One model turn of a step's agent loop that asked for tools.
@@ -221,12 +234,9 @@ fn progress(before: Option<&Run>, now: &Run) {
         let detail = match step.state {
             StepState::Running if !step.items.is_empty() => items_done(step),
             StepState::Waiting => format!(
-                "for approval: {}\n    approve: skein run approve {} {}   reject: skein run reject {} {}",
-                one_line(step.prompt.as_deref().unwrap_or_default(), 200),
-                now.id,
-                step.id,
-                now.id,
-                step.id
+                "for approval: {}\n    {}",
+                one_line(question(step), 200),
+                commands(&now.id, &step.id, None)
             ),
             StepState::Running => format!(
                 "attempt {} on {}",
@@ -239,6 +249,48 @@ fn progress(before: Option<&Run>, now: &Run) {
         };
         eprintln!("  step {}{pass}: {} {detail}", step.id, step.state);
     }
+    // An item whose tool call was in flight under `ask` waits for a person.
+    for step in &now.steps {
+        let old = before.and_then(|b| b.steps.iter().find(|s| s.id == step.id));
+        for item in step.items.iter().filter(|i| i.state == StepState::Waiting) {
+            let was = old.and_then(|o| o.items.get(item.index as usize)).map(|i| i.state);
+            if was == Some(StepState::Waiting) {
+                continue;
+            }
+            eprintln!(
+                "  step {} item {}: waiting for approval: {}\n    {}",
+                step.id,
+                item.index,
+                one_line(item_question(item), 200),
+                commands(&now.id, &step.id, Some(item.index))
+            );
+        }
+    }
+}
+
+/// What a waiting step asks: the question on its tool call in flight, or an approval
+/// step's text.
+fn question(step: &Step) -> &str {
+    step.approval
+        .as_ref()
+        .and_then(|a| a.text.as_deref())
+        .or(step.prompt.as_deref())
+        .unwrap_or_default()
+}
+
+/// What a waiting item asks: the question on its tool call in flight.
+fn item_question(item: &Item) -> &str {
+    item.approval
+        .as_ref()
+        .and_then(|a| a.text.as_deref())
+        .unwrap_or_default()
+}
+
+/// The commands that decide what step `step` (or its item `item`) of run `run` waits
+/// for.
+fn commands(run: &str, step: &str, item: Option<u32>) -> String {
+    let item = item.map(|i| format!(" --item {i}")).unwrap_or_default();
+    format!("approve: skein run approve {run} {step}{item}   reject: skein run reject {run} {step}{item}")
 }
 
 fn print_outputs(run: &Run) {
@@ -350,7 +402,15 @@ pub fn run_show(args: &RunShowArgs) -> anyhow::Result<ExitCode> {
                 s.finished_at.clone().unwrap_or_default(),
                 match s.state {
                     StepState::Waiting => format!("waiting for approval: skein run approve {} {}", run.id, s.id),
-                    StepState::Running if !s.items.is_empty() => items_done(s),
+                    StepState::Running if !s.items.is_empty() => match waiting_items(s).first() {
+                        Some(i) => format!(
+                            "{}; item {i} waits for approval: skein run approve {} {} --item {i}",
+                            items_done(s),
+                            run.id,
+                            s.id
+                        ),
+                        None => items_done(s),
+                    },
                     _ => s.error.clone().unwrap_or_default(),
                 },
             ]
@@ -394,6 +454,9 @@ fn step_detail(step: &Step) -> String {
             one_line(step.prompt.as_deref().unwrap_or_default(), 400)
         );
     } else if step.items.is_empty() {
+        if step.state == StepState::Waiting {
+            let _ = writeln!(out, "  waiting for approval: {}", one_line(question(step), 400));
+        }
         turn_lines(&mut out, &step.turns, "  ");
     } else {
         let _ = writeln!(out, "  {}", items_done(step));
@@ -403,6 +466,9 @@ fn step_detail(step: &Step) -> String {
                 "  item {}: {} (attempts {})",
                 item.index, item.state, item.attempts
             );
+            if item.state == StepState::Waiting {
+                let _ = writeln!(out, "    waiting for approval: {}", one_line(item_question(item), 400));
+            }
             turn_lines(&mut out, &item.turns, "    ");
             if let Some(output) = &item.output {
                 let _ = writeln!(out, "    answer: {}", one_line(output, 200));
@@ -465,6 +531,15 @@ fn turn_lines(out: &mut String, turns: &[Turn], indent: &str) {
     }
 }
 
+/// The items of a `for_each` step that wait for approval.
+fn waiting_items(step: &Step) -> Vec<u32> {
+    step.items
+        .iter()
+        .filter(|i| i.state == StepState::Waiting)
+        .map(|i| i.index)
+        .collect()
+}
+
 /// "3/10 items done" of a `for_each` step.
 fn items_done(step: &Step) -> String {
     let done = step.items.iter().filter(|i| i.state == StepState::Done).count();
@@ -489,6 +564,9 @@ pub fn run_decide(args: &DecideArgs, approved: bool) -> anyhow::Result<ExitCode>
     if let Some(comment) = &args.comment {
         body["comment"] = serde_json::json!(comment);
     }
+    if let Some(item) = args.item {
+        body["item"] = serde_json::json!(item);
+    }
     let answer = client
         .post(&format!("/v1/runs/{}/steps/{}/{verb}", args.run.id, args.step), &body)?
         .map_err(|r| refused_error(&r))?;
@@ -498,8 +576,16 @@ pub fn run_decide(args: &DecideArgs, approved: bool) -> anyhow::Result<ExitCode>
     }
     let run: Run = serde_json::from_str(&answer).context("the server's run is not what this skein expects")?;
     let step = run.steps.iter().find(|s| s.id == args.step);
-    println!("run {}: step {} {}d; the run is {}", run.id, args.step, verb, run.state);
-    if let Some(error) = step.and_then(|s| s.error.as_ref()).filter(|_| !approved) {
+    let (what, error) = match args.item {
+        Some(index) => (
+            format!("step {} item {index}", args.step),
+            step.and_then(|s| s.items.get(index as usize))
+                .and_then(|i| i.error.as_ref()),
+        ),
+        None => (format!("step {}", args.step), step.and_then(|s| s.error.as_ref())),
+    };
+    println!("run {}: {what} {verb}d; the run is {}", run.id, run.state);
+    if let Some(error) = error.filter(|_| !approved) {
         println!("  {error}");
     }
     Ok(ExitCode::from(EXIT_OK))

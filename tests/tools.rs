@@ -6,7 +6,8 @@
 //!
 //! The crash test kills the server (SIGKILL) many times while a loop runs and checks
 //! the tool-call durability contract: no completed call is sent again, no result is
-//! lost, and a call in flight at a crash is sent again only under `in_flight: retry`.
+//! lost, and a call in flight at a crash is sent again only under `in_flight: retry`,
+//! or under `in_flight: ask` once a person approved it.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -75,7 +76,12 @@ fn lines(path: &Path) -> usize {
 
 /// Every tool call of step `work`'s loop.
 fn calls(run: &Value) -> Vec<Value> {
-    run["steps"][0]["turns"]
+    calls_of(&run["steps"][0])
+}
+
+/// Every tool call of the loop of `attempt`, a step or an item.
+fn calls_of(attempt: &Value) -> Vec<Value> {
+    attempt["turns"]
         .as_array()
         .into_iter()
         .flatten()
@@ -288,19 +294,7 @@ fn a_call_in_flight_at_a_kill_is_sent_again_under_retry_and_fails_its_attempt_un
         let server_yaml = stdio(&[&tools], &dir.path().join("count"), policy);
         let id = lab.api.submit(&workflow_with(&model.url(), &server_yaml, "sleep", 3));
         // Kill while the sleep is in flight: recorded as sent, no result.
-        let deadline = Instant::now() + PATIENCE;
-        loop {
-            let run = lab
-                .api
-                .call(&format!("/v1/runs/{id}"), None)
-                .map(|(_, run)| run)
-                .unwrap_or_default();
-            if calls(&run).first().is_some_and(|c| c["state"] == "sent") {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{policy}: the call never went out: {run:#}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        until_in_flight(&lab, &id, calls, None);
         lab.kill_and_restart();
         let run = lab.api.finished(&id);
         let call = &calls(&run)[0];
@@ -321,4 +315,164 @@ fn a_call_in_flight_at_a_kill_is_sent_again_under_retry_and_fails_its_attempt_un
             }
         }
     }
+}
+
+/// Waits until the first call of run `id`'s loop (as `loop_calls` reads it) is recorded
+/// sent with no result and, with a `count_file`, has reached the tool (its line is
+/// written): the call is in flight.
+fn until_in_flight(lab: &Restartable, id: &str, loop_calls: fn(&Value) -> Vec<Value>, count_file: Option<&Path>) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let run = lab.api.run(id).unwrap_or_default();
+        let sent = loop_calls(&run).first().is_some_and(|c| c["state"] == "sent");
+        if sent && count_file.is_none_or(|f| lines(f) == 1) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the call never went out: {run:#}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Run `id` once it is running and waits for a person (its reason says so).
+fn until_waiting(lab: &Restartable, id: &str) -> Value {
+    lab.api.until(id, "waiting for approval", |run| {
+        run["state"] == "running"
+            && run["reason"]
+                .as_str()
+                .is_some_and(|r| r.starts_with("waiting for approval of step `work`"))
+    })
+}
+
+/// The calls of item 0 of step `work`.
+fn item_calls(run: &Value) -> Vec<Value> {
+    calls_of(&run["steps"][0]["items"][0])
+}
+
+#[test]
+fn a_call_in_flight_at_a_kill_under_ask_waits_for_a_person_who_sends_it_again_or_fails_the_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = WholeAnswer::tool_caller("counter__sleep", r#"{"ms": 1500}"#, 1, Duration::ZERO);
+    let tools = mcp_tools_path();
+    let mut lab = restartable(dir.path().join("data"));
+    for approve in [true, false] {
+        // `sleep` writes its line in the count file before it sleeps: the tool's own
+        // count of its invocations.
+        let count_file = dir.path().join(format!("{approve}.count"));
+        let server_yaml = stdio(&[&tools], &count_file, "ask");
+        let id = lab.api.submit(&workflow_with(&model.url(), &server_yaml, "sleep", 3));
+        until_in_flight(&lab, &id, calls, Some(&count_file));
+        lab.kill_and_restart();
+
+        // The step waits for a person, naming the call; so it does after another kill.
+        let run = until_waiting(&lab, &id);
+        let work = &run["steps"][0];
+        assert_eq!(work["state"], "waiting", "{run:#}");
+        assert_eq!(run["reason"], "waiting for approval of step `work`");
+        assert_eq!(work["approval"]["in_flight"]["id"], "call_0", "{work:#}");
+        let text = work["approval"]["text"].as_str().unwrap_or_default();
+        for part in ["call_0 `counter__sleep`", r#"{"ms": 1500}"#, "Approve to send it again"] {
+            assert!(text.contains(part), "{part:?} in {text}");
+        }
+        assert_eq!(calls(&run)[0]["state"], "sent");
+        lab.kill_and_restart();
+        let run = until_waiting(&lab, &id);
+        assert_eq!(run["steps"][0]["approval"]["text"], text);
+        let (ok, shown) = lab.cli(&["run", "show", &id, "--step", "work"]);
+        assert!(
+            ok && shown.contains("waiting for approval: tool call call_0"),
+            "{shown}"
+        );
+        assert_eq!(lines(&count_file), 1, "nothing was sent while it waited");
+
+        if approve {
+            let (ok, said) = lab.cli(&["run", "approve", &id, "work", "--comment", "sleeping twice is fine"]);
+            assert!(ok, "{said}");
+            assert!(said.contains(&format!("run {id}: step work approved")), "{said}");
+            let run = lab.api.finished(&id);
+            assert_eq!(run["state"], "succeeded", "{run:#}\n{}", lab.log());
+            let call = &calls(&run)[0];
+            assert_eq!(
+                (&call["state"], &call["sends"]),
+                (&json!("returned"), &json!(2)),
+                "{call:#}"
+            );
+            assert_eq!(run["steps"][0]["output"], "done: slept 1500 ms");
+            assert_eq!(lines(&count_file), 2, "sent exactly once more");
+            let decision = &run["steps"][0]["approval"]["decision"];
+            assert_eq!(
+                (&decision["approved"], &decision["by"]),
+                (&json!(true), &json!("admin"))
+            );
+            assert_eq!(decision["comment"], "sleeping twice is fine");
+        } else {
+            let (ok, said) = lab.cli(&["run", "reject", &id, "work", "--comment", "it may have run"]);
+            assert!(ok, "{said}");
+            assert!(said.contains("rejected by admin: it may have run"), "{said}");
+            let run = lab.api.finished(&id);
+            assert_eq!(run["state"], "failed", "{run:#}");
+            assert_eq!(run["steps"][0]["error"], "rejected by admin: it may have run");
+            assert_eq!(lines(&count_file), 1, "never sent again");
+            // Decided once: the step no longer waits.
+            let (ok, refused) = lab.cli(&["run", "approve", &id, "work"]);
+            assert!(!ok && refused.contains("failed"), "{refused}");
+        }
+    }
+}
+
+#[test]
+fn a_for_each_item_whose_call_was_in_flight_under_ask_is_decided_by_its_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = WholeAnswer::tool_caller("counter__sleep", r#"{"ms": 1500}"#, 1, Duration::ZERO);
+    let tools = mcp_tools_path();
+    let mut lab = restartable(dir.path().join("data"));
+    let count_file = dir.path().join("count");
+    let text = format!(
+        "name: tools\ninputs: {{ things: {{ type: list, default: [one] }} }}\ntool_servers:\n  counter:\n    {}\nagents:\n  worker:\n    endpoint: {{ url: \"{}\", model: m }}\n    tools: [counter.sleep]\n    max_turns: 3\nsteps:\n  - {{ id: work, agent: worker, prompt: \"sleep for {{{{ item }}}}\", retries: 0, for_each: {{ over: inputs.things }} }}\n",
+        stdio(&[&tools], &count_file, "ask"),
+        model.url()
+    );
+    let id = lab.api.submit(&text);
+    until_in_flight(&lab, &id, item_calls, Some(&count_file));
+    lab.kill_and_restart();
+
+    let run = until_waiting(&lab, &id);
+    assert_eq!(run["reason"], "waiting for approval of step `work` item 0");
+    assert_eq!(
+        (&run["steps"][0]["state"], &run["steps"][0]["items"][0]["state"]),
+        (&json!("running"), &json!("waiting"))
+    );
+    assert_eq!(run["steps"][0]["items"][0]["approval"]["in_flight"]["id"], "call_0");
+    // The step itself does not wait: the item is to be named.
+    let (status, body) = lab
+        .api
+        .call(&format!("/v1/runs/{id}/steps/work/approve"), Some(json!({})))
+        .unwrap();
+    assert_eq!(status, 409, "{body:#}");
+    assert!(body.to_string().contains("item 0 waits for approval"), "{body:#}");
+    let (status, body) = lab
+        .api
+        .call(&format!("/v1/runs/{id}/steps/work/approve"), Some(json!({"item": 3})))
+        .unwrap();
+    assert_eq!(status, 404, "{body:#}");
+    let (ok, shown) = lab.cli(&["run", "show", &id]);
+    assert!(
+        ok && shown.contains(&format!("skein run approve {id} work --item 0")),
+        "{shown}"
+    );
+
+    let (ok, said) = lab.cli(&["run", "approve", &id, "work", "--item", "0"]);
+    assert!(
+        ok && said.contains(&format!("run {id}: step work item 0 approved")),
+        "{said}"
+    );
+    let run = lab.api.finished(&id);
+    assert_eq!(run["state"], "succeeded", "{run:#}\n{}", lab.log());
+    let call = &item_calls(&run)[0];
+    assert_eq!(
+        (&call["state"], &call["sends"]),
+        (&json!("returned"), &json!(2)),
+        "{call:#}"
+    );
+    assert_eq!(run["steps"][0]["output"], json!(["done: slept 1500 ms"]).to_string());
+    assert_eq!(lines(&count_file), 2, "sent exactly once more");
 }

@@ -45,8 +45,9 @@ export function between(from, to) {
 }
 
 /**
- * An approval step as the page shows it, or null for any other step: the text to
- * approve, its status (`waiting for approval`, `approved`, `rejected`, or the step's
+ * An approval step as the page shows it (or a step whose tool call, in flight under
+ * `in_flight: ask`, waits for a person), or null for any other step: the text to
+ * approve (the question on the call, for the latter), its status (`waiting for approval`, `approved`, `rejected`, or the step's
  * state before it is reached), who may decide (the run's owner or an admin), when it
  * times out and what a timeout counts as, the decision (who, when, their comment) and
  * the CLI commands that decide it.
@@ -67,7 +68,7 @@ export function approvalView(run, step) {
     : "";
   return {
     step: step.id,
-    text: step.prompt || "",
+    text: record.text || step.prompt || "",
     waiting,
     status,
     who: run.owner && run.owner !== "admin" ? `${run.owner} (the run's owner) or an admin` : "the run's owner or an admin",

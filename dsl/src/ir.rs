@@ -163,6 +163,10 @@ pub enum InFlight {
     /// `retries` then apply to the whole attempt, which starts a new loop).
     #[default]
     Fail,
+    /// Ask a person: the step (or its `for_each` item) waits for approval naming the
+    /// call; approved, the call is sent again; rejected, the attempt fails as under
+    /// `Fail`.
+    Ask,
 }
 
 /// A tool an agent may call: `server.tool`, or every tool of `server`.

@@ -14,7 +14,7 @@ tool_servers:
   search:
     url: https://mcp.example.org/mcp
     api_key_secret: SEARCH_KEY
-    in_flight: { count: retry, lookup: fail, "*": retry }
+    in_flight: { count: retry, lookup: fail, send: ask, "*": retry }
   files:
     command: [mcp-files]
 agents:
@@ -37,7 +37,7 @@ tool_server("counter", #{ command: ["mcp-tools", "--count-file", "/tmp/count"], 
 tool_server("search", #{
     url: "https://mcp.example.org/mcp",
     api_key_secret: "SEARCH_KEY",
-    in_flight: #{ count: "retry", lookup: "fail", "*": "retry" },
+    in_flight: #{ count: "retry", lookup: "fail", send: "ask", "*": "retry" },
 });
 tool_server("files", #{ command: ["mcp-files"] });
 agent("worker", #{ model: "Qwen/Qwen2.5-0.5B-Instruct", tools: ["counter.count", "search.*"], max_turns: 8 });
@@ -87,6 +87,7 @@ fn tools_are_read_from_yaml_and_rhai_alike() {
     assert_eq!(counter.in_flight_of("count"), InFlight::Retry);
     let search = &yaml_ir.tool_servers["search"];
     assert_eq!(search.in_flight_of("lookup"), InFlight::Fail);
+    assert_eq!(search.in_flight_of("send"), InFlight::Ask);
     assert_eq!(search.in_flight_of("anything"), InFlight::Retry);
     assert!(matches!(
         &search.transport,
@@ -166,4 +167,38 @@ fn the_documented_examples_are_valid() {
     let counter = &rhai.workflow.unwrap().tool_servers["counter"];
     assert_eq!(counter.in_flight_of("count"), InFlight::Retry);
     assert_eq!(counter.in_flight_of("other"), InFlight::Fail);
+}
+
+#[test]
+fn ask_is_a_policy_for_every_tool_or_one() {
+    let every = valid(
+        "ask.yaml",
+        "name: t\ntool_servers:\n  mail: { command: [mail-tools], in_flight: ask }\nagents:\n  a: { model: Qwen/Qwen2.5-0.5B-Instruct, tools: [mail.*] }\n",
+    );
+    let mail = &every.workflow.unwrap().tool_servers["mail"];
+    assert_eq!(
+        (mail.in_flight_of("send"), mail.default_in_flight),
+        (InFlight::Ask, InFlight::Ask)
+    );
+    let one = valid(
+        "ask.rhai",
+        "workflow(\"t\");\ntool_server(\"mail\", #{ command: [\"mail-tools\"], in_flight: #{ send: \"ASK\" } });\nagent(\"a\", #{ model: \"Qwen/Qwen2.5-0.5B-Instruct\", tools: [\"mail.*\"] });\n",
+    );
+    let mail = &one.workflow.unwrap().tool_servers["mail"];
+    assert_eq!(
+        (mail.in_flight_of("send"), mail.in_flight_of("list")),
+        (InFlight::Ask, InFlight::Fail)
+    );
+    // A misspelt policy lists the three.
+    let bad = skein_dsl::parse(
+        "bad.yaml",
+        "name: t\ntool_servers:\n  mail: { command: [mail-tools], in_flight: [ask] }\nagents:\n  a: { model: Qwen/Qwen2.5-0.5B-Instruct, tools: [mail.*] }\n",
+    );
+    let messages: Vec<&str> = bad.diagnostics.iter().map(|d| d.message.as_str()).collect();
+    assert_eq!(
+        messages,
+        ["`in_flight` must be `retry`, `fail`, `ask` or a mapping, found a list"],
+        "{}",
+        bad.render(RenderOptions::default())
+    );
 }

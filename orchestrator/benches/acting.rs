@@ -3,10 +3,10 @@
 //! 1. Agent-loop overhead per tool round trip. The baseline is a direct MCP `call_tool`
 //!    of the testkit's `mcp-tools` `echo` over stdio (rmcp, no Skein code). The measured
 //!    path is one round of the executor's agent loop (`run/executor/act.rs`) with one
-//!    tool call, as it runs there: the turn, the call's `Sent` and its `Returned` each
-//!    sent to the run's task over a channel, which applies it to the run record
-//!    (`RunRecord::record_loop`) and writes the record to sled, flushed, before
-//!    acknowledging; the call itself through [`ToolBox::call`] to a second `mcp-tools`
+//!    tool call, as it runs there: the turn (its first call recorded sent with it) and
+//!    the call's `Returned` each sent to the run's task over a channel, which applies
+//!    it to the run record (`RunRecord::record_loop`) and writes the run's head and
+//!    the step's loop to sled (`RunStore::put`), flushed, before acknowledging; the call itself through [`ToolBox::call`] to a second `mcp-tools`
 //!    process; the conversation grown and the next request built. The model is left
 //!    out (it is not the loop's cost). Printed: p50 and p99 of the direct call, of the
 //!    whole round, and of the round less its own tool call (the overhead, timed per
@@ -16,11 +16,13 @@
 //! 2. Scheduling overhead per `for_each` item on a warm instance: a run record with one
 //!    step over 1,000 items, `max_parallel` 4, driven the way the executor's run task
 //!    does per finished item: `complete_attempt`, `advance` (which starts the next
-//!    item), `set_instance`, then the whole record written to sled and flushed. The
-//!    record holds every item's prompt and answer, so each write grows with the items
-//!    done: the per-item cost is printed for the first and last hundred items, with
-//!    the record's size. The baseline is one flushed write of a 2 KB record, the
-//!    floor of any durable step.
+//!    item), `set_instance`, then the run written to sled and flushed
+//!    (`RunStore::put`: the head and the items that changed, each under its own key).
+//!    The per-item cost is printed for the first and last hundred items, so a cost
+//!    that grew with the items done would show; serialising the whole record, what
+//!    each write cost when the record was one value, is timed apart for comparison.
+//!    The baseline is one flushed write of a 2 KB record, the floor of any durable
+//!    step.
 //!
 //! `cargo bench -p skein-orchestrator --bench acting` (`-- --quick` for fewer rounds).
 //! Under `cargo test` it runs a few rounds of each, as a check that it works.
@@ -41,6 +43,7 @@ use skein_orchestrator::base::unix_ms;
 use skein_orchestrator::egress::{EgressPolicy, EgressRules};
 use skein_orchestrator::engine_client::{Clients, Usage};
 use skein_orchestrator::run::record::{LoopChange, Next, RunRecord, StepState, ToolCall, Turn, typed_inputs};
+use skein_orchestrator::run::stored::RunStore;
 use skein_orchestrator::secrets::{Secrets, SecretsKey};
 use skein_orchestrator::store::{Db, Tree};
 use skein_orchestrator::tools::{ToolAccess, ToolBox};
@@ -76,7 +79,7 @@ type Change = (LoopChange, oneshot::Sender<bool>);
 /// The run's task: applies each change to the record and writes it, flushed, before
 /// acknowledging (as `drive.rs` does); a step that has had `DEFAULT_MAX_TURNS` turns
 /// starts a fresh attempt.
-async fn run_task(mut run: RunRecord, runs: Tree<RunRecord>, mut changes: mpsc::Receiver<Change>) {
+async fn run_task(mut run: RunRecord, runs: RunStore, mut changes: mpsc::Receiver<Change>) {
     let (notify, _watch) = watch::channel((0u64, String::new()));
     while let Some((change, written)) = changes.recv().await {
         if let LoopChange::Turn(_) = &change
@@ -84,9 +87,10 @@ async fn run_task(mut run: RunRecord, runs: Tree<RunRecord>, mut changes: mpsc::
             && step.turns.len() >= DEFAULT_MAX_TURNS as usize
         {
             step.turns.clear();
+            run.changed.turns_of.insert("go".to_owned());
         }
         let recorded = run.record_loop("go", None, change);
-        runs.put(&run.id, &run).await.expect("write the run");
+        runs.put(&mut run).await.expect("write the run");
         notify.send_modify(|(n, last)| {
             *n = n.wrapping_add(1);
             run.id.clone_into(last);
@@ -110,7 +114,7 @@ fn mcp_command(count_file: &std::path::Path) -> tokio::process::Command {
 async fn tool_round_trip(rounds: usize) {
     let dir = tempfile::tempdir().expect("temp dir");
     let db = Db::open(&dir.path().join("db")).expect("db");
-    let runs: Tree<RunRecord> = db.tree("runs").expect("tree");
+    let runs = RunStore::open(&db).expect("the run store");
     let count_file = dir.path().join("count");
     let tools = skein_testkit::mcp::mcp_tools_path();
     let yaml = format!(
@@ -133,7 +137,7 @@ async fn tool_round_trip(rounds: usize) {
     let mut run = RunRecord::new("r1".to_owned(), "alice".to_owned(), workflow, inputs, unix_ms());
     let evaluator = Evaluator::default();
     assert_eq!(run.advance(&evaluator, unix_ms()).len(), 1);
-    runs.put(&run.id, &run).await.expect("write the run");
+    runs.put(&mut run).await.expect("write the run");
     let (changes, changed) = mpsc::channel(64);
     let task = tokio::spawn(run_task(run, runs, changed));
 
@@ -171,7 +175,7 @@ async fn tool_round_trip(rounds: usize) {
         let resolved = toolbox
             .resolve("s__echo")
             .map(|offered| (offered.server.clone(), offered.tool.clone()));
-        let turn = Turn {
+        let mut turn = Turn {
             content: None,
             calls: vec![ToolCall::pending(
                 format!("call_{n}"),
@@ -185,6 +189,11 @@ async fn tool_round_trip(rounds: usize) {
                 completion_tokens: 18,
             }),
         };
+        // The turn and the sending of its first call are one write, as in the loop.
+        let Ok(Value::Object(args)) = serde_json::from_str::<Value>(&turn.calls[0].arguments) else {
+            panic!("arguments are an object");
+        };
+        turn.calls[0].mark_sent(unix_ms());
         record(&changes, LoopChange::Turn(turn.clone())).await;
         let call = &turn.calls[0];
         let calls: Vec<Value> = turn
@@ -196,18 +205,6 @@ async fn tool_round_trip(rounds: usize) {
             &mut body,
             json!({"role": "assistant", "content": turn.content, "tool_calls": calls}),
         );
-        let Ok(Value::Object(args)) = serde_json::from_str::<Value>(&call.arguments) else {
-            panic!("arguments are an object");
-        };
-        record(
-            &changes,
-            LoopChange::Sent {
-                turn: t,
-                call: 0,
-                at: unix_ms(),
-            },
-        )
-        .await;
         let (server, tool) = (
             call.server.as_deref().expect("server"),
             call.tool.as_deref().expect("tool"),
@@ -244,7 +241,7 @@ async fn tool_round_trip(rounds: usize) {
     let _ = direct.cancel().await;
 
     println!(
-        "agent loop, one tool round trip ({rounds} rounds, echo over stdio MCP, run record flushed to sled 3x per round):"
+        "agent loop, one tool round trip ({rounds} rounds, echo over stdio MCP, run written to sled and flushed 2x per round):"
     );
     let (b50, b99) = summary("direct MCP call_tool (baseline)", baseline);
     let (r50, r99) = summary("loop round: records + ToolBox::call", round);
@@ -304,9 +301,10 @@ fn fan_out_run(items: usize) -> RunRecord {
 struct FanOut {
     /// Per item: the record's rules (complete, advance, set_instance).
     rules: Vec<Duration>,
-    /// Per item: the flushed write of the whole record.
+    /// Per item: the flushed write of the run (head and changed items).
     write: Vec<Duration>,
-    /// Per item: serialising the record alone (timed apart, not in `write`).
+    /// Per item: serialising the whole record (timed apart, not in `write`): what each
+    /// write cost when the record was stored as one value.
     serialise: Vec<Duration>,
     /// The record's size once every item is done.
     bytes: usize,
@@ -317,7 +315,7 @@ struct FanOut {
 async fn fan_out(items: usize, answer_bytes: usize) -> FanOut {
     let dir = tempfile::tempdir().expect("temp dir");
     let db = Db::open(dir.path()).expect("db");
-    let runs: Tree<RunRecord> = db.tree("runs").expect("tree");
+    let runs = RunStore::open(&db).expect("the run store");
     let floor_tree: Tree<String> = db.tree("floor").expect("tree");
     let evaluator = Evaluator::default();
     let mut run = fan_out_run(items);
@@ -336,7 +334,7 @@ async fn fan_out(items: usize, answer_bytes: usize) -> FanOut {
         };
         run.set_instance(&attempt, instance.clone());
     }
-    runs.put(&run.id, &run).await.expect("write the run");
+    runs.put(&mut run).await.expect("write the run");
     let (mut rules, mut write, mut serialise) = (Vec::new(), Vec::new(), Vec::new());
     for index in 0..items {
         let at = Instant::now();
@@ -349,7 +347,7 @@ async fn fan_out(items: usize, answer_bytes: usize) -> FanOut {
         }
         rules.push(at.elapsed());
         let at = Instant::now();
-        runs.put(&run.id, &run).await.expect("write the run");
+        runs.put(&mut run).await.expect("write the run");
         write.push(at.elapsed());
         let at = Instant::now();
         let bytes = serde_json::to_vec(&run).expect("serialise");
@@ -388,8 +386,8 @@ fn report_fan_out(items: usize, answer_bytes: usize, f: FanOut) {
     let (first, last) = (&cycle[..tenth], &cycle[items - tenth..]);
     summary("2 KB record, flushed write (baseline)", f.floor.clone());
     summary("per item: record rules", f.rules.clone());
-    summary("per item: serialise the record (apart)", f.serialise.clone());
-    summary("per item: flushed write of the record", f.write.clone());
+    summary("per item: serialise the whole record (apart)", f.serialise.clone());
+    summary("per item: flushed write (head + changed items)", f.write.clone());
     let (c50, c99) = summary("per item: whole cycle (rules + write)", cycle.clone());
     println!(
         "  cycle mean: all {}  first {tenth} {}  last {tenth} {};  mean less the 2 KB floor: {};  per-item p50/p99 vs 1 ms: {}/{}",

@@ -621,6 +621,15 @@ impl<T: Serialize + DeserializeOwned> Tree<T> {
             .collect()
     }
 
+    /// The records whose keys start with `prefix`, in key order, with their keys.
+    pub fn prefixed(&self, prefix: &str) -> impl Iterator<Item = Result<(String, T), StoreError>> + '_ {
+        self.tree.scan_prefix(prefix.as_bytes()).map(|item| {
+            let (key, value) = item?;
+            let record = self.decode(&key, &value)?;
+            Ok((String::from_utf8_lossy(&key).into_owned(), record))
+        })
+    }
+
     /// Records newest (last key) first, from just before the key `before` (or the
     /// end), read as they are iterated.
     pub fn newest_first(&self, before: Option<&str>) -> impl Iterator<Item = Result<T, StoreError>> + '_ {

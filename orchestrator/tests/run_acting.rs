@@ -10,7 +10,8 @@ use skein_dsl::expr::Evaluator;
 use skein_dsl::ir::{Approval, Expr, ForEach, OnTimeout, Template, TemplatePart};
 use skein_dsl::template::RawPart;
 use skein_orchestrator::run::record::{
-    AfterFailure, DecideError, Next, RetryPolicy, RunRecord, RunState, StepState, UnixMs, typed_inputs,
+    AfterFailure, Attempt, DecideError, Decision, Next, RetryPolicy, RunRecord, RunState, StepState, UnixMs,
+    typed_inputs,
 };
 
 const BASE: &str = r#"
@@ -197,6 +198,25 @@ steps:
     assert!(error.contains("a JSON list of strings, numbers or booleans"), "{error}");
 }
 
+/// `by`'s decision at `at_ms`.
+fn decision(approved: bool, by: &str, comment: Option<&str>, at_ms: i64) -> Decision {
+    Decision {
+        approved,
+        by: by.to_owned(),
+        comment: comment.map(str::to_owned),
+        at: UnixMs(at_ms),
+    }
+}
+
+/// Records `decision` on step `step` as the run's task does.
+fn decide(r: &mut RunRecord, step: &str, decision: Decision) -> Result<(), DecideError> {
+    let on = Attempt {
+        step: step.to_owned(),
+        item: None,
+    };
+    r.decide(&on, decision, &Evaluator::default(), &RetryPolicy::default())
+}
+
 /// `each` becomes an approval step with `timeout`.
 fn approval(timeout: Option<Duration>, on_timeout: OnTimeout) -> RunRecord {
     run_with(|w| {
@@ -225,18 +245,17 @@ fn an_approval_waits_for_a_person_and_their_comment_is_its_output() {
     assert!(!r.agents_needed().contains(""));
     // Only a waiting approval step takes a decision.
     assert_eq!(
-        r.decide("plan", true, "bob", None, &ev, UnixMs(3_500)),
+        decide(&mut r, "plan", decision(true, "bob", None, 3_500)),
         Err(DecideError::NotApproval("plan".to_owned()))
     );
-    r.decide("each", true, "bob", Some("ship it".to_owned()), &ev, UnixMs(4_000))
-        .unwrap();
+    decide(&mut r, "each", decision(true, "bob", Some("ship it"), 4_000)).unwrap();
     let each = r.step("each").unwrap();
     assert_eq!(each.state, StepState::Done);
     assert_eq!(each.output.as_deref(), Some("ship it"));
-    let decision = each.approval.as_ref().unwrap().decision.as_ref().unwrap();
-    assert_eq!((decision.approved, decision.by.as_str()), (true, "bob"));
+    let decided = each.approval.as_ref().unwrap().decision.as_ref().unwrap();
+    assert_eq!((decided.approved, decided.by.as_str()), (true, "bob"));
     assert!(matches!(
-        r.decide("each", false, "bob", None, &ev, UnixMs(4_100)),
+        decide(&mut r, "each", decision(false, "bob", None, 4_100)),
         Err(DecideError::NotWaiting { .. })
     ));
     assert_eq!(items(&r.advance(&ev, UnixMs(4_000))), [(None, "Sum: ship it")]);
@@ -250,8 +269,7 @@ fn a_rejection_fails_the_run_with_who_and_why() {
     r.advance(&ev, UnixMs(2_000));
     r.complete("plan", "p".to_owned(), None, &ev, UnixMs(3_000));
     r.advance(&ev, UnixMs(3_000));
-    r.decide("each", false, "carol", Some("too long".to_owned()), &ev, UnixMs(4_000))
-        .unwrap();
+    decide(&mut r, "each", decision(false, "carol", Some("too long"), 4_000)).unwrap();
     assert_eq!(r.state, RunState::Failed);
     assert_eq!(
         r.reason.as_deref(),
@@ -294,7 +312,7 @@ fn a_waiting_approval_survives_a_restart() {
     r.recover();
     assert!(r.advance(&ev, UnixMs(10_000)).is_empty());
     assert_eq!(r.step("each").unwrap().state, StepState::Waiting);
-    r.decide("each", true, "bob", None, &ev, UnixMs(11_000)).unwrap();
+    decide(&mut r, "each", decision(true, "bob", None, 11_000)).unwrap();
     assert_eq!(r.step("each").unwrap().output.as_deref(), Some(""));
 }
 

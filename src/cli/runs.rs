@@ -35,9 +35,12 @@ pub enum RunCommand {
     /// instances are stopped.
     Cancel(RunIdArgs),
     /// Approve a step that waits for approval: the run goes on, the comment as the
-    /// step's output.
+    /// step's output. For a tool call that was in flight under `in_flight: ask`: it is
+    /// sent again and the step (or its item, `--item`) goes on.
     Approve(DecideArgs),
-    /// Reject a step that waits for approval: the step fails, and the run with it.
+    /// Reject a step that waits for approval: the step fails, and the run with it. For
+    /// a tool call that was in flight under `in_flight: ask`: the attempt fails, and
+    /// the step's `retries` apply.
     Reject(DecideArgs),
 }
 
@@ -46,9 +49,13 @@ pub enum RunCommand {
 pub struct DecideArgs {
     #[command(flatten)]
     pub run: RunIdArgs,
-    /// The approval step (`skein run show ID` shows the steps that wait).
+    /// The step that waits (`skein run show ID` shows the steps that wait).
     #[arg(value_name = "STEP")]
     pub step: String,
+    /// The item of a `for_each` step whose tool call waits (`skein run show ID --step
+    /// STEP` shows the items).
+    #[arg(long, value_name = "N")]
+    pub item: Option<u32>,
     /// Why: kept with the decision (an approval's comment is the step's output).
     #[arg(long)]
     pub comment: Option<String>,

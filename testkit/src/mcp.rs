@@ -3,7 +3,8 @@
 //! (the official Python SDK, in the venv `tests/engines/mcp-python.sh` prepares). Both
 //! serve the same tools: `count` (appends a line to the `--count-file` and answers the
 //! number of lines, so tests count invocations), `add {a, b}`, `echo {text}`,
-//! `sleep {ms}` and `fail {message}` (a tool error result).
+//! `sleep {ms}` (counted like `count` before it sleeps) and `fail {message}` (a tool
+//! error result).
 //!
 //! Over stdio, a test (or the orchestrator) starts the program itself. Over streamable
 //! HTTP, [`HttpToolServer`] starts one on loopback, waits for it to listen and stops it

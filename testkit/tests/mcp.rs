@@ -103,6 +103,14 @@ async fn exercise(client: Client, count_file: &Path) {
         "héllo, tools"
     );
     assert_eq!(text(&call(&client, "sleep", json!({ "ms": 20 })).await), "slept 20 ms");
+    // A sleep counts as a call, like `count`.
+    assert_eq!(
+        std::fs::read_to_string(count_file)
+            .expect("the count file")
+            .lines()
+            .count(),
+        3
+    );
 
     let failed = call(&client, "fail", json!({ "message": "the disk is on fire" })).await;
     assert_eq!(failed.is_error, Some(true), "{failed:?}");

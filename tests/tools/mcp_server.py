@@ -11,8 +11,10 @@ at http://127.0.0.1:PORT/mcp and prints `listening on 127.0.0.1:PORT` once bound
 0 picks one, and the line says which).
 
 Tools: count (appends a line to the count file, synced, and answers the number of
-lines), add {a, b}, echo {text}, sleep {ms} (answers `slept MS ms`) and fail {message}
-(a tool error result with the message). The venv is made by tests/engines/mcp-python.sh.
+lines), add {a, b}, echo {text}, sleep {ms} (appends a line to the count file too,
+before it sleeps, so that a call cut short still counts; answers `slept MS ms`) and
+fail {message} (a tool error result with the message). The venv is made by
+tests/engines/mcp-python.sh.
 """
 
 import argparse
@@ -34,9 +36,7 @@ def build(count_file: str) -> MCPServer:
     # One `count` at a time, so that the number it answers is its own line's.
     counting = anyio.Lock()
 
-    @server.tool(structured_output=False)
-    async def count() -> str:
-        """Count this call: appends a line to the count file and answers how many lines it has."""
+    async def append_and_count() -> str:
         async with counting:
             with open(count_file, "ab") as f:
                 f.write(b"called\n")
@@ -44,6 +44,11 @@ def build(count_file: str) -> MCPServer:
                 os.fsync(f.fileno())
             with open(count_file, "rb") as f:
                 return str(f.read().count(b"\n"))
+
+    @server.tool(structured_output=False)
+    async def count() -> str:
+        """Count this call: appends a line to the count file and answers how many lines it has."""
+        return await append_and_count()
 
     @server.tool(structured_output=False)
     def add(a: float, b: float) -> str:
@@ -58,9 +63,10 @@ def build(count_file: str) -> MCPServer:
 
     @server.tool(structured_output=False)
     async def sleep(ms: int) -> str:
-        """Sleep for ms milliseconds, then answer."""
+        """Count this call (a line in the count file), sleep for ms milliseconds, then answer."""
         if ms < 0 or ms > MAX_SLEEP_MS:
             raise ToolError(f"sleep: {ms} ms is outside 0..{MAX_SLEEP_MS} ms")
+        await append_and_count()
         await anyio.sleep(ms / 1000)
         return f"slept {ms} ms"
 

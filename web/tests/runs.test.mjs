@@ -85,6 +85,18 @@ test("a waiting approval: its text, who may decide, its deadline and the command
   assert.equal(view.reject, "skein run reject 01JRUN publish");
 });
 
+test("a step whose tool call was in flight under ask shows the question, not its prompt", () => {
+  const view = approvalView(run, {
+    id: "work", state: "waiting", prompt: "Count to three.",
+    approval: { requested_at: "2026-11-27T10:00:00.000Z", text: "tool call call_0 `counter__send` … was in flight",
+      in_flight: { turn: 0, call: 0, id: "call_0" } },
+  });
+  assert.equal(view.waiting, true);
+  assert.equal(view.text, "tool call call_0 `counter__send` … was in flight");
+  assert.equal(view.onTimeout, null);
+  assert.equal(view.approve, "skein run approve 01JRUN work");
+});
+
 test("a decided approval says who decided, when, and their comment", () => {
   const approved = approvalView(run, {
     id: "publish", state: "done", output: "ship it",

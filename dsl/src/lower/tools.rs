@@ -13,7 +13,11 @@ use crate::read::{self, Cx, NameKind};
 use crate::source::Span;
 
 /// The policies of `in_flight`, as written.
-const POLICIES: [(&str, InFlight); 2] = [("retry", InFlight::Retry), ("fail", InFlight::Fail)];
+const POLICIES: [(&str, InFlight); 3] = [
+    ("retry", InFlight::Retry),
+    ("fail", InFlight::Fail),
+    ("ask", InFlight::Ask),
+];
 
 /// The key of `in_flight` that sets the policy of every tool not named.
 const EVERY_OTHER_TOOL: &str = "*";
@@ -165,7 +169,7 @@ fn in_flight(cx: &mut Cx<'_>, node: &Node) -> (BTreeMap<String, InFlight>, InFli
         cx.wrong_type(
             node,
             "`in_flight`",
-            "`retry`, `fail` or a mapping",
+            "`retry`, `fail`, `ask` or a mapping",
             "{ count: retry, \"*\": fail }",
         );
         return Default::default();

@@ -13,6 +13,8 @@ use skein_dsl::ir::{InputValue, Step, TemplatePart, Workflow};
 
 pub use self::approval::{ApprovalRecord, DecideError, Decision, MAX_COMMENT_BYTES};
 pub use self::attempt::{Attempt, conform_to};
+pub use self::changed::Changed;
+pub use self::in_flight::InFlightCall;
 pub use self::inputs::{InputError, typed_inputs};
 pub use self::items::ItemRecord;
 pub use self::turns::{CallState, LoopChange, ToolCall, Turn};
@@ -20,6 +22,8 @@ pub use crate::base::UnixMs;
 
 mod approval;
 mod attempt;
+mod changed;
+mod in_flight;
 mod inputs;
 mod items;
 mod turns;
@@ -232,6 +236,10 @@ pub struct RunRecord {
     /// Earlier passes of steps a `repeat` sent back, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<StepRecord>,
+    /// Which of its items and agent loops changed since it was read or written (the
+    /// store writes those beside the head).
+    #[serde(skip)]
+    pub changed: Changed,
 }
 
 /// What the executor should do next for a run.
@@ -316,6 +324,7 @@ impl RunRecord {
             cancel_requested: false,
             steps,
             history: Vec::new(),
+            changed: Changed::default(),
         }
     }
 
@@ -354,6 +363,7 @@ impl RunRecord {
                     item.state = StepState::Pending;
                     item.attempts = item.attempts.saturating_sub(1);
                     item.started_at = None;
+                    self.changed.items.insert((step.id.clone(), item.index));
                 }
             }
         }
@@ -439,6 +449,12 @@ impl RunRecord {
                     changed = true;
                     continue;
                 }
+                // A call in flight under `ask` waits for a person first.
+                if self.ask_step(&step.id, now) {
+                    self.begin(now);
+                    changed = true;
+                    continue;
+                }
                 if let Some(r) = self.step_mut(&step.id) {
                     if r.queued_at.is_none() || r.state == StepState::Pending {
                         r.queued_at = Some(now);
@@ -464,7 +480,13 @@ impl RunRecord {
         }
         self.settle(now);
         // The run says when it waits for a person.
-        let waiting: Vec<String> = self.waiting().map(|s| format!("`{s}`")).collect();
+        let waiting: Vec<String> = self
+            .waiting()
+            .map(|a| match a.item {
+                Some(index) => format!("`{}` item {index}", a.step),
+                None => format!("`{}`", a.step),
+            })
+            .collect();
         let was_waiting = self.reason.as_deref().is_some_and(|r| r.starts_with(WAITING));
         if !self.state.is_final() {
             if !waiting.is_empty() {
@@ -511,6 +533,7 @@ impl RunRecord {
                         if body.contains(record.id.as_str()) {
                             self.history.push(record.clone());
                             *record = StepRecord::fresh(&record.id, &record.agent, record.iteration + 1);
+                            self.changed.step(&record.id);
                         }
                     }
                 }
@@ -540,13 +563,14 @@ impl RunRecord {
     /// the run fail.
     pub fn fail_attempt(&mut self, id: &str, error: String, policy: &RetryPolicy, now: UnixMs) -> AfterFailure {
         let retries = self.workflow.step(id).map_or(0, |s| s.retries);
-        let Some(record) = self.step_mut(id) else {
+        let Some(record) = self.steps.iter_mut().find(|s| s.id == id) else {
             return AfterFailure::Failed;
         };
         if record.attempts <= retries {
             let at = now.plus(policy.backoff(record.attempts));
             // The next attempt is a new agent loop.
             record.turns.clear();
+            self.changed.turns_of.insert(id.to_owned());
             record.state = StepState::Retrying;
             record.error = Some(error);
             record.retry_at = Some(at);

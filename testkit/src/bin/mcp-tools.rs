@@ -12,7 +12,9 @@
 //!
 //! Tools: `count` (appends a line to the count file, synced, and answers the number of
 //! lines: tests count invocations through it), `add {a, b}`, `echo {text}`, `sleep {ms}`
-//! (answers `slept MS ms`) and `fail {message}` (a tool error result with the message).
+//! (appends a line to the count file too, before it sleeps, so that a call cut short
+//! still counts; answers `slept MS ms`) and `fail {message}` (a tool error result with
+//! the message).
 //!
 //! Exit codes: 0 when the client closes stdio, 1 when serving fails, 2 for bad usage.
 
@@ -111,10 +113,17 @@ impl Tools {
         text
     }
 
-    #[tool(description = "Sleep for ms milliseconds, then answer")]
+    #[tool(description = "Count this call (a line in the count file), sleep for ms milliseconds, then answer")]
     async fn sleep(&self, Parameters(SleepArgs { ms }): Parameters<SleepArgs>) -> Result<String, String> {
         if ms > MAX_SLEEP_MS {
             return Err(format!("sleep: {ms} ms is over the limit of {MAX_SLEEP_MS} ms"));
+        }
+        {
+            let _one_at_a_time = self.counting.lock().await;
+            let path = self.count_file.clone();
+            tokio::task::spawn_blocking(move || append_and_count(&path))
+                .await
+                .map_err(|e| format!("sleep: {e}"))??;
         }
         tokio::time::sleep(Duration::from_millis(ms)).await;
         Ok(format!("slept {ms} ms"))

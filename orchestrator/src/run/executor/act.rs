@@ -8,11 +8,12 @@
 //! from the record (after a restart, or a lost instance) replays the recorded turns
 //! into the conversation: a returned call is never sent again, a pending one is sent,
 //! and one that was in flight is sent again only if its server's `in_flight` policy
-//! for that tool is `retry` (under `fail` the attempt fails).
+//! for that tool is `retry` (under `fail` the attempt fails; under `ask` the attempt
+//! waits for a person before it resumes, and an approval makes the call pending).
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use skein_dsl::ir::{DEFAULT_MAX_TURNS, InFlight, Workflow};
 use tokio::sync::{mpsc, oneshot};
 
@@ -78,12 +79,21 @@ impl AgentLoop {
             for (c, recorded) in turn.calls.iter().enumerate() {
                 let result = match recorded.state {
                     CallState::Returned => recorded.result.clone().unwrap_or_default(),
-                    CallState::Pending => self.send(toolbox, t, c, recorded).await?,
-                    CallState::Sent => match self.policy(recorded) {
-                        InFlight::Retry => self.send(toolbox, t, c, recorded).await?,
+                    CallState::Pending => self.send(toolbox, t, c, recorded, false).await?,
+                    CallState::Sent => match recorded.in_flight_policy(&self.workflow) {
+                        InFlight::Retry => self.send(toolbox, t, c, recorded, false).await?,
                         InFlight::Fail => {
                             return Err(CallError::Refused(format!(
-                                "tool call {} (`{}`) was in flight when the orchestrator stopped, and its server's `in_flight` policy for it is `fail`; set `in_flight: retry` for tools that are safe to call twice",
+                                "tool call {} (`{}`) was in flight when the orchestrator stopped, and its server's `in_flight` policy for it is `fail`; set `in_flight: retry` for tools that are safe to call twice, or `in_flight: ask` to have a person decide",
+                                recorded.id, recorded.name
+                            )));
+                        }
+                        // The record asks a person before the attempt resumes
+                        // (RunRecord::advance), and an approval makes the call
+                        // pending: one still in flight here was never approved.
+                        InFlight::Ask => {
+                            return Err(CallError::Refused(format!(
+                                "tool call {} (`{}`) was in flight when the orchestrator stopped, and its server's `in_flight` policy for it is `ask`, but no approval to send it again is recorded",
                                 recorded.id, recorded.name
                             )));
                         }
@@ -124,70 +134,59 @@ impl AgentLoop {
                     )
                 })
                 .collect();
-            let turn = Turn {
+            let mut turn = Turn {
                 content: Some(answer.content.clone()).filter(|c| !c.is_empty()),
                 calls,
                 at: unix_ms(),
                 usage: answer.usage,
             };
+            // The turn and the sending of its first call are one write.
+            let first_sent = match turn.calls.first_mut() {
+                Some(first) if request_of(first).is_ok() => {
+                    first.mark_sent(unix_ms());
+                    true
+                }
+                _ => false,
+            };
             self.record(LoopChange::Turn(turn.clone())).await?;
             push(&mut body, assistant_message(&turn));
             for (c, requested) in turn.calls.iter().enumerate() {
-                let result = self.send(toolbox, turns, c, requested).await?;
+                let result = self.send(toolbox, turns, c, requested, c == 0 && first_sent).await?;
                 push(&mut body, tool_message(&requested.id, &result));
             }
             turns += 1;
         }
     }
 
-    /// The in-flight policy of `call`'s tool.
-    fn policy(&self, call: &ToolCall) -> InFlight {
-        match (&call.server, &call.tool) {
-            (Some(server), Some(tool)) => self
-                .workflow
-                .tool_servers
-                .get(server)
-                .map_or(InFlight::Fail, |s| s.in_flight_of(tool)),
-            // Never sent: nothing can have happened twice.
-            _ => InFlight::Retry,
-        }
-    }
-
-    /// Sends call `c` of turn `t` (recorded as sent first) and records its result; the
-    /// text for the model. A call the loop cannot make (an unknown tool, arguments
-    /// that are not a JSON object, a server that fails) returns an error text the
-    /// model reads, recorded like a result.
-    async fn send(&self, toolbox: &ToolBox, t: usize, c: usize, call: &ToolCall) -> Result<String, CallError> {
-        let (result, is_error) = match (&call.server, &call.tool) {
-            (Some(server), Some(tool)) => match serde_json::from_str::<Value>(&call.arguments) {
-                Ok(Value::Object(arguments)) => {
+    /// Sends call `c` of turn `t` (recorded as sent first, unless `recorded_sent`: it
+    /// was, with its turn) and records its result; the text for the model. A call the
+    /// loop cannot make (an unknown tool, arguments that are not a JSON object, a
+    /// server that fails) returns an error text the model reads, recorded like a
+    /// result.
+    async fn send(
+        &self,
+        toolbox: &ToolBox,
+        t: usize,
+        c: usize,
+        call: &ToolCall,
+        recorded_sent: bool,
+    ) -> Result<String, CallError> {
+        let (result, is_error) = match request_of(call) {
+            Ok((server, tool, arguments)) => {
+                if !recorded_sent {
                     self.record(LoopChange::Sent {
                         turn: t,
                         call: c,
                         at: unix_ms(),
                     })
                     .await?;
-                    match toolbox.call(server, tool, arguments, self.tool_timeout).await {
-                        Ok(outcome) => (outcome.text, outcome.is_error),
-                        Err(error) => (format!("error: {error}"), true),
-                    }
                 }
-                Ok(_) | Err(_) => (
-                    format!(
-                        "error: the arguments of `{}` must be a JSON object, got: {}",
-                        call.name,
-                        call.arguments.chars().take(200).collect::<String>()
-                    ),
-                    true,
-                ),
-            },
-            _ => (
-                format!(
-                    "error: there is no tool `{}`; the tools are listed in `tools`",
-                    call.name
-                ),
-                true,
-            ),
+                match toolbox.call(server, tool, arguments, self.tool_timeout).await {
+                    Ok(outcome) => (outcome.text, outcome.is_error),
+                    Err(error) => (format!("error: {error}"), true),
+                }
+            }
+            Err(refused) => (refused, true),
         };
         self.record(LoopChange::Returned {
             turn: t,
@@ -212,6 +211,26 @@ impl AgentLoop {
             Ok(true) => Ok(()),
             Ok(false) | Err(_) => Err(stopped()),
         }
+    }
+}
+
+/// What sending `call` takes: its server, its tool and its arguments; or, for a call
+/// the loop cannot make (an unknown tool, arguments that are not a JSON object), the
+/// error text the model reads instead.
+fn request_of(call: &ToolCall) -> Result<(&str, &str, Map<String, Value>), String> {
+    let (Some(server), Some(tool)) = (&call.server, &call.tool) else {
+        return Err(format!(
+            "error: there is no tool `{}`; the tools are listed in `tools`",
+            call.name
+        ));
+    };
+    match serde_json::from_str::<Value>(&call.arguments) {
+        Ok(Value::Object(arguments)) => Ok((server, tool, arguments)),
+        Ok(_) | Err(_) => Err(format!(
+            "error: the arguments of `{}` must be a JSON object, got: {}",
+            call.name,
+            call.arguments.chars().take(200).collect::<String>()
+        )),
     }
 }
 

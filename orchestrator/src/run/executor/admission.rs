@@ -72,7 +72,7 @@ impl Executor {
         run.reason = Some("waiting for admission".to_owned());
         // The run and its key in one atomic write: a crash leaves both or neither.
         let mut batch = WriteBatch::new();
-        batch.put(&self.inner.runs, &run.id, &run);
+        self.inner.runs.add(&mut batch, &mut run)?;
         if let Some(pending) = &pending {
             pending.record(&mut batch, &run.id, now);
         }
@@ -131,7 +131,7 @@ impl Executor {
                 // A model that cannot be read fails the run: waiting would not help.
                 self.dequeue(id);
                 run.fail(reason, unix_ms());
-                self.inner.runs.put(id, &run).await?;
+                self.inner.runs.put(&mut run).await?;
                 self.changed(id);
                 return Ok(());
             }
@@ -150,7 +150,7 @@ impl Executor {
                 .unwrap_or_else(|| "its instances cannot all be placed yet".to_owned());
             if run.reason.as_deref() != Some(reason.as_str()) {
                 run.reason = Some(reason);
-                self.inner.runs.put(id, &run).await?;
+                self.inner.runs.put(&mut run).await?;
                 self.changed(id);
             }
             return Ok(());
@@ -166,7 +166,7 @@ impl Executor {
         lock(&self.inner.catalogs).remove(id);
         run.state = RunState::Starting;
         run.reason = Some("starting its instances".to_owned());
-        self.inner.runs.put(id, &run).await?;
+        self.inner.runs.put(&mut run).await?;
         self.changed(id);
         let (cancel, cancelled) = watch::channel(false);
         let (decide, decisions) = tokio::sync::mpsc::channel(super::approve::DECISIONS_QUEUED);

@@ -1,6 +1,7 @@
-//! Decisions on approval steps: a person's approve or reject goes to the task that
-//! drives the run (the only writer of its record), which records it, writes it, and
-//! answers with the run as written.
+//! Decisions on approval steps, and on tool calls found in flight under
+//! `in_flight: ask`: a person's approve or reject goes to the task that drives the run
+//! (the only writer of its record), which records it, writes it, and answers with the
+//! run as written.
 
 use std::time::Duration;
 
@@ -11,14 +12,25 @@ use crate::base::lock;
 use crate::run::record::{DecideError, RunRecord, RunState};
 use crate::store::StoreError;
 
-/// A decision on one approval step, and where its outcome goes.
-#[derive(Debug)]
-pub(super) struct Decide {
+/// A person's decision on what a step (or one of its `for_each` items) waits for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// The step.
     pub step: String,
+    /// The item of a `for_each` step whose tool call waits; `None` for the step itself.
+    pub item: Option<u32>,
+    /// Approved or rejected.
     pub approved: bool,
     /// Who decided.
     pub by: String,
+    /// Why.
     pub comment: Option<String>,
+}
+
+/// A verdict, and where its outcome goes.
+#[derive(Debug)]
+pub(super) struct Decide {
+    pub verdict: Verdict,
     pub reply: oneshot::Sender<Result<RunRecord, DecideError>>,
 }
 
@@ -64,19 +76,13 @@ impl From<StoreError> for ApproveError {
 }
 
 impl Executor {
-    /// Approves (or rejects) waiting approval step `step` of run `id` as `by`, with an
-    /// optional comment; answers with the run as written.
+    /// Records `verdict` on what a step of run `id` waits for (an approval step, or a
+    /// tool call in flight under `ask` on the step or on one of its items); answers with
+    /// the run as written.
     ///
-    /// Errors: the run does not exist or is not running, the step is not an approval
-    /// step waiting, or the run's task is busy.
-    pub async fn decide(
-        &self,
-        id: &str,
-        step: &str,
-        approved: bool,
-        by: &str,
-        comment: Option<String>,
-    ) -> Result<RunRecord, ApproveError> {
+    /// Errors: the run does not exist or is not running, nothing waits there (or items
+    /// wait and the verdict names none), or the run's task is busy.
+    pub async fn decide(&self, id: &str, verdict: Verdict) -> Result<RunRecord, ApproveError> {
         let signals = lock(&self.inner.active).get(id).cloned();
         let Some(signals) = signals else {
             let run = self
@@ -90,13 +96,7 @@ impl Executor {
             });
         };
         let (reply, answer) = oneshot::channel();
-        let decide = Decide {
-            step: step.to_owned(),
-            approved,
-            by: by.to_owned(),
-            comment,
-            reply,
-        };
+        let decide = Decide { verdict, reply };
         let sent = tokio::time::timeout(DECISION_WAIT, signals.decide.send(decide)).await;
         if let Ok(Ok(())) = sent
             && let Ok(Ok(outcome)) = tokio::time::timeout(DECISION_WAIT, answer).await

@@ -21,7 +21,7 @@ use super::{Executor, off_worker};
 use crate::base::{lock, unix_ms};
 use crate::engine_client::{Answer, CallError, Route, call};
 use crate::plan::Plan;
-use crate::run::record::{AfterFailure, Attempt, Next, RunRecord, RunState, conform_to};
+use crate::run::record::{AfterFailure, Attempt, Decision, Next, RunRecord, RunState, conform_to};
 use crate::store::StoreError;
 
 impl Executor {
@@ -88,7 +88,7 @@ impl Executor {
                 "instance {} was lost ({}); placing it again",
                 lost.instance, lost.why
             ));
-            self.save(&run).await?;
+            self.save(&mut run).await?;
             let pin = if avoid.is_empty() {
                 Pin::Anywhere
             } else {
@@ -119,8 +119,8 @@ impl Executor {
         }
     }
 
-    pub(super) async fn save(&self, run: &RunRecord) -> Result<(), StoreError> {
-        self.inner.runs.put(&run.id, run).await?;
+    pub(super) async fn save(&self, run: &mut RunRecord) -> Result<(), StoreError> {
+        self.inner.runs.put(run).await?;
         self.changed(&run.id);
         Ok(())
     }
@@ -133,13 +133,13 @@ impl Executor {
     ) -> Result<(), StoreError> {
         self.stop_instances(names);
         run.fail(reason, unix_ms());
-        self.save(&run).await
+        self.save(&mut run).await
     }
 
     pub(super) async fn finish_cancelled(&self, mut run: RunRecord, names: &[String]) -> Result<(), StoreError> {
         self.stop_instances(names);
         run.cancel(unix_ms());
-        self.save(&run).await
+        self.save(&mut run).await
     }
     /// Waits until every instance is ready; returns where each agent is served.
     pub(super) async fn wait_ready(
@@ -329,13 +329,16 @@ impl Executor {
                     self.save(run).await?;
                     let _ = written.send(recorded);
                 }
-                Some(decide) = decisions.recv() => {
-                    let outcome = off_worker(|| run.decide(&decide.step, decide.approved, &decide.by, decide.comment, evaluator, unix_ms()));
+                Some(Decide { verdict, reply }) = decisions.recv() => {
+                    let on = Attempt { step: verdict.step, item: verdict.item };
+                    let decision = Decision { approved: verdict.approved, by: verdict.by, comment: verdict.comment, at: unix_ms() };
+                    let (approved, by) = (decision.approved, decision.by.clone());
+                    let outcome = off_worker(|| run.decide(&on, decision, evaluator, &self.inner.config.retry));
                     if outcome.is_ok() {
-                        tracing::info!(run = %run.id, step = %decide.step, approved = decide.approved, by = %decide.by, "approval decided");
+                        tracing::info!(run = %run.id, on = %on, approved, by = %by, "approval decided");
                         self.save(run).await?;
                     }
-                    let _ = decide.reply.send(outcome.map(|()| run.clone()));
+                    let _ = reply.send(outcome.map(|()| run.clone()));
                 }
                 Some((attempt, answer)) = finished.recv() => {
                     let now = unix_ms();

@@ -33,14 +33,15 @@ use skein_model_registry::hub::HubClient;
 use tokio::sync::{Notify, watch};
 
 use super::record::{RetryPolicy, RunRecord, RunState};
+use super::stored::RunStore;
 use crate::base::{Lifecycle, lock, unix_ms};
 use crate::graph::HardwareGraph;
 use crate::idempotency::{IdempotencyKeys, KeyError};
 use crate::instances::Instances;
 use crate::plan::Planner;
-use crate::store::{Db, StoreError, Tree};
+use crate::store::{Db, StoreError};
 
-pub use approve::ApproveError;
+pub use approve::{ApproveError, Verdict};
 pub use provide::{Pin, ProvideError};
 pub use reuse::{ContextWanted, serves};
 
@@ -155,7 +156,7 @@ impl std::fmt::Debug for Executor {
 }
 
 struct Inner {
-    runs: Tree<RunRecord>,
+    runs: RunStore,
     /// The `Idempotency-Key`s of submissions.
     keys: IdempotencyKeys,
     graph: Arc<HardwareGraph>,
@@ -199,7 +200,7 @@ impl Executor {
     ) -> Result<Executor, StoreError> {
         Ok(Executor {
             inner: Arc::new(Inner {
-                runs: db.tree("runs")?,
+                runs: RunStore::open(db)?,
                 keys: IdempotencyKeys::open(db, "run_keys")?,
                 graph,
                 hub,
@@ -238,7 +239,7 @@ impl Executor {
             if run.state != RunState::Queued {
                 run.state = RunState::Queued;
                 run.reason = Some("resumed after a restart; planning again".to_owned());
-                self.inner.runs.put_blocking(&run.id, &run)?;
+                self.inner.runs.put_blocking(&mut run)?;
             }
             lock(&self.inner.queue).insert((Reverse(run.workflow.placement.priority), run.id.clone()));
             resumed += 1;
@@ -331,7 +332,7 @@ impl Executor {
             .ok_or_else(|| RunError::NotFound(id.to_owned()))?;
         if removed || !run.state.is_final() {
             run.cancel(unix_ms());
-            self.inner.runs.put(id, &run).await?;
+            self.inner.runs.put(&mut run).await?;
             self.changed(id);
         }
         Ok(run)

@@ -1,15 +1,19 @@
 //! Approval steps as the run's durable record keeps them: the text to approve is
 //! rendered when the step becomes ready, the step waits (with its deadline, if it has a
 //! timeout) until a person approves or rejects it, and the decision is recorded with
-//! who made it. Pure, like the rest of the record.
+//! who made it. A tool call found in flight under `in_flight: ask` waits for a decision
+//! the same way ([`super::in_flight`]), on its step or on its `for_each` item. Pure, like
+//! the rest of the record.
 
 use serde::{Deserialize, Serialize};
 use skein_dsl::expr::Evaluator;
 use skein_dsl::ir::{OnTimeout, Step};
 
-use super::{RunRecord, StepState, UnixMs};
+use super::in_flight::InFlightCall;
+use super::{Attempt, RetryPolicy, RunRecord, StepState, UnixMs};
 
-/// The approval of a waiting (or decided) approval step.
+/// The approval of a waiting (or decided) approval step, or of a tool call that was in
+/// flight under `in_flight: ask` (on its step, or on its `for_each` item).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ApprovalRecord {
     /// When it started waiting.
@@ -20,6 +24,14 @@ pub struct ApprovalRecord {
     /// The decision, once made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub decision: Option<Decision>,
+    /// What is asked, when it is not an approval step's text (which is the step's
+    /// `prompt`): which tool call was in flight, and what each answer does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// The tool call in flight this asks about: approved, it is sent again; rejected,
+    /// the attempt fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_flight: Option<InFlightCall>,
 }
 
 /// A person's answer to an approval step (or its timeout's).
@@ -36,14 +48,26 @@ pub struct Decision {
     pub at: UnixMs,
 }
 
+impl Decision {
+    /// What a rejection records as the failure: `rejected by USER: COMMENT`.
+    pub(super) fn rejection(&self) -> String {
+        match &self.comment {
+            Some(c) => format!("rejected by {}: {c}", self.by),
+            None => format!("rejected by {}", self.by),
+        }
+    }
+}
+
 /// Why a decision was not recorded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecideError {
     /// The run has no such step.
     #[error("the run has no step `{0}`")]
     NoStep(String),
-    /// The step is not an approval step.
-    #[error("step `{0}` is not an approval step; only approval steps are approved or rejected")]
+    /// The step is not an approval step, and no tool call of it waits for a decision.
+    #[error(
+        "step `{0}` is not an approval step; only approval steps, and tool calls in flight under `in_flight: ask`, are approved or rejected"
+    )]
     NotApproval(String),
     /// The step is not waiting (not reached yet, or decided).
     #[error("step `{step}` is {state}, not waiting for approval")]
@@ -52,6 +76,39 @@ pub enum DecideError {
         step: String,
         /// Its state.
         state: StepState,
+    },
+    /// The step has no such item.
+    #[error("step `{step}` has no item {item}{}", if *.items == 0 { " (it is not a `for_each` step, or its list is not evaluated yet)".to_owned() } else { format!(" (its items are 0 to {})", .items - 1) })]
+    NoItem {
+        /// The step.
+        step: String,
+        /// The item asked for.
+        item: u32,
+        /// How many items it has.
+        items: usize,
+    },
+    /// The item is not waiting.
+    #[error("step `{step}` item {item} is {state}, not waiting for approval")]
+    ItemNotWaiting {
+        /// The step.
+        step: String,
+        /// The item.
+        item: u32,
+        /// Its state.
+        state: StepState,
+    },
+    /// Items of the step wait, not the step: which one is decided must be said.
+    #[error(
+        "step `{step}` is running, and its item{} {} wait{} for approval; name the item: `--item N` (the CLI) or `\"item\": N` (the request body)",
+        if .items.len() == 1 { "" } else { "s" },
+        .items.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
+        if .items.len() == 1 { "s" } else { "" }
+    )]
+    ItemNeeded {
+        /// The step.
+        step: String,
+        /// Its waiting items.
+        items: Vec<u32>,
     },
 }
 
@@ -73,52 +130,99 @@ impl RunRecord {
             requested_at: now,
             deadline,
             decision: None,
+            text: None,
+            in_flight: None,
         });
     }
 
-    /// Records `by`'s decision on waiting approval step `id`: approved, the step is done
-    /// with the comment as its output; rejected, the step fails and the run with it.
+    /// Records `decision` on what `on` waits for: approval step `on.step`, or a tool
+    /// call in flight under `ask` on step `on.step` or its item `on.item` (see
+    /// [`super::in_flight`]; a rejected attempt is retried under `retry`). The comment
+    /// is cut to [`MAX_COMMENT_BYTES`].
+    ///
+    /// Errors: no such step or item, a step that is neither an approval step nor asks
+    /// about a call, nothing waiting there, or items waiting where `on` names none.
     pub fn decide(
         &mut self,
-        id: &str,
-        approved: bool,
-        by: &str,
-        comment: Option<String>,
+        on: &Attempt,
+        mut decision: Decision,
         evaluator: &Evaluator,
-        now: UnixMs,
+        retry: &RetryPolicy,
     ) -> Result<(), DecideError> {
-        let Some(record) = self.step_mut(id) else {
-            return Err(DecideError::NoStep(id.to_owned()));
-        };
-        let Some(approval) = record.approval.as_mut() else {
-            return Err(DecideError::NotApproval(id.to_owned()));
-        };
-        if record.state != StepState::Waiting {
-            return Err(DecideError::NotWaiting {
-                step: id.to_owned(),
-                state: record.state,
-            });
-        }
-        let comment = comment
+        decision.comment = decision
+            .comment
             .map(|mut c| {
                 skein_text::truncate_at_char(&mut c, MAX_COMMENT_BYTES);
                 c
             })
             .filter(|c| !c.is_empty());
-        approval.decision = Some(Decision {
-            approved,
-            by: by.to_owned(),
-            comment: comment.clone(),
-            at: now,
-        });
+        let id = on.step.as_str();
+        let Some(record) = self.step(id) else {
+            return Err(DecideError::NoStep(id.to_owned()));
+        };
+        if let Some(index) = on.item {
+            let Some(item) = record.items.get(index as usize) else {
+                return Err(DecideError::NoItem {
+                    step: id.to_owned(),
+                    item: index,
+                    items: record.items.len(),
+                });
+            };
+            if item.state != StepState::Waiting {
+                return Err(DecideError::ItemNotWaiting {
+                    step: id.to_owned(),
+                    item: index,
+                    state: item.state,
+                });
+            }
+            self.decide_in_flight(on, decision, retry);
+            return Ok(());
+        }
+        if record.state == StepState::Waiting && record.approval.as_ref().is_some_and(|a| a.in_flight.is_some()) {
+            self.decide_in_flight(on, decision, retry);
+            return Ok(());
+        }
+        let waiting: Vec<u32> = record
+            .items
+            .iter()
+            .filter(|i| i.state == StepState::Waiting)
+            .map(|i| i.index)
+            .collect();
+        if !waiting.is_empty() {
+            return Err(DecideError::ItemNeeded {
+                step: id.to_owned(),
+                items: waiting,
+            });
+        }
+        self.decide_approval_step(id, decision, evaluator)
+    }
+
+    /// Records `decision` on waiting approval step `id`: approved, the step is done with
+    /// the comment as its output; rejected, the step fails and the run with it.
+    fn decide_approval_step(&mut self, id: &str, decision: Decision, evaluator: &Evaluator) -> Result<(), DecideError> {
+        let is_approval_step = self.workflow.step(id).is_some_and(|s| s.approval.is_some());
+        let Some(record) = self.step_mut(id) else {
+            return Err(DecideError::NoStep(id.to_owned()));
+        };
+        if record.state != StepState::Waiting {
+            return match record.approval.is_some() || is_approval_step {
+                true => Err(DecideError::NotWaiting {
+                    step: id.to_owned(),
+                    state: record.state,
+                }),
+                false => Err(DecideError::NotApproval(id.to_owned())),
+            };
+        }
+        let Some(approval) = record.approval.as_mut() else {
+            return Err(DecideError::NotApproval(id.to_owned()));
+        };
+        let (approved, now, comment) = (decision.approved, decision.at, decision.comment.clone());
+        let why = decision.rejection();
+        approval.decision = Some(decision);
         if approved {
             record.state = StepState::Running;
             self.complete(id, comment.unwrap_or_default(), None, evaluator, now);
         } else {
-            let why = match &comment {
-                Some(c) => format!("rejected by {by}: {c}"),
-                None => format!("rejected by {by}"),
-            };
             self.fail_step(id, why, now);
         }
         Ok(())
@@ -138,7 +242,13 @@ impl RunRecord {
             })
             .collect();
         for (id, approved) in due {
-            let _ = self.decide(&id, approved, "timeout", None, evaluator, now);
+            let decision = Decision {
+                approved,
+                by: "timeout".to_owned(),
+                comment: None,
+                at: now,
+            };
+            let _ = self.decide_approval_step(&id, decision, evaluator);
         }
     }
 
@@ -151,11 +261,23 @@ impl RunRecord {
             .min()
     }
 
-    /// The steps waiting for approval, in the workflow's order.
-    pub fn waiting(&self) -> impl Iterator<Item = &str> {
-        self.steps
-            .iter()
-            .filter(|s| s.state == StepState::Waiting)
-            .map(|s| s.id.as_str())
+    /// What waits for approval, in the workflow's order: approval steps, and steps or
+    /// `for_each` items whose call in flight under `ask` waits for a decision.
+    pub fn waiting(&self) -> impl Iterator<Item = Attempt> + '_ {
+        self.steps.iter().flat_map(|s| {
+            let step = (s.state == StepState::Waiting).then(|| Attempt {
+                step: s.id.clone(),
+                item: None,
+            });
+            let items = s
+                .items
+                .iter()
+                .filter(|i| i.state == StepState::Waiting)
+                .map(|i| Attempt {
+                    step: s.id.clone(),
+                    item: Some(i.index),
+                });
+            step.into_iter().chain(items)
+        })
     }
 }

@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 use skein_dsl::expr::{Bindings, Context, Evaluator, Value};
 use skein_dsl::ir::{MAX_ITEMS, Step};
 
-use super::{AfterFailure, Next, RetryPolicy, RunRecord, StepState, Turn, UnixMs, Usage, render_with};
+use super::in_flight::ask_item;
+use super::{AfterFailure, ApprovalRecord, Next, RetryPolicy, RunRecord, StepState, Turn, UnixMs, Usage, render_with};
 
 /// One item of a `for_each` step.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -47,6 +48,10 @@ pub struct ItemRecord {
     /// Its agent loop (an agent with tools).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub turns: Vec<Turn>,
+    /// The question on its tool call that was in flight under `in_flight: ask`, once
+    /// asked (it waits while undecided).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalRecord>,
 }
 
 impl RunRecord {
@@ -91,9 +96,10 @@ impl RunRecord {
                 render_with(evaluator, step, &vars, Context::Item).map_err(|e| format!("item {index}: {e}"))?;
             items.push(ItemRecord::fresh(index, prompt));
         }
-        let Some(record) = self.step_mut(&step.id) else {
+        let Some(record) = self.steps.iter_mut().find(|s| s.id == step.id) else {
             return Ok(());
         };
+        self.changed.items_of.insert(step.id.clone());
         record.items = items;
         record.queued_at.get_or_insert(now);
         record.started_at = Some(now);
@@ -114,7 +120,8 @@ impl RunRecord {
         let Some(max) = step.for_each.as_ref().map(|f| f.max_parallel as usize) else {
             return started;
         };
-        let Some(record) = self.step_mut(&step.id) else {
+        let workflow = &self.workflow;
+        let Some(record) = self.steps.iter_mut().find(|s| s.id == step.id) else {
             return started;
         };
         if record.state != StepState::Running {
@@ -133,11 +140,17 @@ impl RunRecord {
             if !ready {
                 continue;
             }
+            // A call in flight under `ask` waits for a person first.
+            if ask_item(workflow, item, now) {
+                self.changed.items.insert((step.id.clone(), item.index));
+                continue;
+            }
             item.state = StepState::Running;
             item.attempts += 1;
             item.started_at = Some(now);
             item.retry_at = None;
             running += 1;
+            self.changed.items.insert((step.id.clone(), item.index));
             started.push(Next::Start {
                 step: step.id.clone(),
                 item: Some(item.index),
@@ -148,12 +161,18 @@ impl RunRecord {
         started
     }
 
-    /// The running item `index` of step `id`.
+    /// The running item `index` of step `id`, marked changed (every rule that changes
+    /// an item after it starts reaches it here).
     pub(super) fn running_item(&mut self, id: &str, index: u32) -> Option<&mut ItemRecord> {
-        self.step_mut(id)
+        let item = self
+            .steps
+            .iter_mut()
+            .find(|s| s.id == id)
             .filter(|r| r.state == StepState::Running)
             .and_then(|r| r.items.get_mut(index as usize))
-            .filter(|i| i.state == StepState::Running)
+            .filter(|i| i.state == StepState::Running)?;
+        self.changed.items.insert((id.to_owned(), index));
+        Some(item)
     }
 
     /// Records item `index`'s answer; with every item done, the step completes with the
@@ -246,6 +265,7 @@ impl ItemRecord {
             retry_at: None,
             usage: None,
             turns: Vec::new(),
+            approval: None,
         }
     }
 }

@@ -95,10 +95,20 @@ impl ToolCall {
     }
 }
 
+impl ToolCall {
+    /// Records that it is sent at `at` (once more, after a restart under `retry`).
+    pub fn mark_sent(&mut self, at: UnixMs) {
+        self.state = CallState::Sent;
+        self.sends += 1;
+        self.sent_at = Some(at);
+    }
+}
+
 /// A change to a running step's agent loop, recorded before the executor acts on it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum LoopChange {
-    /// The model asked for tools.
+    /// The model asked for tools (its first call may be recorded sent with it: one
+    /// write instead of two).
     Turn(Turn),
     /// Call `call` of turn `turn` is about to be sent.
     Sent {
@@ -135,7 +145,10 @@ impl RunRecord {
                 None => return false,
             },
             None => match self.steps.iter_mut().find(|s| s.id == id) {
-                Some(record) if record.state == StepState::Running => &mut record.turns,
+                Some(record) if record.state == StepState::Running => {
+                    self.changed.turns_of.insert(id.to_owned());
+                    &mut record.turns
+                }
                 _ => return false,
             },
         };
@@ -148,9 +161,7 @@ impl RunRecord {
                 let Some(call) = turns.get_mut(turn).and_then(|t| t.calls.get_mut(call)) else {
                     return false;
                 };
-                call.state = CallState::Sent;
-                call.sends += 1;
-                call.sent_at = Some(at);
+                call.mark_sent(at);
                 true
             }
             LoopChange::Returned {
