@@ -1,8 +1,9 @@
 // What the page shows of a run's steps beyond their state, from `GET /v1/runs/ID`: a
 // step's agent loop (an agent with tools) as rows, one per tool call; an approval step
-// (its text, who may decide, its deadline, the decision); a `for_each` step's items
-// with their progress. Pure: no DOM, no network, no clock (tests/runs.test.mjs tests
-// it in node).
+// (its text, who may decide, its deadline, the decision), and an item's question on a
+// tool call in flight under `in_flight: ask`, with the request that decides either; a
+// `for_each` step's items with their progress. Pure: no DOM, no network, no clock
+// (tests/runs.test.mjs tests it in node).
 
 /** Text on one line, cut to `max` characters with an ellipsis. */
 export function oneLine(text, max) {
@@ -44,34 +45,48 @@ export function between(from, to) {
   return Number.isFinite(a) && Number.isFinite(b) ? b - a : null;
 }
 
+/** Who may decide a run's approvals, in words. */
+function deciders(run) {
+  return run.owner && run.owner !== "admin" ? `${run.owner} (the run's owner) or an admin` : "the run's owner or an admin";
+}
+
+/** A decision as the page shows it (null before one), and its verdict in words. */
+function decisionOf(record) {
+  const decision = record.decision
+    ? { approved: Boolean(record.decision.approved), by: record.decision.by, comment: record.decision.comment || "", at: record.decision.at }
+    : null;
+  const verdict = decision
+    ? `${decision.approved ? "approved" : "rejected"} by ${decision.by === "timeout" ? "its timeout (nobody answered in time)" : decision.by}`
+    : "";
+  return { decision, verdict };
+}
+
 /**
  * An approval step as the page shows it (or a step whose tool call, in flight under
  * `in_flight: ask`, waits for a person), or null for any other step: the text to
- * approve (the question on the call, for the latter), its status (`waiting for approval`, `approved`, `rejected`, or the step's
- * state before it is reached), who may decide (the run's owner or an admin), when it
- * times out and what a timeout counts as, the decision (who, when, their comment) and
- * the CLI commands that decide it.
+ * approve (the question on the call, for the latter), its status (`waiting for
+ * approval`, `approved`, `rejected`, or the step's state before it is reached), who may
+ * decide (the run's owner or an admin), when it times out and what a timeout counts
+ * as, the decision (who, when, their comment) and the CLI commands that decide it.
+ * `item` is null: the step itself is decided.
  */
 export function approvalView(run, step) {
   const declared = run?.workflow?.steps?.find((s) => s.id === step?.id)?.approval;
   if (!step || (!step.approval && !declared)) return null;
   const record = step.approval || {};
-  const decision = record.decision
-    ? { approved: Boolean(record.decision.approved), by: record.decision.by, comment: record.decision.comment || "", at: record.decision.at }
-    : null;
+  const { decision, verdict } = decisionOf(record);
   const waiting = step.state === "waiting";
   let status = step.state;
   if (waiting) status = "waiting for approval";
   else if (decision) status = decision.approved ? "approved" : "rejected";
-  const verdict = decision
-    ? `${decision.approved ? "approved" : "rejected"} by ${decision.by === "timeout" ? "its timeout (nobody answered in time)" : decision.by}`
-    : "";
   return {
     step: step.id,
+    item: null,
+    label: step.id,
     text: record.text || step.prompt || "",
     waiting,
     status,
-    who: run.owner && run.owner !== "admin" ? `${run.owner} (the run's owner) or an admin` : "the run's owner or an admin",
+    who: deciders(run),
     requested: record.requested_at || null,
     deadline: record.deadline || null,
     onTimeout: record.deadline || declared?.timeout ? declared?.on_timeout || "reject" : null,
@@ -79,6 +94,64 @@ export function approvalView(run, step) {
     verdict,
     approve: `skein run approve ${run.id} ${step.id}`,
     reject: `skein run reject ${run.id} ${step.id}`,
+  };
+}
+
+/**
+ * The items of a `for_each` step that were asked about (their tool call was in flight
+ * under `in_flight: ask` when their attempt was interrupted), in order, as
+ * `approvalView` gives a step: the same fields, with `item` the item's index, `label`
+ * `STEP item N`, the question as the text, no deadline (such a question waits until
+ * someone answers), and the CLI commands with `--item N`. Waiting while the item's
+ * state is `waiting`; a decided question keeps its decision.
+ */
+export function itemApprovals(run, step) {
+  return (step?.items || []).filter((item) => item.approval).map((item) => {
+    const record = item.approval;
+    const { decision, verdict } = decisionOf(record);
+    const waiting = item.state === "waiting";
+    let status = item.state;
+    if (waiting) status = "waiting for approval";
+    else if (decision) status = decision.approved ? "approved" : "rejected";
+    return {
+      step: step.id,
+      item: item.index,
+      label: `${step.id} item ${item.index}`,
+      text: record.text || item.prompt || "",
+      waiting,
+      status,
+      who: deciders(run),
+      requested: record.requested_at || null,
+      deadline: record.deadline || null,
+      onTimeout: null,
+      decision,
+      verdict,
+      approve: `skein run approve ${run.id} ${step.id} --item ${item.index}`,
+      reject: `skein run reject ${run.id} ${step.id} --item ${item.index}`,
+    };
+  });
+}
+
+/** Every approval of a run as `approvalView` and `itemApprovals` give them, in the
+ *  workflow's order: a step's own, then its items'. */
+export function approvalsOf(run) {
+  return (run?.steps || []).flatMap((s) => [approvalView(run, s), ...itemApprovals(run, s)].filter(Boolean));
+}
+
+/**
+ * The request that decides `view` (from `approvalView` or `itemApprovals`) of run
+ * `runId`: `POST /v1/runs/ID/steps/STEP/approve` (or `reject`) with a body holding the
+ * comment, trimmed, when there is one, and the item's index for an item
+ * (`{"comment": "…", "item": N}`).
+ */
+export function decisionRequest(runId, view, approve, comment) {
+  const body = {};
+  const text = String(comment ?? "").trim();
+  if (text) body.comment = text;
+  if (view.item !== null && view.item !== undefined) body.item = view.item;
+  return {
+    path: `/v1/runs/${encodeURIComponent(runId)}/steps/${encodeURIComponent(view.step)}/${approve ? "approve" : "reject"}`,
+    body,
   };
 }
 
@@ -105,7 +178,8 @@ export function itemRows(step, max = 120) {
 
 /**
  * How far a `for_each` step's items are: counts by state and one line such as
- * `3/10 done, 2 running, 1 retrying, 1 failed` (states with no item are left out).
+ * `3/10 done, 2 running, 1 retrying, 1 failed, 1 waiting for approval` (states with no
+ * item are left out).
  */
 export function itemProgress(step) {
   const items = step.items || [];
@@ -117,15 +191,18 @@ export function itemProgress(step) {
     retrying: count("retrying"),
     failed: count("failed"),
     pending: count("pending"),
+    waiting: count("waiting"),
   };
   const parts = [`${progress.done}/${progress.total} done`];
   for (const state of ["running", "retrying", "failed"]) if (progress[state]) parts.push(`${progress[state]} ${state}`);
+  if (progress.waiting) parts.push(`${progress.waiting} waiting for approval`);
   progress.text = parts.join(", ");
   return progress;
 }
 
 /** Whether a run (a `GET /v1/runs` row or the record) waits for a person to approve a
- *  step: its reason says so (`waiting for approval of step \`ID\``). */
+ *  step or an item: its reason says so (`waiting for approval of step \`ID\``, with
+ *  ` item N` for an item). */
 export function waitsForApproval(run) {
   return run?.state === "running" && /^waiting for approval\b/.test(run?.reason || "");
 }

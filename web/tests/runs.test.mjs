@@ -1,12 +1,15 @@
 // What the run panel shows of a step (web/runs.js), on steps as `GET /v1/runs/ID`
 // gives them: an agent loop (a call returned, one resent after a restart and returned
 // with an error, one still in flight), approval steps (waiting, decided by a person,
-// timed out, not reached) and a `for_each` step's items.
+// timed out, not reached), a `for_each` step's items, and an item whose tool call was in
+// flight under `in_flight: ask` (its question, the request that decides it).
 
 import { test } from "node:test";
 import assert from "node:assert/strict";
 
-import { approvalView, between, waitsForApproval, itemProgress, itemRows, loopRows, oneLine } from "../runs.js";
+import {
+  approvalView, approvalsOf, between, decisionRequest, itemApprovals, itemProgress, itemRows, loopRows, oneLine, waitsForApproval,
+} from "../runs.js";
 
 const step = {
   id: "work",
@@ -200,4 +203,73 @@ test("a duration needs both ends", () => {
   assert.equal(between("2026-11-27T10:00:00.000Z", "2026-11-27T10:00:00.250Z"), 250);
   assert.equal(between("2026-11-27T10:00:00.000Z", null), null);
   assert.equal(between(undefined, "2026-11-27T10:00:00.000Z"), null);
+});
+
+// ---------------------------------------------------------------- an item asked about
+// A fan-out whose items' tool calls were in flight under `in_flight: ask` when the
+// server stopped, as `GET /v1/runs/ID` gives it after the restart: item 0 decided,
+// item 1 waiting (its question quoting arguments that look like HTML), item 2 running.
+const question = "tool call call_0 `web__post` (tool `post` of server `web`) with arguments {\"body\": \"<img src=x onerror=alert(1)>\"} was in flight when its attempt was interrupted";
+const asking = {
+  id: "01JASK",
+  owner: "ada",
+  state: "running",
+  reason: "waiting for approval of step `post` item 1",
+  workflow: { name: "posts", steps: [{ id: "post", agent: "poster", prompt: "Post {{ item }}", for_each: { over: "inputs.things" } }] },
+  steps: [{
+    id: "post", agent: "poster", state: "running",
+    items: [
+      { index: 0, state: "pending", attempts: 1, prompt: "Post one",
+        approval: { requested_at: "2026-11-27T10:00:00.000Z", text: "tool call call_0 … (item 0)", in_flight: { turn: 0, call: 0, id: "call_0" },
+          decision: { approved: true, by: "ada", comment: "it had not run", at: "2026-11-27T10:01:00.000Z" } } },
+      { index: 1, state: "waiting", attempts: 1, prompt: "Post two", started_at: "2026-11-27T10:00:00.000Z",
+        approval: { requested_at: "2026-11-27T10:00:00.000Z", text: question, in_flight: { turn: 0, call: 0, id: "call_0" } } },
+      { index: 2, state: "running", attempts: 1, prompt: "Post three" },
+    ],
+  }],
+};
+
+test("an item waiting shows its index, its question, who may decide and the CLI's --item commands", () => {
+  const views = itemApprovals(asking, asking.steps[0]);
+  assert.deepEqual(views.map((v) => [v.item, v.label, v.waiting, v.status]), [
+    [0, "post item 0", false, "approved"],
+    [1, "post item 1", true, "waiting for approval"],
+  ], "only the items asked about, in order");
+  const waiting = views[1];
+  assert.equal(waiting.step, "post");
+  assert.equal(waiting.text, question, "the question as it is: the page writes it as text");
+  assert.equal(waiting.who, "ada (the run's owner) or an admin");
+  assert.equal(waiting.deadline, null);
+  assert.equal(waiting.onTimeout, null, "a question on a call waits until someone answers");
+  assert.equal(waiting.decision, null);
+  assert.equal(waiting.approve, "skein run approve 01JASK post --item 1");
+  assert.equal(waiting.reject, "skein run reject 01JASK post --item 1");
+  assert.deepEqual(views[0].decision, { approved: true, by: "ada", comment: "it had not run", at: "2026-11-27T10:01:00.000Z" });
+  assert.equal(views[0].verdict, "approved by ada");
+  assert.equal(approvalView(asking, asking.steps[0]), null, "the step itself does not wait: its item does");
+  assert.deepEqual(approvalsOf(asking).map((v) => v.item), [0, 1]);
+  assert.deepEqual(approvalsOf({ ...asking, steps: [] }), []);
+  assert.equal(waitsForApproval(asking), true);
+});
+
+test("the decision's request names the item, and a step's does not", () => {
+  const item = itemApprovals(asking, asking.steps[0])[1];
+  assert.deepEqual(decisionRequest("01JASK", item, true, "  it did not run  "), {
+    path: "/v1/runs/01JASK/steps/post/approve",
+    body: { comment: "it did not run", item: 1 },
+  });
+  assert.deepEqual(decisionRequest("01JASK", item, false, ""), { path: "/v1/runs/01JASK/steps/post/reject", body: { item: 1 } });
+  const first = itemApprovals(asking, asking.steps[0])[0];
+  assert.deepEqual(decisionRequest("01JASK", first, true).body, { item: 0 }, "item 0 is an item too");
+  const publish = approvalView(run, { id: "publish", state: "waiting", prompt: "Publish?", approval: { requested_at: "2026-11-27T10:00:00.000Z" } });
+  assert.deepEqual(decisionRequest("01JRUN", publish, true, "ship it"), { path: "/v1/runs/01JRUN/steps/publish/approve", body: { comment: "ship it" } });
+  assert.deepEqual(decisionRequest("a/b", { step: "x y", item: null }, false, "   ").path, "/v1/runs/a%2Fb/steps/x%20y/reject");
+  assert.deepEqual(decisionRequest("01JRUN", publish, false, "   ").body, {});
+});
+
+test("progress counts the items waiting for approval", () => {
+  const progress = itemProgress(asking.steps[0]);
+  assert.equal(progress.waiting, 1);
+  assert.equal(progress.text, "0/3 done, 1 running, 1 waiting for approval");
+  assert.equal(itemRows(asking.steps[0])[1].state, "waiting");
 });
