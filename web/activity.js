@@ -1,11 +1,12 @@
 // The side panel's lists: runs (a run opens with its steps, approvals waiting first with
-// Approve and Reject, each fan-out's items and each agent loop), sessions (each movable
-// to another GPU from the page) and reflex events.
+// Approve and Reject, an approval step's or a `for_each` item's, each fan-out's items and
+// each agent loop), sessions (each movable to another GPU from the page) and reflex
+// events.
 
 import { $, h, kids } from "./dom.js";
 import { fmtTime, gib, memoryOf, nodesInOrder } from "./fleet.js";
 import { api } from "./live.js";
-import { approvalView, itemProgress, itemRows, loopRows, waitsForApproval } from "./runs.js";
+import { approvalsOf, decisionRequest, itemProgress, itemRows, loopRows, waitsForApproval } from "./runs.js";
 import { state } from "./state.js";
 
 // ---------------------------------------------------------------- runs
@@ -52,21 +53,25 @@ async function openRun(id, quiet) {
   }
 }
 
-/** A run's panel: its steps, approvals waiting first, each fan-out's items and each
- *  agent loop. A redraw keeps a comment being typed and the focus. */
+/** A run's panel: its steps, approvals waiting first (an approval step's, or a
+ *  `for_each` item's), the last decision's result, each fan-out's items and each agent
+ *  loop. A redraw keeps a comment being typed and the focus. */
 function showRun(run, quiet) {
   const detail = $("run-detail");
   if (!detail || state.openRun !== run.id) return;
   const focus = focusIn(detail);
-  const approvals = run.steps.map((s) => approvalView(run, s)).filter(Boolean);
+  const approvals = approvalsOf(run);
+  const asksStep = new Set(approvals.filter((a) => a.item === null).map((a) => a.step));
+  const result = results.get(run.id);
   detail.replaceChildren(...kids(
     h("h3", {}, `Run ${run.id}`),
     h("p", { class: "reason" }, `${run.workflow.name} · `, h("span", { class: `badge ${run.state}` }, run.state), run.reason ? ` · ${run.reason}` : ""),
+    h("p", { id: "decision-result", class: result?.error ? "error" : null, role: "status", "aria-live": "polite" }, result?.text || ""),
     approvals.filter((a) => a.waiting).map((a) => waitingApproval(run, a)),
     h("div", { class: "table-wrap" }, h("table", {},
       h("thead", {}, h("tr", {}, h("th", {}, "step"), h("th", {}, "agent"), h("th", {}, "state"), h("th", {}, "instance"))),
       h("tbody", {}, run.steps.map((s) => h("tr", { "data-step": s.id },
-        h("td", {}, s.id), h("td", {}, s.agent || (approvalView(run, s) ? "a person" : "")),
+        h("td", {}, s.id), h("td", {}, s.agent || (asksStep.has(s.id) ? "a person" : "")),
         h("td", {}, h("span", { class: `badge ${s.state}` }, s.state === "waiting" ? "waiting for approval" : s.state),
           s.items?.length ? h("div", { class: "hint" }, itemProgress(s).text) : null,
           s.error ? h("div", { class: "error reason" }, s.error) : null),
@@ -79,59 +84,77 @@ function showRun(run, quiet) {
   if (!quiet) detail.querySelector("h3").scrollIntoView({ block: "nearest" });
 }
 
-/** Comments being typed, by `run/step`, and the last decision's result, kept across redraws. */
+/** Comments being typed, by `run/step` (`run/step/item` for an item), kept across
+ *  redraws; and by run, the last decision's result (what was decided, or why it was
+ *  refused), which stays when the approval it was about no longer waits. */
 const comments = new Map();
-const decided = new Map();
+const results = new Map();
+/** The approvals (keys as `comments`') whose decision is on its way: their buttons stay
+ *  disabled through a redraw. */
+const deciding = new Set();
 
-/** An approval step waiting: its text, who may decide and until when, a comment, Approve
- *  and Reject (the page's token: the run's owner or an admin), and the CLI's commands. */
+/** Says `text` about run `runId`'s last decision (an error in red), in its panel. */
+function sayResult(runId, text, error) {
+  results.set(runId, { text, error });
+  const line = $("decision-result");
+  if (!line || state.openRun !== runId) return;
+  line.textContent = text;
+  line.className = error ? "error" : "";
+}
+
+/** An approval waiting (an approval step's, or a `for_each` item's question on a tool
+ *  call that was in flight): its text, who may decide and until when, a comment,
+ *  Approve and Reject (the page's token: the run's owner or an admin), and the CLI's
+ *  commands. */
 function waitingApproval(run, view) {
-  const key = `${run.id}/${view.step}`;
-  const id = `approval-${view.step}`;
+  const key = view.item === null ? `${run.id}/${view.step}` : `${run.id}/${view.step}/${view.item}`;
+  const id = view.item === null ? `approval-${view.step}` : `approval-${view.step}-item-${view.item}`;
   const comment = h("textarea", { id: `${id}-comment`, rows: 2, maxlength: 4096, placeholder: "why (optional)",
     oninput: (e) => comments.set(key, e.target.value) });
   comment.value = comments.get(key) || "";
   const decide = async (approve) => {
     const verb = approve ? "approve" : "reject";
+    deciding.add(key);
     for (const b of buttons) b.disabled = true;
-    decided.set(key, `${approve ? "Approving" : "Rejecting"} ${view.step}…`);
-    $(`${id}-result`).textContent = decided.get(key);
+    sayResult(run.id, `${approve ? "Approving" : "Rejecting"} ${view.label}…`, false);
+    const request = decisionRequest(run.id, view, approve, comment.value);
     try {
-      const text = comment.value.trim();
-      const after = await api(`/v1/runs/${encodeURIComponent(run.id)}/steps/${encodeURIComponent(view.step)}/${verb}`,
-        { method: "POST", body: JSON.stringify(text ? { comment: text } : {}) });
+      const after = await api(request.path, { method: "POST", body: JSON.stringify(request.body) });
       comments.delete(key);
-      decided.delete(key);
+      deciding.delete(key);
+      sayResult(run.id, `${approve ? "Approved" : "Rejected"} ${view.label}.`, false);
       showRun(after, true);
     } catch (error) {
-      decided.set(key, `Could not ${verb} ${view.step}: ${error.message}`);
-      for (const b of buttons) b.disabled = false;
-      const result = $(`${id}-result`);
-      if (result) result.textContent = decided.get(key);
+      // Said until the next decision, even once the live view shows that it no longer
+      // waits (a 409: someone decided it meanwhile).
+      deciding.delete(key);
+      sayResult(run.id, `Could not ${verb} ${view.label}: ${error.message}`, true);
+      for (const b of [$(`${id}-approve`), $(`${id}-reject`)]) if (b) b.disabled = false;
     }
   };
+  const busy = deciding.has(key);
   const buttons = [
-    h("button", { type: "button", class: "approve", id: `${id}-approve`, onclick: () => decide(true) }, "Approve"),
-    h("button", { type: "button", class: "reject", id: `${id}-reject`, onclick: () => decide(false) }, "Reject"),
+    h("button", { type: "button", class: "approve", id: `${id}-approve`, disabled: busy, onclick: () => decide(true) }, "Approve"),
+    h("button", { type: "button", class: "reject", id: `${id}-reject`, disabled: busy, onclick: () => decide(false) }, "Reject"),
   ];
   const deadline = view.deadline
     ? `Times out at ${fmtTime(Date.parse(view.deadline))}${view.onTimeout ? `, then counts as ${view.onTimeout === "approve" ? "approved" : "rejected"}` : ""}.`
     : "No timeout: it waits until someone decides.";
-  return h("section", { class: "approval waiting", id, "data-approval": view.step, "aria-label": `Step ${view.step} waits for approval` },
-    h("h4", {}, `${view.step}: `, h("span", { class: "badge waiting" }, view.status)),
+  return h("section", { class: "approval waiting", id, "data-approval": view.step, "data-item": view.item ?? null,
+    "aria-label": `Step ${view.label} waits for approval` },
+    h("h4", {}, `${view.label}: `, h("span", { class: "badge waiting" }, view.status)),
     h("blockquote", { class: "approval-text" }, view.text || "(no text)"),
     h("p", { class: "hint" }, `${view.who} may decide. ${deadline}`),
     h("label", { for: comment.id }, "Comment"), comment,
     h("div", { class: "approval-actions" }, buttons),
-    h("p", { id: `${id}-result`, role: "status", "aria-live": "polite" }, decided.get(key) || ""),
     h("p", { class: "hint" }, "Or: ", h("code", {}, view.approve), " / ", h("code", {}, view.reject), " [--comment TEXT]"));
 }
 
 /** An approval decided: who, when, their comment. */
 function decidedApproval(view) {
   const d = view.decision;
-  return h("div", { class: `approval decided ${d.approved ? "approved" : "rejected"}`, "data-approval": view.step },
-    h("h4", {}, `${view.step}: `, h("span", { class: `badge ${d.approved ? "done" : "failed"}` }, view.status)),
+  return h("div", { class: `approval decided ${d.approved ? "approved" : "rejected"}`, "data-approval": view.step, "data-item": view.item ?? null },
+    h("h4", {}, `${view.label}: `, h("span", { class: `badge ${d.approved ? "done" : "failed"}` }, view.status)),
     h("blockquote", { class: "approval-text" }, view.text),
     h("p", {}, `${view.verdict} at ${fmtTime(Date.parse(d.at))}`, d.comment ? ": " : ".", d.comment ? h("q", {}, d.comment) : null));
 }
@@ -145,7 +168,7 @@ function fanOut(step) {
       h("thead", {}, h("tr", {}, h("th", { class: "num" }, "item"), h("th", {}, "state"), h("th", {}, "prompt → answer"), h("th", { class: "num" }, "ms"))),
       h("tbody", {}, rows.map((r) => h("tr", { "data-item": r.index },
         h("td", { class: "num" }, String(r.index)),
-        h("td", {}, h("span", { class: `badge ${r.state}` }, r.state), r.attempts > 1 ? ` ×${r.attempts}` : "",
+        h("td", {}, h("span", { class: `badge ${r.state}` }, r.state === "waiting" ? "waiting for approval" : r.state), r.attempts > 1 ? ` ×${r.attempts}` : "",
           r.retryAt ? h("div", { class: "hint" }, `again at ${fmtTime(Date.parse(r.retryAt))}`) : null),
         h("td", {}, r.prompt, r.answer ? h("div", {}, "→ ", r.answer) : null, r.error ? h("div", { class: "error" }, r.error) : null),
         h("td", { class: "num" }, r.ms == null ? "" : String(r.ms))))))),

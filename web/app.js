@@ -13,8 +13,8 @@
 //   graph.js     the graph: layout, structure, zoom, the per-frame redraw
 //   cards.js     a GPU card's figures, a collapsed node, host offload, split brackets
 //   panels.js    the GPU table, the tabs, a GPU's or an instance's details
-//   runs.js      a step's agent loop as rows (pure)
-//   activity.js  runs (with their steps' agent loops), sessions, reflex events
+//   runs.js      a step's agent loop as rows, approvals (a step's, an item's) (pure)
+//   activity.js  runs (steps, agent loops, approvals to decide), sessions, reflex events
 
 import { renderEvents, renderRuns, renderSessions } from "./activity.js";
 import { $ } from "./dom.js";
