@@ -14,29 +14,47 @@
 //! (dgx.yaml's, joined at the end) wraps its GPUs into rows. Any console error, failed
 //! request or 4xx/5xx answer fails it.
 //!
+//!
+//! The second test decides from the page what waits for a person: `web/tests/approvals.mjs`
+//! against a real `skein server` whose run has two `for_each` items waiting, each because
+//! its tool call (to the testkit's `mcp-tools`, asked for by a loopback model) was in
+//! flight under `in_flight: ask` when the server was killed, and an approval step after
+//! them.
+//!
 //! `web/tests/install.sh` installs Chromium and playwright-core first (once). The
-//! screenshots are left in `target/web-artifacts/`.
+//! screenshots are left in `target/web-artifacts/` (`target/web-approvals/` for the
+//! second test).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
+use serde_json::Value;
+use skein_testkit::endpoint::WholeAnswer;
 use skein_testkit::lab::Lab;
+use skein_testkit::mcp::mcp_tools_path;
+use skein_testkit::rest::{PATIENCE, Restartable};
 use skein_testkit::tiny_llama;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
-#[test]
-fn the_page_in_a_real_browser() {
-    let root = Path::new(ROOT);
+/// Chromium and playwright-core, installed by `web/tests/install.sh` (once).
+fn install_browser() {
     let install = Command::new("bash")
-        .arg(root.join("web/tests/install.sh"))
+        .arg(Path::new(ROOT).join("web/tests/install.sh"))
         .status()
         .expect("bash runs web/tests/install.sh");
     assert!(
         install.success(),
         "web/tests/install.sh failed: the browser tests need Debian's chromium and npm"
     );
+}
+
+#[test]
+fn the_page_in_a_real_browser() {
+    let root = Path::new(ROOT);
+    install_browser();
 
     // The pieces of a GGUF model split across nodes are llama.cpp RPC servers; the fake
     // engine stands in for them (it listens on its port), so that a split replica's
@@ -114,4 +132,84 @@ fn the_page_in_a_real_browser() {
     );
     drop(dgx);
     drop(up);
+}
+
+#[test]
+fn items_waiting_for_approval_are_decided_from_the_page() {
+    install_browser();
+    let root = Path::new(ROOT);
+    let dir = tempfile::tempdir().unwrap();
+    const TOKEN: &str = "web-approvals-admin-token";
+    let tools = mcp_tools_path();
+    let allow = tools.to_string_lossy().into_owned();
+    let mut lab = Restartable::start(
+        Path::new(env!("CARGO_BIN_EXE_skein")),
+        dir.path().join("data"),
+        TOKEN,
+        &["--endpoint-allow", "127.0.0.1/32", "--allow-tool-command", &allow],
+    );
+    // Each item's model asks for one `sleep` whose arguments look like HTML: the
+    // question on the call quotes them, and the page must show them as text.
+    let model = WholeAnswer::tool_caller(
+        "counter__sleep",
+        r#"{"ms": 3000, "note": "<img src=x onerror=alert(1)>"}"#,
+        1,
+        Duration::ZERO,
+    );
+    let count_file = dir.path().join("count");
+    let workflow = format!(
+        "name: posts\ninputs: {{ things: {{ type: list, default: [one, two] }} }}\ntool_servers:\n  counter:\n    command: [\"{}\", \"--count-file\", \"{}\"]\n    in_flight: ask\nagents:\n  worker:\n    endpoint: {{ url: \"{}\", model: m }}\n    tools: [counter.sleep]\n    max_turns: 3\nsteps:\n  - {{ id: work, agent: worker, prompt: \"post {{{{ item }}}}\", retries: 0, for_each: {{ over: inputs.things, max_parallel: 2 }} }}\n  - {{ id: publish, after: [work], approval: \"Publish <b>both</b> posts?\" }}\n",
+        tools.display(),
+        count_file.display(),
+        model.url()
+    );
+    let id = lab.api.submit(&workflow);
+
+    // Both items' calls are sent and have reached the tool (each wrote its line): the
+    // server dies with both in flight, and after the restart both items wait.
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let run = lab.api.run(&id).unwrap_or_default();
+        let sent = (0..2).all(|i| run["steps"][0]["items"][i]["turns"][0]["calls"][0]["state"] == "sent");
+        let reached = std::fs::read_to_string(&count_file).map_or(0, |t| t.lines().count()) == 2;
+        if sent && reached {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the items' calls never went out: {run:#}\n{}",
+            lab.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    lab.kill_and_restart();
+    lab.api.until(&id, "both items waiting for approval", |run: &Value| {
+        (0..2).all(|i| run["steps"][0]["items"][i]["state"] == "waiting")
+    });
+
+    let artifacts = root.join("target/web-approvals");
+    let _ = std::fs::remove_dir_all(&artifacts);
+    std::fs::create_dir_all(&artifacts).unwrap();
+    let output = Command::new("node")
+        .arg(root.join("web/tests/approvals.mjs"))
+        .current_dir(root.join("web/tests"))
+        .env("SKEIN_API", &lab.api.base)
+        .env("SKEIN_ADMIN_TOKEN", TOKEN)
+        .env("SKEIN_RUN", &id)
+        .env("SKEIN_ARTIFACTS", &artifacts)
+        .output()
+        .expect("node runs web/tests/approvals.mjs");
+    let said = String::from_utf8_lossy(&output.stdout);
+    println!("{said}");
+    assert!(
+        output.status.success(),
+        "the approvals in the page failed (screenshots in {}):\n{said}\n{}\n{}",
+        artifacts.display(),
+        String::from_utf8_lossy(&output.stderr),
+        lab.log()
+    );
+    let run = lab.api.finished(&id);
+    assert_eq!(run["state"], "succeeded", "{run:#}");
+    let lines = std::fs::read_to_string(&count_file).map_or(0, |t| t.lines().count());
+    assert_eq!(lines, 4, "each item's call was sent once more, once approved");
 }
