@@ -45,20 +45,34 @@ export function between(from, to) {
   return Number.isFinite(a) && Number.isFinite(b) ? b - a : null;
 }
 
-/** Who may decide a run's approvals, in words. */
-function deciders(run) {
-  return run.owner && run.owner !== "admin" ? `${run.owner} (the run's owner) or an admin` : "the run's owner or an admin";
-}
-
-/** A decision as the page shows it (null before one), and its verdict in words. */
-function decisionOf(record) {
+/**
+ * What an approval of run `run` shows, whoever it is on (a step or an item, `of`: its
+ * `id` or `index`, `state` and `prompt`): the text (the record's, or the prompt), the
+ * status (`waiting for approval` while `of` waits, then `approved` or `rejected`, or
+ * `of`'s state before it is asked), who may decide (the run's owner or an admin), when
+ * it was asked and times out, and the decision (who, when, their comment) with its
+ * verdict in words.
+ */
+function approvalFields(run, of, record) {
   const decision = record.decision
     ? { approved: Boolean(record.decision.approved), by: record.decision.by, comment: record.decision.comment || "", at: record.decision.at }
     : null;
-  const verdict = decision
-    ? `${decision.approved ? "approved" : "rejected"} by ${decision.by === "timeout" ? "its timeout (nobody answered in time)" : decision.by}`
-    : "";
-  return { decision, verdict };
+  const waiting = of.state === "waiting";
+  let status = of.state;
+  if (waiting) status = "waiting for approval";
+  else if (decision) status = decision.approved ? "approved" : "rejected";
+  return {
+    text: record.text || of.prompt || "",
+    waiting,
+    status,
+    who: run.owner && run.owner !== "admin" ? `${run.owner} (the run's owner) or an admin` : "the run's owner or an admin",
+    requested: record.requested_at || null,
+    deadline: record.deadline || null,
+    decision,
+    verdict: decision
+      ? `${decision.approved ? "approved" : "rejected"} by ${decision.by === "timeout" ? "its timeout (nobody answered in time)" : decision.by}`
+      : "",
+  };
 }
 
 /**
@@ -74,24 +88,12 @@ export function approvalView(run, step) {
   const declared = run?.workflow?.steps?.find((s) => s.id === step?.id)?.approval;
   if (!step || (!step.approval && !declared)) return null;
   const record = step.approval || {};
-  const { decision, verdict } = decisionOf(record);
-  const waiting = step.state === "waiting";
-  let status = step.state;
-  if (waiting) status = "waiting for approval";
-  else if (decision) status = decision.approved ? "approved" : "rejected";
   return {
     step: step.id,
     item: null,
     label: step.id,
-    text: record.text || step.prompt || "",
-    waiting,
-    status,
-    who: deciders(run),
-    requested: record.requested_at || null,
-    deadline: record.deadline || null,
+    ...approvalFields(run, step, record),
     onTimeout: record.deadline || declared?.timeout ? declared?.on_timeout || "reject" : null,
-    decision,
-    verdict,
     approve: `skein run approve ${run.id} ${step.id}`,
     reject: `skein run reject ${run.id} ${step.id}`,
   };
@@ -101,35 +103,20 @@ export function approvalView(run, step) {
  * The items of a `for_each` step that were asked about (their tool call was in flight
  * under `in_flight: ask` when their attempt was interrupted), in order, as
  * `approvalView` gives a step: the same fields, with `item` the item's index, `label`
- * `STEP item N`, the question as the text, no deadline (such a question waits until
+ * `STEP item N`, the question as the text, no timeout (such a question waits until
  * someone answers), and the CLI commands with `--item N`. Waiting while the item's
  * state is `waiting`; a decided question keeps its decision.
  */
 export function itemApprovals(run, step) {
-  return (step?.items || []).filter((item) => item.approval).map((item) => {
-    const record = item.approval;
-    const { decision, verdict } = decisionOf(record);
-    const waiting = item.state === "waiting";
-    let status = item.state;
-    if (waiting) status = "waiting for approval";
-    else if (decision) status = decision.approved ? "approved" : "rejected";
-    return {
-      step: step.id,
-      item: item.index,
-      label: `${step.id} item ${item.index}`,
-      text: record.text || item.prompt || "",
-      waiting,
-      status,
-      who: deciders(run),
-      requested: record.requested_at || null,
-      deadline: record.deadline || null,
-      onTimeout: null,
-      decision,
-      verdict,
-      approve: `skein run approve ${run.id} ${step.id} --item ${item.index}`,
-      reject: `skein run reject ${run.id} ${step.id} --item ${item.index}`,
-    };
-  });
+  return (step?.items || []).filter((item) => item.approval).map((item) => ({
+    step: step.id,
+    item: item.index,
+    label: `${step.id} item ${item.index}`,
+    ...approvalFields(run, item, item.approval),
+    onTimeout: null,
+    approve: `skein run approve ${run.id} ${step.id} --item ${item.index}`,
+    reject: `skein run reject ${run.id} ${step.id} --item ${item.index}`,
+  }));
 }
 
 /** Every approval of a run as `approvalView` and `itemApprovals` give them, in the
