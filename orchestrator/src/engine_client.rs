@@ -191,8 +191,9 @@ pub struct Answer {
     pub tool_calls: Vec<RequestedCall>,
 }
 
-/// A tool call a model asked for, as OpenAI's `tool_calls` carry it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// A tool call a model asked for, as OpenAI's `tool_calls` carry it (and as a session
+/// stores it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct RequestedCall {
     /// The call's id, which the tool's result message names.
     pub id: String,
@@ -252,6 +253,25 @@ impl Pieces for mpsc::Sender<Piece> {
 
     async fn tool_call(&self, piece: CallPiece) {
         let _ = self.send(Piece::ToolCall(piece)).await;
+    }
+}
+
+/// Sends a whole answer (`content`, then `calls`) to `tokens` as a stream of it would:
+/// its text as one piece, each call as one piece with its id, name and arguments. For
+/// an engine that answered a streamed request whole, and for a stored reply streamed
+/// again.
+pub async fn send_whole<S: Pieces>(tokens: &S, content: &str, calls: &[RequestedCall]) {
+    if !content.is_empty() {
+        tokens.text(content.to_owned()).await;
+    }
+    for (index, call) in calls.iter().enumerate() {
+        let piece = CallPiece {
+            index,
+            id: Some(call.id.clone()),
+            name: Some(call.name.clone()),
+            arguments: call.arguments.clone(),
+        };
+        tokens.tool_call(piece).await;
     }
 }
 
@@ -536,18 +556,7 @@ pub async fn call_streaming<S: Pieces>(
             .await
             .map_err(|e| CallError::Engine(format!("the answer from {url} was cut off: {e}")))?;
         let answer = whole_answer(&text, start)?;
-        if !answer.content.is_empty() {
-            tokens.text(answer.content.clone()).await;
-        }
-        for (index, call) in answer.tool_calls.iter().enumerate() {
-            let piece = CallPiece {
-                index,
-                id: Some(call.id.clone()),
-                name: Some(call.name.clone()),
-                arguments: call.arguments.clone(),
-            };
-            tokens.tool_call(piece).await;
-        }
+        send_whole(tokens, &answer.content, &answer.tool_calls).await;
         return Ok(answer);
     }
     let mut answer = Answer {

@@ -145,7 +145,7 @@ async fn openai_tool_calls_round_trip_whole_and_streamed() {
     assert_eq!(text, "echo: sunny, 21 C");
 
     // Refused with the field named: a tool message without its call id, a tool without
-    // a name, tools on a session.
+    // a name. (Sessions with tools: tests/sessions.rs.)
     let bad = [
         (
             json!({"model": MODEL, "messages": [{"role": "tool", "content": "x"}]}),
@@ -154,10 +154,6 @@ async fn openai_tool_calls_round_trip_whole_and_streamed() {
         (
             json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}),
             "tools[0].function.name",
-        ),
-        (
-            json!({"model": MODEL, "session_id": "s1", "messages": [{"role": "user", "content": "x"}], "tools": [weather_tool()]}),
-            "only without a session",
         ),
     ];
     for (request, named) in bad {

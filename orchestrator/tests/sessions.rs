@@ -1,7 +1,8 @@
 //! Sessions over REST in a real server, with test agents at the edge (simulated GPUs,
 //! in-process OpenAI fakes that record what they were sent): create, chat, idempotent
 //! retries, streaming, a move between GPUs mid-conversation with the whole history
-//! served by the new instance, isolation between users.
+//! served by the new instance, isolation between users; a session driven by an OpenAI
+//! client's tool loop, its tool calls and results stored, retried, streamed and moved.
 
 mod common;
 
@@ -546,4 +547,201 @@ async fn a_turn_the_engine_finds_too_long_is_sent_with_less_history() {
         .await;
     assert_eq!(status, 400, "{answer}");
     assert_eq!(engines.seen.lock().unwrap().len(), requests, "no engine saw them");
+}
+
+fn weather_tool() -> Value {
+    json!({"type": "function", "function": {
+        "name": "weather", "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"text": {"type": "string"}}}}})
+}
+
+/// The first tool call of a streamed completion, assembled from its pieces: its id,
+/// name and arguments.
+fn streamed_call(chunks: &[Value]) -> (Value, Value, String) {
+    let pieces: Vec<&Value> = chunks
+        .iter()
+        .map(|c| &c["choices"][0]["delta"]["tool_calls"][0])
+        .filter(|c| c.is_object())
+        .collect();
+    assert!(!pieces.is_empty(), "{chunks:?}");
+    let arguments = pieces
+        .iter()
+        .filter_map(|c| c["function"]["arguments"].as_str())
+        .collect();
+    (
+        pieces[0]["id"].clone(),
+        pieces[0]["function"]["name"].clone(),
+        arguments,
+    )
+}
+
+/// A session driven the way an OpenAI client's tool loop drives one (the fake engine
+/// calls the offered tool until it is sent a result): the tool fields reach the engine,
+/// the reply's call is stored and answered again, whole or streamed, to a retry; a
+/// result of no call is refused; the client's loop sends the call back with its result;
+/// a streamed call is stored whole; the history lists calls and results; after a move,
+/// the new instance gets them all in OpenAI's form.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_keeps_tool_calls_through_retries_streams_and_a_move() {
+    let s = setup(quick(), None).await;
+    let engines = EngineBehaviour::default();
+    let _a = TestAgent::join(s.server.grpc_addr, TOKEN, "node-a", 2, engines.clone()).await;
+    let _b = TestAgent::join(s.server.grpc_addr, TOKEN, "node-b", 2, engines.clone()).await;
+    s.wait_nodes(2).await;
+    let (_, session) = s
+        .call(
+            Method::POST,
+            "/v1/sessions",
+            Some(API),
+            Some(json!({"model": MODEL, "system": "Be brief."})),
+        )
+        .await;
+    let id = session["id"].as_str().unwrap().to_owned();
+    let completions = "/v1/chat/completions";
+    let keyed = |key: &str, body: &Value| {
+        s.http
+            .post(s.url(completions))
+            .bearer_auth(API)
+            .header("Idempotency-Key", key)
+            .json(body)
+            .send()
+    };
+    let seen = || engines.seen.lock().unwrap().len();
+    let last_sent = || engines.seen.lock().unwrap().last().cloned().unwrap();
+
+    // A user turn offering a tool: the model calls it, the fields reach the engine.
+    let first = json!({"model": MODEL, "session_id": id, "messages": [{"role": "user", "content": "Paris?"}],
+                       "tools": [weather_tool()], "tool_choice": "required", "parallel_tool_calls": false,
+                       "response_format": {"type": "json_object"}});
+    let answer: Value = keyed("k-1", &first).await.unwrap().json().await.unwrap();
+    let choice = answer["choices"][0].clone();
+    assert_eq!(choice["finish_reason"], "tool_calls", "{answer}");
+    assert!(choice["message"]["content"].is_null(), "{answer}");
+    let call = choice["message"]["tool_calls"][0].clone();
+    assert_eq!(call["function"]["name"], "weather");
+    assert_eq!(call["function"]["arguments"], r#"{"text":"Paris?"}"#);
+    let paris = call["id"].as_str().unwrap().to_owned();
+    let (_, sent) = last_sent();
+    for field in ["tools", "tool_choice", "parallel_tool_calls", "response_format"] {
+        assert_eq!(sent[field], first[field], "{field} reaches the engine unchanged");
+    }
+
+    // Retried (the same key), whole and streamed: the stored call, no engine asked.
+    let requests = seen();
+    let again: Value = keyed("k-1", &first).await.unwrap().json().await.unwrap();
+    assert_eq!(again["choices"][0]["message"], choice["message"]);
+    assert_eq!(again["choices"][0]["finish_reason"], "tool_calls");
+    let mut streamed_first = first.clone();
+    streamed_first["stream"] = json!(true);
+    let streamed = keyed("k-1", &streamed_first).await.unwrap().text().await.unwrap();
+    let (chunks, _) = openai_chunks(&streamed);
+    assert_eq!(
+        streamed_call(&chunks),
+        (json!(paris), json!("weather"), r#"{"text":"Paris?"}"#.to_owned())
+    );
+    assert!(chunks.iter().any(|c| c["choices"][0]["finish_reason"] == "tool_calls"));
+    assert_eq!(seen(), requests, "the retries did not reach the engine");
+
+    // A result of no call of the session: refused, naming the id and what to do.
+    let stray = json!({"model": MODEL, "session_id": id,
+                       "messages": [{"role": "tool", "tool_call_id": "call_nope", "content": "x"}]});
+    let (status, refused) = s.call(Method::POST, completions, Some(API), Some(stray)).await;
+    assert_eq!(status, 400, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("`call_nope`") && message.contains("help:"),
+        "{message}"
+    );
+
+    // The client's loop sends the model's message back with the tool's result,
+    // streamed: the final answer, the call stored once.
+    let results = json!({"model": MODEL, "session_id": id, "tools": [weather_tool()], "stream": true,
+                         "messages": [choice["message"],
+                                      {"role": "tool", "tool_call_id": paris, "content": "sunny, 21 C"}]});
+    let streamed = keyed("k-2", &results).await.unwrap().text().await.unwrap();
+    assert_eq!(openai_chunks(&streamed).1, "echo: sunny, 21 C");
+    let (_, sent) = last_sent();
+    assert_eq!(
+        sent["messages"],
+        json!([
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Paris?"},
+            {"role": "assistant", "content": null, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": paris, "content": "sunny, 21 C"},
+        ])
+    );
+
+    // A streamed reply that calls a tool: the call, assembled from its pieces, is stored.
+    let rome = json!({"model": MODEL, "session_id": id, "tools": [weather_tool()], "stream": true,
+                      "messages": [{"role": "user", "content": "Rome?"}]});
+    let streamed = keyed("k-3", &rome).await.unwrap().text().await.unwrap();
+    let (rome_id, _, rome_arguments) = streamed_call(&openai_chunks(&streamed).0);
+    assert_eq!(rome_arguments, r#"{"text":"Rome?"}"#);
+
+    // The history, as the REST API lists it: calls and results in place.
+    let messages_path = format!("/v1/sessions/{id}/messages");
+    let (_, history) = s.call(Method::GET, &messages_path, Some(API), None).await;
+    let history = history["data"].as_array().unwrap().clone();
+    let roles: Vec<&str> = history.iter().map(|m| m["role"].as_str().unwrap()).collect();
+    assert_eq!(roles, ["user", "assistant", "tool", "assistant", "user", "assistant"]);
+    assert_eq!(
+        history[1]["tool_calls"],
+        json!([{"id": paris, "name": "weather", "arguments": r#"{"text":"Paris?"}"#}])
+    );
+    assert_eq!(history[2]["tool_call_id"], json!(paris));
+    assert_eq!(history[2]["content"], "sunny, 21 C");
+    assert_eq!(
+        history[5]["tool_calls"],
+        json!([{"id": rome_id, "name": "weather", "arguments": rome_arguments}])
+    );
+
+    // Moved to the other node: the result of the Rome call goes to the new instance
+    // with the whole history, calls and results in OpenAI's form.
+    let (_, shown) = s
+        .call(Method::GET, &format!("/v1/sessions/{id}"), Some(API), None)
+        .await;
+    let other = if shown["binding"]["node"] == "node-a" {
+        "node-b"
+    } else {
+        "node-a"
+    };
+    let (status, moved) = s
+        .call(
+            Method::POST,
+            &format!("/v1/sessions/{id}/migrate"),
+            Some(API),
+            Some(json!({"to": {"node": other, "gpu": 1}})),
+        )
+        .await;
+    assert_eq!(status, 200, "{moved}");
+    let rain = json!({"model": MODEL, "session_id": id,
+                      "messages": [{"role": "tool", "tool_call_id": rome_id, "content": "rain"}]});
+    let (status, answer) = s.call(Method::POST, completions, Some(API), Some(rain)).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["choices"][0]["message"]["content"], "echo: rain");
+    let (_, instances) = s.call(Method::GET, "/v1/instances", Some(API), None).await;
+    let new_url = instances
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["name"] == moved["to"]["instance"])
+        .unwrap()["base_url"]
+        .clone();
+    let (url, sent) = last_sent();
+    assert_eq!(json!(url), new_url, "served by the new instance");
+    let rome_call = json!({"id": rome_id, "type": "function",
+                           "function": {"name": "weather", "arguments": rome_arguments}});
+    assert_eq!(
+        sent["messages"],
+        json!([
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Paris?"},
+            {"role": "assistant", "content": null, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": paris, "content": "sunny, 21 C"},
+            {"role": "assistant", "content": "echo: sunny, 21 C"},
+            {"role": "user", "content": "Rome?"},
+            {"role": "assistant", "content": null, "tool_calls": [rome_call]},
+            {"role": "tool", "tool_call_id": rome_id, "content": "rain"},
+        ])
+    );
 }

@@ -59,19 +59,6 @@ pub struct ChatCompletionRequest {
     pub response_format: Option<Value>,
 }
 
-impl ChatCompletionRequest {
-    /// Whether the request offers tools, names a tool choice, or holds tool calls or
-    /// tool results: what only a whole request (not a stored session) can carry.
-    pub fn uses_tools(&self) -> bool {
-        self.tools.as_ref().is_some_and(|t| !t.is_empty())
-            || self.tool_choice.is_some()
-            || self
-                .messages
-                .iter()
-                .any(|m| m.role == "tool" || m.tool_calls.as_ref().is_some_and(|c| !c.is_empty()))
-    }
-}
-
 /// `stream_options`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -6,13 +6,16 @@
 //! - `GET /v1/sessions?limit=&after=` → `{"data": [...], "next": id | null}`.
 //! - `GET /v1/sessions/{id}`; `DELETE /v1/sessions/{id}` → `204`.
 //! - `GET /v1/sessions/{id}/messages?from=&limit=` → `{"data": [...], "next": seq | null}`.
-//! - `POST /v1/sessions/{id}/messages` `{"content": "…"}` or `{"messages": [...]}`,
+//! - `POST /v1/sessions/{id}/messages` `{"content": "…"}` or `{"messages": [...]}`
+//!   (tool results as `{"role": "tool", "tool_call_id", "content"}`),
 //!   optional `stream`, `temperature`, `max_tokens`, `reply` (false: only store the
 //!   messages), header `Idempotency-Key` → the
 //!   reply (`{"message", "replayed", "session"}`), or with `stream: true` server-sent
-//!   events: `token` (`{"delta": "…"}`) as generated, then `message` (the same body as
-//!   without streaming) or `error`. A turn over the size limits is 413, a user past their
-//!   requests or streams in flight 429 ([`crate::session::limits`], [`chat_body`]).
+//!   events: `token` (`{"delta": "…"}`) as text is generated, then `message` (the same
+//!   body as without streaming, with the reply's `tool_calls`) or `error`. Messages
+//!   list with their `tool_calls` (`id`, `name`, `arguments`) and `tool_call_id`. A
+//!   turn over the size limits is 413, a user past their requests or streams in flight
+//!   429 ([`crate::session::limits`], [`chat_body`]).
 //! - `POST /v1/sessions/{id}/migrate` `{"to": "auto" | {"node": "rtx-1", "gpu": 2} |
 //!   {"node": "rtx-1"}}` →
 //!   `{"session", "from", "to", "downtime_ms", "waited_ms"}`.
@@ -36,6 +39,7 @@ use super::extract::{IDEMPOTENT_REPLAYED, Params, body, idempotency_key};
 use super::openapi::ServerSentEvent;
 use super::paging::{Listed, PageQuery, page_size};
 use super::{ApiState, Principal};
+use crate::engine_client::{Piece, RequestedCall};
 use crate::session::limits::BUSY_RETRY_AFTER_S;
 use crate::session::{
     Binding, CreateKey, Flight, MessageRecord, MoveTo, NewMessage, NewSession, Reply, Role, Sampling, SessionError,
@@ -266,8 +270,26 @@ async fn messages(
 pub(super) struct ClientMessage {
     /// Who wrote it.
     pub role: Role,
-    /// The text.
+    /// The text (none: empty, as in an assistant message that only calls tools).
+    #[serde(default)]
     pub content: String,
+    /// The tools an assistant message calls (the session's last reply sent back is not
+    /// stored twice).
+    #[serde(default)]
+    pub tool_calls: Vec<RequestedCall>,
+    /// The call a `tool` message answers: one of the session's or of this request.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+}
+
+impl From<ClientMessage> for NewMessage {
+    fn from(m: ClientMessage) -> NewMessage {
+        NewMessage {
+            tool_calls: m.tool_calls,
+            tool_call_id: m.tool_call_id,
+            ..NewMessage::new(m.role, m.content)
+        }
+    }
 }
 
 /// The body of `POST /v1/sessions/{id}/messages`: `content` (a user message) and/or
@@ -397,16 +419,13 @@ async fn send(
         &bytes,
         r#"a turn: {"content": "text"} or {"messages": [{"role": "user", "content": "text"}]}"#,
     )?;
-    let mut messages: Vec<NewMessage> = request
-        .messages
-        .into_iter()
-        .map(|m| NewMessage::new(m.role, m.content))
-        .collect();
+    let mut messages: Vec<NewMessage> = request.messages.into_iter().map(NewMessage::from).collect();
     if let Some(content) = request.content {
         messages.push(NewMessage::new(Role::User, content));
     }
     let mut turn = Turn {
         messages,
+        fields: serde_json::Map::new(),
         idempotency_key: idempotency_key(&headers)?,
         tokens: None,
         sampling: Sampling {
@@ -445,16 +464,20 @@ async fn send(
 
 type TurnTask = tokio::task::JoinHandle<Result<Reply, SessionError>>;
 
-/// `token` events while the reply is generated, then `message` or `error`.
+/// `token` events while the reply's text is generated, then `message` (which holds the
+/// tool calls the reply makes) or `error`.
 fn turn_events(
-    pieces: mpsc::Receiver<String>,
+    pieces: mpsc::Receiver<Piece>,
     done: TurnTask,
 ) -> impl futures::Stream<Item = Result<Event, Infallible>> {
     futures::stream::unfold(Some((pieces, done)), |state| async move {
         let (mut pieces, done) = state?;
-        if let Some(delta) = pieces.recv().await {
-            let data = serde_json::json!({ "delta": delta }).to_string();
-            return Some((Ok(Event::default().event("token").data(data)), Some((pieces, done))));
+        while let Some(piece) = pieces.recv().await {
+            // A tool call's pieces are not text: the call comes whole in `message`.
+            if let Piece::Text(delta) = piece {
+                let data = serde_json::json!({ "delta": delta }).to_string();
+                return Some((Ok(Event::default().event("token").data(data)), Some((pieces, done))));
+            }
         }
         let event = match done.await {
             Ok(Ok(reply)) => Event::default()

@@ -103,11 +103,11 @@ pub struct RequestSize {
 }
 
 impl RequestSize {
-    /// The size of messages already parsed (their contents).
+    /// The size of messages already parsed (their text, tool calls included).
     pub fn of_messages(messages: &[NewMessage]) -> RequestSize {
         RequestSize {
             messages: messages.len(),
-            text_bytes: messages.iter().fold(0, |sum, m| sum.saturating_add(m.content.len())),
+            text_bytes: messages.iter().fold(0, |sum, m| sum.saturating_add(m.text_bytes())),
         }
     }
 }

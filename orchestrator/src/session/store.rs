@@ -110,9 +110,10 @@ pub trait SessionStore: Send + Sync + 'static {
     /// Messages of a session from sequence number `from`, at most `limit`.
     fn messages(&self, session: &str, from: u64, limit: usize) -> Result<Vec<MessageRecord>, StoreError>;
 
-    /// The most recent messages of a session whose contents, each with
-    /// [`MESSAGE_OVERHEAD_BYTES`], fit in `budget` bytes (the last one always), oldest
-    /// first: what a turn sends its engine.
+    /// The most recent messages of a session whose text (contents and tool calls, see
+    /// [`MessageRecord::text_bytes`]), each with [`MESSAGE_OVERHEAD_BYTES`], fits in
+    /// `budget` bytes (the last one always), oldest first: what a turn sends its
+    /// engine.
     fn recent(&self, session: &str, budget: usize) -> Result<Vec<MessageRecord>, StoreError>;
 
     /// What an idempotent append with `key` wrote, if one was committed.
@@ -299,7 +300,7 @@ impl SessionStore for SledSessions {
         for item in self.tree.scan_prefix(message_prefix(session)).rev() {
             let (key, value) = item?;
             let message: MessageRecord = self.read(&key, &value)?;
-            let cost = message.content.len().saturating_add(MESSAGE_OVERHEAD_BYTES);
+            let cost = message.text_bytes().saturating_add(MESSAGE_OVERHEAD_BYTES);
             if !recent.is_empty() && used.saturating_add(cost) > budget {
                 break;
             }
@@ -375,5 +376,38 @@ impl SessionStore for SledSessions {
         let mut write = WriteBatch::new();
         write.raw(&self.tree, sled::Batch::default());
         self.db.commit_blocking(write)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_stored_before_tool_calls_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path()).unwrap();
+        let store = SledSessions::open(&db).unwrap();
+        // Two messages as a skein that stored text only wrote them.
+        for (seq, role, content) in [(0u64, "user", "hi"), (1, "assistant", "echo: hi")] {
+            let old = serde_json::json!({"seq": seq, "role": role, "content": content,
+                                         "created_at": "2023-11-14T22:13:20Z"});
+            db.raw()
+                .open_tree(TREE)
+                .unwrap()
+                .insert(message_key("s1", seq), encode(&old))
+                .unwrap();
+        }
+        let messages = store.messages("s1", 0, 10).unwrap();
+        assert_eq!(
+            messages.iter().map(|m| m.content.as_str()).collect::<Vec<_>>(),
+            ["hi", "echo: hi"]
+        );
+        assert!(
+            messages
+                .iter()
+                .all(|m| m.tool_calls.is_empty() && m.tool_call_id.is_none())
+        );
+        assert_eq!(store.recent("s1", 1000).unwrap(), messages);
     }
 }

@@ -7,11 +7,13 @@
 //!   `X-Skein-Session` header), the request continues that session: its `messages` are
 //!   the new ones, the session holds the history, and the reply is stored
 //!   (`Idempotency-Key` makes a retry a no-op that answers, or streams, the stored reply).
-//!   Without a session, `tools`, `tool_choice`, `parallel_tool_calls` and
+//!   With or without a session, `tools`, `tool_choice`, `parallel_tool_calls` and
 //!   `response_format` reach the engine as given, assistant messages may carry
 //!   `tool_calls` and `tool` messages their results; the answer carries the model's
-//!   `tool_calls` (streamed as OpenAI streams them, [`stream`]). A session stores text
-//!   only: tools on a session request are refused (400).
+//!   `tool_calls` (streamed as OpenAI streams them, [`stream`]). A session stores the
+//!   calls with its reply and the results the client sends; a result must answer a call
+//!   of the session or of the request before it, and the session's last reply sent
+//!   back is not stored twice ([`crate::session::record::check_turn`]).
 //! - `GET /v1/models`: the agents of the user's runs and the models they use.
 //!
 //! A chat completion has the limits of a session turn ([`crate::session::limits`]):
@@ -42,7 +44,7 @@ use super::extract::{body, idempotency_key};
 use super::openapi::ServerSentEvent;
 use super::sessions::chat_body;
 use super::{ApiState, Principal};
-use crate::engine_client::{Answer, Piece};
+use crate::engine_client::{Answer, RequestedCall, send_whole};
 use crate::session::{Flight, NewMessage, Prompt, Role, Sampling, SessionError, Turn};
 
 /// Text pieces of a streamed completion that may wait for a slow reader.
@@ -60,7 +62,8 @@ struct CompletionRequest {
     #[serde(flatten)]
     request: ChatCompletionRequest,
     /// Continue this session (or send the `X-Skein-Session` header): the messages are
-    /// appended to it and the agent sees its whole history.
+    /// appended to it (tool calls and results among them) and the agent sees its whole
+    /// history.
     #[serde(default)]
     session_id: Option<String>,
 }
@@ -110,27 +113,58 @@ fn text_of(index: usize, content: Option<openai::Content>) -> Result<String, Api
     }
 }
 
-/// The request's messages as a session turn's: text only; tool calls and `tool`
-/// messages are refused (a session stores text).
-fn messages(request: ChatCompletionRequest) -> Result<Vec<NewMessage>, ApiError> {
-    request
-        .messages
+/// Message `index` of a request as Skein takes it: `developer` is `system`; an
+/// assistant message keeps its `tool_calls` (each with an id and a function name), a
+/// `tool` message the `tool_call_id` it answers. Requests with and without a session
+/// read their messages here alike.
+fn new_message(index: usize, m: openai::ChatMessage) -> Result<NewMessage, ApiError> {
+    let content = text_of(index, m.content)?;
+    match m.role.as_str() {
+        "system" | "developer" => Ok(NewMessage::new(Role::System, content)),
+        "user" => Ok(NewMessage::new(Role::User, content)),
+        "assistant" => {
+            let calls = m.tool_calls.unwrap_or_default();
+            if let Some(c) = calls
+                .iter()
+                .position(|call| call.id.is_empty() || call.function.name.is_empty())
+            {
+                return Err(bad(
+                    &format!("messages[{index}].tool_calls[{c}]"),
+                    "needs an `id` and a `function.name`",
+                ));
+            }
+            let calls = calls
+                .into_iter()
+                .map(|call| RequestedCall {
+                    id: call.id,
+                    name: call.function.name,
+                    arguments: call.function.arguments,
+                })
+                .collect();
+            Ok(NewMessage::calling(content, calls))
+        }
+        "tool" => {
+            let id = m.tool_call_id.filter(|id| !id.is_empty()).ok_or_else(|| {
+                bad(
+                    &format!("messages[{index}].tool_call_id"),
+                    "is missing; a tool message names the call it answers",
+                )
+            })?;
+            Ok(NewMessage::tool_result(id, content))
+        }
+        other => Err(bad(
+            &format!("messages[{index}].role"),
+            &format!("is `{other}`; give system, developer, user, assistant or tool"),
+        )),
+    }
+}
+
+/// The request's messages ([`new_message`]).
+fn new_messages(messages: Vec<openai::ChatMessage>) -> Result<Vec<NewMessage>, ApiError> {
+    messages
         .into_iter()
         .enumerate()
-        .map(|(index, m)| {
-            let role = match m.role.as_str() {
-                "system" | "developer" => Role::System,
-                "user" => Role::User,
-                "assistant" => Role::Assistant,
-                other => {
-                    return Err(bad(
-                        &format!("messages[{index}].role"),
-                        &format!("is `{other}`; a session takes system, user and assistant messages (tool results only without a session)"),
-                    ));
-                }
-            };
-            Ok(NewMessage::new(role, text_of(index, m.content)?))
-        })
+        .map(|(index, m)| new_message(index, m))
         .collect()
 }
 
@@ -159,21 +193,22 @@ fn check_tools(tools: &[Value]) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// A request without a session as the engine takes it: its messages in OpenAI's form
-/// (tool calls and tool results kept), and its tool fields as given.
-fn prompt(request: ChatCompletionRequest) -> Result<Prompt, ApiError> {
+/// The request's fields that reach the engine as given, with or without a session:
+/// `tools` (checked: each a function with a name), `tool_choice`,
+/// `parallel_tool_calls`, `response_format` (an object). Takes them from `request`.
+fn engine_fields(request: &mut ChatCompletionRequest) -> Result<serde_json::Map<String, Value>, ApiError> {
     let mut fields = serde_json::Map::new();
-    if let Some(tools) = request.tools {
+    if let Some(tools) = request.tools.take() {
         check_tools(&tools)?;
         fields.insert("tools".to_owned(), Value::Array(tools));
     }
-    if let Some(choice) = request.tool_choice {
+    if let Some(choice) = request.tool_choice.take() {
         fields.insert("tool_choice".to_owned(), choice);
     }
-    if let Some(parallel) = request.parallel_tool_calls {
+    if let Some(parallel) = request.parallel_tool_calls.take() {
         fields.insert("parallel_tool_calls".to_owned(), json!(parallel));
     }
-    if let Some(format) = request.response_format {
+    if let Some(format) = request.response_format.take() {
         if !format.is_object() {
             return Err(bad(
                 "response_format",
@@ -182,68 +217,15 @@ fn prompt(request: ChatCompletionRequest) -> Result<Prompt, ApiError> {
         }
         fields.insert("response_format".to_owned(), format);
     }
-    let mut sent = Vec::with_capacity(request.messages.len());
-    for (index, m) in request.messages.into_iter().enumerate() {
-        let content = text_of(index, m.content.clone())?;
-        let message = match m.role.as_str() {
-            "system" | "developer" => json!({"role": "system", "content": content}),
-            "user" => json!({"role": "user", "content": content}),
-            "assistant" => {
-                let calls = m.tool_calls.unwrap_or_default();
-                if calls.is_empty() {
-                    json!({"role": "assistant", "content": content})
-                } else {
-                    for (c, call) in calls.iter().enumerate() {
-                        if call.id.is_empty() || call.function.name.is_empty() {
-                            return Err(bad(
-                                &format!("messages[{index}].tool_calls[{c}]"),
-                                "needs an `id` and a `function.name`",
-                            ));
-                        }
-                    }
-                    let content = (!content.is_empty()).then_some(content);
-                    json!({"role": "assistant", "content": content, "tool_calls": calls})
-                }
-            }
-            "tool" => {
-                let id = m.tool_call_id.filter(|id| !id.is_empty()).ok_or_else(|| {
-                    bad(
-                        &format!("messages[{index}].tool_call_id"),
-                        "is missing; a tool message names the call it answers",
-                    )
-                })?;
-                json!({"role": "tool", "tool_call_id": id, "content": content})
-            }
-            other => {
-                return Err(bad(
-                    &format!("messages[{index}].role"),
-                    &format!("is `{other}`; give system, developer, user, assistant or tool"),
-                ));
-            }
-        };
-        sent.push(message);
-    }
-    Ok(Prompt { messages: sent, fields })
+    Ok(fields)
 }
 
-/// What a request without a session asks: a prompt with the fields the session layer
-/// cannot store, refused (400) when a session was named.
-fn refuse_tools_on_session(request: &ChatCompletionRequest) -> Result<(), ApiError> {
-    let field = if request.uses_tools() {
-        Some("tools")
-    } else if request.response_format.is_some() {
-        Some("response_format")
-    } else {
-        request.parallel_tool_calls.map(|_| "parallel_tool_calls")
-    };
-    match field {
-        Some(field) => Err(bad(
-            field,
-            "(and tool calls or tool results) is taken only without a session: a session stores text messages. \
-             help: leave out session_id (and X-Skein-Session) and send the whole conversation",
-        )),
-        None => Ok(()),
-    }
+/// A request without a session as the engine takes it: its messages in OpenAI's form
+/// (tool calls and tool results kept), and its tool fields as given.
+fn prompt(mut request: ChatCompletionRequest) -> Result<Prompt, ApiError> {
+    let fields = engine_fields(&mut request)?;
+    let messages = new_messages(request.messages)?.iter().map(NewMessage::openai).collect();
+    Ok(Prompt { messages, fields })
 }
 
 /// The answer's tool calls in OpenAI's form.
@@ -277,7 +259,7 @@ pub(super) fn finish_reason(answer: &Answer) -> String {
             (ChatCompletion = "application/json"),
             (ServerSentEvent = "text/event-stream"),
         )),
-        (status = 400, description = "A bad request (a message part that is not text, a bad model name)", body = ErrorBody),
+        (status = 400, description = "A bad request (a message part that is not text, a bad model name; in a session, a tool result that answers no call of the session or of the request)", body = ErrorBody),
         (status = 404, description = "No such session (or another user's)", body = ErrorBody),
         (status = 413, description = "More messages or text than one request may carry (the message says the limit and the size)", body = ErrorBody),
         (status = 429, description = "The caller has as many chat requests or streams in flight as one user may; see Retry-After", body = ErrorBody,
@@ -320,10 +302,7 @@ async fn completions(
         stop: request.stop.clone().map(openai::Stop::into_vec).unwrap_or_default(),
     };
     let target = match &session {
-        Some(_) => {
-            refuse_tools_on_session(&request)?;
-            None
-        }
+        Some(_) => None,
         None => Some(state.sessions.resolve(&principal, &request.model)?),
     };
     let key = idempotency_key(&headers)?;
@@ -334,42 +313,34 @@ async fn completions(
     // session's reply is stored.
     let work: Pin<Box<dyn Future<Output = Result<Answer, SessionError>> + Send>> = match (session, target) {
         (Some(id), _) => {
-            let turn_messages = messages(request)?;
+            let mut request = request;
+            let fields = engine_fields(&mut request)?;
+            let turn_messages = new_messages(request.messages)?;
             Box::pin(async move {
-                let (text_in, mut text) = mpsc::channel::<String>(STREAM_BUFFER);
                 let turn = Turn {
                     messages: turn_messages,
+                    fields,
                     idempotency_key: key,
-                    tokens: pieces_in.is_some().then_some(text_in),
+                    tokens: pieces_in.clone(),
                     sampling,
                     reply: true,
                 };
-                // The turn's text goes on as pieces; it ends when the turn drops its
-                // sender.
-                let forward = async {
-                    while let Some(piece) = text.recv().await {
-                        if let Some(out) = &pieces_in {
-                            let _ = out.send(Piece::Text(piece)).await;
-                        }
-                    }
-                };
-                let (reply, ()) = tokio::join!(sessions.send(&principal, &id, turn), forward);
-                let reply = reply?;
+                let reply = sessions.send(&principal, &id, turn).await?;
                 // A retry (same Idempotency-Key) generates nothing: the reply stored by
-                // the first request is streamed instead, as one piece. The send fails
-                // only when the client went away, and the reply is stored anyway.
+                // the first request is streamed instead, its text as one piece and each
+                // tool call as one. The send fails only when the client went away, and
+                // the reply is stored anyway.
                 if reply.replayed
-                    && !reply.message.content.is_empty()
                     && let Some(replay) = &pieces_in
                 {
-                    let _ = replay.send(Piece::Text(reply.message.content.clone())).await;
+                    send_whole(replay, &reply.message.content, &reply.message.tool_calls).await;
                 }
                 Ok(Answer {
                     content: reply.message.content,
                     usage: reply.message.usage,
-                    finish_reason: Some("stop".to_owned()),
+                    finish_reason: None,
                     decode_tokens_per_s: None,
-                    tool_calls: Vec::new(),
+                    tool_calls: reply.message.tool_calls,
                 })
             })
         }

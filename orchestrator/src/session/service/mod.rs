@@ -25,7 +25,7 @@ use super::record::{self, Binding, Invalid, MessageRecord, NewMessage, SessionRe
 use super::store::Page;
 use crate::auth::Principal;
 use crate::base::{lock, new_id, unix_ms};
-use crate::engine_client::{Answer, CallError, Pieces, Route};
+use crate::engine_client::{Answer, CallError, Piece, Pieces, Route};
 use crate::instances::{InstanceView, Instances};
 use crate::run::{ContextWanted, Executor, Pin, ProvideError};
 use crate::store::StoreError;
@@ -151,13 +151,18 @@ pub struct NewSession {
 /// Messages sent in one turn.
 #[derive(Debug)]
 pub struct Turn {
-    /// The user's messages (and system ones).
+    /// The new messages: the user's and system ones, tool results, and assistant
+    /// messages that call tools ([`record::check_turn`]).
     pub messages: Vec<NewMessage>,
+    /// Request fields passed to the engine as given (`tools`, `tool_choice`,
+    /// `parallel_tool_calls`, `response_format`), as [`Prompt::fields`].
+    pub fields: serde_json::Map<String, serde_json::Value>,
     /// The client's idempotency key: a retried turn with the same key writes nothing
     /// again and answers with the first reply.
     pub idempotency_key: Option<String>,
-    /// Where to send the reply's text as it is generated (a stream).
-    pub tokens: Option<mpsc::Sender<String>>,
+    /// Where to send the reply's pieces (text and tool calls) as they are generated (a
+    /// stream).
+    pub tokens: Option<mpsc::Sender<Piece>>,
     /// Overrides of the agent's sampling and reply length for this turn.
     pub sampling: Sampling,
     /// Whether the agent answers; false only stores the messages (context a client
@@ -525,14 +530,8 @@ impl Sessions {
         };
         self.note_run(&route, served.as_deref());
         let has_system = prompt.messages.iter().any(|m| m["role"] == "system");
-        let mut sent = Vec::new();
-        if let (false, Some(system)) = (has_system, &definition.system) {
-            sent.push(serde_json::json!({"role": "system", "content": system}));
-        }
-        sent.extend(prompt.messages);
-        let mut body = serde_json::Value::Object(prompt.fields);
-        body["messages"] = serde_json::Value::Array(sent);
-        sampling.write(&definition, &mut body);
+        let system = if has_system { None } else { definition.system.as_deref() };
+        let body = engine_body(system, prompt.messages, prompt.fields, &sampling, &definition);
         let serves = run.as_deref().map(|r| (r, agent.as_str()));
         self.call(&route, serves, None, &principal.user, body, tokens)
             .await
@@ -588,6 +587,27 @@ impl Sessions {
         lock(&self.inner.turns).remove(id);
         Ok(())
     }
+}
+
+/// An engine's chat request: `system` (the agent's prompt, when it goes first), then
+/// `messages` (OpenAI's form), with `fields` as given and the sampling of `sampling`
+/// over the `agent`'s. Requests with and without a session are made here alike.
+fn engine_body(
+    system: Option<&str>,
+    messages: Vec<serde_json::Value>,
+    fields: serde_json::Map<String, serde_json::Value>,
+    sampling: &Sampling,
+    agent: &Agent,
+) -> serde_json::Value {
+    let mut sent = Vec::with_capacity(messages.len() + 1);
+    if let Some(system) = system {
+        sent.push(serde_json::json!({"role": "system", "content": system}));
+    }
+    sent.extend(messages);
+    let mut body = serde_json::Value::Object(fields);
+    body["messages"] = serde_json::Value::Array(sent);
+    sampling.write(agent, &mut body);
+    body
 }
 
 /// The bytes of history a turn may send: the model's context less the reply's tokens, at

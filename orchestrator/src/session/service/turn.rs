@@ -1,6 +1,8 @@
-//! A turn of a session: the request body within the history budget, the engine call,
-//! the reply stored with the turn (retried on a smaller history when the context is
-//! exceeded).
+//! A turn of a session: its messages checked against the history they join (tool
+//! results answer calls made before them), the request body within the history budget
+//! (tool calls and results in OpenAI's form, the turn's `tools` and other fields), the
+//! engine call, the reply stored with the turn, its tool calls with it (retried on a
+//! smaller history when the context is exceeded).
 
 use skein_dsl::ir::Agent;
 
@@ -13,12 +15,13 @@ use crate::session::record::{self, MessageRecord, NewMessage, Role};
 use super::*;
 
 impl Sessions {
-    /// One turn: the messages are stored, the agent answers with the whole history
-    /// (as much as fits its context), the reply is stored, then returned.
+    /// One turn: the messages are checked ([`record::check_turn`]) and stored, the agent
+    /// answers with the whole history (as much as fits its context), the reply (with
+    /// the tools it calls) is stored, then returned.
     ///
     /// Errors: [`SessionError`].
     pub async fn send(&self, principal: &Principal, id: &str, mut turn: Turn) -> Result<Reply, SessionError> {
-        self.get(principal, id)?;
+        let found = self.get(principal, id)?;
         self.inner
             .config
             .limits
@@ -29,11 +32,6 @@ impl Sessions {
             return Err(SessionError::Invalid(
                 "no message to send; give `content` or `messages`".to_owned(),
             ));
-        }
-        if let Some(index) = turn.messages.iter().position(|m| m.role == Role::Assistant) {
-            return Err(SessionError::Invalid(format!(
-                "message {index} has role `assistant`; a session's assistant messages are its agent's replies"
-            )));
         }
         if let Some(key) = &turn.idempotency_key {
             record::check_idempotency_key(key)?;
@@ -51,6 +49,25 @@ impl Sessions {
                 message,
                 replayed: true,
             });
+        }
+        // The messages as they join the history (a retry's were stored the first time,
+        // and are answered from there by the append).
+        let stored_before = match &turn.idempotency_key {
+            Some(key) => store.idempotent(id, key)?.is_some(),
+            None => false,
+        };
+        if !stored_before {
+            // Only tool results and assistant messages are checked against the history.
+            let history = if turn
+                .messages
+                .iter()
+                .any(|m| matches!(m.role, Role::Assistant | Role::Tool))
+            {
+                store.recent(id, history_budget(&found.definition, turn.sampling.max_tokens))?
+            } else {
+                Vec::new()
+            };
+            turn.messages = record::check_turn(&history, std::mem::take(&mut turn.messages))?;
         }
         let appended = self
             .inner
@@ -122,7 +139,7 @@ impl Sessions {
             shrunk += 1;
             let sent: usize = history
                 .iter()
-                .map(|m| m.content.len() + crate::session::store::MESSAGE_OVERHEAD_BYTES)
+                .map(|m| m.text_bytes() + crate::session::store::MESSAGE_OVERHEAD_BYTES)
                 .sum();
             budget = budget.min(sent) / 2;
             history = store.recent(id, budget)?;
@@ -140,10 +157,9 @@ impl Sessions {
         }
         let answer = answer.map_err(engine_error)?;
         let reply = NewMessage {
-            role: Role::Assistant,
-            content: answer.content,
             instance: route.instance.clone(),
             usage: answer.usage,
+            ..NewMessage::calling(answer.content, answer.tool_calls)
         };
         let stored = self
             .inner
@@ -227,17 +243,16 @@ impl Sessions {
     }
 
     /// The chat request of a turn: the agent's system prompt, then `history` (the most
-    /// recent messages that fit the model's context, [`history_budget`]).
+    /// recent messages that fit the model's context, [`history_budget`]) in OpenAI's
+    /// form, tool calls and results among them ([`record::openai_history`]), with the
+    /// turn's fields (`tools`, …) and sampling.
     pub(super) fn request_body(&self, agent: &Agent, history: &[MessageRecord], turn: &Turn) -> serde_json::Value {
-        let mut messages = Vec::new();
-        if let Some(system) = &agent.system {
-            messages.push(serde_json::json!({"role": "system", "content": system}));
-        }
-        for message in history {
-            messages.push(serde_json::json!({"role": message.role.name(), "content": message.content}));
-        }
-        let mut body = serde_json::json!({ "messages": messages });
-        turn.sampling.write(agent, &mut body);
-        body
+        engine_body(
+            agent.system.as_deref(),
+            record::openai_history(history),
+            turn.fields.clone(),
+            &turn.sampling,
+            agent,
+        )
     }
 }
