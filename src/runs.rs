@@ -547,7 +547,7 @@ fn items_done(step: &Step) -> String {
 }
 
 /// `text` on one line (runs of whitespace made one space), cut to `max` characters.
-fn one_line(text: &str, max: usize) -> String {
+pub(crate) fn one_line(text: &str, max: usize) -> String {
     let one: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
     if one.chars().count() > max {
         format!("{}…", one.chars().take(max).collect::<String>())

@@ -55,6 +55,46 @@ struct Message {
     role: String,
     content: String,
     created_at: String,
+    #[serde(default)]
+    tool_calls: Vec<ToolCall>,
+    #[serde(default)]
+    tool_call_id: Option<String>,
+}
+
+/// A tool call of an assistant message.
+#[derive(Deserialize)]
+struct ToolCall {
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+/// The longest arguments of a tool call `session show` prints (characters).
+const SHOWN_ARGUMENTS: usize = 120;
+
+impl Message {
+    /// The message as `session show` prints it: a head line (`[seq] role at time`, and
+    /// the call a tool result answers), its text, then one line per tool call it makes
+    /// (`calls name(arguments)  [id]`, the arguments on one line and cut).
+    fn render(&self) -> String {
+        let mut out = format!("[{}] {} at {}", self.seq, self.role, self.created_at);
+        if let Some(id) = &self.tool_call_id {
+            out.push_str(&format!(" (result of {id})"));
+        }
+        if !self.content.is_empty() {
+            out.push('\n');
+            out.push_str(&self.content);
+        }
+        for call in &self.tool_calls {
+            out.push_str(&format!(
+                "\ncalls {}({})  [{}]",
+                call.name,
+                crate::runs::one_line(&call.arguments, SHOWN_ARGUMENTS),
+                call.id
+            ));
+        }
+        out
+    }
 }
 
 fn parse<T: serde::de::DeserializeOwned>(body: &str) -> anyhow::Result<T> {
@@ -164,8 +204,7 @@ pub fn run_show(args: &SessionIdArgs) -> anyhow::Result<ExitCode> {
     println!("messages  {}", session.messages);
     for message in messages {
         let message: Message = serde_json::from_value(message).context("a message is not what this skein expects")?;
-        println!("\n[{}] {} at {}", message.seq, message.role, message.created_at);
-        println!("{}", message.content);
+        println!("\n{}", message.render());
     }
     Ok(ExitCode::from(EXIT_OK))
 }
@@ -283,4 +322,38 @@ pub fn run_delete(args: &SessionIdArgs) -> anyhow::Result<ExitCode> {
     client.delete(&format!("/v1/sessions/{}", args.id))?;
     println!("deleted session {}", args.id);
     Ok(ExitCode::from(EXIT_OK))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(message: serde_json::Value, expected: &str) {
+        let message: Message = serde_json::from_value(message).unwrap();
+        assert_eq!(message.render(), expected);
+    }
+
+    #[test]
+    fn messages_show_their_text_tool_calls_and_results() {
+        let at = "2026-01-01T00:00:00Z";
+        check(
+            serde_json::json!({"seq": 0, "role": "user", "content": "Paris?", "created_at": at}),
+            &format!("[0] user at {at}\nParis?"),
+        );
+        // A call's arguments on one line, cut to SHOWN_ARGUMENTS characters.
+        let long = format!("{{\"text\":\n  \"{}\"}}", "a".repeat(200));
+        check(
+            serde_json::json!({"seq": 1, "role": "assistant", "content": "", "created_at": at,
+                "tool_calls": [{"id": "c1", "name": "weather", "arguments": "{\"text\":\"Paris\"}"},
+                               {"id": "c2", "name": "echo", "arguments": long}]}),
+            &format!(
+                "[1] assistant at {at}\ncalls weather({{\"text\":\"Paris\"}})  [c1]\ncalls echo({{\"text\": \"{}…)  [c2]",
+                "a".repeat(SHOWN_ARGUMENTS - 10)
+            ),
+        );
+        check(
+            serde_json::json!({"seq": 2, "role": "tool", "content": "sunny", "created_at": at, "tool_call_id": "c1"}),
+            &format!("[2] tool at {at} (result of c1)\nsunny"),
+        );
+    }
 }
