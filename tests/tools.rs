@@ -476,3 +476,54 @@ fn a_for_each_item_whose_call_was_in_flight_under_ask_is_decided_by_its_index() 
     assert_eq!(run["steps"][0]["output"], json!(["done: slept 1500 ms"]).to_string());
     assert_eq!(lines(&count_file), 2, "sent exactly once more");
 }
+
+/// The `tool_choice` of each model call the loop made, in order, and how many tools
+/// it offered.
+fn tool_choices(model: &WholeAnswer) -> Vec<(Value, usize)> {
+    model
+        .requests()
+        .iter()
+        .map(|request| {
+            let body: Value = serde_json::from_str(request.split_once("\r\n\r\n").unwrap().1).unwrap();
+            (
+                body["tool_choice"].clone(),
+                body["tools"].as_array().map_or(0, Vec::len),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn an_agents_tool_choice_holds_for_its_loops_first_model_call_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let tools = mcp_tools_path();
+    let allow = tools.to_string_lossy().into_owned();
+    let port = free_port();
+    let _server = start(&dir.path().join("data"), port, &["--allow-tool-command", &allow]);
+    let api = RestApi::new(port, TOKEN);
+    api.wait_up();
+    let server = stdio(&[&tools], &dir.path().join("count"), "retry");
+
+    // One tool named: the first call is offered that tool alone, and `required` (which
+    // every engine enforces); later calls every tool, and `auto` until the last call,
+    // which must answer.
+    let model = WholeAnswer::tool_caller("counter__count", "{}", 2, Duration::ZERO);
+    let text = workflow_with(&model.url(), &server, "echo, counter.count", 4).replace(
+        "    max_turns: 4\n",
+        "    max_turns: 4\n    tool_choice: counter.count\n",
+    );
+    let run = api.finished(&api.submit(&text));
+    assert_eq!(run["state"], "succeeded", "{run:#}");
+    assert_eq!(
+        tool_choices(&model),
+        [(json!("required"), 1), (json!("auto"), 2), (json!("auto"), 2)]
+    );
+
+    // `required`, with two calls: the second is the last, and must answer.
+    let model = WholeAnswer::tool_caller("counter__count", "{}", 1, Duration::ZERO);
+    let text = workflow(&model.url(), &server, 2)
+        .replace("    max_turns: 2\n", "    max_turns: 2\n    tool_choice: required\n");
+    let run = api.finished(&api.submit(&text));
+    assert_eq!(run["state"], "succeeded", "{run:#}");
+    assert_eq!(tool_choices(&model), [(json!("required"), 1), (json!("none"), 1)]);
+}

@@ -202,3 +202,69 @@ fn ask_is_a_policy_for_every_tool_or_one() {
         bad.render(RenderOptions::default())
     );
 }
+
+#[test]
+fn tool_choice_is_read_alike_and_checked_against_the_agents_tools() {
+    use skein_dsl::ir::ToolChoice;
+    let agent = |choice: &str, tools: &str, extra: &str| {
+        format!(
+            "name: t\ntool_servers:\n  s: {{ command: [p] }}\nagents:\n  a: {{ model: Qwen/Qwen2.5-0.5B-Instruct, tools: {tools}, tool_choice: {choice}{extra} }}\n"
+        )
+    };
+    let chosen = |text: &str| valid("t.yaml", text).workflow.unwrap().agents["a"].tool_choice.clone();
+    assert_eq!(chosen(&agent("required", "[s.x]", "")), Some(ToolChoice::Required));
+    assert_eq!(
+        chosen(&agent("AUTO", "[s.x]", ", max_turns: 1")),
+        Some(ToolChoice::Auto)
+    );
+    let one = ToolChoice::Tool(ToolRef {
+        server: "s".into(),
+        tool: Some("y".into()),
+    });
+    assert_eq!(chosen(&agent("s.y", "[s.*]", "")), Some(one.clone()));
+    let rhai = valid(
+        "t.rhai",
+        "workflow(\"t\");\ntool_server(\"s\", #{ command: [\"p\"] });\nagent(\"a\", #{ model: \"Qwen/Qwen2.5-0.5B-Instruct\", tools: [\"s.x\", \"s.y\"], tool_choice: \"s.y\" });\n",
+    );
+    assert_eq!(rhai.workflow.unwrap().agents["a"].tool_choice, Some(one));
+
+    for (text, code, message) in [
+        (
+            agent("s.z", "[s.x]", ""),
+            Code::BadValue,
+            "`tool_choice` of agent `a` names `s.z`, which is not among its `tools`",
+        ),
+        (
+            agent("s.*", "[s.*]", ""),
+            Code::BadValue,
+            "`tool_choice` of agent `a` names every tool of `s`",
+        ),
+        (
+            agent("required", "[s.x]", ", max_turns: 1"),
+            Code::BadValue,
+            "agent `a` has `max_turns: 1`, so its only model call must answer and cannot call a tool",
+        ),
+        (
+            agent("required", "[]", ""),
+            Code::BadValue,
+            "agent `a` sets `tool_choice` but lists no `tools`",
+        ),
+        (agent("s", "[s.x]", ""), Code::BadToolRef, "`s` names no tool"),
+        (agent("[s.x]", "[s.x]", ""), Code::WrongType, ""),
+    ] {
+        let parsed = skein_dsl::parse("t.yaml", &text);
+        let found: Vec<(Code, &str)> = parsed
+            .diagnostics
+            .iter()
+            .filter(|d| d.severity == Severity::Error)
+            .map(|d| (d.code, d.message.as_str()))
+            .collect();
+        assert_eq!(found.len(), 1, "{text}: {found:?}");
+        assert_eq!(found[0].0, code, "{text}");
+        assert!(found[0].1.contains(message), "{text}: {}", found[0].1);
+    }
+    insta::assert_snapshot!(
+        "tool_choice_not_listed",
+        skein_dsl::parse("t.yaml", &agent("s.z", "[s.x]", "")).render(RenderOptions::default())
+    );
+}

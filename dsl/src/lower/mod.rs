@@ -45,6 +45,7 @@ const AGENT_KEYS: &[&str] = &[
     "max_tokens",
     "tools",
     "max_turns",
+    "tool_choice",
 ];
 const MODEL_KEYS: &[&str] = &[
     "repo",
@@ -388,6 +389,9 @@ fn agent(cx: &mut Cx<'_>, node: &Node, anchor: Span, name: &str) -> (Option<Agen
         .get("max_turns")
         .and_then(|n| read::integer(cx, n, "`max_turns`", 1, i64::from(crate::ir::MAX_TURNS)))
         .and_then(|n| u32::try_from(n).ok());
+    let tool_choice = m
+        .get("tool_choice")
+        .and_then(|n| tools::tool_choice(cx, n, name, &tool_refs, max_turns));
     m.finish(cx);
     let agent = backend.map(|backend| Agent {
         backend,
@@ -396,6 +400,7 @@ fn agent(cx: &mut Cx<'_>, node: &Node, anchor: Span, name: &str) -> (Option<Agen
         max_tokens,
         tools: tool_refs.iter().map(|(r, _)| r.clone()).collect(),
         max_turns,
+        tool_choice,
     });
     (agent, tool_refs)
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use super::{TOOL_SERVER_KEYS, http_url, misspells, secret_reference};
 use crate::diag::{Code, Diagnostic};
-use crate::ir::{InFlight, ToolRef, ToolServer, ToolTransport, is_valid_name, is_valid_tool_name};
+use crate::ir::{InFlight, ToolChoice, ToolRef, ToolServer, ToolTransport, is_valid_name, is_valid_tool_name};
 use crate::node::{Node, NodeKind};
 use crate::read::{self, Cx, NameKind};
 use crate::source::Span;
@@ -249,6 +249,80 @@ pub(super) fn tools(cx: &mut Cx<'_>, node: &Node, agent: &str) -> Vec<(ToolRef, 
         }
     }
     out
+}
+
+/// An agent's `tool_choice`: `auto`, `required`, or one `server.tool` among the tools
+/// `listed` (its `tools`). Anything but `auto` needs tools and a second model call (the
+/// loop's last call must answer, and `max_turns: 1` leaves only that one).
+pub(super) fn tool_choice(
+    cx: &mut Cx<'_>,
+    node: &Node,
+    agent: &str,
+    listed: &[(ToolRef, Span)],
+    max_turns: Option<u32>,
+) -> Option<ToolChoice> {
+    let text = read::string(cx, node, "`tool_choice`")?;
+    let choice = if text.eq_ignore_ascii_case("auto") {
+        ToolChoice::Auto
+    } else if text.eq_ignore_ascii_case("required") {
+        ToolChoice::Required
+    } else {
+        let r = tool_ref(cx, node)?;
+        if r.tool.is_none() {
+            cx.push(
+                Diagnostic::error(
+                    Code::BadValue,
+                    node.span,
+                    format!("`tool_choice` of agent `{agent}` names every tool of `{}`", r.server),
+                )
+                .with_label("one tool, `auto` or `required`")
+                .with_help("write `required` to make the model call one of its tools, or `SERVER.TOOL` for one tool"),
+            );
+            return None;
+        }
+        ToolChoice::Tool(r)
+    };
+    if choice == ToolChoice::Auto {
+        return Some(choice);
+    }
+    let problem = if listed.is_empty() {
+        Some((
+            format!("agent `{agent}` sets `tool_choice` but lists no `tools`"),
+            "no tools to choose",
+            "give the agent `tools`, or remove `tool_choice`".to_owned(),
+        ))
+    } else if max_turns == Some(1) {
+        Some((
+            format!("agent `{agent}` has `max_turns: 1`, so its only model call must answer and cannot call a tool"),
+            "needs a second model call",
+            "raise `max_turns`, or remove `tool_choice`".to_owned(),
+        ))
+    } else {
+        match &choice {
+            ToolChoice::Tool(wanted)
+                if !listed
+                    .iter()
+                    .any(|(r, _)| r.server == wanted.server && (r.tool.is_none() || r.tool == wanted.tool)) =>
+            {
+                let written = written(wanted);
+                Some((
+                    format!("`tool_choice` of agent `{agent}` names `{written}`, which is not among its `tools`"),
+                    "not in `tools`",
+                    format!("add `{written}` to the agent's `tools`, or choose one of them"),
+                ))
+            }
+            _ => None,
+        }
+    };
+    if let Some((message, label, help)) = problem {
+        cx.push(
+            Diagnostic::error(Code::BadValue, node.span, message)
+                .with_label(label)
+                .with_help(help),
+        );
+        return None;
+    }
+    Some(choice)
 }
 
 /// `server.tool` or `server.*` as written.

@@ -56,6 +56,7 @@ pub fn fixture(id: &str, owner: &str) -> SessionRecord {
             max_tokens: None,
             tools: Vec::new(),
             max_turns: None,
+            tool_choice: None,
         },
         binding: None,
         metadata: BTreeMap::new(),

@@ -118,6 +118,15 @@ pub fn disallowed_program<'a>(command: &'a [String], allowed: &[PathBuf]) -> Opt
     (!allowed.iter().any(|a| a.as_os_str() == program)).then_some(program)
 }
 
+/// `tool`, which the model calls `name`, as an OpenAI function.
+fn definition(name: &str, tool: &Offered) -> Value {
+    let mut function = json!({"name": name, "parameters": tool.parameters});
+    if let Some(description) = &tool.description {
+        function["description"] = json!(description);
+    }
+    json!({"type": "function", "function": function})
+}
+
 /// The name the model calls `tool` of `server` by: `server__tool`, with every
 /// character outside OpenAI's `[A-Za-z0-9_-]` as `_`, cut to 64 characters.
 pub fn offered_name(server: &str, tool: &str) -> String {
@@ -234,16 +243,12 @@ impl ToolBox {
 
     /// The tools in OpenAI's `tools` format, in name order.
     pub fn definitions(&self) -> Vec<Value> {
-        self.offered
-            .iter()
-            .map(|(name, tool)| {
-                let mut function = json!({"name": name, "parameters": tool.parameters});
-                if let Some(description) = &tool.description {
-                    function["description"] = json!(description);
-                }
-                json!({"type": "function", "function": function})
-            })
-            .collect()
+        self.offered.iter().map(|(name, tool)| definition(name, tool)).collect()
+    }
+
+    /// The tool the model calls `name`, in OpenAI's `tools` format.
+    pub fn definition(&self, name: &str) -> Option<Value> {
+        self.offered.get(name).map(|tool| definition(name, tool))
     }
 
     /// The tool the model calls `name`.

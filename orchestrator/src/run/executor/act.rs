@@ -14,13 +14,13 @@
 use std::time::Duration;
 
 use serde_json::{Map, Value, json};
-use skein_dsl::ir::{DEFAULT_MAX_TURNS, InFlight, Workflow};
+use skein_dsl::ir::{DEFAULT_MAX_TURNS, InFlight, ToolChoice, Workflow};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::base::unix_ms;
 use crate::engine_client::{Answer, CallError, Route, call};
 use crate::run::record::{Attempt, CallState, LoopChange, ToolCall, Turn};
-use crate::tools::{ToolAccess, ToolBox};
+use crate::tools::{ToolAccess, ToolBox, offered_name};
 
 /// Where the loop sends its changes: the attempt, the change, and the acknowledgement
 /// (`true` once written; `false` when the step no longer runs).
@@ -57,12 +57,8 @@ impl AgentLoop {
     }
 
     async fn drive(&self, route: &Route, toolbox: &ToolBox) -> Result<Answer, CallError> {
-        let max_turns = self
-            .workflow
-            .agents
-            .get(&self.agent)
-            .and_then(|a| a.max_turns)
-            .unwrap_or(DEFAULT_MAX_TURNS) as usize;
+        let definition = self.workflow.agents.get(&self.agent);
+        let max_turns = definition.and_then(|a| a.max_turns).unwrap_or(DEFAULT_MAX_TURNS) as usize;
         // The request of every model call: the step's, with the tools, and the
         // conversation growing in place.
         let mut body = self.request.clone();
@@ -79,9 +75,9 @@ impl AgentLoop {
             for (c, recorded) in turn.calls.iter().enumerate() {
                 let result = match recorded.state {
                     CallState::Returned => recorded.result.clone().unwrap_or_default(),
-                    CallState::Pending => self.send(toolbox, t, c, recorded, false).await?,
+                    CallState::Pending => self.send(toolbox, t, c, request_of(recorded), false).await?,
                     CallState::Sent => match recorded.in_flight_policy(&self.workflow) {
-                        InFlight::Retry => self.send(toolbox, t, c, recorded, false).await?,
+                        InFlight::Retry => self.send(toolbox, t, c, request_of(recorded), false).await?,
                         InFlight::Fail => {
                             return Err(CallError::Refused(format!(
                                 "tool call {} (`{}`) was in flight when the orchestrator stopped, and its server's `in_flight` policy for it is `fail`; set `in_flight: retry` for tools that are safe to call twice, or `in_flight: ask` to have a person decide",
@@ -102,15 +98,42 @@ impl AgentLoop {
                 push(&mut body, tool_message(&recorded.id, &result));
             }
         }
+        // The agent's `tool_choice` holds for the loop's first model call only: later
+        // calls choose freely, so a loop whose tools answered can end. One tool named
+        // is that call offered that tool alone, and `required`: every engine enforces
+        // it so (llama.cpp reads no named choice).
+        let (first_choice, first_tools) = match &definition.and_then(|a| a.tool_choice.as_ref()) {
+            None | Some(ToolChoice::Auto) => (json!("auto"), None),
+            Some(ToolChoice::Required) => (json!("required"), None),
+            Some(ToolChoice::Tool(wanted)) => {
+                let tool = wanted.tool.as_deref().unwrap_or_default();
+                let only = toolbox.definition(&offered_name(&wanted.server, tool)).ok_or_else(|| {
+                    CallError::Refused(format!(
+                        "the agent's `tool_choice` is `{}.{tool}`, which tool server `{}` does not declare; choose one of the tools it declares, or `required`",
+                        wanted.server, wanted.server
+                    ))
+                })?;
+                (json!("required"), Some(json!([only])))
+            }
+        };
         let mut turns = self.recorded.len();
         loop {
             let last = turns + 1 >= max_turns;
             // The last model call must answer.
-            body["tool_choice"] = json!(if last { "none" } else { "auto" });
+            let first = turns == 0 && !last;
+            body["tool_choice"] = match (last, first) {
+                (true, _) => json!("none"),
+                (false, true) => first_choice.clone(),
+                (false, false) => json!("auto"),
+            };
             if let (true, Some(format)) = (last, &response_format) {
                 body["response_format"] = format.clone();
             }
-            let answer = call(&self.access.clients, route, body.clone(), self.model_timeout).await?;
+            let mut request = body.clone();
+            if let (true, Some(only)) = (first, &first_tools) {
+                request["tools"] = only.clone();
+            }
+            let answer = call(&self.access.clients, route, request, self.model_timeout).await?;
             if answer.tool_calls.is_empty() {
                 return Ok(answer);
             }
@@ -141,38 +164,44 @@ impl AgentLoop {
                 usage: answer.usage,
             };
             // The turn and the sending of its first call are one write.
-            let first_sent = match turn.calls.first_mut() {
-                Some(first) if request_of(first).is_ok() => {
-                    first.mark_sent(unix_ms());
-                    true
-                }
-                _ => false,
-            };
+            let mut first = turn.calls.first().map(request_of);
+            let first_sent = matches!(first, Some(Ok(_)));
+            if first_sent {
+                turn.calls[0].mark_sent(unix_ms());
+            }
             self.record(LoopChange::Turn(turn.clone())).await?;
             push(&mut body, assistant_message(&turn));
             for (c, requested) in turn.calls.iter().enumerate() {
-                let result = self.send(toolbox, turns, c, requested, c == 0 && first_sent).await?;
+                let request = match (c, first.take()) {
+                    (0, Some(request)) => request,
+                    _ => request_of(requested),
+                };
+                let result = self.send(toolbox, turns, c, request, c == 0 && first_sent).await?;
                 push(&mut body, tool_message(&requested.id, &result));
             }
             turns += 1;
         }
     }
 
-    /// Sends call `c` of turn `t` (recorded as sent first, unless `recorded_sent`: it
-    /// was, with its turn) and records its result; the text for the model. A call the
-    /// loop cannot make (an unknown tool, arguments that are not a JSON object, a
-    /// server that fails) returns an error text the model reads, recorded like a
-    /// result.
+    /// Sends call `c` of turn `t` (`request`, [`request_of`] it) — recorded as sent
+    /// first, unless `recorded_sent`: it was, with its turn — and records its result;
+    /// the text for the model. A call the loop cannot make (an unknown tool, arguments
+    /// that are not a JSON object, a server that fails) returns an error text the
+    /// model reads, recorded like a result.
     async fn send(
         &self,
         toolbox: &ToolBox,
         t: usize,
         c: usize,
-        call: &ToolCall,
+        request: Result<Request, String>,
         recorded_sent: bool,
     ) -> Result<String, CallError> {
-        let (result, is_error) = match request_of(call) {
-            Ok((server, tool, arguments)) => {
+        let (result, is_error) = match request {
+            Ok(Request {
+                server,
+                tool,
+                arguments,
+            }) => {
                 if !recorded_sent {
                     self.record(LoopChange::Sent {
                         turn: t,
@@ -181,7 +210,7 @@ impl AgentLoop {
                     })
                     .await?;
                 }
-                match toolbox.call(server, tool, arguments, self.tool_timeout).await {
+                match toolbox.call(&server, &tool, arguments, self.tool_timeout).await {
                     Ok(outcome) => (outcome.text, outcome.is_error),
                     Err(error) => (format!("error: {error}"), true),
                 }
@@ -214,10 +243,16 @@ impl AgentLoop {
     }
 }
 
-/// What sending `call` takes: its server, its tool and its arguments; or, for a call
-/// the loop cannot make (an unknown tool, arguments that are not a JSON object), the
-/// error text the model reads instead.
-fn request_of(call: &ToolCall) -> Result<(&str, &str, Map<String, Value>), String> {
+/// What sending a call takes.
+struct Request {
+    server: String,
+    tool: String,
+    arguments: Map<String, Value>,
+}
+
+/// What sending `call` takes; or, for a call the loop cannot make (an unknown tool,
+/// arguments that are not a JSON object), the error text the model reads instead.
+fn request_of(call: &ToolCall) -> Result<Request, String> {
     let (Some(server), Some(tool)) = (&call.server, &call.tool) else {
         return Err(format!(
             "error: there is no tool `{}`; the tools are listed in `tools`",
@@ -225,7 +260,11 @@ fn request_of(call: &ToolCall) -> Result<(&str, &str, Map<String, Value>), Strin
         ));
     };
     match serde_json::from_str::<Value>(&call.arguments) {
-        Ok(Value::Object(arguments)) => Ok((server, tool, arguments)),
+        Ok(Value::Object(arguments)) => Ok(Request {
+            server: server.clone(),
+            tool: tool.clone(),
+            arguments,
+        }),
         Ok(_) | Err(_) => Err(format!(
             "error: the arguments of `{}` must be a JSON object, got: {}",
             call.name,
