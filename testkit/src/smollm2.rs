@@ -575,14 +575,12 @@ fn byte_level_decoder() -> HashMap<char, u8> {
 /// `<|im_end|>` as control tokens, padded with unused tokens to the model's vocabulary.
 /// The weights are SmolLM2's (llama.cpp loads the file; only its tokenizer is used).
 pub fn sentencepiece_gguf(tmp: &Path) -> PathBuf {
-    let out = tmp.join("smollm2-sentencepiece-vocab.gguf");
-    if out.is_file() {
-        return out;
-    }
-    let gguf = gguf_path();
-    let mut file = File::open(&gguf).expect("open the SmolLM2 GGUF");
-    let content = Content::read(&mut file).expect("read the SmolLM2 GGUF");
-    let source = meta_strings(&content, "tokenizer.ggml.tokens").expect("tokens");
+    with_metadata(&tmp.join("smollm2-sentencepiece-vocab.gguf"), sentencepiece_metadata)
+}
+
+/// [`sentencepiece_gguf`]'s metadata: `content`'s, with the vocabulary rewritten.
+fn sentencepiece_metadata(content: &Content) -> Vec<(String, GgufValue)> {
+    let source = meta_strings(content, "tokenizer.ggml.tokens").expect("tokens");
     let decoder = byte_level_decoder();
     let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into()];
     let mut types: Vec<i32> = vec![2, 3, 3];
@@ -648,6 +646,57 @@ pub fn sentencepiece_gguf(tmp: &Path) -> PathBuf {
     metadata.push(("tokenizer.ggml.eos_token_id".into(), GgufValue::U32(2)));
     metadata.push(("tokenizer.ggml.unknown_token_id".into(), GgufValue::U32(0)));
     metadata.push(("tokenizer.ggml.add_bos_token".into(), GgufValue::Bool(false)));
+    metadata
+}
+
+/// The repository id of [`tool_gguf_repo`].
+pub const TOOL_GGUF_REPO_ID: &str = "skein-test/SmolLM2-135M-Instruct-Tools-GGUF";
+
+/// Llama 3.1's chat template, as its tokenizer_config.json publishes it.
+const LLAMA_3_1_TEMPLATE: &str =
+    include_str!("../../inference/tests/data/chat_templates/meta-llama-Llama-3.1-8B-Instruct.jinja");
+
+/// [`gguf_repo`]'s model (same weights and vocabulary) with Llama 3.1's chat template in
+/// its metadata instead of SmolLM2's own, which takes no tools. Llama 3.1's renders
+/// `tools` and writes a call as a bare JSON object, with no marker before it: an engine
+/// that holds calls to a grammar (llama.cpp under `tool_choice: required`) makes even
+/// this small model call a tool, with arguments that fit the tool's schema. Written
+/// once under `tmp`.
+pub fn tool_gguf_repo(tmp: &Path) -> MockRepo {
+    let path = with_metadata(&tmp.join("smollm2-llama-3.1-template.gguf"), |content| {
+        let mut metadata: Vec<(String, GgufValue)> = content
+            .metadata
+            .iter()
+            .filter(|(k, _)| k.as_str() != "tokenizer.chat_template")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        metadata.push((
+            "tokenizer.chat_template".into(),
+            GgufValue::String(LLAMA_3_1_TEMPLATE.to_owned()),
+        ));
+        metadata
+    });
+    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    MockRepo::new(TOOL_GGUF_REPO_ID)
+        .file(GGUF_FILE, bytes)
+        .file(
+            "README.md",
+            "---\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct\ntags: [gguf]\n---\n# SmolLM2-135M-Instruct GGUF with a tool-calling template\n",
+        )
+        .file(".gitattributes", "*.gguf filter=lfs diff=lfs merge=lfs -text\n")
+        .tags(&["gguf", "llama"])
+}
+
+/// The SmolLM2 GGUF written again at `out` with the metadata `metadata` makes of the
+/// original's, and the same tensors; kept once written.
+fn with_metadata(out: &Path, metadata: impl FnOnce(&Content) -> Vec<(String, GgufValue)>) -> PathBuf {
+    if out.is_file() {
+        return out.to_owned();
+    }
+    let gguf = gguf_path();
+    let mut file = File::open(&gguf).expect("open the SmolLM2 GGUF");
+    let content = Content::read(&mut file).expect("read the SmolLM2 GGUF");
+    let metadata = metadata(&content);
     let mut tensors = Vec::new();
     let mut names: Vec<&String> = content.tensor_infos.keys().collect();
     names.sort();
@@ -657,13 +706,13 @@ pub fn sentencepiece_gguf(tmp: &Path) -> PathBuf {
             content.tensor(&mut file, name, &Device::Cpu).expect("a tensor"),
         ));
     }
-    let work = work_path(&out);
+    let work = work_path(out);
     let mut writer = std::io::BufWriter::new(File::create(&work).expect("create the GGUF"));
     let metadata: Vec<(&str, &GgufValue)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let tensors: Vec<(&str, &candle_core::quantized::QTensor)> = tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
     candle_core::quantized::gguf_file::write(&mut writer, &metadata, &tensors).expect("write the GGUF");
     std::io::Write::flush(&mut writer).expect("flush the GGUF");
     drop(writer);
-    std::fs::rename(&work, &out).expect("move the GGUF");
-    out
+    std::fs::rename(&work, out).expect("move the GGUF");
+    out.to_owned()
 }
