@@ -115,9 +115,11 @@ pub(crate) fn render(
     }
 }
 
-/// What the plan says of tool calls when some of `agents` list tools: the tool-call
-/// format the engine reads from the model's family, or that the model cannot call
-/// tools (its agents then get answers without calls).
+/// What the plan says of tool calls when some of `agents` list tools. vLLM reads calls
+/// with the parser of the model's family (`--tool-call-parser`): the plan names it, or
+/// says the model cannot call tools there (its agents then get answers without calls).
+/// llama.cpp (`--jinja`) and the built-in engine render tools and read calls with the
+/// model's own chat template, which the plan does not read: it says so.
 fn tools_line(workflow: &skein_dsl::Workflow, agents: &[String], info: &ModelInfo, engine: &str) -> Option<String> {
     let with_tools: Vec<&str> = agents
         .iter()
@@ -129,6 +131,11 @@ fn tools_line(workflow: &skein_dsl::Workflow, agents: &[String], info: &ModelInf
     }
     let architecture = info.architecture();
     let who = with_tools.join(", ");
+    if engine != EngineChoice::Vllm.plan_name() {
+        return Some(format!(
+            "tools of {who}: {engine} renders the tools and reads the calls with this model's own chat template; a template that takes no tools gives answers without calls, which end the agent loops at the first answer"
+        ));
+    }
     Some(match super::tool_call_format(architecture) {
         Some(format) => {
             format!("tools of {who}: {engine} reads this {architecture:?} model's calls in the `{format}` format")
