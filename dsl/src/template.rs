@@ -29,6 +29,28 @@ pub struct TemplateError {
     pub help: &'static str,
 }
 
+/// The template of `text`, its expressions unchecked (a workflow's are checked against
+/// its inputs and steps as it is lowered): for programs that build a workflow's IR
+/// themselves, such as tests and benches. Errors: every syntax problem of `text`.
+pub fn unchecked(text: &str) -> Result<crate::ir::Template, Vec<TemplateError>> {
+    use crate::ir::{Expr, Template, TemplatePart};
+    let (raw, errors) = parse(text);
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let parts = raw
+        .into_iter()
+        .map(|p| match p {
+            RawPart::Text(t) => TemplatePart::Text(t),
+            RawPart::Expr { text, .. } => TemplatePart::Expr(Expr(text)),
+        })
+        .collect();
+    Ok(Template {
+        source: text.to_owned(),
+        parts,
+    })
+}
+
 /// Split `text` into literal text and `{{ }}` expressions. Every problem is
 /// returned, not only the first.
 pub fn parse(text: &str) -> (Vec<RawPart>, Vec<TemplateError>) {

@@ -37,8 +37,7 @@ use rmcp::model::CallToolRequestParams;
 use rmcp::transport::TokioChildProcess;
 use serde_json::{Value, json};
 use skein_dsl::expr::Evaluator;
-use skein_dsl::ir::{DEFAULT_MAX_PARALLEL, DEFAULT_MAX_TURNS, Expr, ForEach, Template, TemplatePart};
-use skein_dsl::template::RawPart;
+use skein_dsl::ir::{DEFAULT_MAX_PARALLEL, DEFAULT_MAX_TURNS, Expr, ForEach, Template};
 use skein_orchestrator::base::unix_ms;
 use skein_orchestrator::egress::{EgressPolicy, EgressRules};
 use skein_orchestrator::engine_client::{Clients, Usage};
@@ -266,19 +265,7 @@ fn push(body: &mut Value, message: Value) {
 }
 
 fn template(text: &str) -> Template {
-    let (raw, errors) = skein_dsl::template::parse(text);
-    assert!(errors.is_empty(), "{errors:?}");
-    let parts = raw
-        .into_iter()
-        .map(|p| match p {
-            RawPart::Text(t) => TemplatePart::Text(t),
-            RawPart::Expr { text, .. } => TemplatePart::Expr(Expr(text)),
-        })
-        .collect();
-    Template {
-        source: text.to_owned(),
-        parts,
-    }
+    skein_dsl::template::unchecked(text).expect("a template")
 }
 
 /// A run whose one step runs over `items` topics, `DEFAULT_MAX_PARALLEL` at once.

@@ -7,8 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use skein_dsl::expr::Evaluator;
-use skein_dsl::ir::{Approval, Expr, ForEach, OnTimeout, Template, TemplatePart};
-use skein_dsl::template::RawPart;
+use skein_dsl::ir::{Approval, Expr, ForEach, OnTimeout, Template};
 use skein_orchestrator::run::record::{
     AfterFailure, Attempt, DecideError, Decision, Next, RetryPolicy, RunRecord, RunState, StepState, UnixMs,
     typed_inputs,
@@ -34,19 +33,7 @@ fn run_with(edit: impl FnOnce(&mut skein_dsl::Workflow)) -> RunRecord {
 }
 
 fn template(text: &str) -> Template {
-    let (raw, errors) = skein_dsl::template::parse(text);
-    assert!(errors.is_empty(), "{errors:?}");
-    let parts = raw
-        .into_iter()
-        .map(|p| match p {
-            RawPart::Text(t) => TemplatePart::Text(t),
-            RawPart::Expr { text, .. } => TemplatePart::Expr(Expr(text)),
-        })
-        .collect();
-    Template {
-        source: text.to_owned(),
-        parts,
-    }
+    skein_dsl::template::unchecked(text).expect("a template")
 }
 
 /// `each` runs over the JSON list `plan` answers, two at a time.

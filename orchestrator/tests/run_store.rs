@@ -7,8 +7,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 use skein_dsl::expr::Evaluator;
-use skein_dsl::ir::{Expr, ForEach, Repeat, Template, TemplatePart};
-use skein_dsl::template::RawPart;
+use skein_dsl::ir::{Expr, ForEach, Repeat, Template};
 use skein_orchestrator::run::record::{
     LoopChange, RetryPolicy, RunRecord, StepState, ToolCall, Turn, UnixMs, typed_inputs,
 };
@@ -26,19 +25,7 @@ steps:
 "#;
 
 fn template(text: &str) -> Template {
-    let (raw, errors) = skein_dsl::template::parse(text);
-    assert!(errors.is_empty(), "{errors:?}");
-    let parts = raw
-        .into_iter()
-        .map(|p| match p {
-            RawPart::Text(t) => TemplatePart::Text(t),
-            RawPart::Expr { text, .. } => TemplatePart::Expr(Expr(text)),
-        })
-        .collect();
-    Template {
-        source: text.to_owned(),
-        parts,
-    }
+    skein_dsl::template::unchecked(text).expect("a template")
 }
 
 /// `each` runs over the JSON list `plan` answers, two at a time, with a retry; `sum`

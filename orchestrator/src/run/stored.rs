@@ -49,6 +49,12 @@ impl RunStore {
         self.heads.all()?.into_iter().map(|head| self.whole(head)).collect()
     }
 
+    /// Every run's head, oldest first: its state and steps, without their `for_each`
+    /// items and agent loops (for lists, which show neither; one read per run).
+    pub fn heads(&self) -> Result<Vec<RunRecord>, StoreError> {
+        self.heads.all()
+    }
+
     /// Writes `run`'s head and its changed parts; returns once they are on disk. The
     /// marks are taken, and given back if the write fails.
     ///

@@ -294,9 +294,10 @@ impl Executor {
         self.inner.runs.get(id)
     }
 
-    /// Every run, newest first.
+    /// Every run, newest first, without its steps' `for_each` items and agent loops
+    /// ([`RunStore::heads`]; [`get`](Self::get) reads a run whole).
     pub fn list(&self) -> Result<Vec<RunRecord>, StoreError> {
-        let mut runs = self.inner.runs.all()?;
+        let mut runs = self.inner.runs.heads()?;
         runs.reverse();
         Ok(runs)
     }
