@@ -52,12 +52,18 @@ pub fn gguf_path() -> PathBuf {
 /// model card naming the base model, `.gitattributes` (LFS) and the hub's tags; no
 /// config or tokenizer files.
 pub fn gguf_repo() -> MockRepo {
-    let bytes = std::fs::read(gguf_path()).expect("read the SmolLM2 GGUF");
-    MockRepo::new(GGUF_REPO_ID)
+    gguf_only_repo(GGUF_REPO_ID, &gguf_path(), "SmolLM2-135M-Instruct GGUF")
+}
+
+/// The GGUF file at `path` as the GGUF-only repository `id`: [`GGUF_FILE`], a model card
+/// headed `title` naming the base model, `.gitattributes` (LFS) and the hub's tags.
+fn gguf_only_repo(id: &str, path: &Path, title: &str) -> MockRepo {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    MockRepo::new(id)
         .file(GGUF_FILE, bytes)
         .file(
             "README.md",
-            "---\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct\ntags: [gguf]\n---\n# SmolLM2-135M-Instruct GGUF\n",
+            format!("---\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct\ntags: [gguf]\n---\n# {title}\n"),
         )
         .file(".gitattributes", "*.gguf filter=lfs diff=lfs merge=lfs -text\n")
         .tags(&[
@@ -676,15 +682,11 @@ pub fn tool_gguf_repo(tmp: &Path) -> MockRepo {
         ));
         metadata
     });
-    let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    MockRepo::new(TOOL_GGUF_REPO_ID)
-        .file(GGUF_FILE, bytes)
-        .file(
-            "README.md",
-            "---\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct\ntags: [gguf]\n---\n# SmolLM2-135M-Instruct GGUF with a tool-calling template\n",
-        )
-        .file(".gitattributes", "*.gguf filter=lfs diff=lfs merge=lfs -text\n")
-        .tags(&["gguf", "llama"])
+    gguf_only_repo(
+        TOOL_GGUF_REPO_ID,
+        &path,
+        "SmolLM2-135M-Instruct GGUF with a tool-calling template",
+    )
 }
 
 /// The SmolLM2 GGUF written again at `out` with the metadata `metadata` makes of the

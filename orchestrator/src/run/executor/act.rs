@@ -164,15 +164,15 @@ impl AgentLoop {
                 usage: answer.usage,
             };
             // The turn and the sending of its first call are one write.
-            let mut first = turn.calls.first().map(request_of);
-            let first_sent = matches!(first, Some(Ok(_)));
+            let mut first_request = turn.calls.first().map(request_of);
+            let first_sent = matches!(first_request, Some(Ok(_)));
             if first_sent {
                 turn.calls[0].mark_sent(unix_ms());
             }
             self.record(LoopChange::Turn(turn.clone())).await?;
             push(&mut body, assistant_message(&turn));
             for (c, requested) in turn.calls.iter().enumerate() {
-                let request = match (c, first.take()) {
+                let request = match (c, first_request.take()) {
                     (0, Some(request)) => request,
                     _ => request_of(requested),
                 };
