@@ -7,6 +7,11 @@
 //! The server is killed (SIGKILL) each time another item is recorded done, and while
 //! the approval waits: items recorded done are never sent again (only the items that
 //! were in flight at a kill are), and the approval still waits after the restart.
+//!
+//! The shipped example, `workflows/acting.yaml`, runs unchanged on a real model: the
+//! Qwen2 conversion of SmolLM2-135M served by the mock hub under the example's
+//! repository id, on the built-in engine of a CPU-only agent, with the project's
+//! `mcp-tools` as its tool server.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -15,7 +20,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use skein_testkit::endpoint::WholeAnswer;
+use skein_testkit::lab::{Lab, stderr, stdout};
 use skein_testkit::rest::Restartable;
+use skein_testkit::smollm2;
 
 const TOKEN: &str = "acting-test-admin-token";
 
@@ -189,6 +196,86 @@ fn a_rejection_fails_the_run_and_says_who() {
         .call(&format!("/v1/runs/{id}/steps/sign/approve"), Some(json!({})))
         .unwrap();
     assert_eq!(status, 409, "{body:#}");
+}
+
+#[test]
+fn the_shipped_acting_example_runs_on_a_real_model_and_a_real_tool_server() {
+    // The example's model, as the hub would serve it: a real (small) Qwen2 checkpoint
+    // with Qwen2.5's chat template.
+    let repo = smollm2::qwen2_5_stand_in(Path::new(env!("CARGO_TARGET_TMPDIR")), "Qwen/Qwen2.5-0.5B-Instruct");
+    // Its tool server is `target/release/mcp-tools`, relative to where the server runs.
+    let root = tempfile::tempdir().unwrap();
+    let tools = root.path().join("target/release/mcp-tools");
+    std::fs::create_dir_all(tools.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(skein_testkit::mcp::mcp_tools_path(), &tools).unwrap();
+    let lab = Lab::with_repos(env!("CARGO_BIN_EXE_skein"), vec![repo])
+        .server_dir(root.path())
+        .server_args(&["--allow-tool-command", "target/release/mcp-tools"]);
+    let _server = lab.server();
+    let _agent = lab.agent("cpu-node");
+    lab.nodes_up(1);
+
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("workflows/acting.yaml");
+    let submitted = lab.cli(&["submit", example.to_str().unwrap()]);
+    assert!(submitted.status.success(), "{}", stderr(&submitted));
+    let id = stdout(&submitted).trim().to_owned();
+
+    // A real model on two CPU cores writes the plan and prices every part.
+    let deadline = std::time::Instant::now() + Duration::from_secs(900);
+    let run = loop {
+        let run = lab.get_or_null(&format!("/v1/runs/{id}"));
+        let ended = matches!(run["state"].as_str(), Some("succeeded" | "failed" | "cancelled"));
+        if ended || run["steps"][2]["state"] == "waiting" {
+            break run;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the plan and the prices took over 15 minutes: {run:#}\n{}",
+            lab.logs(60)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(run["steps"][2]["state"], "waiting", "{run:#}\n{}", lab.logs(60));
+    let plan = &run["steps"][0];
+    let parts: Value = serde_json::from_str(plan["output"].as_str().unwrap()).expect("the plan is JSON");
+    let parts = parts["parts"].as_array().unwrap_or_else(|| panic!("{plan:#}"));
+    assert!((1..=8).contains(&parts.len()), "{plan:#}");
+    // One priced item per part, each an agent loop offered the tool.
+    let price = &run["steps"][1];
+    let items = price["items"].as_array().unwrap_or_else(|| panic!("{price:#}"));
+    assert_eq!(items.len(), parts.len(), "{price:#}");
+    assert!(items.iter().all(|i| i["state"] == "done"), "{price:#}");
+    let priced: Vec<Value> = serde_json::from_str(price["output"].as_str().unwrap()).expect("a joined list");
+    assert_eq!(priced.len(), parts.len(), "{price:#}");
+    let text = run["steps"][2]["prompt"].as_str().unwrap_or_default();
+    assert!(
+        text.starts_with(&format!("Buy {} parts priced [", parts.len())),
+        "{text}"
+    );
+
+    // A person reads the question and approves it from the CLI.
+    let shown = lab.cli(&["run", "show", &id]);
+    assert!(
+        stdout(&shown).contains(&format!("skein run approve {id} sign_off")),
+        "{}",
+        stdout(&shown)
+    );
+    let approved = lab.cli(&["run", "approve", &id, "sign_off", "--comment", "go ahead"]);
+    assert!(approved.status.success(), "{}", stderr(&approved));
+    let run = loop {
+        let run = lab.get_or_null(&format!("/v1/runs/{id}"));
+        if run["state"] == "succeeded" || run["state"] == "failed" {
+            break run;
+        }
+        assert!(std::time::Instant::now() < deadline, "the summary did not end: {run:#}");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert_eq!(run["state"], "succeeded", "{run:#}\n{}", lab.logs(60));
+    assert_eq!(run["steps"][2]["approval"]["decision"]["comment"], "go ahead");
+    assert!(
+        run["steps"][3]["output"].as_str().is_some_and(|o| !o.trim().is_empty()),
+        "{run:#}"
+    );
 }
 
 /// The prompts of the items of `each` recorded done.

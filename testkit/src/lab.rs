@@ -99,6 +99,8 @@ pub struct Lab {
     sample_interval: String,
     /// More arguments of every `skein server` / `skein up` it starts.
     server_args: Vec<String>,
+    /// The working directory of every server it starts (the test's own by default).
+    server_dir: Option<PathBuf>,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -123,6 +125,7 @@ impl Lab {
             nodes: tempfile::tempdir().unwrap(),
             sample_interval: "200ms".to_owned(),
             server_args: Vec::new(),
+            server_dir: None,
             runtime: tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
@@ -142,6 +145,13 @@ impl Lab {
     /// own stand-ins on loopback).
     pub fn server_args(mut self, args: &[&str]) -> Lab {
         self.server_args.extend(args.iter().map(|a| (*a).to_owned()));
+        self
+    }
+
+    /// The same lab with every server it starts running in `dir` (where a workflow's
+    /// relative tool command resolves, say).
+    pub fn server_dir(mut self, dir: &Path) -> Lab {
+        self.server_dir = Some(dir.to_owned());
         self
     }
 
@@ -205,8 +215,11 @@ impl Lab {
     /// `skein ARGS` with the lab's addresses, sample interval and data directory (a
     /// server, alone or with its agents), returned once its log says `ready`.
     fn start_server(&self, cache: &str, args: &[&str], ready: &str) -> Killed {
-        let mut child = self
-            .skein(&self.nodes.path().join(cache))
+        let mut command = self.skein(&self.nodes.path().join(cache));
+        if let Some(dir) = &self.server_dir {
+            command.current_dir(dir);
+        }
+        let mut child = command
             .args(args)
             .args(["--listen", &format!("127.0.0.1:{}", self.api_port)])
             .args(["--agent-listen", &format!("127.0.0.1:{}", self.grpc_port)])

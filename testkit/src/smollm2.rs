@@ -718,3 +718,26 @@ fn with_metadata(out: &Path, metadata: impl FnOnce(&Content) -> Vec<(String, Ggu
     std::fs::rename(&work, out).expect("move the GGUF");
     out.to_owned()
 }
+
+/// Qwen2.5's chat template, as its tokenizer_config.json publishes it.
+const QWEN_2_5_TEMPLATE: &str =
+    include_str!("../../inference/tests/data/chat_templates/Qwen-Qwen2.5-7B-Instruct.jinja");
+
+/// A stand-in for `repo_id` (a Qwen2.5 Instruct repository, such as the examples'
+/// `Qwen/Qwen2.5-0.5B-Instruct`): the Qwen2 conversion of SmolLM2 ([`architecture_repo`])
+/// with Qwen2.5's chat template in its `tokenizer_config.json`, so that, like the real
+/// model, it takes `tools` and writes calls in Hermes `<tool_call>` tags. SmolLM2 speaks
+/// the same ChatML turns, so its vocabulary serves the template.
+pub fn qwen2_5_stand_in(tmp: &Path, repo_id: &str) -> MockRepo {
+    let dir = architecture_dir(tmp, Architecture::Qwen2);
+    let path = dir.join("tokenizer_config.json");
+    let mut config: Value = serde_json::from_slice(&std::fs::read(&path).expect("read tokenizer_config.json"))
+        .expect("tokenizer_config.json is JSON");
+    config["chat_template"] = json!(QWEN_2_5_TEMPLATE);
+    let mut repo = repo_of(&dir, repo_id);
+    repo = repo.file(
+        "tokenizer_config.json",
+        serde_json::to_vec_pretty(&config).expect("JSON"),
+    );
+    repo
+}

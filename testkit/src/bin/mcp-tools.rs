@@ -1,7 +1,7 @@
 //! A real MCP tool server for tests, built on rmcp (the official Rust SDK): the tools an
 //! agent's tool calls are tested against.
 //!
-//! `mcp-tools --count-file PATH [--http ADDR [--bearer TOKEN]]`
+//! `mcp-tools [--count-file PATH] [--http ADDR [--bearer TOKEN]]`
 //!
 //! - Without `--http`: MCP over stdio (the orchestrator starts stdio servers this way,
 //!   with an empty environment: nothing here reads one).
@@ -11,10 +11,11 @@
 //!   are answered 401, as a hosted tool server does.
 //!
 //! Tools: `count` (appends a line to the count file, synced, and answers the number of
-//! lines: tests count invocations through it), `add {a, b}`, `echo {text}`, `sleep {ms}`
-//! (appends a line to the count file too, before it sleeps, so that a call cut short
-//! still counts; answers `slept MS ms`) and `fail {message}` (a tool error result with
-//! the message).
+//! lines: tests count invocations through it, across restarts of this server; without
+//! `--count-file` it counts this process's calls), `add {a, b}`, `echo {text}`,
+//! `sleep {ms}` (counted like `count`, before it sleeps, so that a call cut short still
+//! counts; answers `slept MS ms`) and `fail {message}` (a tool error result with the
+//! message).
 //!
 //! Exit codes: 0 when the client closes stdio, 1 when serving fails, 2 for bad usage.
 
@@ -37,7 +38,7 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use rmcp::{ServerHandler, ServiceExt, schemars, tool, tool_handler, tool_router};
 use tokio::sync::Mutex;
 
-const USAGE: &str = "usage: mcp-tools --count-file PATH [--http 127.0.0.1:PORT [--bearer TOKEN]]";
+const USAGE: &str = "usage: mcp-tools [--count-file PATH] [--http 127.0.0.1:PORT [--bearer TOKEN]]";
 
 /// The longest `sleep` a test may ask for, so a mistaken argument cannot hang a run.
 const MAX_SLEEP_MS: u64 = 600_000;
@@ -78,29 +79,39 @@ struct FailArgs {
 
 #[derive(Clone)]
 struct Tools {
-    count_file: PathBuf,
-    /// One `count` at a time per process, so that the number it answers is its own line's.
-    counting: Arc<Mutex<()>>,
+    count_file: Option<PathBuf>,
+    /// One count at a time per process, so that the number it answers is its own line's;
+    /// the calls counted in memory when there is no count file.
+    counting: Arc<Mutex<u64>>,
     tool_router: ToolRouter<Self>,
 }
 
 #[tool_router]
 impl Tools {
-    fn new(count_file: PathBuf) -> Self {
+    fn new(count_file: Option<PathBuf>) -> Self {
         Self {
             count_file,
-            counting: Arc::new(Mutex::new(())),
+            counting: Arc::new(Mutex::new(0)),
             tool_router: Self::tool_router(),
         }
     }
 
-    #[tool(description = "Count this call: appends a line to the count file and answers how many lines it has")]
-    async fn count(&self) -> Result<String, String> {
-        let _one_at_a_time = self.counting.lock().await;
-        let path = self.count_file.clone();
+    /// Counts one call (a line in the count file, or in memory): the number of calls
+    /// counted so far.
+    async fn count_call(&self) -> Result<String, String> {
+        let mut in_memory = self.counting.lock().await;
+        let Some(path) = self.count_file.clone() else {
+            *in_memory += 1;
+            return Ok(in_memory.to_string());
+        };
         tokio::task::spawn_blocking(move || append_and_count(&path))
             .await
-            .map_err(|e| format!("count: {e}"))?
+            .map_err(|e| format!("counting: {e}"))?
+    }
+
+    #[tool(description = "Count this call: appends a line to the count file and answers how many lines it has")]
+    async fn count(&self) -> Result<String, String> {
+        self.count_call().await
     }
 
     #[tool(description = "Add two numbers")]
@@ -118,13 +129,7 @@ impl Tools {
         if ms > MAX_SLEEP_MS {
             return Err(format!("sleep: {ms} ms is over the limit of {MAX_SLEEP_MS} ms"));
         }
-        {
-            let _one_at_a_time = self.counting.lock().await;
-            let path = self.count_file.clone();
-            tokio::task::spawn_blocking(move || append_and_count(&path))
-                .await
-                .map_err(|e| format!("sleep: {e}"))??;
-        }
+        self.count_call().await?;
         tokio::time::sleep(Duration::from_millis(ms)).await;
         Ok(format!("slept {ms} ms"))
     }
@@ -163,7 +168,7 @@ fn append_and_count(path: &std::path::Path) -> Result<String, String> {
 }
 
 struct Options {
-    count_file: PathBuf,
+    count_file: Option<PathBuf>,
     http: Option<String>,
     bearer: Option<String>,
 }
@@ -182,9 +187,8 @@ fn parse(mut args: impl Iterator<Item = String>) -> Result<Options, String> {
     if bearer.is_some() && http.is_none() {
         return Err("--bearer needs --http".to_owned());
     }
-    let count_file = count_file.ok_or("--count-file is required")?.into();
     Ok(Options {
-        count_file,
+        count_file: count_file.map(PathBuf::from),
         http,
         bearer,
     })
