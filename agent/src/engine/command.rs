@@ -1,8 +1,9 @@
 //! The command lines of engines: what the agent runs for `llama-server`, `vllm serve` and
 //! Skein's built-in candle engine (`skein engine serve`) from an instance's launch spec.
 //! Pure: a spec in, a program, its arguments and its environment out, so that the exact
-//! command for every plan of the reference fleet is snapshot-tested and nothing about it
-//! is decided at start time. A remote endpoint ([`RemoteLaunch`]) is a launch spec too,
+//! command for every plan of the example workflows on the fleet files, the reference
+//! fleet's among them, is snapshot-tested (the root package's `tests/engine_commands.rs`,
+//! from the planner's real plans) and nothing about it is decided at start time. A remote endpoint ([`RemoteLaunch`]) is a launch spec too,
 //! but has no command: the supervisor only probes it. An engine's API key
 //! ([`EngineKey`]) goes into its environment, never its arguments (which every user of
 //! the machine can read in `/proc`), and shows nowhere as text.
