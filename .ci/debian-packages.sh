@@ -17,6 +17,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 export DEBIAN_FRONTEND=noninteractive
 if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mtime -1 2>/dev/null | head -1)" ]; then
-  $sudo apt-get update -qq
+  "$(dirname "$0")/bounded.sh" 600 "$who: apt-get update" $sudo apt-get update -qq
 fi
-$sudo apt-get install -o DPkg::Lock::Timeout=300 -y -qq --no-install-recommends "$@" >/dev/null
+"$(dirname "$0")/bounded.sh" 1200 "$who: apt-get install $*" \
+  $sudo apt-get install -o DPkg::Lock::Timeout=300 -y -qq --no-install-recommends "$@" >/dev/null

@@ -8,9 +8,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use serde_json::Value;
 use skein_testkit::lab::{Lab, stderr, stdout};
+use skein_testkit::process::output_within;
 
 fn workflow_file(dir: &Path, text: &str) -> PathBuf {
     let path = dir.join("story.yaml");
@@ -371,11 +373,13 @@ fn python_with(packages: &[&str]) -> PathBuf {
         return python;
     }
     skein_testkit::tools::python_venv(&format!("tests/runs.rs ({name})"), &dir);
-    let pip = Command::new(&python)
-        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
-        .args(packages)
-        .output()
-        .unwrap();
+    let pip = output_within(
+        Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+            .args(packages),
+        Duration::from_secs(900),
+        &format!("pip install {packages:?}"),
+    );
     assert!(
         pip.status.success(),
         "pip install {packages:?}: {}",
@@ -513,7 +517,8 @@ fn the_api_holds_to_its_openapi_document_under_schemathesis() {
         ));
     }
     std::fs::write(&config, operations).unwrap();
-    let output = Command::new(&schemathesis)
+    let mut command = Command::new(&schemathesis);
+    command
         .arg("--config-file")
         .arg(&config)
         .arg("run")
@@ -534,9 +539,8 @@ fn the_api_holds_to_its_openapi_document_under_schemathesis() {
         .arg(reports.path())
         .env("SCHEMATHESIS_HOOKS", "")
         // Its cache directory goes beside the reports, not into the checkout.
-        .current_dir(reports.path())
-        .output()
-        .unwrap();
+        .current_dir(reports.path());
+    let output = output_within(&mut command, Duration::from_secs(900), "schemathesis");
     assert!(
         output.status.success(),
         "schemathesis found failures:\n{}\n{}",

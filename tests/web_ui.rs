@@ -26,6 +26,7 @@
 //! second test).
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -34,6 +35,7 @@ use serde_json::Value;
 use skein_testkit::endpoint::WholeAnswer;
 use skein_testkit::lab::Lab;
 use skein_testkit::mcp::mcp_tools_path;
+use skein_testkit::process::{Watchdog, output_within};
 use skein_testkit::rest::{PATIENCE, Restartable};
 use skein_testkit::tiny_llama;
 
@@ -41,13 +43,15 @@ const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 /// Chromium and playwright-core, installed by `web/tests/install.sh` (once).
 fn install_browser() {
-    let install = Command::new("bash")
-        .arg(Path::new(ROOT).join("web/tests/install.sh"))
-        .status()
-        .expect("bash runs web/tests/install.sh");
+    let install = output_within(
+        Command::new("bash").arg(Path::new(ROOT).join("web/tests/install.sh")),
+        Duration::from_secs(1800),
+        "web/tests/install.sh",
+    );
     assert!(
-        install.success(),
-        "web/tests/install.sh failed: the browser tests need Debian's chromium and npm"
+        install.status.success(),
+        "web/tests/install.sh failed: the browser tests need Debian's chromium and npm\n{}",
+        String::from_utf8_lossy(&install.stderr)
     );
 }
 
@@ -85,8 +89,11 @@ fn the_page_in_a_real_browser() {
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .process_group(0)
         .spawn()
         .expect("node runs web/tests/ui.mjs");
+    // The browser session, Chromium included, has 15 minutes (it takes about 3).
+    let watchdog = Watchdog::arm(browser.id(), Duration::from_secs(900));
     let mut answers = browser.stdin.take().unwrap();
     let stderr = browser.stderr.take().unwrap();
     let errors = std::thread::spawn(move || {
@@ -124,6 +131,7 @@ fn the_page_in_a_real_browser() {
     }
     let status = browser.wait().unwrap();
     let errors = errors.join().unwrap();
+    watchdog.check("web/tests/ui.mjs");
     assert!(
         status.success(),
         "the browser tests failed (screenshots in {}):\n{said}\n{errors}\n{}",
@@ -190,15 +198,17 @@ fn items_waiting_for_approval_are_decided_from_the_page() {
     let artifacts = root.join("target/web-approvals");
     let _ = std::fs::remove_dir_all(&artifacts);
     std::fs::create_dir_all(&artifacts).unwrap();
-    let output = Command::new("node")
-        .arg(root.join("web/tests/approvals.mjs"))
-        .current_dir(root.join("web/tests"))
-        .env("SKEIN_API", &lab.api.base)
-        .env("SKEIN_ADMIN_TOKEN", TOKEN)
-        .env("SKEIN_RUN", &id)
-        .env("SKEIN_ARTIFACTS", &artifacts)
-        .output()
-        .expect("node runs web/tests/approvals.mjs");
+    let output = output_within(
+        Command::new("node")
+            .arg(root.join("web/tests/approvals.mjs"))
+            .current_dir(root.join("web/tests"))
+            .env("SKEIN_API", &lab.api.base)
+            .env("SKEIN_ADMIN_TOKEN", TOKEN)
+            .env("SKEIN_RUN", &id)
+            .env("SKEIN_ARTIFACTS", &artifacts),
+        Duration::from_secs(600),
+        "web/tests/approvals.mjs",
+    );
     let said = String::from_utf8_lossy(&output.stdout);
     println!("{said}");
     assert!(

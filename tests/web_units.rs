@@ -18,14 +18,11 @@ fn the_pages_modules_pass_their_node_tests() {
         .collect();
     files.sort();
     assert!(!files.is_empty(), "no web/tests/*.test.mjs");
-    let output = Command::new("node")
-        .arg("--test")
-        .args(&files)
-        .current_dir(&dir)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("`node` did not run ({e}): the web page's unit tests need Node.js 18 or newer on the PATH")
-        });
+    let output = skein_testkit::process::output_within(
+        Command::new("node").arg("--test").args(&files).current_dir(&dir),
+        std::time::Duration::from_secs(300),
+        "node --test (the web page's unit tests need Node.js 18 or newer on the PATH)",
+    );
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(

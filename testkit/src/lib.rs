@@ -53,6 +53,7 @@ pub mod mcp;
 pub mod mock_hub;
 pub mod models;
 pub mod net;
+pub mod process;
 pub mod rest;
 pub mod sessions;
 pub mod smollm2;

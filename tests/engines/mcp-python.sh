@@ -37,7 +37,7 @@ python3 -c 'import sys; sys.exit(not ((3, 11) <= sys.version_info[:2] < (3, 15))
   || { echo "mcp-python $VERSION: needs Python 3.11 to 3.14, found $(python3 --version)" >&2; exit 1; }
 rm -rf "$dir"
 "$(dirname "$0")/../../.ci/python-venv.sh" "mcp-python $VERSION" "$dir"
-pip=("$dir/bin/python" -m pip install --quiet --disable-pip-version-check --timeout 120 --retries 3)
+pip=("$(dirname "$0")/../../.ci/bounded.sh" 900 "mcp-python: pip install" "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --timeout 120 --retries 3)
 echo "mcp-python $VERSION: installing the MCP Python SDK and its requirements from PyPI" >&2
 "${pip[@]}" --no-deps "mcp==$VERSION" "${DEPS[@]}"
 # The pins are the whole closure: pip says so, or names what is missing.

@@ -30,7 +30,7 @@ if installed; then echo "$ray"; exit 0; fi
 command -v python3 >/dev/null || { echo "ray $VERSION: python3 is needed (3.10 to 3.13)" >&2; exit 1; }
 rm -rf "$dir"
 "$(dirname "$0")/../../.ci/python-venv.sh" "ray $VERSION" "$dir"
-pip=("$dir/bin/python" -m pip install --quiet --disable-pip-version-check --timeout 120 --retries 3)
+pip=("$(dirname "$0")/../../.ci/bounded.sh" 900 "ray: pip install" "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --timeout 120 --retries 3)
 echo "ray $VERSION: installing Ray and its requirements from PyPI" >&2
 "${pip[@]}" --no-deps "ray==$VERSION" "${DEPS[@]}"
 "$ray" --version >/dev/null || { echo "ray $VERSION: the installed ray does not run" >&2; exit 1; }

@@ -11,6 +11,6 @@ fi
 # node_modules/.installed-lock: the lock file node_modules was installed from.
 if ! cmp -s package-lock.json node_modules/.installed-lock 2>/dev/null; then
   echo "web tests: npm ci (playwright-core)" >&2
-  npm ci --no-audit --no-fund --loglevel=error >&2
+  ../../.ci/bounded.sh 900 "web tests: npm ci" npm ci --no-audit --no-fund --loglevel=error >&2
   cp package-lock.json node_modules/.installed-lock
 fi

