@@ -1,5 +1,6 @@
 //! Every `vllm serve` command line Skein emits for the example workflows on the fleet
-//! files (and Llama-3-70B in bf16 on eight RTX 4090s of four nodes, TP 2 × PP 4), parsed by the pinned
+//! files (and Llama-3-70B in bf16 on eight RTX 4090s of four nodes, TP 2 × PP 4, and
+//! Mistral-7B-Instruct-v0.3 with its `mistral` tool-call parser), parsed by the pinned
 //! vLLM's own argument parser, with the memory each worker would get computed as that
 //! vLLM computes it and checked against what the plan says the worker needs
 //! (`tests/engines/vllm_check.py` says which vLLM code each step mirrors). The vLLM is
@@ -9,87 +10,58 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use skein_agent::engine::host::{EngineHostConfig, launch_spec};
-use skein_agent::engine::{EngineLaunch, LaunchSpec};
+#[path = "support/launches.rs"]
+mod launches;
+
+use skein_agent::engine::EngineLaunch;
 use skein_model_registry::catalog::ModelInfo;
-use skein_orchestrator::graph::{GraphConfig, GraphSnapshot};
-use skein_orchestrator::plan::{self, PlanInput, PlanSettings, PlannedInstance};
-use skein_orchestrator::run::launch::{Launch, start_instance};
+use skein_orchestrator::plan::PlannedInstance;
 use skein_proto::agent::v1 as pb;
+use skein_testkit::models::{ReferenceModel, VariantSpec};
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// `mistralai/Mistral-7B-Instruct-v0.3` (its `config.json`'s keys the registry reads):
+/// the Mistral family, whose tool calls vLLM reads with its `mistral` parser.
+const MISTRAL_7B_INSTRUCT_V0_3: ReferenceModel = ReferenceModel {
+    repo: "mistralai/Mistral-7B-Instruct-v0.3",
+    config: r#"{
+  "architectures": ["MistralForCausalLM"],
+  "hidden_size": 4096,
+  "intermediate_size": 14336,
+  "max_position_embeddings": 32768,
+  "model_type": "mistral",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 8,
+  "sliding_window": null,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "vocab_size": 32768
+}"#,
+    variants: &[VariantSpec::Own],
+};
+
+/// The reference models and [`MISTRAL_7B_INSTRUCT_V0_3`].
 fn models() -> BTreeMap<String, ModelInfo> {
-    skein_testkit::models::reference_catalog()
-}
-
-fn graph(fleet: &Path) -> GraphSnapshot {
-    let fleet = skein_agent::fleet::load_fleet(fleet).expect("a valid fleet file");
-    let messages = skein_agent::daemon::fleet_messages(&fleet, 0.0);
-    skein_orchestrator::agents::graph_from_wire(messages, GraphConfig::default(), 0)
-        .expect("the orchestrator accepts the fleet's nodes")
-        .snapshot()
-}
-
-fn host_config() -> EngineHostConfig {
-    EngineHostConfig {
-        skein: PathBuf::from("skein"),
-        llama_server: PathBuf::from("llama-server"),
-        vllm: PathBuf::from("vllm"),
-        ray: PathBuf::from("ray"),
-        rpc_server: PathBuf::from("rpc-server"),
-        listen_host: "10.0.0.1".to_owned(),
-        simulated_gpus: false,
-        devices: Vec::new(),
-    }
-}
-
-/// The serving start of a planned vLLM replica: alone, or over Ray once every piece is
-/// up (at made-up addresses).
-fn serving_start(
-    name: &str,
-    planned: &PlannedInstance,
-    models: &BTreeMap<String, ModelInfo>,
-    graph: &GraphSnapshot,
-) -> pb::StartInstance {
-    match start_instance(name, planned, models, graph, 7).expect("a launch") {
-        Launch::One { start, .. } => start,
-        Launch::Split(split) => {
-            // Addresses that sort against the plan's order: ranks must not follow them.
-            let mut ready = BTreeMap::new();
-            let mut node_ids = Vec::new();
-            for wave in 0..split.waves() {
-                for (i, piece) in split.wave(wave, &ready).expect("the wave").iter().enumerate() {
-                    ready.insert(piece.name.clone(), format!("10.0.{wave}.{}:{}", 200 - i, 40_000 + i));
-                    if let Some(pb::start_instance::Engine::RayNode(r)) = &piece.start.engine {
-                        node_ids.push((r.node_id.clone().expect("a pinned Ray node ID"), piece.node.clone()));
-                    }
-                }
-            }
-            // vLLM ranks the driver's (head's) node first, then the others by node ID:
-            // the IDs sort in the plan's node order.
-            let mut plan_nodes: Vec<&str> = planned.devices.iter().map(|d| d.node.as_str()).collect();
-            plan_nodes.dedup();
-            let mut sorted = node_ids.clone();
-            sorted[1..].sort();
-            let by_id: Vec<&str> = sorted.iter().map(|(_, node)| node.as_str()).collect();
-            assert_eq!(by_id, plan_nodes, "{name}: Ray node IDs {node_ids:?}");
-            split.serving(&ready).expect("the serving command")
-        }
-    }
+    let mut models = skein_testkit::models::reference_catalog();
+    let mistral = MISTRAL_7B_INSTRUCT_V0_3.info();
+    models.insert(mistral.repo.to_string(), mistral);
+    models
 }
 
 /// One case for the checker: the command line, the model's KV shape and, per worker in
 /// vLLM's rank order, what the plan reserved and says it needs.
-fn case(name: &str, planned: &PlannedInstance, model: &ModelInfo, start: &pb::StartInstance) -> serde_json::Value {
-    let snapshot = PathBuf::from(format!(
-        "/hf/models--{}/snapshots/{}",
-        model.repo.to_string().replace('/', "--"),
-        "0".repeat(40)
-    ));
-    let mut spec: LaunchSpec = launch_spec(start, Some(&snapshot), &host_config(), 8000).expect("a launch spec");
+fn case(
+    name: &str,
+    planned: &PlannedInstance,
+    models: &BTreeMap<String, ModelInfo>,
+    start: &pb::StartInstance,
+) -> serde_json::Value {
+    let (model, variant) = launches::model_of(planned, models);
+    let mut spec = launches::spec(start, variant);
     // Over Ray the agent names the model by repository; alone by its local snapshot.
     if let EngineLaunch::Vllm(v) = &mut spec.engine {
         v.model = model.repo.to_string();
@@ -150,16 +122,7 @@ fn cases_of(
     fleet: &Path,
     models: &BTreeMap<String, ModelInfo>,
 ) -> Vec<serde_json::Value> {
-    let parsed = skein_orchestrator::workflows::load(workflow).expect("readable");
-    let workflow = parsed.workflow.expect("a valid workflow");
-    let graph = graph(fleet);
-    let Ok(plan) = plan::plan(&PlanInput {
-        workflow: &workflow,
-        models,
-        graph: &graph,
-        running: &[],
-        settings: PlanSettings::default(),
-    }) else {
+    let Some((plan, graph)) = launches::plan_files(workflow, fleet, models) else {
         return Vec::new();
     };
     plan.instances
@@ -167,18 +130,16 @@ fn cases_of(
         .filter(|p| p.engine == "vllm")
         .map(|planned| {
             let name = format!("{label}.{}", planned.instance);
-            let start = serving_start(&format!("r1-{}", planned.instance), planned, models, &graph);
-            let model = models
-                .values()
-                .find(|m| m.variants.iter().any(|v| v.id == planned.variant))
-                .unwrap_or_else(|| panic!("{name}: the model of {}", planned.variant));
-            case(&name, planned, model, &start)
+            let starts = launches::starts(&format!("r1-{}", planned.instance), planned, models, &graph);
+            let serving = &starts.last().expect("a serving start").start;
+            case(&name, planned, models, serving)
         })
         .collect()
 }
 
-/// Llama-3-70B in bf16 on four nodes of two RTX 4090s: TP 2 × PP 4 over Ray.
-fn llama_70b_bf16_on_4090s(dir: &Path) -> (PathBuf, PathBuf) {
+/// A one-step workflow whose agent runs `model` (a workflow's `model:` mapping) on four
+/// nodes of two RTX 4090s each, written in `dir`.
+fn on_4090s(dir: &Path, name: &str, model: &str) -> (PathBuf, PathBuf) {
     let fleet = dir.join("rtx8.yaml");
     std::fs::write(
         &fleet,
@@ -190,10 +151,10 @@ fn llama_70b_bf16_on_4090s(dir: &Path) -> (PathBuf, PathBuf) {
         }),
     )
     .expect("write the fleet");
-    let workflow = dir.join("writer.yaml");
+    let workflow = dir.join(format!("{name}.yaml"));
     std::fs::write(
         &workflow,
-        "name: writer\nagents:\n  writer:\n    model: { repo: meta-llama/Meta-Llama-3-70B-Instruct, context: 8192, min_precision: bf16, formats: [safetensors] }\nsteps:\n  - { id: write, agent: writer, prompt: \"Write.\" }\n",
+        format!("name: {name}\nagents:\n  {name}:\n    model: {model}\nsteps:\n  - {{ id: write, agent: {name}, prompt: \"Write.\" }}\n"),
     )
     .expect("write the workflow");
     (workflow, fleet)
@@ -225,7 +186,11 @@ fn every_vllm_command_line_parses_and_gives_each_worker_what_its_plan_needs() {
         }
     }
     let dir = tempfile::tempdir().expect("a temporary directory");
-    let (workflow, fleet) = llama_70b_bf16_on_4090s(dir.path());
+    let (workflow, fleet) = on_4090s(
+        dir.path(),
+        "writer",
+        "{ repo: meta-llama/Meta-Llama-3-70B-Instruct, context: 8192, min_precision: bf16, formats: [safetensors] }",
+    );
     let big = cases_of("llama-70b-bf16@rtx8", &workflow, &fleet, &models);
     assert_eq!(big.len(), 1, "Llama-3-70B bf16 is placed on the eight 4090s");
     let args = big[0]["args"].to_string();
@@ -239,6 +204,21 @@ fn every_vllm_command_line_parses_and_gives_each_worker_what_its_plan_needs() {
         "tool calls: {args}"
     );
     cases.extend(big);
+    // Mistral is served with its family's tool calls: the `mistral` parser, which needs
+    // `mistral_common` in the server's environment.
+    let (workflow, fleet) = on_4090s(
+        dir.path(),
+        "coder",
+        "{ repo: mistralai/Mistral-7B-Instruct-v0.3, context: 8192, min_precision: bf16, formats: [safetensors] }",
+    );
+    let mistral = cases_of("mistral-7b-bf16@rtx8", &workflow, &fleet, &models);
+    assert_eq!(mistral.len(), 1, "Mistral-7B bf16 is placed on a 4090");
+    let args = mistral[0]["args"].to_string();
+    assert!(
+        args.contains("\"--enable-auto-tool-choice\",\"--tool-call-parser\",\"mistral\""),
+        "tool calls: {args}"
+    );
+    cases.extend(mistral);
     // The reference fleet's split writer (over Ray) is among them.
     assert!(
         cases.iter().any(|c| c["args"].to_string().contains("ray")),
