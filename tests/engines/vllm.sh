@@ -48,7 +48,7 @@ python3 -c 'import sys; sys.exit(not ((3, 11) <= sys.version_info[:2] < (3, 15))
   || { echo "vllm $VERSION: needs Python 3.11 to 3.14, found $(python3 --version)" >&2; exit 1; }
 rm -rf "$dir"
 "$(dirname "$0")/../../.ci/python-venv.sh" "vllm $VERSION" "$dir"
-pip=("$dir/bin/python" -m pip install --quiet --disable-pip-version-check --timeout 120 --retries 3)
+pip=("$(dirname "$0")/../../.ci/bounded.sh" 1800 "vllm: pip install" "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --timeout 120 --retries 3)
 echo "vllm $VERSION: installing vLLM, torch $TORCH (with its CUDA libraries) and the parser's imports from PyPI" >&2
 "${pip[@]}" --no-deps "vllm==$VERSION"
 "${pip[@]}" "torch==$TORCH" "${DEPS[@]}"

