@@ -6,6 +6,8 @@
 //!
 //! - [`net`]: [`net::free_port`], a free port on loopback for the processes a test
 //!   starts.
+//! - [`process`]: a program a test drives, run with a bound on its whole duration
+//!   ([`process::output_within`], [`process::Watchdog`]).
 //! - [`fake_engine`]: [`fake_engine_path`], the `fake-engine` binary (a fake inference
 //!   engine process, `src/bin/fake-engine.rs`) for other crates' tests.
 //! - [`mcp`]: real MCP tool servers (the Rust `mcp-tools`, `src/bin/mcp-tools.rs`, and
