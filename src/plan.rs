@@ -356,12 +356,12 @@ mod tests {
         serde_json::json!({ "node": node, "instance": start.instance, "command": command.to_string() })
     }
 
-    /// lab-research on the busy reference fleet splits the coder (llama.cpp) and the
-    /// writer (vLLM) across nodes: the pieces each node starts, wave by wave, and then
-    /// the serving engine, as the exact command lines the agents run.
+    /// lab-research on the very mixed fleet splits the coder (vLLM over Ray) and the
+    /// writer (llama.cpp over RPC) across nodes: the pieces each node starts, wave by
+    /// wave, and then the serving engine, as the exact command lines the agents run.
     #[test]
-    fn split_plans_of_the_reference_fleet_start_their_pieces_in_order() {
-        let snapshot = fleet_snapshot(Path::new("workflows/fleets/lab-busy.yaml")).expect("the fleet");
+    fn split_plans_of_the_mixed_fleet_start_their_pieces_in_order() {
+        let snapshot = fleet_snapshot(Path::new("workflows/fleets/mixed.yaml")).expect("the fleet");
         let workflow = load_workflow(Path::new("workflows/lab-research.yaml")).expect("the workflow");
         let models: BTreeMap<_, _> = skein_testkit::models::reference_models()
             .into_iter()

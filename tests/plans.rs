@@ -76,14 +76,14 @@ fn on_the_lab_fleet_the_coder_gets_full_precision_on_an_a100() {
     assert_eq!(plan.remote.len(), 1);
 }
 
-/// With the A100s taken, the coder goes to 4-bit on RTX 4090s, and the 70B writer is
-/// split unevenly over GPUs of different models, none on host RAM.
+/// With the A100s taken, the coder goes to 6-bit over RTX 4090s of both boxes, and the
+/// 70B writer is split unevenly over GPUs of different models, none on host RAM.
 #[test]
-fn on_a_busy_lab_fleet_the_coder_goes_to_4_bit_and_the_70b_splits_unevenly() {
+fn on_a_busy_lab_fleet_the_coder_goes_to_6_bit_and_the_70b_splits_unevenly() {
     let plan = plan_of("workflows/lab-research.yaml", "workflows/fleets/lab-busy.yaml");
     assert!(plan.admitted, "{plan:#?}");
     let coder = instance(&plan, "coder");
-    assert_eq!(coder.precision, Precision::Int4);
+    assert_eq!(coder.precision, Precision::Int6);
     assert_eq!(cards(coder), BTreeSet::from(["NVIDIA GeForce RTX 4090"]));
     let writer = instance(&plan, "writer");
     assert!(writer.precision >= Precision::Int8);

@@ -139,7 +139,8 @@ fn coder_at_4_bit_split_unevenly_over_busy_4090s_spec() -> LaunchSpec {
     )
 }
 
-// lab-research's writer on lab-busy.yaml (`skein plan`): Llama-3-70B GPTQ-Int8 over
+// lab-research's writer as a plan of lab-busy.yaml once placed it (plans of the example
+// fleets now: tests/engine_commands.rs at the root): Llama-3-70B GPTQ-Int8 over
 // Ray, TP 2 × PP 3 (40/17/23 layers): stages 0 and 1 on rtx-2 (the head, with the
 // serving engine), stage 2 on old-1's V100s (a worker). The pieces, then the engine.
 const V100: u64 = 16_384 << 20;
@@ -215,7 +216,8 @@ fn a_ray_node_id_that_ray_would_reject_is_refused_before_the_start() {
     }
 }
 
-// lab-research's coder on lab-busy.yaml: DeepSeek-Coder-33B Q4_K_M over llama.cpp RPC,
+// lab-research's coder as a plan of lab-busy.yaml once placed it: DeepSeek-Coder-33B
+// Q4_K_M over llama.cpp RPC,
 // layers 9/10/9/10 on rtx-1's four 4090s (the serving node) and 24 on rtx-2 gpu 3 (an
 // RPC server): llama.cpp puts RPC devices first, so its share leads the split.
 fn coder_over_rpc_specs() -> Vec<LaunchSpec> {

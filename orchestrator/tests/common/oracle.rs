@@ -52,7 +52,7 @@ use skein_orchestrator::plan::score::{
 /// Most GPUs a split of the oracle spans.
 pub const MAX_SPLIT: u32 = 12;
 /// Most estimates the oracle makes for one replica; a case that needs more is left out.
-pub const ESTIMATE_LIMIT: usize = 4_000;
+pub const ESTIMATE_LIMIT: usize = 12_000;
 /// Most GPU multisets the oracle looks at for one replica's splits; a case that needs
 /// more is left out.
 pub const MULTISET_LIMIT: usize = 200_000;

@@ -12,7 +12,7 @@ use super::cache::{Need, NodeRanking, RankedState, RankedStates};
 use super::cand::{Cand, Dev, Family, sort_cands, speed_placement};
 use super::state::State;
 use super::topology::{for_each_subset, hops, tp_groups};
-use super::{EXHAUSTIVE_FLEET_GPUS, EXHAUSTIVE_SPLIT_GPUS, FleetState, Unit, with_margin};
+use super::{EXHAUSTIVE_FLEET_GPUS, EXHAUSTIVE_SPLIT_GPUS, FLEET_WIDE_SPLIT_GPUS, FleetState, Unit, with_margin};
 use crate::plan::demand::min_compute_capability;
 use crate::plan::fleet::{PlanFleet, PlanGpu};
 use crate::plan::score::{BANDWIDTH_EFFICIENCY, DeviceSpeed, ScoreParts, host_speed_factor, tokens_per_second};
@@ -195,6 +195,55 @@ impl<'a> Unit<'a> {
                 fill(&mut order, size);
                 try_set(&order[..size], &mut out);
                 if !out.is_empty() {
+                    break;
+                }
+            }
+        }
+        if must_span && !exhaustive && total <= FLEET_WIDE_SPLIT_GPUS {
+            // Healthy GPUs first (a degraded one costs more than any other quality).
+            fill(&mut order, total);
+            let gpu = |&(n, p): &(usize, usize)| &fleet.nodes[n].gpus[p];
+            let mut by_memory = order.clone();
+            by_memory.sort_by(|a, b| {
+                gpu(a)
+                    .degraded
+                    .cmp(&gpu(b).degraded)
+                    .then(state.usable[b.0][b.1].cmp(&state.usable[a.0][a.1]))
+                    .then(a.cmp(b))
+            });
+            let mut by_speed = by_memory.clone();
+            by_speed.sort_by(|a, b| {
+                gpu(a)
+                    .degraded
+                    .cmp(&gpu(b).degraded)
+                    .then(gpu(b).bandwidth.total_cmp(&gpu(a).bandwidth))
+            });
+            // Without the one or two GPUs with the most memory too: another replica may
+            // need them more.
+            let lists = [
+                by_memory.clone(),
+                by_speed,
+                by_memory.get(1..).unwrap_or_default().to_vec(),
+                by_memory.get(2..).unwrap_or_default().to_vec(),
+            ];
+            for (i, list) in lists.iter().enumerate() {
+                let most = most.min(list.len());
+                for size in 2..=most {
+                    let before = out.len();
+                    try_set(&list[..size], &mut out);
+                    if out.len() == before {
+                        continue;
+                    }
+                    // And the same number of GPUs without each of these in turn (the next
+                    // one in its place), so that the search can leave any of them to
+                    // another replica.
+                    if i == 0 && size < list.len() {
+                        for skip in 0..size {
+                            let mut other: Vec<(usize, usize)> = list[..=size].to_vec();
+                            other.remove(skip);
+                            try_set(&other, &mut out);
+                        }
+                    }
                     break;
                 }
             }

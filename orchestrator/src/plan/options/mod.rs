@@ -63,9 +63,16 @@ pub const EXHAUSTIVE_NODE_GPUS: usize = 8;
 /// only with fewer GPUs than any one-GPU or tensor-parallel candidate.
 pub const EXHAUSTIVE_SPLIT_GPUS: usize = 4;
 /// Fleets with at most this many usable GPUs have every cross-node subset considered;
-/// larger fleets, nodes by capacity, and only with fewer GPUs than any one-node
-/// candidate.
+/// larger fleets, nodes by capacity (and, up to [`FLEET_WIDE_SPLIT_GPUS`], the fleet's
+/// best GPUs wherever they are).
 pub const EXHAUSTIVE_FLEET_GPUS: usize = 8;
+/// Fleets with at most this many usable GPUs also have, across nodes, splits of any size
+/// considered: the fewest of the fleet's GPUs with the most memory (also without each of
+/// them in turn, and without the one or two largest), and the fewest of its fastest GPUs,
+/// whatever nodes they are on. Whole nodes by capacity miss the best GPUs of several
+/// nodes, and a split that leaves a large GPU free can let another replica use it
+/// (`orchestrator/tests/plan_oracle.rs` found both).
+pub const FLEET_WIDE_SPLIT_GPUS: usize = 64;
 
 /// One replica of an instance, with everything its candidates need.
 pub struct Unit<'a> {
@@ -297,12 +304,13 @@ impl<'a> Unit<'a> {
             lists.push((local, Some(node)));
         }
         if fleet.nodes.len() > 1 {
-            // Across nodes: on a small fleet every split; otherwise only with fewer GPUs
-            // than any one-node candidate.
-            let small = fleet.nodes.iter().map(|n| n.gpus.len()).sum::<usize>() <= EXHAUSTIVE_FLEET_GPUS;
+            // Across nodes: on a fleet of up to `FLEET_WIDE_SPLIT_GPUS` splits of every
+            // size (more GPUs may be faster ones, or leave a larger one to another
+            // replica); otherwise only with fewer GPUs than any one-node candidate.
+            let uncapped = fleet.nodes.iter().map(|n| n.gpus.len()).sum::<usize>() <= FLEET_WIDE_SPLIT_GPUS;
             let mut cross = Vec::new();
             for &(v, tier) in self.allowed.iter().filter(|(v, _)| self.gpu_engine_allowed(*v)) {
-                let cap = if small {
+                let cap = if uncapped {
                     usize::MAX
                 } else {
                     smallest[v].saturating_sub(1)
