@@ -13,10 +13,9 @@ mod oracle;
 
 use std::time::Instant;
 
-use generated::{agent_spec, drawn, fleet_between, models, snapshot, workflow};
+use generated::{agent_spec, drawn, fleet_between, models, snapshot, with_units, workflow};
 use proptest::prelude::*;
-use skein_orchestrator::plan::options::{State, Unit};
-use skein_orchestrator::plan::{self, PlanFleet, PlanInput, PlanSettings, UnitCaches, demand, make_units};
+use skein_orchestrator::plan::{self, PlanFleet, PlanInput, PlanSettings};
 
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
@@ -44,19 +43,10 @@ fn main() {
         let snapshot = snapshot(fleet);
         let workflow = workflow(agents);
         let plan_fleet = PlanFleet::from_snapshot(&snapshot, settings.headroom, settings.host_headroom, &[]);
-        let instances = demand::instances(&workflow);
-        let infos = demand::catalogs(&instances, models()).expect("catalogs");
-        let state = State::new(&plan_fleet);
-        let units = make_units(
-            &instances,
-            &infos,
-            &plan_fleet,
-            &state,
-            settings.kv_dtype,
-            &mut UnitCaches::default(),
-        );
-        let refs: Vec<&Unit<'_>> = units.iter().map(|u| &u.unit).collect();
-        let Ok(problem) = oracle::problem(&refs, &plan_fleet) else {
+        let problem = with_units(&workflow, &plan_fleet, &settings, |refs, _| {
+            oracle::problem(refs, &plan_fleet)
+        });
+        let Ok(problem) = problem else {
             continue;
         };
         let input = PlanInput {

@@ -11,10 +11,9 @@ mod generated;
 #[path = "common/oracle.rs"]
 mod oracle;
 
-use generated::{agent_spec, drawn, fleet_between, models, snapshot, workflow};
+use generated::{agent_spec, drawn, fleet_between, snapshot, with_units, workflow};
 use proptest::prelude::*;
-use skein_orchestrator::plan::options::{State, Unit};
-use skein_orchestrator::plan::{PlanFleet, PlanSettings, UnitCaches, demand, make_units, search};
+use skein_orchestrator::plan::{PlanFleet, PlanSettings, search};
 
 /// How far below the optimum the planner's objective may be, as a share of it.
 const TOLERANCE: f64 = 0.03;
@@ -49,20 +48,23 @@ fn the_planner_is_within_three_percent_of_the_exact_optimum() {
         let snapshot = snapshot(fleet);
         let workflow = workflow(agents);
         let plan_fleet = PlanFleet::from_snapshot(&snapshot, settings.headroom, settings.host_headroom, &[]);
-        let instances = demand::instances(&workflow);
-        let infos = demand::catalogs(&instances, models()).expect("catalogs");
-        let mut state = State::new(&plan_fleet);
-        let units = make_units(
-            &instances,
-            &infos,
-            &plan_fleet,
-            &state,
-            settings.kv_dtype,
-            &mut UnitCaches::default(),
-        );
-        let refs: Vec<&Unit<'_>> = units.iter().map(|u| &u.unit).collect();
-        let found = search::search(&refs, &plan_fleet, &mut state, settings.search_budget);
-        match oracle::problem(&refs, &plan_fleet) {
+        let (found, chosen, problem) = with_units(&workflow, &plan_fleet, &settings, |refs, state| {
+            let found = search::search(refs, &plan_fleet, state, settings.search_budget);
+            let chosen: Vec<String> = found
+                .chosen
+                .iter()
+                .zip(refs)
+                .map(|(c, unit)| match c {
+                    Some(c) => format!(
+                        "{} v{} {:?} on {:?} score {} ({:?})",
+                        unit.info.repo, c.variant, c.family, c.devices, c.score, c.parts
+                    ),
+                    None => "unplaced".to_owned(),
+                })
+                .collect();
+            (found, chosen, oracle::problem(refs, &plan_fleet))
+        });
+        match problem {
             Ok(problem) => {
                 programs.push(problem.program(120.0));
                 checked.push(Checked {
@@ -70,18 +72,7 @@ fn the_planner_is_within_three_percent_of_the_exact_optimum() {
                     gpus: fleet.iter().map(|n| n.gpus.len()).sum(),
                     agents: agents.len(),
                     planner: (found.placed, found.score),
-                    chosen: found
-                        .chosen
-                        .iter()
-                        .zip(&refs)
-                        .map(|(c, unit)| match c {
-                            Some(c) => format!(
-                                "{} v{} {:?} on {:?} score {} ({:?})",
-                                unit.info.repo, c.variant, c.family, c.devices, c.score, c.parts
-                            ),
-                            None => "unplaced".to_owned(),
-                        })
-                        .collect(),
+                    chosen,
                     problem,
                 });
             }

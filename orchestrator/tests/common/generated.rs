@@ -15,6 +15,8 @@ use skein_orchestrator::graph::{
     GpuFacts, GpuSample, GraphConfig, GraphSnapshot, HardwareGraph, HostFacts, HostSample, IndexedSample,
     NodeInventory, TelemetryBatch,
 };
+use skein_orchestrator::plan::options::{State, Unit};
+use skein_orchestrator::plan::{PlanFleet, PlanSettings, UnitCaches, demand, make_units};
 
 pub fn models() -> &'static BTreeMap<String, ModelInfo> {
     static MODELS: OnceLock<BTreeMap<String, ModelInfo>> = OnceLock::new();
@@ -270,4 +272,27 @@ pub fn drawn<S: Strategy>(strategy: S, count: usize, seed: u64) -> Vec<S::Value>
     (0..count)
         .map(|_| strategy.new_tree(&mut runner).expect("draws a case").current())
         .collect()
+}
+
+/// The planner's units (replicas) of `workflow` on `fleet`, given to `f` with the state
+/// they were made in (nothing reserved yet).
+pub fn with_units<R>(
+    workflow: &Workflow,
+    fleet: &PlanFleet,
+    settings: &PlanSettings,
+    f: impl FnOnce(&[&Unit<'_>], &mut State) -> R,
+) -> R {
+    let instances = demand::instances(workflow);
+    let infos = demand::catalogs(&instances, models()).expect("catalogs");
+    let mut state = State::new(fleet);
+    let units = make_units(
+        &instances,
+        &infos,
+        fleet,
+        &state,
+        settings.kv_dtype,
+        &mut UnitCaches::default(),
+    );
+    let refs: Vec<&Unit<'_>> = units.iter().map(|u| &u.unit).collect();
+    f(&refs, &mut state)
 }
