@@ -16,7 +16,7 @@
 //!   [`agent`] (`skein agent`: its engines, pod labels, Slurm job), [`up`] (both in one
 //!   process).
 //! - Client commands: [`nodes`], [`runs`], [`sessions`], [`tokens`], [`secrets`],
-//!   [`events`].
+//!   [`sharing`], [`events`].
 //! - Other commands: [`validate`], [`models`], [`plan`], [`engine`] (`engine serve`),
 //!   [`slurm`] (`slurm submit`).
 
@@ -30,6 +30,7 @@ use crate::cli::nodes::NodeCommand;
 use crate::cli::runs::RunCommand;
 use crate::cli::secrets::SecretCommand;
 use crate::cli::sessions::SessionCommand;
+use crate::cli::sharing::{GroupCommand, QuotaCommand};
 use crate::cli::slurm::SlurmCommand;
 use crate::cli::tokens::{JoinTokenCommand, TokenCommand};
 use crate::cli::{Cli, Command};
@@ -48,6 +49,7 @@ mod runtime;
 mod secrets;
 mod server;
 mod sessions;
+mod sharing;
 mod signals;
 mod slurm;
 mod table;
@@ -98,6 +100,12 @@ fn try_main(args: Cli) -> anyhow::Result<ExitCode> {
         Command::Node(NodeCommand::Rm(a)) => nodes::run_rm(&a),
         Command::Node(NodeCommand::Reset(a)) => nodes::run_reset(&a),
         Command::Tokens(a) => tokens::run_list(&a),
+        Command::Group(GroupCommand::List(a)) => sharing::run_list(&a),
+        Command::Group(GroupCommand::Set(a)) => sharing::run_set(&a),
+        Command::Group(GroupCommand::Add(a)) => sharing::run_add(&a),
+        Command::Group(GroupCommand::Rm(a)) => sharing::run_rm(&a),
+        Command::Quota(QuotaCommand::Show(a)) => sharing::run_show(&a),
+        Command::Quota(QuotaCommand::Set(a)) => sharing::run_quota_set(&a),
         Command::Secret(SecretCommand::Set(a)) => secrets::run_set(&a),
         Command::Secret(SecretCommand::List(a)) => secrets::run_list(&a),
         Command::Secret(SecretCommand::Rm(a)) => secrets::run_rm(&a),

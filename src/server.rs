@@ -83,6 +83,7 @@ pub fn server_config(args: &ServerArgs, default_agent_listen: &str) -> anyhow::R
             },
             executor: skein_orchestrator::run::ExecutorConfig {
                 tool_commands: args.allow_tool_commands.clone(),
+                fair_share_half_life: args.fair_share_half_life,
                 ..skein_orchestrator::run::ExecutorConfig::default()
             },
         },

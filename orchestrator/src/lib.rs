@@ -38,6 +38,9 @@
 //! - [`reflex`]: the workflow's reflexes (`on … do …`) evaluated against the live graph
 //!   within a second of each sample: the pure engine, the runtime that acts, and its
 //!   events.
+//! - [`sharing`]: groups (projects) and their members, quotas checked and reserved
+//!   atomically, and fair-share admission over decayed GPU-memory usage (pure core in
+//!   `sharing::fair` and `sharing::quota`).
 //! - [`store`]: durable records in sled: one writer thread with group commit owns every
 //!   write and the flush (a write is acknowledged once it is on disk).
 //! - [`private`]: the data directory (0700) and the files in it (0600): make, write,
@@ -69,6 +72,7 @@ pub mod run;
 pub mod secrets;
 pub mod server;
 pub mod session;
+pub mod sharing;
 pub mod store;
 pub mod tools;
 pub mod transport;

@@ -9,6 +9,7 @@
 //! - [`runs`]: `submit`, `runs`, `run`, `instances`, `logs`, `events`.
 //! - [`sessions`]: `session …`.
 //! - [`tokens`], [`secrets`]: `token …`, `secret …`.
+//! - [`sharing`]: `group …`, `quota …`.
 //! - [`nodes`]: `nodes`, `node rm|reset`.
 //! - [`server`], [`agent`], [`slurm`]: `server` and `up`, `agent`, `slurm submit`.
 //! - [`engine`]: `engine serve`.
@@ -24,6 +25,7 @@ pub mod runs;
 pub mod secrets;
 pub mod server;
 pub mod sessions;
+pub mod sharing;
 pub mod slurm;
 pub mod tokens;
 pub mod workflow;
@@ -37,6 +39,7 @@ use self::runs::{EventsArgs, InstancesArgs, LogsArgs, RunCommand, SubmitArgs};
 use self::secrets::SecretCommand;
 use self::server::{ServerArgs, UpArgs};
 use self::sessions::SessionCommand;
+use self::sharing::{GroupCommand, QuotaCommand};
 use self::slurm::SlurmCommand;
 use self::tokens::TokenCommand;
 use self::workflow::{PlanArgs, ValidateArgs};
@@ -114,6 +117,13 @@ pub enum Command {
     Token(TokenCommand),
     /// List the API tokens of a server (admin; never the tokens themselves).
     Tokens(ListArgs),
+    /// Groups (projects) and their members: shares of the fleet, limits, what each
+    /// holds (docs/sharing.md).
+    #[command(subcommand)]
+    Group(GroupCommand),
+    /// Your quota and fair-share standing; the admin sets limits.
+    #[command(subcommand)]
+    Quota(QuotaCommand),
     /// Your secrets: the keys of your endpoint agents, named in workflows as
     /// `api_key_secret: NAME` (`--shared`: the admin's, named `shared/NAME`).
     #[command(subcommand)]

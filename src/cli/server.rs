@@ -99,6 +99,11 @@ pub struct ServerArgs {
         value_name = "PROGRAM"
     )]
     pub allow_tool_commands: Vec<std::path::PathBuf>,
+    /// The half-life of the GPU usage fair-share admission weighs (`7days`, `36h`):
+    /// usage that old counts half (docs/sharing.md).
+    #[arg(long, env = "SKEIN_FAIR_SHARE_HALF_LIFE", default_value = "7days", value_name = "DURATION",
+        value_parser = half_life)]
+    pub fair_share_half_life: std::time::Duration,
     /// Hosts and address blocks endpoint agents may reach past the built-in refusals
     /// (loopback, link-local, this server's own addresses), comma-separated:
     /// `10.0.0.0/8,api.example.org,*.lab.example`. The most specific rule decides.
@@ -131,4 +136,13 @@ pub struct UpArgs {
     pub server: ServerArgs,
     #[command(flatten)]
     pub engines: EngineArgs,
+}
+
+/// A fair-share half-life: a duration of at least a minute.
+fn half_life(text: &str) -> Result<std::time::Duration, String> {
+    let duration = humantime::parse_duration(text).map_err(|e| format!("{e} (write it as `7days`, `36h`)"))?;
+    if duration < std::time::Duration::from_secs(60) {
+        return Err("a half-life under a minute forgets usage between admissions; give at least `1m`".to_owned());
+    }
+    Ok(duration)
 }

@@ -160,6 +160,18 @@ impl From<crate::store::StoreError> for ApiError {
     }
 }
 
+impl From<crate::sharing::quota::Refusal> for ApiError {
+    /// 429 `quota_exceeded`: the message names the limit, whose it is, the use and when
+    /// it frees; `Retry-After` when that is known.
+    fn from(refusal: crate::sharing::quota::Refusal) -> ApiError {
+        let error = ApiError::new(StatusCode::TOO_MANY_REQUESTS, refusal.to_string()).code("quota_exceeded");
+        match refusal.retry_after {
+            Some(after) => error.retry_after(after.as_secs().max(1)),
+            None => error,
+        }
+    }
+}
+
 impl From<crate::idempotency::KeyError> for ApiError {
     fn from(e: crate::idempotency::KeyError) -> ApiError {
         use crate::idempotency::KeyError;

@@ -37,6 +37,7 @@ mod plans;
 mod runs;
 mod secrets;
 mod sessions;
+mod sharing;
 mod tokens;
 mod web;
 
@@ -119,6 +120,7 @@ pub(crate) fn protected_routes() -> OpenApiRouter<ApiState> {
         .merge(runs::routes())
         .merge(approvals::routes())
         .merge(tokens::routes())
+        .merge(sharing::routes())
         .merge(secrets::routes())
         .merge(join::routes())
         .merge(sessions::routes())

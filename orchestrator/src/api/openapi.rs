@@ -113,6 +113,7 @@ fn add_error(operation: &mut utoipa::openapi::path::Operation, status: StatusCod
         (name = "openai", description = "OpenAI-compatible routes for existing clients"),
         (name = "anthropic", description = "The Anthropic-compatible Messages route for existing clients (the token may come as `x-api-key`)"),
         (name = "tokens", description = "Users' API tokens (admin only)"),
+        (name = "sharing", description = "Groups, their members, quotas and fair share (docs/sharing.md); changes are the admin's"),
         (name = "secrets", description = "Users' secrets, the keys of their endpoint agents (never shown again)"),
         (name = "join", description = "Join tokens and node identities: who may join the fleet as which node (admin only)"),
         (name = "reflexes", description = "What the workflows' reflexes did (docs/reflexes.md)"),

@@ -121,6 +121,7 @@ fn submit_error(e: SubmitError) -> ApiError {
         SubmitError::QueueFull { retry_after, .. } => {
             ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()).retry_after(retry_after.as_secs().max(1))
         }
+        SubmitError::Quota(refusal) => ApiError::from(refusal),
         SubmitError::Key(e) => ApiError::from(e),
         SubmitError::Store(e) => ApiError::from(e),
     }

@@ -19,6 +19,7 @@ use crate::base::{lock, new_id, unix_ms};
 use crate::idempotency::{Claim, Idempotent};
 use crate::plan::{Plan, PlanInput, PlanSettings, Planner};
 use crate::run::record::{RunRecord, RunState, typed_inputs};
+use crate::sharing::GpuUse;
 use crate::store::{StoreError, WriteBatch};
 
 impl Executor {
@@ -68,15 +69,25 @@ impl Executor {
         }
         let now = unix_ms();
         let id = new_id('r', &self.inner.ids);
+        // Checked and reserved in one step: no interleaving passes a runs limit.
+        self.inner.sharing.reserve_run(owner, &id)?;
         let mut run = RunRecord::new(id, owner.to_owned(), workflow, inputs, now);
         run.reason = Some("waiting for admission".to_owned());
         // The run and its key in one atomic write: a crash leaves both or neither.
         let mut batch = WriteBatch::new();
-        self.inner.runs.add(&mut batch, &mut run)?;
-        if let Some(pending) = &pending {
-            pending.record(&mut batch, &run.id, now);
+        let stored = match self.inner.runs.add(&mut batch, &mut run) {
+            Ok(_) => {
+                if let Some(pending) = &pending {
+                    pending.record(&mut batch, &run.id, now);
+                }
+                self.inner.runs.db().commit(batch).await
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = stored {
+            self.inner.sharing.release_run(&run.id);
+            return Err(e.into());
         }
-        self.inner.runs.db().commit(batch).await?;
         drop(pending);
         lock(&self.inner.queue).insert((Reverse(priority), run.id.clone()));
         self.changed(&run.id);
@@ -96,8 +107,16 @@ impl Executor {
             }
             self.inner.instances.stop_orphans();
             self.inner.instances.stop_idle(self.inner.config.keep_warm);
-            let queued: Vec<String> = lock(&self.inner.queue).iter().map(|(_, id)| id.clone()).collect();
-            for id in queued {
+            let now = unix_ms();
+            if let Err(error) = self.inner.sharing.meter(now, &self.inner.instances.list()).await {
+                tracing::warn!(%error, "fair-share usage not saved");
+            }
+            let queued: Vec<(i32, String)> = lock(&self.inner.queue)
+                .iter()
+                .map(|(priority, id)| (priority.0, id.clone()))
+                .collect();
+            // Priority, then the owners' fair share, then age (docs/sharing.md).
+            for id in self.inner.sharing.order(&queued, now) {
                 if shutdown.is_cancelled() {
                     return;
                 }
@@ -117,10 +136,12 @@ impl Executor {
     pub(super) async fn try_admit(&self, id: &str) -> Result<(), StoreError> {
         let Some(mut run) = self.inner.runs.get(id)? else {
             self.dequeue(id);
+            self.inner.sharing.release_run(id);
             return Ok(());
         };
         if run.state.is_final() {
             self.dequeue(id);
+            self.inner.sharing.release_run(id);
             return Ok(());
         }
         let warm = self.claim_warm(&run);
@@ -132,22 +153,37 @@ impl Executor {
                 self.dequeue(id);
                 run.fail(reason, unix_ms());
                 self.inner.runs.put(&mut run).await?;
+                self.inner.sharing.release_run(id);
                 self.changed(id);
                 return Ok(());
             }
         };
-        if !plan.admitted {
+        // A plan within the fleet but beyond the owner's GPU limits waits, saying which.
+        let over_quota = if plan.admitted {
+            let adding = GpuUse::of_plan(&plan);
+            self.inner
+                .sharing
+                .check_gpus(id, &adding, &self.inner.instances.list())
+                .err()
+        } else {
+            None
+        };
+        if !plan.admitted || over_quota.is_some() {
             for name in &warm {
                 self.inner.instances.release(name);
             }
-            // Room held by idle instances is given back before the run waits.
-            if self.inner.instances.stop_idle(Duration::ZERO) > 0 {
+            // Room held by idle instances is given back before the run waits (not for
+            // a quota: idle instances count against nobody's).
+            if over_quota.is_none() && self.inner.instances.stop_idle(Duration::ZERO) > 0 {
                 tracing::info!(run = %id, "stopped idle instances to make room");
             }
-            let reason = plan
-                .queued_reason
-                .clone()
-                .unwrap_or_else(|| "its instances cannot all be placed yet".to_owned());
+            let reason = match over_quota {
+                Some(refusal) => format!("over a quota: {refusal}"),
+                None => plan
+                    .queued_reason
+                    .clone()
+                    .unwrap_or_else(|| "its instances cannot all be placed yet".to_owned()),
+            };
             if run.reason.as_deref() != Some(reason.as_str()) {
                 run.reason = Some(reason);
                 self.inner.runs.put(&mut run).await?;
@@ -179,6 +215,7 @@ impl Executor {
                 tracing::error!(run = %id, %error, "a run stopped: the store failed");
             }
             lock(&executor.inner.active).remove(&id);
+            executor.inner.sharing.release_run(&id);
             // Its driving ended: watchers of the active runs see it gone.
             executor.changed(&id);
             executor.inner.wake.notify_one();

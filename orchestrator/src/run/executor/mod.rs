@@ -39,6 +39,7 @@ use crate::graph::HardwareGraph;
 use crate::idempotency::{IdempotencyKeys, KeyError};
 use crate::instances::Instances;
 use crate::plan::Planner;
+use crate::sharing::Sharing;
 use crate::store::{Db, StoreError};
 
 pub use approve::{ApproveError, Verdict};
@@ -69,6 +70,8 @@ pub struct ExecutorConfig {
     pub tool_commands: Vec<std::path::PathBuf>,
     /// The longest one tool call may take.
     pub tool_timeout: Duration,
+    /// The half-life of the usage fair-share admission weighs (docs/sharing.md).
+    pub fair_share_half_life: Duration,
 }
 
 impl Default for ExecutorConfig {
@@ -83,6 +86,7 @@ impl Default for ExecutorConfig {
             keep_warm: Duration::from_secs(10 * 60),
             tool_commands: Vec::new(),
             tool_timeout: Duration::from_secs(5 * 60),
+            fair_share_half_life: crate::sharing::fair::DEFAULT_HALF_LIFE,
         }
     }
 }
@@ -106,6 +110,9 @@ pub enum SubmitError {
         /// When to try again.
         retry_after: Duration,
     },
+    /// The owner or their group is at a limit (`skein quota`).
+    #[error(transparent)]
+    Quota(#[from] crate::sharing::quota::Refusal),
     /// The idempotency key was refused (used for another request, or in progress).
     #[error(transparent)]
     Key(KeyError),
@@ -163,6 +170,8 @@ struct Inner {
     hub: HubClient,
     instances: Arc<Instances>,
     planner: Arc<Mutex<Planner>>,
+    /// Groups, quotas, runs in progress by owner, and fair-share usage.
+    sharing: Sharing,
     config: ExecutorConfig,
     evaluator: Evaluator,
     /// Engines and endpoints are called through these.
@@ -206,6 +215,7 @@ impl Executor {
                 hub,
                 instances,
                 planner,
+                sharing: Sharing::open(db, config.fair_share_half_life)?,
                 config,
                 evaluator: Evaluator::default(),
                 clients,
@@ -241,6 +251,7 @@ impl Executor {
                 run.reason = Some("resumed after a restart; planning again".to_owned());
                 self.inner.runs.put_blocking(&mut run)?;
             }
+            self.inner.sharing.resume_run(&run.owner, &run.id);
             lock(&self.inner.queue).insert((Reverse(run.workflow.placement.priority), run.id.clone()));
             resumed += 1;
         }
@@ -334,6 +345,7 @@ impl Executor {
         if removed || !run.state.is_final() {
             run.cancel(unix_ms());
             self.inner.runs.put(&mut run).await?;
+            self.inner.sharing.release_run(id);
             self.changed(id);
         }
         Ok(run)
@@ -343,6 +355,11 @@ impl Executor {
     /// that nothing stops: runs are admitted only once the executor started).
     fn lifecycle(&self) -> Lifecycle {
         self.inner.lifecycle.get().cloned().unwrap_or_default()
+    }
+
+    /// The groups, quotas and fair-share accounts runs are admitted by.
+    pub fn sharing(&self) -> &Sharing {
+        &self.inner.sharing
     }
 
     /// The programs workflows' stdio tool servers may run (`--allow-tool-command`).

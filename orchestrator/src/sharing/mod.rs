@@ -1,0 +1,679 @@
+//! A lab shared fairly: groups (projects) and their members, quotas, and fair-share
+//! admission (docs/sharing.md).
+//!
+//! - [`fair`] (pure): decayed usage, the fair-share factors and the admission order.
+//! - [`quota`] (pure): limits and the refusal that names limit, use and when it frees.
+//! - [`Sharing`]: the groups and users in the store, the runs in progress by owner
+//!   (checked and reserved atomically, so no interleaving of submissions exceeds a
+//!   limit), and the usage metered from the instances that runs hold.
+//!
+//! A user without a record belongs to the group [`DEFAULT_GROUP`] with one share and no
+//! limits of their own.
+
+pub mod fair;
+pub mod quota;
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use self::fair::{Accounts, GroupAccount, Standing, Waiting};
+use self::quota::{Limit, Limits, Refusal, Scope, within};
+use crate::base::{UnixMs, lock, unix_ms};
+use crate::instances::InstanceView;
+use crate::store::{Db, StoreError, Tree, WriteBatch};
+
+/// The group of users nobody put in one.
+pub const DEFAULT_GROUP: &str = "default";
+
+/// The most shares a group or user may hold.
+pub const MAX_SHARES: u32 = 1_000_000;
+
+/// How often metered usage is written to the store (a kill loses at most this much of
+/// it; nothing acknowledged is lost).
+pub const USAGE_SAVE_INTERVAL: Duration = Duration::from_secs(60);
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// A group (a project).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct GroupRecord {
+    /// Its name.
+    pub name: String,
+    /// Its shares of the fleet, against the other groups'.
+    pub shares: u32,
+    /// What its members may use together.
+    pub limits: Limits,
+    /// When it was made.
+    pub created_at: UnixMs,
+    /// When it last changed.
+    pub updated_at: UnixMs,
+}
+
+/// A user's membership, shares and limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct UserRecord {
+    /// The user.
+    pub name: String,
+    /// Their group.
+    pub group: String,
+    /// Their shares within the group, against the other members'.
+    pub shares: u32,
+    /// What they may use.
+    pub limits: Limits,
+    /// When it last changed.
+    pub updated_at: UnixMs,
+}
+
+/// Who owns a run, and in which group.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Owner {
+    /// The user.
+    pub user: String,
+    /// Their group.
+    pub group: String,
+}
+
+/// Why a group or user could not be changed.
+#[derive(Debug, thiserror::Error)]
+pub enum SharingError {
+    /// A name, share or limit that cannot be used.
+    #[error("{0}")]
+    Invalid(String),
+    /// No such group.
+    #[error("no group `{0}`; `skein group list` lists them, `skein group set {0}` makes it")]
+    NoGroup(String),
+    /// A group that still has members.
+    #[error("group `{group}` still has members ({}); help: move them first with `skein group add OTHER USER`", .members.join(", "))]
+    HasMembers {
+        /// The group.
+        group: String,
+        /// Its members.
+        members: Vec<String>,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// What a user or group holds now, and may hold.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct Holding {
+    /// Runs in progress.
+    pub runs: u32,
+    /// GPU memory reserved, GiB.
+    pub gpu_gib: f64,
+    /// GPUs in use.
+    pub gpus: u32,
+    /// The limits (the user's own, or the group's).
+    pub limits: Limits,
+    /// The fair-share factor (1: used nothing of late; 0.5: used exactly its share).
+    pub factor: f64,
+    /// Decayed usage, GiB-hours.
+    pub usage_gib_hours: f64,
+}
+
+/// The groups, users, runs in progress and fair-share accounts. Cheap to clone.
+#[derive(Clone)]
+pub struct Sharing {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Sharing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sharing").finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    groups: Tree<GroupRecord>,
+    users: Tree<UserRecord>,
+    /// Decayed usage by group (with its members'), saved every [`USAGE_SAVE_INTERVAL`].
+    usage: Tree<GroupAccount>,
+    half_life: Duration,
+    state: Mutex<State>,
+    /// One change of groups or users at a time (the store write and the cache agree).
+    edits: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct State {
+    groups: BTreeMap<String, GroupRecord>,
+    users: BTreeMap<String, UserRecord>,
+    accounts: Accounts,
+    /// Runs in progress (queued, starting or running), by id.
+    runs: HashMap<String, Owner>,
+    metered_at: Option<UnixMs>,
+    saved_at: Option<UnixMs>,
+}
+
+impl State {
+    fn owner(&self, user: &str) -> Owner {
+        Owner {
+            user: user.to_owned(),
+            group: self
+                .users
+                .get(user)
+                .map_or_else(|| DEFAULT_GROUP.to_owned(), |u| u.group.clone()),
+        }
+    }
+
+    fn user_limits(&self, user: &str) -> Limits {
+        self.users.get(user).map(|u| u.limits.clone()).unwrap_or_default()
+    }
+
+    fn group_limits(&self, group: &str) -> Limits {
+        self.groups.get(group).map(|g| g.limits.clone()).unwrap_or_default()
+    }
+
+    /// Brings the accounts' shares in line with the records.
+    fn sync_accounts(&mut self) {
+        for group in self.groups.values() {
+            self.accounts.set_group_shares(&group.name, group.shares);
+        }
+        for user in self.users.values() {
+            self.accounts.set_member_shares(&user.group, &user.name, user.shares);
+        }
+        // Members who moved keep their usage where it was earned but no shares there.
+        for (group, account) in &mut self.accounts.groups {
+            for (name, member) in &mut account.members {
+                let here = self.users.get(name).map_or(DEFAULT_GROUP, |u| u.group.as_str());
+                if here != group {
+                    member.shares = 0;
+                } else if !self.users.contains_key(name) {
+                    member.shares = 1;
+                }
+            }
+        }
+    }
+}
+
+/// GPU use: memory and the distinct GPUs, of instances.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GpuUse {
+    /// Bytes reserved.
+    pub bytes: u64,
+    /// The GPUs, as (node, index).
+    pub gpus: BTreeSet<(String, u32)>,
+}
+
+impl GpuUse {
+    fn add(&mut self, node: &str, gpu: u32, bytes: u64) {
+        self.bytes += bytes;
+        self.gpus.insert((node.to_owned(), gpu));
+    }
+
+    /// What `plan` places on GPUs (host memory is not GPU use).
+    pub fn of_plan(plan: &crate::plan::Plan) -> GpuUse {
+        let mut used = GpuUse::default();
+        for device in plan.instances.iter().flat_map(|i| &i.devices) {
+            if let Some(gpu) = device.gpu {
+                used.add(&device.node, gpu, device.reserved);
+            }
+        }
+        used
+    }
+}
+
+impl Sharing {
+    /// The groups and users of `db`, with usage decaying with `half_life`.
+    ///
+    /// Errors: the store fails.
+    pub fn open(db: &Db, half_life: Duration) -> Result<Sharing, StoreError> {
+        let groups: Tree<GroupRecord> = db.tree("groups")?;
+        let users: Tree<UserRecord> = db.tree("group_members")?;
+        let usage: Tree<GroupAccount> = db.tree("share_usage")?;
+        let mut state = State {
+            groups: groups.all()?.into_iter().map(|g| (g.name.clone(), g)).collect(),
+            users: users.all()?.into_iter().map(|u| (u.name.clone(), u)).collect(),
+            ..State::default()
+        };
+        for entry in usage.prefixed("") {
+            let (name, account) = entry?;
+            state.accounts.groups.insert(name, account);
+        }
+        state.sync_accounts();
+        Ok(Sharing {
+            inner: Arc::new(Inner {
+                groups,
+                users,
+                usage,
+                half_life,
+                state: Mutex::new(state),
+                edits: tokio::sync::Mutex::new(()),
+            }),
+        })
+    }
+
+    /// The half-life of usage.
+    pub fn half_life(&self) -> Duration {
+        self.inner.half_life
+    }
+
+    /// The owner `user` is now: them and their group.
+    pub fn owner(&self, user: &str) -> Owner {
+        lock(&self.inner.state).owner(user)
+    }
+
+    /// Every group, by name ([`DEFAULT_GROUP`] too, as stored or as it stands unstored).
+    pub fn groups(&self) -> Vec<GroupRecord> {
+        let state = lock(&self.inner.state);
+        let mut groups: Vec<GroupRecord> = state.groups.values().cloned().collect();
+        if !state.groups.contains_key(DEFAULT_GROUP) {
+            groups.push(default_group());
+            groups.sort_by(|a, b| a.name.cmp(&b.name));
+        }
+        groups
+    }
+
+    /// Every user with a record, by name.
+    pub fn users(&self) -> Vec<UserRecord> {
+        lock(&self.inner.state).users.values().cloned().collect()
+    }
+
+    /// Makes or changes a group: `shares` and `limits` (merged over the current ones,
+    /// `clear` lifting some).
+    ///
+    /// Errors: [`SharingError::Invalid`], [`SharingError::Store`].
+    pub async fn set_group(
+        &self,
+        name: &str,
+        shares: Option<u32>,
+        limits: &Limits,
+        clear: &[Limit],
+    ) -> Result<GroupRecord, SharingError> {
+        check_name("group", name)?;
+        check_shares(shares)?;
+        let _edit = self.inner.edits.lock().await;
+        let now = unix_ms();
+        let current = lock(&self.inner.state).groups.get(name).cloned();
+        let mut record = current.unwrap_or_else(|| GroupRecord {
+            name: name.to_owned(),
+            created_at: now,
+            ..default_group()
+        });
+        (record.shares, record.limits) = changed(
+            record.shares,
+            &record.limits,
+            shares,
+            limits,
+            clear,
+            &format!("group `{name}`"),
+        )?;
+        record.updated_at = now;
+        self.inner.groups.put(name, &record).await?;
+        let mut state = lock(&self.inner.state);
+        state.groups.insert(name.to_owned(), record.clone());
+        state.sync_accounts();
+        Ok(record)
+    }
+
+    /// Removes an empty group.
+    ///
+    /// Errors: [`SharingError::NoGroup`], [`SharingError::HasMembers`], [`SharingError::Store`].
+    pub async fn remove_group(&self, name: &str) -> Result<GroupRecord, SharingError> {
+        let _edit = self.inner.edits.lock().await;
+        let (record, members) = {
+            let state = lock(&self.inner.state);
+            let record = state
+                .groups
+                .get(name)
+                .cloned()
+                .ok_or_else(|| SharingError::NoGroup(name.to_owned()))?;
+            let members: Vec<String> = state
+                .users
+                .values()
+                .filter(|u| u.group == name)
+                .map(|u| u.name.clone())
+                .collect();
+            (record, members)
+        };
+        if !members.is_empty() {
+            return Err(SharingError::HasMembers {
+                group: name.to_owned(),
+                members,
+            });
+        }
+        let mut batch = WriteBatch::new();
+        batch.remove(&self.inner.groups, name);
+        self.inner.groups.db().commit(batch).await?;
+        let mut state = lock(&self.inner.state);
+        state.groups.remove(name);
+        state
+            .accounts
+            .groups
+            .entry(name.to_owned())
+            .and_modify(|g| g.shares = 0);
+        Ok(record)
+    }
+
+    /// Puts `user` in `group` (which must exist, or be [`DEFAULT_GROUP`]) and sets their
+    /// shares and limits; `group: None` keeps their group.
+    ///
+    /// Errors: [`SharingError::Invalid`], [`SharingError::NoGroup`], [`SharingError::Store`].
+    pub async fn set_user(
+        &self,
+        user: &str,
+        group: Option<&str>,
+        shares: Option<u32>,
+        limits: &Limits,
+        clear: &[Limit],
+    ) -> Result<UserRecord, SharingError> {
+        crate::auth::check_user(user).map_err(|e| SharingError::Invalid(e.to_string()))?;
+        check_shares(shares)?;
+        let _edit = self.inner.edits.lock().await;
+        let (current, group_known) = {
+            let state = lock(&self.inner.state);
+            let known = group.is_none_or(|g| g == DEFAULT_GROUP || state.groups.contains_key(g));
+            (state.users.get(user).cloned(), known)
+        };
+        if !group_known {
+            return Err(SharingError::NoGroup(group.unwrap_or_default().to_owned()));
+        }
+        let mut record = current.unwrap_or_else(|| UserRecord {
+            name: user.to_owned(),
+            group: DEFAULT_GROUP.to_owned(),
+            shares: 1,
+            limits: Limits::default(),
+            updated_at: unix_ms(),
+        });
+        if let Some(group) = group {
+            group.clone_into(&mut record.group);
+        }
+        (record.shares, record.limits) = changed(
+            record.shares,
+            &record.limits,
+            shares,
+            limits,
+            clear,
+            &format!("user `{user}`"),
+        )?;
+        record.updated_at = unix_ms();
+        self.inner.users.put(user, &record).await?;
+        let mut state = lock(&self.inner.state);
+        state.users.insert(user.to_owned(), record.clone());
+        state.sync_accounts();
+        Ok(record)
+    }
+
+    /// Reserves a place for run `run` of `user` against the runs limits of the user and
+    /// their group. The check and the reservation are one step under one lock: however
+    /// submissions interleave, no user or group passes its limit. Give it back with
+    /// [`Sharing::release_run`] if the run is not stored after all.
+    ///
+    /// Errors: the [`Refusal`] of the limit it would pass.
+    pub fn reserve_run(&self, user: &str, run: &str) -> Result<Owner, Refusal> {
+        let mut state = lock(&self.inner.state);
+        let owner = state.owner(user);
+        let (mine, ours) = state.runs.values().fold((0u32, 0u32), |(mine, ours), o| {
+            (
+                mine + u32::from(o.user == owner.user),
+                ours + u32::from(o.group == owner.group),
+            )
+        });
+        let frees = "it frees when one of those runs ends (`skein runs` lists them)";
+        let checks = [
+            (Scope::User(owner.user.clone()), state.user_limits(user).runs, mine),
+            (
+                Scope::Group(owner.group.clone()),
+                state.group_limits(&owner.group).runs,
+                ours,
+            ),
+        ];
+        for (scope, allowed, in_use) in checks {
+            if let Some(refusal) = within(
+                Limit::Runs,
+                &scope,
+                allowed.map(f64::from),
+                f64::from(in_use),
+                1.0,
+                frees,
+            ) {
+                return Err(refusal);
+            }
+        }
+        state.runs.insert(run.to_owned(), owner.clone());
+        Ok(owner)
+    }
+
+    /// Counts `run` (stored, unfinished: after a restart) as in progress, whatever the
+    /// limits: it was admitted to the queue before.
+    pub fn resume_run(&self, owner: &str, run: &str) {
+        let mut state = lock(&self.inner.state);
+        let owner = state.owner(owner);
+        state.runs.insert(run.to_owned(), owner);
+    }
+
+    /// The run ended (or was never stored): its place is free.
+    pub fn release_run(&self, run: &str) {
+        lock(&self.inner.state).runs.remove(run);
+    }
+
+    /// Who owns run `run`, while it is in progress.
+    pub fn run_owner(&self, run: &str) -> Option<Owner> {
+        lock(&self.inner.state).runs.get(run).cloned()
+    }
+
+    /// Checks that placing `adding` for run `run` keeps its owner and their group within
+    /// their GPU limits, counting what the instances of their runs in progress hold now.
+    ///
+    /// Errors: the [`Refusal`] of the first limit it would pass.
+    pub fn check_gpus(&self, run: &str, adding: &GpuUse, instances: &[InstanceView]) -> Result<(), Refusal> {
+        let state = lock(&self.inner.state);
+        let Some(owner) = state.runs.get(run).cloned() else {
+            return Ok(());
+        };
+        let (mine, ours) = held_by(&state, &owner, instances);
+        let frees = "it frees as their running runs end (`skein runs`); the run waits until then";
+        for (scope, limits, held) in [
+            (Scope::User(owner.user.clone()), state.user_limits(&owner.user), mine),
+            (
+                Scope::Group(owner.group.clone()),
+                state.group_limits(&owner.group),
+                ours,
+            ),
+        ] {
+            let gib = |bytes: u64| bytes as f64 / GIB;
+            if let Some(refusal) = within(
+                Limit::GpuGib,
+                &scope,
+                limits.gpu_gib,
+                gib(held.bytes),
+                gib(adding.bytes),
+                frees,
+            ) {
+                return Err(refusal);
+            }
+            let new_gpus = adding.gpus.difference(&held.gpus).count();
+            if let Some(refusal) = within(
+                Limit::Gpus,
+                &scope,
+                limits.gpus.map(f64::from),
+                held.gpus.len() as f64,
+                new_gpus as f64,
+                frees,
+            ) {
+                return Err(refusal);
+            }
+        }
+        Ok(())
+    }
+
+    /// What `user` (or, with `group`, the group) holds now and may hold.
+    pub fn holding(&self, user: Option<&str>, group: &str, instances: &[InstanceView]) -> Holding {
+        let now = unix_ms();
+        let state = lock(&self.inner.state);
+        let owner = match user {
+            Some(user) => state.owner(user),
+            None => Owner {
+                user: String::new(),
+                group: group.to_owned(),
+            },
+        };
+        let (mine, ours) = held_by(&state, &owner, instances);
+        let standings = state.accounts.standings(now, self.inner.half_life);
+        let standing = standings.of(&owner.group, &owner.user);
+        let account = state.accounts.groups.get(&owner.group);
+        let half_life = self.inner.half_life;
+        match user {
+            Some(user) => Holding {
+                runs: state.runs.values().filter(|o| o.user == user).count() as u32,
+                gpu_gib: mine.bytes as f64 / GIB,
+                gpus: mine.gpus.len() as u32,
+                limits: state.user_limits(user),
+                factor: standing.user,
+                usage_gib_hours: account
+                    .and_then(|a| a.members.get(user))
+                    .map_or(0.0, |m| m.usage.value_at(now, half_life)),
+            },
+            None => Holding {
+                runs: state.runs.values().filter(|o| o.group == group).count() as u32,
+                gpu_gib: ours.bytes as f64 / GIB,
+                gpus: ours.gpus.len() as u32,
+                limits: state.group_limits(group),
+                factor: standing.group,
+                usage_gib_hours: account.map_or(0.0, |a| a.usage.value_at(now, half_life)),
+            },
+        }
+    }
+
+    /// Orders queued runs (`(priority, id)`) for admission by [`fair::order`], at `now`.
+    pub fn order(&self, queued: &[(i32, String)], now: UnixMs) -> Vec<String> {
+        let state = lock(&self.inner.state);
+        let standings = state.accounts.standings(now, self.inner.half_life);
+        let mut waiting: Vec<Waiting> = queued
+            .iter()
+            .map(|(priority, id)| {
+                let owner = state.runs.get(id).cloned().unwrap_or_else(|| Owner {
+                    user: String::new(),
+                    group: DEFAULT_GROUP.to_owned(),
+                });
+                Waiting {
+                    id: id.clone(),
+                    priority: *priority,
+                    user: owner.user,
+                    group: owner.group,
+                }
+            })
+            .collect();
+        drop(state);
+        fair::order(&mut waiting, &standings);
+        waiting.into_iter().map(|w| w.id).collect()
+    }
+
+    /// The standing of `user` now.
+    pub fn standing(&self, user: &str) -> Standing {
+        let state = lock(&self.inner.state);
+        let owner = state.owner(user);
+        state
+            .accounts
+            .standings(unix_ms(), self.inner.half_life)
+            .of(&owner.group, &owner.user)
+    }
+
+    /// Charges the owners of runs in progress for the GPU memory their instances hold
+    /// since the last metering (GiB-hours), at `now`; every [`USAGE_SAVE_INTERVAL`] the
+    /// accounts are written to the store.
+    ///
+    /// Errors: the store fails (the accounts stay charged in memory).
+    pub async fn meter(&self, now: UnixMs, instances: &[InstanceView]) -> Result<(), StoreError> {
+        let mut batch = WriteBatch::new();
+        {
+            let mut state = lock(&self.inner.state);
+            let since = state.metered_at.replace(now).unwrap_or(now);
+            let hours = (now.0 - since.0).max(0) as f64 / 3_600_000.0;
+            if hours > 0.0 {
+                let mut charges: HashMap<Owner, u64> = HashMap::new();
+                for view in instances {
+                    let Some(owner) = view.run.as_ref().and_then(|r| state.runs.get(r)) else {
+                        continue;
+                    };
+                    *charges.entry(owner.clone()).or_default() += view.held.iter().map(|(_, b)| b).sum::<u64>();
+                }
+                for (owner, bytes) in charges {
+                    let amount = bytes as f64 / GIB * hours;
+                    state
+                        .accounts
+                        .charge(&owner.group, &owner.user, amount, now, self.inner.half_life);
+                }
+            }
+            let due = state
+                .saved_at
+                .is_none_or(|at| now.0 - at.0 >= USAGE_SAVE_INTERVAL.as_millis() as i64);
+            if due {
+                state.saved_at = Some(now);
+                for (name, account) in &state.accounts.groups {
+                    batch.put(&self.inner.usage, name, account);
+                }
+            }
+        }
+        if !batch.is_empty() {
+            self.inner.usage.db().commit(batch).await?;
+        }
+        Ok(())
+    }
+}
+
+/// What the instances of `owner`'s runs hold, and of their group's.
+fn held_by(state: &State, owner: &Owner, instances: &[InstanceView]) -> (GpuUse, GpuUse) {
+    let mut mine = GpuUse::default();
+    let mut ours = GpuUse::default();
+    for view in instances {
+        let Some(holder) = view.run.as_ref().and_then(|r| state.runs.get(r)) else {
+            continue;
+        };
+        for &(gpu, bytes) in &view.held {
+            if holder.group == owner.group {
+                ours.add(&view.node_name, gpu, bytes);
+                if holder.user == owner.user {
+                    mine.add(&view.node_name, gpu, bytes);
+                }
+            }
+        }
+    }
+    (mine, ours)
+}
+
+/// Shares and limits after a change (`shares` and `limits` set, `clear` lifted), checked;
+/// `whose` names them in the error.
+fn changed(
+    current_shares: u32,
+    current: &Limits,
+    shares: Option<u32>,
+    limits: &Limits,
+    clear: &[Limit],
+    whose: &str,
+) -> Result<(u32, Limits), SharingError> {
+    let limits = current.merged(limits, clear);
+    limits.check(whose).map_err(SharingError::Invalid)?;
+    Ok((shares.unwrap_or(current_shares), limits))
+}
+
+fn default_group() -> GroupRecord {
+    GroupRecord {
+        name: DEFAULT_GROUP.to_owned(),
+        shares: 1,
+        limits: Limits::default(),
+        created_at: UnixMs(0),
+        updated_at: UnixMs(0),
+    }
+}
+
+fn check_name(what: &str, name: &str) -> Result<(), SharingError> {
+    crate::auth::check_user(name)
+        .map_err(|_| SharingError::Invalid(format!(
+            "{what} name `{}` is not allowed: use 1 to 64 lowercase letters, digits, `-`, `_` or `.`, starting with a letter or digit",
+            name.chars().take(80).collect::<String>()
+        )))
+}
+
+fn check_shares(shares: Option<u32>) -> Result<(), SharingError> {
+    match shares {
+        Some(shares) if shares == 0 || shares > MAX_SHARES => Err(SharingError::Invalid(format!(
+            "shares must be 1 to {MAX_SHARES}, not {shares}"
+        ))),
+        _ => Ok(()),
+    }
+}

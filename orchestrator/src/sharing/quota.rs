@@ -1,0 +1,266 @@
+//! Quotas (pure): what a group or a user may use at once, and the refusal that names the
+//! limit, the current use and when it frees.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Limits of a group or a user; an absent limit is no limit. A user is held to their own
+/// limits and to their group's (the group's count everything its members use).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// GPU memory reserved at once, GiB (Skein shares GPUs, so memory is the measure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_gib: Option<f64>,
+    /// GPUs in use at once (a GPU counts once however many instances share it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<u32>,
+    /// Runs in progress (queued or running) at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runs: Option<u32>,
+}
+
+/// The most a limit may be set to: far beyond any fleet, small enough to stay exact.
+const MAX_GIB: f64 = 1e9;
+
+impl Limits {
+    /// Checks the figures: `what` names whose limits they are, for the message.
+    ///
+    /// Errors: a limit that is not a positive finite number (or zero runs/GPUs, which
+    /// would refuse everything: remove the user from the group instead).
+    pub fn check(&self, what: &str) -> Result<(), String> {
+        if let Some(gib) = self.gpu_gib
+            && !(gib.is_finite() && gib > 0.0 && gib <= MAX_GIB)
+        {
+            return Err(format!(
+                "{what}: `gpu_gib` must be a number of GiB above 0 and at most {MAX_GIB}, not {gib}"
+            ));
+        }
+        for (name, value) in [("gpus", self.gpus), ("runs", self.runs)] {
+            if value == Some(0) {
+                return Err(format!(
+                    "{what}: `{name}` must be at least 1 (0 would refuse everything); to lift the limit, leave it out"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// These limits with `update`'s set ones in place (`clear` names those to lift).
+    pub fn merged(&self, update: &Limits, clear: &[Limit]) -> Limits {
+        let mut merged = Limits {
+            gpu_gib: update.gpu_gib.or(self.gpu_gib),
+            gpus: update.gpus.or(self.gpus),
+            runs: update.runs.or(self.runs),
+        };
+        for limit in clear {
+            match limit {
+                Limit::GpuGib => merged.gpu_gib = None,
+                Limit::Gpus => merged.gpus = None,
+                Limit::Runs => merged.runs = None,
+            }
+        }
+        merged
+    }
+}
+
+/// One kind of limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Limit {
+    /// [`Limits::gpu_gib`].
+    GpuGib,
+    /// [`Limits::gpus`].
+    Gpus,
+    /// [`Limits::runs`].
+    Runs,
+}
+
+impl Limit {
+    /// Its field name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Limit::GpuGib => "gpu_gib",
+            Limit::Gpus => "gpus",
+            Limit::Runs => "runs",
+        }
+    }
+
+    /// `amount` of it, for people: `40.0 GiB`, `2 GPUs`, `1 run`.
+    fn amount(self, amount: f64) -> String {
+        let plural = if amount == 1.0 { "" } else { "s" };
+        match self {
+            Limit::GpuGib => format!("{amount:.1} GiB"),
+            Limit::Gpus => format!("{amount} GPU{plural}"),
+            Limit::Runs => format!("{amount} run{plural}"),
+        }
+    }
+
+    /// What it limits, for people.
+    fn what(self) -> &'static str {
+        match self {
+            Limit::GpuGib => "of GPU memory at once",
+            Limit::Gpus => "at once",
+            Limit::Runs => "in progress (queued or running) at once",
+        }
+    }
+}
+
+/// Whose limit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// A user's own.
+    User(String),
+    /// Their group's.
+    Group(String),
+}
+
+impl std::fmt::Display for Scope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Scope::User(name) => write!(f, "user `{name}`"),
+            Scope::Group(name) => write!(f, "group `{name}`"),
+        }
+    }
+}
+
+/// A request or run beyond a limit: which limit, whose, what is in use, what was asked,
+/// and when it frees.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Refusal {
+    /// The limit.
+    pub limit: Limit,
+    /// Whose it is.
+    pub scope: Scope,
+    /// What it allows.
+    pub allowed: f64,
+    /// What is in use now.
+    pub in_use: f64,
+    /// What the refused request or run needs.
+    pub asked: f64,
+    /// When it frees, for people.
+    pub frees: String,
+    /// When to try again, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<u64>)]
+    pub retry_after: Option<Duration>,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let flag = match &self.scope {
+            Scope::User(name) => format!("--user {name}"),
+            Scope::Group(name) => format!("--group {name}"),
+        };
+        write!(
+            f,
+            "{} may use {} {}: {} in use, and this needs {} more; {}; help: an admin can raise it with `skein quota set {flag} --{} N`",
+            self.scope,
+            self.limit.amount(self.allowed),
+            self.limit.what(),
+            self.limit.amount(self.in_use),
+            self.limit.amount(self.asked),
+            self.frees,
+            self.limit.name().replace('_', "-"),
+        )
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+/// Checks one limit: `None` when `in_use + asked` stays within `allowed` (or there is no
+/// limit).
+pub fn within(
+    limit: Limit,
+    scope: &Scope,
+    allowed: Option<f64>,
+    in_use: f64,
+    asked: f64,
+    frees: &str,
+) -> Option<Refusal> {
+    let allowed = allowed?;
+    // A hair of slack so that GiB summed from bytes compare as people expect.
+    (in_use + asked > allowed * (1.0 + 1e-9)).then(|| Refusal {
+        limit,
+        scope: scope.clone(),
+        allowed,
+        in_use,
+        asked,
+        frees: frees.to_owned(),
+        retry_after: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_names_the_limit_the_use_and_when_it_frees() {
+        let refusal = within(
+            Limit::GpuGib,
+            &Scope::Group("nlp".into()),
+            Some(80.0),
+            60.0,
+            40.0,
+            "it frees as the group's runs end",
+        )
+        .unwrap();
+        assert_eq!(
+            refusal.to_string(),
+            "group `nlp` may use 80.0 GiB of GPU memory at once: 60.0 GiB in use, and this needs 40.0 GiB more; it frees as the group's runs end; help: an admin can raise it with `skein quota set --group nlp --gpu-gib N`"
+        );
+        assert!(within(Limit::Runs, &Scope::User("ada".into()), Some(2.0), 1.0, 1.0, "").is_none());
+        assert!(within(Limit::Runs, &Scope::User("ada".into()), None, 100.0, 1.0, "").is_none());
+    }
+
+    #[test]
+    fn limits_refuse_zero_and_nonsense_and_merge_updates() {
+        assert!(
+            Limits {
+                gpus: Some(0),
+                ..Limits::default()
+            }
+            .check("group `a`")
+            .is_err()
+        );
+        assert!(
+            Limits {
+                gpu_gib: Some(f64::NAN),
+                ..Limits::default()
+            }
+            .check("group `a`")
+            .is_err()
+        );
+        assert!(
+            Limits {
+                gpu_gib: Some(-1.0),
+                ..Limits::default()
+            }
+            .check("group `a`")
+            .is_err()
+        );
+        let old = Limits {
+            gpus: Some(4),
+            runs: Some(2),
+            gpu_gib: None,
+        };
+        let new = old.merged(
+            &Limits {
+                gpu_gib: Some(40.0),
+                ..Limits::default()
+            },
+            &[Limit::Runs],
+        );
+        assert_eq!(
+            new,
+            Limits {
+                gpus: Some(4),
+                runs: None,
+                gpu_gib: Some(40.0)
+            }
+        );
+    }
+}

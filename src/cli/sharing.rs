@@ -1,0 +1,138 @@
+//! `skein group …` and `skein quota …`: groups (projects), their members, quotas and
+//! fair share (docs/sharing.md).
+
+use clap::{Args, Subcommand, ValueEnum};
+
+use super::common::{ListArgs, OutputFormat, RemoteArgs};
+
+/// `skein group …`.
+#[derive(Debug, Subcommand)]
+pub enum GroupCommand {
+    /// List the groups: shares, limits, members and what each holds now.
+    List(ListArgs),
+    /// Make or change a group (admin).
+    Set(GroupSetArgs),
+    /// Put a user in a group (admin).
+    Add(GroupAddArgs),
+    /// Remove a group without members (admin).
+    Rm(GroupRmArgs),
+}
+
+/// Limits to set or lift.
+#[derive(Debug, Clone, Args)]
+pub struct LimitArgs {
+    /// GPU memory reserved at once, GiB.
+    #[arg(long, value_name = "GIB")]
+    pub gpu_gib: Option<f64>,
+    /// GPUs in use at once.
+    #[arg(long, value_name = "N")]
+    pub gpus: Option<u32>,
+    /// Runs in progress (queued or running) at once.
+    #[arg(long, value_name = "N")]
+    pub runs: Option<u32>,
+    /// Lift a limit (repeatable).
+    #[arg(long, value_enum, value_name = "LIMIT")]
+    pub clear: Vec<LimitName>,
+}
+
+/// A limit's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LimitName {
+    /// `--gpu-gib`.
+    GpuGib,
+    /// `--gpus`.
+    Gpus,
+    /// `--runs`.
+    Runs,
+}
+
+impl LimitName {
+    /// Its name in the API.
+    pub fn api(self) -> &'static str {
+        match self {
+            LimitName::GpuGib => "gpu_gib",
+            LimitName::Gpus => "gpus",
+            LimitName::Runs => "runs",
+        }
+    }
+}
+
+/// `skein group set`.
+#[derive(Debug, Args)]
+pub struct GroupSetArgs {
+    /// The group (lowercase letters, digits, `-`, `_`, `.`).
+    #[arg(value_name = "NAME")]
+    pub name: String,
+    /// Its shares of the fleet, against the other groups' (default 1).
+    #[arg(long, value_name = "N")]
+    pub shares: Option<u32>,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+/// `skein group add`.
+#[derive(Debug, Args)]
+pub struct GroupAddArgs {
+    /// The group (`default` for none).
+    #[arg(value_name = "GROUP")]
+    pub group: String,
+    /// The user.
+    #[arg(value_name = "USER")]
+    pub user: String,
+    /// Their shares within the group (default 1).
+    #[arg(long, value_name = "N")]
+    pub shares: Option<u32>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+/// `skein group rm`.
+#[derive(Debug, Args)]
+pub struct GroupRmArgs {
+    /// The group.
+    #[arg(value_name = "NAME")]
+    pub name: String,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+/// `skein quota …`.
+#[derive(Debug, Subcommand)]
+pub enum QuotaCommand {
+    /// What you (or, for the admin, `--user`) and your group hold now, may hold, and
+    /// your fair-share standing.
+    Show(QuotaShowArgs),
+    /// Set or lift a user's or a group's limits (admin).
+    Set(QuotaSetArgs),
+}
+
+/// `skein quota show`.
+#[derive(Debug, Args)]
+pub struct QuotaShowArgs {
+    /// Another user (admin).
+    #[arg(long, value_name = "NAME")]
+    pub user: Option<String>,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+    /// Output format: a table, or JSON.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Human)]
+    pub output: OutputFormat,
+}
+
+/// `skein quota set`.
+#[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("whose").required(true).args(["user", "group"]))]
+pub struct QuotaSetArgs {
+    /// A user's limits.
+    #[arg(long, value_name = "NAME")]
+    pub user: Option<String>,
+    /// A group's limits (its members' together).
+    #[arg(long, value_name = "NAME")]
+    pub group: Option<String>,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
