@@ -708,6 +708,10 @@ pub enum Error {
         repo: String,
     },
 
+    /// A LoRA adapter that cannot be read, or served by an engine ([`AdapterError`](crate::adapter::AdapterError)).
+    #[error(transparent)]
+    Adapter(#[from] crate::adapter::AdapterError),
+
     /// A fit check with a usable-memory figure count unlike the estimate's devices.
     #[error("the estimate has {devices} devices but {usable} usable-memory figures were given")]
     DeviceCountMismatch {

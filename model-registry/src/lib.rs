@@ -43,6 +43,10 @@
 //! - [`catalog`]: what Skein knows about one model before anything is downloaded
 //!   ([`ModelInfo`]): its shape and every variant with its weight bytes, and where each
 //!   fits.
+//! - [`adapter`]: LoRA adapters of a base model ([`AdapterInfo`]): a validated PEFT
+//!   `adapter_config.json` ([`AdapterConfig`]) and the `lora_A`/`lora_B` pairs of a
+//!   safetensors or GGUF adapter header, by module and layer, ranks checked.
+//!   [`estimate`] sizes them per engine ([`estimate::adapter_memory`]).
 //! - [`gpu`]: GPUs by name for plans made before the fleet reports in (`--gpu
 //!   A100-80GB`, GPU sets such as `RTX4090-24GB:2`), from the shared GPU catalog.
 //! - [`hub`]: the IO edge. [`hub::HubClient`] resolves a repository on the Hugging Face
@@ -61,6 +65,7 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod adapter;
 pub mod bytes;
 pub mod catalog;
 pub mod config;
@@ -76,6 +81,7 @@ pub mod quant;
 pub mod repo;
 pub mod safetensors;
 
+pub use adapter::{AdapterConfig, AdapterInfo};
 pub use bytes::Bytes;
 pub use config::{Architecture, ModelConfig};
 pub use dtype::{GgmlType, SafetensorsDtype};

@@ -26,7 +26,11 @@
 //! - `split`: [`Layout`], tensor-parallel validity, layer assignment to stages.
 //! - `device`: one device's lines.
 //! - `report`: [`Estimate`], its table, and [`fits`].
+//! - `adapter`: what LoRA adapters add on the base instance serving them
+//!   ([`adapter_memory`]): vLLM's preallocated slots and host cache, llama.cpp's
+//!   adapter tensors.
 
+mod adapter;
 mod device;
 mod engine;
 mod gguf_mix;
@@ -38,6 +42,10 @@ mod weights;
 
 use serde::Serialize;
 
+pub use adapter::{
+    AdapterEngine, AdapterMemory, AdapterSize, VLLM_MAX_LORA_RANKS, VllmLoraSettings, adapter_memory,
+    loaded_adapter_bytes, vllm_lora_layer_slot_elements, vllm_lora_overhead, vllm_max_lora_rank,
+};
 pub use engine::{
     ACTIVATION_HIDDEN_COPIES, ACTIVATION_INTERMEDIATE_COPIES, ALL_CONSTANTS, CANDLE_CPU_RUNTIME, CUDA_CONTEXT_NATIVE,
     CUDA_CONTEXT_TORCH, CandleDevice, CandleSettings, ConstantUnit, Engine, KvDtype, LLAMA_CPP_CPU_RUNTIME,

@@ -15,6 +15,9 @@
 //!    cache, for the built-in engine; the one call that reads tensor data.
 //! 5. [`HubClient::discover_variants`]: the repository's own checkpoints and its
 //!    quantized derivatives on the hub.
+//! 6. [`HubClient::inspect_adapter`]: a LoRA adapter's config and the header of its
+//!    weight file (PEFT safetensors or llama.cpp GGUF), as an
+//!    [`AdapterInfo`](crate::adapter::AdapterInfo).
 //!
 //! Everything is cached under the Hugging Face cache keyed by commit (`cache`), so a
 //! second run makes no request, and offline mode answers from the cache or says
@@ -32,6 +35,7 @@
 //! - `http`: the two HTTP clients of those transfers (`HEAD` without redirects, `GET`
 //!   with them) and the token's header.
 //! - `headers`: the range-read strategies for safetensors and GGUF headers.
+//! - `adapter`: LoRA adapters (`inspect_adapter`), read through `headers`.
 //! - `variants`: variant discovery ([`VariantSource`] lives in [`catalog`](crate::catalog)
 //!   and is re-exported here).
 //!
@@ -52,6 +56,7 @@
 //! the hub answers: the file paths it makes come from the resolved commit, the listed
 //! file names (checked to stay inside the repository) and ETags checked to be hex digests.
 
+mod adapter;
 mod cache;
 mod client;
 mod config;

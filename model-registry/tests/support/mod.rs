@@ -1,3 +1,5 @@
 //! The workspace's test doubles (`skein-testkit`), under the name these tests use.
 
 pub use skein_testkit::*;
+
+pub mod adapter;
