@@ -240,17 +240,27 @@ pub struct Waiting {
 /// Orders `waiting` for admission: priority (higher first), the owner's standing
 /// (further under its share first), then age (older first).
 pub fn order(waiting: &mut [Waiting], standings: &Standings) {
-    let mut keyed: Vec<(Standing, usize)> = waiting
+    let order = order_by(waiting, |w| {
+        (w.priority, standings.of(&w.group, &w.user), w.id.as_str())
+    });
+    let sorted: Vec<Waiting> = order.iter().map(|&i| waiting[i].clone()).collect();
+    waiting.clone_from_slice(&sorted);
+}
+
+/// The admission order of `items` as indices, each item's key being its priority, its
+/// owner's standing and its id (ids sort by age): priority (higher first), standing
+/// ([`Standing::first`]), then id. Each key is taken once.
+pub fn order_by<'a, T>(items: &'a [T], key: impl Fn(&'a T) -> (i32, Standing, &'a str)) -> Vec<usize> {
+    let mut keyed: Vec<(i32, Standing, &str, usize)> = items
         .iter()
         .enumerate()
-        .map(|(i, w)| (standings.of(&w.group, &w.user), i))
+        .map(|(i, item)| {
+            let (priority, standing, id) = key(item);
+            (priority, standing, id, i)
+        })
         .collect();
-    keyed.sort_by(|(a, i), (b, j)| {
-        let (x, y) = (&waiting[*i], &waiting[*j]);
-        y.priority.cmp(&x.priority).then(a.first(b)).then(x.id.cmp(&y.id))
-    });
-    let sorted: Vec<Waiting> = keyed.iter().map(|(_, i)| waiting[*i].clone()).collect();
-    waiting.clone_from_slice(&sorted);
+    keyed.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.first(&b.1)).then(a.2.cmp(b.2)));
+    keyed.into_iter().map(|(.., i)| i).collect()
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use self::fair::{Accounts, GroupAccount, Standing, Waiting};
+use self::fair::{Accounts, GroupAccount, Standing};
 use self::quota::{Limit, Limits, Refusal, Scope, within};
 use crate::base::{UnixMs, lock, unix_ms};
 use crate::instances::InstanceView;
@@ -145,11 +145,39 @@ struct State {
     accounts: Accounts,
     /// Runs in progress (queued, starting or running), by id.
     runs: HashMap<String, Owner>,
+    /// How many of them each user has, and each group (as of their reservation).
+    user_runs: HashMap<String, u32>,
+    group_runs: HashMap<String, u32>,
     metered_at: Option<UnixMs>,
     saved_at: Option<UnixMs>,
 }
 
 impl State {
+    /// Counts `run` of `owner` as in progress (once).
+    fn add_run(&mut self, run: &str, owner: Owner) {
+        if self.runs.contains_key(run) {
+            return;
+        }
+        *self.user_runs.entry(owner.user.clone()).or_default() += 1;
+        *self.group_runs.entry(owner.group.clone()).or_default() += 1;
+        self.runs.insert(run.to_owned(), owner);
+    }
+
+    /// `run` is no longer in progress.
+    fn remove_run(&mut self, run: &str) {
+        let Some(owner) = self.runs.remove(run) else {
+            return;
+        };
+        for (counts, key) in [(&mut self.user_runs, owner.user), (&mut self.group_runs, owner.group)] {
+            if let Some(count) = counts.get_mut(&key) {
+                *count -= 1;
+                if *count == 0 {
+                    counts.remove(&key);
+                }
+            }
+        }
+    }
+
     fn owner(&self, user: &str) -> Owner {
         Owner {
             user: user.to_owned(),
@@ -407,12 +435,8 @@ impl Sharing {
     pub fn reserve_run(&self, user: &str, run: &str) -> Result<Owner, Refusal> {
         let mut state = lock(&self.inner.state);
         let owner = state.owner(user);
-        let (mine, ours) = state.runs.values().fold((0u32, 0u32), |(mine, ours), o| {
-            (
-                mine + u32::from(o.user == owner.user),
-                ours + u32::from(o.group == owner.group),
-            )
-        });
+        let mine = state.user_runs.get(&owner.user).copied().unwrap_or(0);
+        let ours = state.group_runs.get(&owner.group).copied().unwrap_or(0);
         let frees = "it frees when one of those runs ends (`skein runs` lists them)";
         let checks = [
             (Scope::User(owner.user.clone()), state.user_limits(user).runs, mine),
@@ -434,7 +458,7 @@ impl Sharing {
                 return Err(refusal);
             }
         }
-        state.runs.insert(run.to_owned(), owner.clone());
+        state.add_run(run, owner.clone());
         Ok(owner)
     }
 
@@ -443,12 +467,12 @@ impl Sharing {
     pub fn resume_run(&self, owner: &str, run: &str) {
         let mut state = lock(&self.inner.state);
         let owner = state.owner(owner);
-        state.runs.insert(run.to_owned(), owner);
+        state.add_run(run, owner);
     }
 
     /// The run ended (or was never stored): its place is free.
     pub fn release_run(&self, run: &str) {
-        lock(&self.inner.state).runs.remove(run);
+        lock(&self.inner.state).remove_run(run);
     }
 
     /// Who owns run `run`, while it is in progress.
@@ -519,7 +543,7 @@ impl Sharing {
         let half_life = self.inner.half_life;
         match user {
             Some(user) => Holding {
-                runs: state.runs.values().filter(|o| o.user == user).count() as u32,
+                runs: state.user_runs.get(user).copied().unwrap_or(0),
                 gpu_gib: mine.bytes as f64 / GIB,
                 gpus: mine.gpus.len() as u32,
                 limits: state.user_limits(user),
@@ -529,7 +553,7 @@ impl Sharing {
                     .map_or(0.0, |m| m.usage.value_at(now, half_life)),
             },
             None => Holding {
-                runs: state.runs.values().filter(|o| o.group == group).count() as u32,
+                runs: state.group_runs.get(group).copied().unwrap_or(0),
                 gpu_gib: ours.bytes as f64 / GIB,
                 gpus: ours.gpus.len() as u32,
                 limits: state.group_limits(group),
@@ -539,28 +563,20 @@ impl Sharing {
         }
     }
 
-    /// Orders queued runs (`(priority, id)`) for admission by [`fair::order`], at `now`.
-    pub fn order(&self, queued: &[(i32, String)], now: UnixMs) -> Vec<String> {
+    /// Orders queued runs (`(priority, id)`) for admission by [`fair::order_by`], at
+    /// `now`: indices into `queued`, first to admit first.
+    pub fn order(&self, queued: &[(i32, String)], now: UnixMs) -> Vec<usize> {
         let state = lock(&self.inner.state);
         let standings = state.accounts.standings(now, self.inner.half_life);
-        let mut waiting: Vec<Waiting> = queued
-            .iter()
-            .map(|(priority, id)| {
-                let owner = state.runs.get(id).cloned().unwrap_or_else(|| Owner {
-                    user: String::new(),
-                    group: DEFAULT_GROUP.to_owned(),
-                });
-                Waiting {
-                    id: id.clone(),
-                    priority: *priority,
-                    user: owner.user,
-                    group: owner.group,
-                }
-            })
-            .collect();
+        let order = fair::order_by(queued, |(priority, id)| {
+            let standing = state
+                .runs
+                .get(id)
+                .map_or(Standing::FRESH, |o| standings.of(&o.group, &o.user));
+            (*priority, standing, id.as_str())
+        });
         drop(state);
-        fair::order(&mut waiting, &standings);
-        waiting.into_iter().map(|w| w.id).collect()
+        order
     }
 
     /// The standing of `user` now.
@@ -571,6 +587,15 @@ impl Sharing {
             .accounts
             .standings(unix_ms(), self.inner.half_life)
             .of(&owner.group, &owner.user)
+    }
+
+    /// Charges `gib_hours` of GPU memory × time to `user` (in their group now) at `now`.
+    pub fn charge(&self, user: &str, gib_hours: f64, now: UnixMs) {
+        let mut state = lock(&self.inner.state);
+        let owner = state.owner(user);
+        state
+            .accounts
+            .charge(&owner.group, &owner.user, gib_hours, now, self.inner.half_life);
     }
 
     /// Charges the owners of runs in progress for the GPU memory their instances hold

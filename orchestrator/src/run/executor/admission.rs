@@ -116,11 +116,11 @@ impl Executor {
                 .map(|(priority, id)| (priority.0, id.clone()))
                 .collect();
             // Priority, then the owners' fair share, then age (docs/sharing.md).
-            for id in self.inner.sharing.order(&queued, now) {
+            for id in self.inner.sharing.order(&queued, now).into_iter().map(|i| &queued[i].1) {
                 if shutdown.is_cancelled() {
                     return;
                 }
-                if let Err(error) = self.try_admit(&id).await {
+                if let Err(error) = self.try_admit(id).await {
                     tracing::error!(run = %id, %error, "admission failed");
                 }
             }
