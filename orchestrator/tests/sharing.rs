@@ -126,6 +126,8 @@ async fn a_runs_limit_refuses_with_429_naming_it_and_frees_when_a_run_ends() {
             json!({"limits": {"gpu_gb": 1}}),
             "unknown field `gpu_gb`",
         ),
+        ("/v1/groups/nlp", json!([null, null]), "send a JSON object"),
+        ("/v1/users/ada", json!([null]), "send a JSON object"),
     ] {
         let (status, body) = s.call(Method::PUT, path, Some(API), Some(body)).await;
         assert!(matches!(status, 400 | 404), "{path}: {status} {body}");

@@ -96,6 +96,20 @@ fn sharing_error(e: SharingError) -> ApiError {
 
 const CHANGE: &str = r#"a change: {"shares": N, "limits": {"gpu_gib": X, "gpus": N, "runs": N}, "clear": ["runs"]}"#;
 
+/// The body as a [`Change`]: a JSON object only (serde would take an array for the
+/// struct's fields in order).
+fn read_change(body: &[u8]) -> Result<Change, ApiError> {
+    let value: serde_json::Value = read_body(body, CHANGE)?;
+    if !value.is_object() {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("the body is not {CHANGE}: send a JSON object"),
+        ));
+    }
+    serde_json::from_value(value)
+        .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("the body is not {CHANGE} ({e})")))
+}
+
 /// Every group: shares, limits, members and what it holds now.
 #[utoipa::path(get, operation_id = "list_groups", path = "/v1/groups", tag = "sharing",
     responses((status = 200, description = "The groups, by name", body = Vec<GroupView>)))]
@@ -135,7 +149,7 @@ async fn set_group(
     body: axum::body::Bytes,
 ) -> Result<Json<GroupRecord>, ApiError> {
     admin_only(&principal)?;
-    let change: Change = read_body(&body, CHANGE)?;
+    let change = read_change(&body)?;
     if change.group.is_some() {
         return Err(ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -205,7 +219,7 @@ async fn set_user(
     body: axum::body::Bytes,
 ) -> Result<Json<UserRecord>, ApiError> {
     admin_only(&principal)?;
-    let change: Change = read_body(&body, CHANGE)?;
+    let change = read_change(&body)?;
     state
         .executor
         .sharing()
