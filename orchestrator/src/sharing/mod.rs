@@ -275,11 +275,6 @@ impl Sharing {
         })
     }
 
-    /// The half-life of usage.
-    pub fn half_life(&self) -> Duration {
-        self.inner.half_life
-    }
-
     /// The owner `user` is now: them and their group.
     pub fn owner(&self, user: &str) -> Owner {
         lock(&self.inner.state).owner(user)
@@ -475,11 +470,6 @@ impl Sharing {
         lock(&self.inner.state).remove_run(run);
     }
 
-    /// Who owns run `run`, while it is in progress.
-    pub fn run_owner(&self, run: &str) -> Option<Owner> {
-        lock(&self.inner.state).runs.get(run).cloned()
-    }
-
     /// Checks that placing `adding` for run `run` keeps its owner and their group within
     /// their GPU limits, counting what the instances of their runs in progress hold now.
     ///
@@ -577,16 +567,6 @@ impl Sharing {
         });
         drop(state);
         order
-    }
-
-    /// The standing of `user` now.
-    pub fn standing(&self, user: &str) -> Standing {
-        let state = lock(&self.inner.state);
-        let owner = state.owner(user);
-        state
-            .accounts
-            .standings(unix_ms(), self.inner.half_life)
-            .of(&owner.group, &owner.user)
     }
 
     /// Charges `gib_hours` of GPU memory × time to `user` (in their group now) at `now`.
