@@ -304,8 +304,8 @@ fn a_failing_piece_fails_its_replica_which_is_placed_again_off_its_node() {
             })
         })
     });
-    let run = lab.get(&format!("/v1/runs/{id}"));
-    assert_eq!(run["state"], "running", "{run:#}");
+    // The run records its instances ready just after the list shows them.
+    lab.wait_run(&id, "the writer serving again", |r| r["state"] == "running");
     let report = split.report();
     assert!(
         report.contains(&format!(

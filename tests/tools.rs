@@ -328,7 +328,11 @@ fn until_in_flight(lab: &Restartable, id: &str, loop_calls: fn(&Value) -> Vec<Va
         if sent && count_file.is_none_or(|f| lines(f) == 1) {
             return;
         }
-        assert!(Instant::now() < deadline, "the call never went out: {run:#}");
+        assert!(
+            Instant::now() < deadline,
+            "the call never went out: {run:#}\nthe server's log:\n{}",
+            lab.log()
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }

@@ -147,6 +147,11 @@ impl Restartable {
         self.server.0.wait().expect("the killed server is reaped");
         self.server = spawn(&self.skein, &self.data, self.port, &self.token, &self.args);
         self.api.wait_up();
+        // Another program may have taken the port while it was free: then what answers
+        // is not this server, which exited.
+        if let Ok(Some(status)) = self.server.0.try_wait() {
+            panic!("the restarted server exited ({status}); its log:\n{}", self.log());
+        }
     }
 
     /// What the server logged so far.

@@ -134,6 +134,12 @@ impl Executor {
     }
 
     pub(super) async fn try_admit(&self, id: &str) -> Result<(), StoreError> {
+        if lock(&self.inner.active).contains_key(id) {
+            // Driven already: a second task would take its cancel signal.
+            tracing::warn!(run = %id, "a run being driven was queued again; left to its task");
+            self.dequeue(id);
+            return Ok(());
+        }
         let Some(mut run) = self.inner.runs.get(id)? else {
             self.dequeue(id);
             self.inner.sharing.release_run(id);

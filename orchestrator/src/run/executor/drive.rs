@@ -137,6 +137,7 @@ impl Executor {
     }
 
     pub(super) async fn finish_cancelled(&self, mut run: RunRecord, names: &[String]) -> Result<(), StoreError> {
+        tracing::info!(run = %run.id, "run cancelled; its instances stop");
         self.stop_instances(names);
         run.cancel(unix_ms());
         self.save(&mut run).await

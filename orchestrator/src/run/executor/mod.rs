@@ -318,6 +318,7 @@ impl Executor {
     ///
     /// Errors: [`RunError::NotFound`].
     pub async fn cancel(&self, id: &str) -> Result<RunRecord, RunError> {
+        tracing::info!(run = %id, "cancel requested");
         let signal = lock(&self.inner.active).get(id).cloned();
         if let Some(signal) = signal {
             let _ = signal.cancel.send(true);
