@@ -106,6 +106,7 @@ fn try_main(args: Cli) -> anyhow::Result<ExitCode> {
         Command::Group(GroupCommand::Rm(a)) => sharing::run_rm(&a),
         Command::Quota(QuotaCommand::Show(a)) => sharing::run_show(&a),
         Command::Quota(QuotaCommand::Set(a)) => sharing::run_quota_set(&a),
+        Command::Usage(a) => sharing::run_usage(&a),
         Command::Secret(SecretCommand::Set(a)) => secrets::run_set(&a),
         Command::Secret(SecretCommand::List(a)) => secrets::run_list(&a),
         Command::Secret(SecretCommand::Rm(a)) => secrets::run_rm(&a),

@@ -1,4 +1,4 @@
-//! `skein group …` and `skein quota …` through the server's REST API.
+//! `skein group …`, `skein quota …` and `skein usage` through the server's REST API.
 
 use std::process::ExitCode;
 
@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::cli::EXIT_OK;
 use crate::cli::common::{ListArgs, OutputFormat};
-use crate::cli::sharing::{GroupAddArgs, GroupRmArgs, GroupSetArgs, LimitArgs, QuotaSetArgs, QuotaShowArgs};
+use crate::cli::sharing::{GroupAddArgs, GroupRmArgs, GroupSetArgs, LimitArgs, QuotaSetArgs, QuotaShowArgs, UsageArgs};
 use crate::client::ApiClient;
 
 #[derive(Deserialize, Default)]
@@ -188,5 +188,81 @@ pub fn run_quota_set(args: &QuotaSetArgs) -> anyhow::Result<ExitCode> {
     };
     client.put(&path, &change(None, &args.limits))?;
     println!("limits of {whose} set");
+    Ok(ExitCode::from(EXIT_OK))
+}
+
+/// `skein usage`.
+pub fn run_usage(args: &UsageArgs) -> anyhow::Result<ExitCode> {
+    let client = ApiClient::new(&args.remote.server, &args.remote.client)?;
+    let mut url = reqwest::Url::parse("http://skein/v1/usage").context("the usage route")?;
+    {
+        let mut query = url.query_pairs_mut();
+        query.append_pair("since", &args.since).append_pair("by", &args.by);
+        for (name, value) in [
+            ("until", &args.until),
+            ("user", &args.user),
+            ("group", &args.group),
+            ("model", &args.model),
+            ("agent", &args.agent),
+        ] {
+            if let Some(value) = value {
+                query.append_pair(name, value);
+            }
+        }
+        if args.csv {
+            query.append_pair("format", "csv");
+        }
+    }
+    let body = client.get(&format!("/v1/usage?{}", url.query().unwrap_or_default()))?;
+    if args.csv || args.output == OutputFormat::Json {
+        print!("{body}");
+        if !body.ends_with('\n') {
+            println!();
+        }
+        return Ok(ExitCode::from(EXIT_OK));
+    }
+    let report: Value = serde_json::from_str(&body).context("the server's usage is not what this skein expects")?;
+    let by: Vec<String> = report["by"]
+        .as_array()
+        .map(|dims| dims.iter().filter_map(|d| d.as_str().map(str::to_owned)).collect())
+        .unwrap_or_default();
+    let cells = |row: &Value| -> Vec<String> {
+        let float = |name: &str| row[name].as_f64().unwrap_or(0.0);
+        vec![
+            row["requests"].as_u64().unwrap_or(0).to_string(),
+            row["tokens_in"].as_u64().unwrap_or(0).to_string(),
+            row["tokens_out"].as_u64().unwrap_or(0).to_string(),
+            format!("{:.2}", float("gib_hours")),
+            format!("{:.2}", float("gpu_hours")),
+            format!("{:.1}", float("run_seconds") / 3600.0),
+        ]
+    };
+    let mut rows: Vec<Vec<String>> = Vec::new();
+    for row in report["rows"].as_array().into_iter().flatten() {
+        let mut line: Vec<String> = by
+            .iter()
+            .map(|d| match row[d.as_str()].as_str() {
+                Some("") | None => "-".to_owned(),
+                Some(value) => value.to_owned(),
+            })
+            .collect();
+        line.extend(cells(row));
+        rows.push(line);
+    }
+    if !by.is_empty() && rows.len() != 1 {
+        let mut total = vec!["total".to_owned()];
+        total.extend(std::iter::repeat_n(String::new(), by.len() - 1));
+        total.extend(cells(&report["total"]));
+        rows.push(total);
+    }
+    let mut header: Vec<String> = by.iter().map(|d| d.to_uppercase()).collect();
+    header.extend(["REQUESTS", "TOKENS IN", "TOKENS OUT", "GIB-H", "GPU-H", "RUN H"].map(str::to_owned));
+    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+    println!(
+        "usage from {} to {}",
+        report["since"].as_str().unwrap_or("?"),
+        report["until"].as_str().unwrap_or("?")
+    );
+    print!("{}", crate::table::render(&style(), &header, &rows));
     Ok(ExitCode::from(EXIT_OK))
 }

@@ -19,7 +19,7 @@ use tokio_util::task::TaskTracker;
 pub type Millis = u64;
 
 /// Unix time in milliseconds; written as RFC 3339 text (`2026-11-25T04:31:07.412Z`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, utoipa::ToSchema)]
 #[schema(value_type = String, format = DateTime)]
 pub struct UnixMs(pub i64);
 

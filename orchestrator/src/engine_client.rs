@@ -14,7 +14,7 @@ use crate::egress::EgressPolicy;
 use crate::secrets::Secrets;
 
 /// Token counts of one answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Usage {
     /// Prompt tokens.
     pub prompt_tokens: u64,

@@ -630,6 +630,18 @@ impl<T: Serialize + DeserializeOwned> Tree<T> {
         })
     }
 
+    /// The records whose keys are at least `from` and below `to`, in key order, with
+    /// their keys, read as they are iterated.
+    pub fn between(&self, from: &str, to: &str) -> impl Iterator<Item = Result<(String, T), StoreError>> + '_ {
+        self.tree
+            .range(from.as_bytes().to_vec()..to.as_bytes().to_vec())
+            .map(|item| {
+                let (key, value) = item?;
+                let record = self.decode(&key, &value)?;
+                Ok((String::from_utf8_lossy(&key).into_owned(), record))
+            })
+    }
+
     /// Records newest (last key) first, from just before the key `before` (or the
     /// end), read as they are iterated.
     pub fn newest_first(&self, before: Option<&str>) -> impl Iterator<Item = Result<T, StoreError>> + '_ {

@@ -124,6 +124,9 @@ pub enum Command {
     /// Your quota and fair-share standing; the admin sets limits.
     #[command(subcommand)]
     Quota(QuotaCommand),
+    /// What you (everyone, for the admin) used: model calls, tokens in and out, GPU
+    /// memory × time, GPU-hours and run time, by group, user, model, agent or day.
+    Usage(crate::cli::sharing::UsageArgs),
     /// Your secrets: the keys of your endpoint agents, named in workflows as
     /// `api_key_secret: NAME` (`--shared`: the admin's, named `shared/NAME`).
     #[command(subcommand)]

@@ -136,3 +136,38 @@ pub struct QuotaSetArgs {
     #[command(flatten)]
     pub remote: RemoteArgs,
 }
+
+/// `skein usage`.
+#[derive(Debug, Args)]
+pub struct UsageArgs {
+    /// Only this user's (the admin may name anyone; others see their own).
+    #[arg(long, value_name = "NAME")]
+    pub user: Option<String>,
+    /// Only this group's.
+    #[arg(long, value_name = "NAME")]
+    pub group: Option<String>,
+    /// Only this model's (the repository served, or an endpoint's model).
+    #[arg(long, value_name = "REPO")]
+    pub model: Option<String>,
+    /// Only this agent's.
+    #[arg(long, value_name = "NAME")]
+    pub agent: Option<String>,
+    /// From when: RFC 3339 (`2026-11-01T00:00:00Z`) or a duration before now (`7d`).
+    #[arg(long, value_name = "WHEN", default_value = "7d")]
+    pub since: String,
+    /// Until when, in the same forms (default now).
+    #[arg(long, value_name = "WHEN")]
+    pub until: Option<String>,
+    /// What rows are summed by, comma-separated: group, user, model, agent, day, hour
+    /// (an empty value: the total alone).
+    #[arg(long, value_name = "DIMENSIONS", default_value = "group,user")]
+    pub by: String,
+    /// Print CSV (for a spreadsheet) instead of a table.
+    #[arg(long, conflicts_with = "output")]
+    pub csv: bool,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+    /// Output format: a table, or JSON.
+    #[arg(long, value_enum, default_value_t = OutputFormat::Human)]
+    pub output: OutputFormat,
+}

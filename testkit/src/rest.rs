@@ -56,6 +56,17 @@ impl RestApi {
         })
     }
 
+    /// GET `path`: the status and the body as text; `None` while the server does not
+    /// answer.
+    pub fn text(&self, path: &str) -> Option<(u16, String)> {
+        self.runtime.block_on(async {
+            let url = format!("{}{path}", self.base);
+            let response = self.http.get(url).bearer_auth(&self.token).send().await.ok()?;
+            let status = response.status().as_u16();
+            Some((status, response.text().await.unwrap_or_default()))
+        })
+    }
+
     /// Waits until the server answers.
     pub fn wait_up(&self) {
         let deadline = Instant::now() + PATIENCE;

@@ -1,4 +1,5 @@
-//! `GET /metrics`: GPUs, nodes, the store and the reflexes in the Prometheus text format.
+//! `GET /metrics`: GPUs, nodes, the store, the reflexes and usage by group and user, in
+//! the Prometheus text format.
 
 use std::fmt::Write as _;
 
@@ -24,10 +25,12 @@ async fn metrics(State(state): State<ApiState>) -> Result<Response, ApiError> {
     let snapshot = state.graph.snapshot();
     let health = state.db.health();
     let dropped = state.reflexes.dropped();
+    let sharing = state.executor.sharing().clone();
     off_runtime(move || {
         let mut body = prometheus_text(&snapshot);
         store_metrics(&mut body, &health);
         reflex_metrics(&mut body, dropped);
+        sharing.usage_metrics(&mut body);
         let kind = [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")];
         Ok((kind, body).into_response())
     })

@@ -39,6 +39,7 @@ mod secrets;
 mod sessions;
 mod sharing;
 mod tokens;
+mod usage;
 mod web;
 
 use crate::graph::{GraphEvent, HardwareGraph};
@@ -121,6 +122,7 @@ pub(crate) fn protected_routes() -> OpenApiRouter<ApiState> {
         .merge(approvals::routes())
         .merge(tokens::routes())
         .merge(sharing::routes())
+        .merge(usage::routes())
         .merge(secrets::routes())
         .merge(join::routes())
         .merge(sessions::routes())

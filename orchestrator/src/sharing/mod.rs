@@ -3,6 +3,9 @@
 //!
 //! - [`fair`] (pure): decayed usage, the fair-share factors and the admission order.
 //! - [`quota`] (pure): limits and the refusal that names limit, use and when it frees.
+//! - [`usage`] (pure): usage records by hour, group, user, model and agent, summed by
+//!   the dimensions a query asks for; [`accounting`]: the ledger they are counted in and
+//!   written from, and the [`Tap`] model calls are counted through.
 //! - [`Sharing`]: the groups and users in the store, the runs in progress by owner
 //!   (checked and reserved atomically, so no interleaving of submissions exceeds a
 //!   limit), and the usage metered from the instances that runs hold.
@@ -10,8 +13,12 @@
 //! A user without a record belongs to the group [`DEFAULT_GROUP`] with one share and no
 //! limits of their own.
 
+pub mod accounting;
 pub mod fair;
 pub mod quota;
+pub mod usage;
+
+pub use accounting::Tap;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -34,6 +41,10 @@ pub const MAX_SHARES: u32 = 1_000_000;
 /// How often metered usage is written to the store (a kill loses at most this much of
 /// it; nothing acknowledged is lost).
 pub const USAGE_SAVE_INTERVAL: Duration = Duration::from_secs(60);
+
+/// How often the usage ledger is written to the store: a kill loses at most this much
+/// accounting (`GET /v1/usage` counts what is not written yet too).
+pub const LEDGER_WRITE_INTERVAL: Duration = Duration::from_secs(10);
 
 const GIB: f64 = (1u64 << 30) as f64;
 
@@ -132,8 +143,14 @@ struct Inner {
     users: Tree<UserRecord>,
     /// Decayed usage by group (with its members'), saved every [`USAGE_SAVE_INTERVAL`].
     usage: Tree<GroupAccount>,
+    /// Usage records by hour, group, user, model and agent.
+    hours: Tree<usage::Counts>,
     half_life: Duration,
     state: Mutex<State>,
+    /// Usage counted since its last write (a leaf: taken after `state`, never before).
+    ledger: Mutex<usage::Ledger>,
+    /// One write of the ledger at a time, and no query while one is in progress.
+    usage_writes: tokio::sync::Mutex<()>,
     /// One change of groups or users at a time (the store write and the cache agree).
     edits: tokio::sync::Mutex<()>,
 }
@@ -150,6 +167,7 @@ struct State {
     group_runs: HashMap<String, u32>,
     metered_at: Option<UnixMs>,
     saved_at: Option<UnixMs>,
+    ledger_written_at: Option<UnixMs>,
 }
 
 impl State {
@@ -253,6 +271,7 @@ impl Sharing {
         let groups: Tree<GroupRecord> = db.tree("groups")?;
         let users: Tree<UserRecord> = db.tree("group_members")?;
         let usage: Tree<GroupAccount> = db.tree("share_usage")?;
+        let hours: Tree<usage::Counts> = db.tree("usage_hours")?;
         let mut state = State {
             groups: groups.all()?.into_iter().map(|g| (g.name.clone(), g)).collect(),
             users: users.all()?.into_iter().map(|u| (u.name.clone(), u)).collect(),
@@ -268,8 +287,11 @@ impl Sharing {
                 groups,
                 users,
                 usage,
+                hours,
                 half_life,
                 state: Mutex::new(state),
+                ledger: Mutex::default(),
+                usage_writes: tokio::sync::Mutex::new(()),
                 edits: tokio::sync::Mutex::new(()),
             }),
         })
@@ -579,17 +601,24 @@ impl Sharing {
     }
 
     /// Charges the owners of runs in progress for the GPU memory their instances hold
-    /// since the last metering (GiB-hours), at `now`; every [`USAGE_SAVE_INTERVAL`] the
-    /// accounts are written to the store.
+    /// since the last metering (GiB-hours), at `now`, in their fair-share accounts and
+    /// in the usage ledger; every [`USAGE_SAVE_INTERVAL`] the accounts are written to
+    /// the store, every [`LEDGER_WRITE_INTERVAL`] the ledger.
     ///
     /// Errors: the store fails (the accounts stay charged in memory).
     pub async fn meter(&self, now: UnixMs, instances: &[InstanceView]) -> Result<(), StoreError> {
         let mut batch = WriteBatch::new();
+        let write_ledger;
         {
             let mut state = lock(&self.inner.state);
             let since = state.metered_at.replace(now).unwrap_or(now);
             let hours = (now.0 - since.0).max(0) as f64 / 3_600_000.0;
             if hours > 0.0 {
+                let mut ledger = lock(&self.inner.ledger);
+                for view in instances {
+                    accounting::meter_instance(&state, &mut ledger, view, hours, now);
+                }
+                drop(ledger);
                 let mut charges: HashMap<Owner, u64> = HashMap::new();
                 for view in instances {
                     let Some(owner) = view.run.as_ref().and_then(|r| state.runs.get(r)) else {
@@ -613,9 +642,18 @@ impl Sharing {
                     batch.put(&self.inner.usage, name, account);
                 }
             }
+            write_ledger = state
+                .ledger_written_at
+                .is_none_or(|at| now.0 - at.0 >= LEDGER_WRITE_INTERVAL.as_millis() as i64);
+            if write_ledger {
+                state.ledger_written_at = Some(now);
+            }
         }
         if !batch.is_empty() {
             self.inner.usage.db().commit(batch).await?;
+        }
+        if write_ledger {
+            self.write_usage().await?;
         }
         Ok(())
     }

@@ -43,6 +43,8 @@ pub(super) struct AgentLoop {
     /// The turns recorded by an earlier run of this attempt.
     pub recorded: Vec<Turn>,
     pub changes: LoopChanges,
+    /// Where its model calls are counted (usage accounting).
+    pub tap: crate::sharing::Tap,
 }
 
 impl AgentLoop {
@@ -134,6 +136,7 @@ impl AgentLoop {
                 request["tools"] = only.clone();
             }
             let answer = call(&self.access.clients, route, request, self.model_timeout).await?;
+            self.tap.call(answer.usage);
             if answer.tool_calls.is_empty() {
                 return Ok(answer);
             }

@@ -222,6 +222,13 @@ impl Executor {
             }
             lock(&executor.inner.active).remove(&id);
             executor.inner.sharing.release_run(&id);
+            // An ended run's time is counted for its owner (not one stopped by a shutdown).
+            if let Ok(Some(ended)) = executor.inner.runs.get(&id)
+                && let (Some(started), Some(finished)) = (ended.started_at, ended.finished_at)
+            {
+                let seconds = (finished.0 - started.0) as f64 / 1000.0;
+                executor.inner.sharing.record_run_time(&ended.owner, seconds, finished);
+            }
             // Its driving ended: watchers of the active runs see it gone.
             executor.changed(&id);
             executor.inner.wake.notify_one();

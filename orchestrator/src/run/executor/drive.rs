@@ -267,6 +267,9 @@ impl Executor {
                 let owner = run.owner.clone();
                 let run_id = run.id.clone();
                 let executor = self.clone();
+                // Counted for the owner, under the model served and the agent.
+                let model = crate::sharing::accounting::model_served(&self.inner.instances, &route);
+                let tap = self.inner.sharing.tap(&owner, &model, &agent);
                 // An agent with tools runs an agent loop, resumed from its recorded turns.
                 let agent_loop = run
                     .workflow
@@ -284,6 +287,7 @@ impl Executor {
                         tool_timeout: self.inner.config.tool_timeout,
                         recorded: run.turns_of(&attempt),
                         changes: loop_changes.clone(),
+                        tap: tap.clone(),
                     });
                 attempts.spawn(async move {
                     // An endpoint agent's requests count under the agent, as reflexes read them.
@@ -299,7 +303,13 @@ impl Executor {
                     };
                     let answer = match (route, agent_loop) {
                         (Ok(route), Some(agent_loop)) => agent_loop.run(route).await,
-                        (Ok(route), None) => call(&clients, &route, request.0, request.1).await,
+                        (Ok(route), None) => {
+                            let answer = call(&clients, &route, request.0, request.1).await;
+                            if let Ok(answer) = &answer {
+                                tap.call(answer.usage);
+                            }
+                            answer
+                        }
                         (Err(error), _) => Err(error),
                     };
                     if let (Some(flight), Ok(answer)) = (flight, &answer) {

@@ -206,6 +206,15 @@ impl Sessions {
         if let (Some(flight), Ok(answer)) = (flight, &answer) {
             flight.done(answer.usage.map_or(0, |u| u.completion_tokens));
         }
+        if let Ok(answer) = &answer {
+            // Counted for the caller, under the model served (and the run's agent).
+            let model = crate::sharing::accounting::model_served(&self.inner.instances, route);
+            let agent = serves.map_or("", |(_, agent)| agent);
+            self.inner
+                .executor
+                .sharing()
+                .record_call(user, &model, agent, answer.usage, crate::base::unix_ms());
+        }
         if let (Some(instance), Ok(answer)) = (&route.instance, &answer)
             && let Some(rate) = answer.decode_tokens_per_s
         {

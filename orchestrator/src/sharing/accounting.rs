@@ -1,0 +1,217 @@
+//! Usage accounting in [`Sharing`]: model calls, run time and metered GPU use added to
+//! the [`Ledger`], written to the store's `usage_hours` tree, and summed for
+//! `GET /v1/usage` ([`usage`](super::usage) holds the pure parts).
+
+use std::fmt::Write as _;
+
+use super::usage::{Counts, Key, Ledger, Query, Row, hour_prefix, summarize};
+use super::{GIB, Sharing, State};
+use crate::base::{UnixMs, lock, unix_ms};
+use crate::engine_client::Usage;
+use crate::instances::InstanceView;
+use crate::store::{StoreError, WriteBatch};
+
+/// Where one caller's model calls to one model (for one agent) are counted: cheap to
+/// clone, handed to what makes the calls.
+#[derive(Debug, Clone)]
+pub struct Tap {
+    sharing: Sharing,
+    user: String,
+    model: String,
+    agent: String,
+}
+
+impl Tap {
+    /// Counts one model call that answered, with the tokens its engine reported.
+    pub fn call(&self, usage: Option<Usage>) {
+        self.sharing
+            .record_call(&self.user, &self.model, &self.agent, usage, unix_ms());
+    }
+}
+
+impl Sharing {
+    /// A [`Tap`] counting `user`'s calls to `model` for `agent` (empty: none).
+    pub fn tap(&self, user: &str, model: &str, agent: &str) -> Tap {
+        Tap {
+            sharing: self.clone(),
+            user: user.to_owned(),
+            model: model.to_owned(),
+            agent: agent.to_owned(),
+        }
+    }
+
+    /// Counts a model call of `user` to `model` for `agent` at `now`.
+    pub fn record_call(&self, user: &str, model: &str, agent: &str, usage: Option<Usage>, now: UnixMs) {
+        let usage = usage.unwrap_or_default();
+        let counts = Counts {
+            requests: 1,
+            tokens_in: usage.prompt_tokens,
+            tokens_out: usage.completion_tokens,
+            ..Counts::default()
+        };
+        self.add_usage(user, model, agent, &counts, now);
+    }
+
+    /// Counts `seconds` of a run of `user`, ended at `now`.
+    pub fn record_run_time(&self, user: &str, seconds: f64, now: UnixMs) {
+        let counts = Counts {
+            run_seconds: seconds.max(0.0),
+            ..Counts::default()
+        };
+        self.add_usage(user, "", "", &counts, now);
+    }
+
+    fn add_usage(&self, user: &str, model: &str, agent: &str, counts: &Counts, now: UnixMs) {
+        let group = lock(&self.inner.state).owner(user).group;
+        lock(&self.inner.ledger).add(Key::at(now, &group, user, model, agent), counts);
+    }
+
+    /// Sums the usage `query` asks for: what is stored and what is not written yet.
+    ///
+    /// Errors: the store fails.
+    pub async fn usage(&self, query: &Query) -> Result<Vec<Row>, StoreError> {
+        // No write in progress: each count is in the store or in the ledger, once.
+        let _writes = self.inner.usage_writes.lock().await;
+        let mut records: Vec<(Key, Counts)> = lock(&self.inner.ledger)
+            .pending()
+            .filter(|(key, _)| query.takes(key))
+            .map(|(key, counts)| (key.clone(), *counts))
+            .collect();
+        let hours = self.inner.hours.clone();
+        let query = query.clone();
+        let summed = tokio::task::spawn_blocking(move || {
+            let from = hour_prefix(query.since.0.div_euclid(super::usage::HOUR_MS));
+            let to = hour_prefix(query.until.0.div_euclid(super::usage::HOUR_MS) + 1);
+            for entry in hours.between(&from, &to) {
+                let (stored, counts) = entry?;
+                if let Some(key) = Key::parse(&stored) {
+                    records.push((key, counts));
+                }
+            }
+            Ok(summarize(records, &query))
+        })
+        .await;
+        summed.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+    }
+
+    /// Writes what the ledger counted since its last write, added to the stored
+    /// records of its keys; what cannot be written stays in the ledger.
+    ///
+    /// Errors: the store fails.
+    pub async fn write_usage(&self) -> Result<(), StoreError> {
+        let _writes = self.inner.usage_writes.lock().await;
+        let taken = lock(&self.inner.ledger).take();
+        if taken.is_empty() {
+            return Ok(());
+        }
+        let mut batch = WriteBatch::new();
+        let mut stored = Ok(());
+        for (key, counts) in &taken {
+            let name = key.stored();
+            match self.inner.hours.get(&name) {
+                Ok(current) => {
+                    let mut total = current.unwrap_or_default();
+                    total.add(counts);
+                    batch.put(&self.inner.hours, &name, &total);
+                }
+                Err(e) => {
+                    stored = Err(e);
+                    break;
+                }
+            }
+        }
+        if stored.is_ok() {
+            stored = self.inner.hours.db().commit(batch).await;
+        }
+        if stored.is_err() {
+            lock(&self.inner.ledger).restore(taken);
+        }
+        stored
+    }
+
+    /// The usage totals since the server started, by group and user, in the
+    /// Prometheus text format (appended to `out`).
+    pub fn usage_metrics(&self, out: &mut String) {
+        let totals = lock(&self.inner.ledger).totals().clone();
+        type Figure = fn(&Counts) -> f64;
+        let figures: [(&str, &str, Option<&str>, Figure); 6] = [
+            ("skein_usage_requests_total", "Model calls.", None, |c| {
+                c.requests as f64
+            }),
+            (
+                "skein_usage_tokens_total",
+                "Tokens, in (prompt) and out (generated).",
+                Some("in"),
+                |c| c.tokens_in as f64,
+            ),
+            ("skein_usage_tokens_total", "", Some("out"), |c| c.tokens_out as f64),
+            (
+                "skein_usage_gpu_memory_gib_hours_total",
+                "GPU memory reserved × time, GiB-hours.",
+                None,
+                |c| c.gib_hours,
+            ),
+            (
+                "skein_usage_gpu_hours_total",
+                "GPUs held × time, GPU-hours.",
+                None,
+                |c| c.gpu_hours,
+            ),
+            (
+                "skein_usage_run_seconds_total",
+                "Runs' time from start to end, seconds.",
+                None,
+                |c| c.run_seconds,
+            ),
+        ];
+        for (name, help, direction, figure) in figures {
+            if !help.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "# HELP {name} {help} Since the server started.\n# TYPE {name} counter"
+                );
+            }
+            for ((group, user), counts) in &totals {
+                let direction = direction.map(|d| format!(",direction=\"{d}\"")).unwrap_or_default();
+                let _ = writeln!(
+                    out,
+                    "{name}{{group=\"{}\",user=\"{}\"{direction}}} {}",
+                    label(group),
+                    label(user),
+                    figure(counts)
+                );
+            }
+        }
+    }
+}
+
+/// Charges the GPU memory and GPUs `view` holds for `hours` to its run's owner (under
+/// its model and agents) in `ledger`, at `now`.
+pub(super) fn meter_instance(state: &State, ledger: &mut Ledger, view: &InstanceView, hours: f64, now: UnixMs) {
+    let Some(owner) = view.run.as_ref().and_then(|r| state.runs.get(r)) else {
+        return;
+    };
+    let bytes: u64 = view.held.iter().map(|(_, b)| b).sum();
+    let counts = Counts {
+        gib_hours: bytes as f64 / GIB * hours,
+        gpu_hours: view.held.len() as f64 * hours,
+        ..Counts::default()
+    };
+    let key = Key::at(now, &owner.group, &owner.user, &view.variant, &view.agents.join(","));
+    ledger.add(key, &counts);
+}
+
+/// The model `route` serves, as usage counts it: an instance's variant (the
+/// repository it runs), or an endpoint's model.
+pub fn model_served(instances: &crate::instances::Instances, route: &crate::engine_client::Route) -> String {
+    route
+        .instance
+        .as_ref()
+        .and_then(|name| instances.get(name))
+        .map_or_else(|| route.model.clone(), |view| view.variant)
+}
+
+/// A Prometheus label value, escaped.
+fn label(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
