@@ -16,6 +16,7 @@ struct Limits {
     gpu_gib: Option<f64>,
     gpus: Option<u32>,
     runs: Option<u32>,
+    tokens_per_minute: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -26,6 +27,8 @@ struct Holding {
     limits: Limits,
     factor: f64,
     usage_gib_hours: f64,
+    #[serde(default)]
+    tokens_last_minute: u64,
 }
 
 #[derive(Deserialize)]
@@ -48,6 +51,9 @@ fn change(shares: Option<u32>, limits: &LimitArgs) -> Value {
     if let Some(runs) = limits.runs {
         set.insert("runs".into(), json!(runs));
     }
+    if let Some(tokens) = limits.tokens_per_minute {
+        set.insert("tokens_per_minute".into(), json!(tokens));
+    }
     let clear: Vec<&str> = limits.clear.iter().map(|l| l.api()).collect();
     let mut body = json!({ "limits": set, "clear": clear });
     if let Some(shares) = shares {
@@ -69,12 +75,13 @@ fn holding_cells(h: &Holding) -> Vec<String> {
         of(h.runs.to_string(), h.limits.runs),
         of(format!("{:.1}", h.gpu_gib), h.limits.gpu_gib),
         of(h.gpus.to_string(), h.limits.gpus),
+        of(h.tokens_last_minute.to_string(), h.limits.tokens_per_minute),
         format!("{:.3}", h.factor),
         format!("{:.1}", h.usage_gib_hours),
     ]
 }
 
-const HOLDING: [&str; 5] = ["RUNS", "GPU GIB", "GPUS", "FACTOR", "USAGE GIB-H"];
+const HOLDING: [&str; 6] = ["RUNS", "GPU GIB", "GPUS", "TOKENS/MIN", "FACTOR", "USAGE GIB-H"];
 
 fn style() -> crate::table::Style {
     crate::table::Style {

@@ -147,3 +147,69 @@ fn calls_tokens_and_run_time_are_counted_by_user_group_model_and_agent_and_survi
         .unwrap();
     assert_eq!(future["rows"], json!([]), "{future:#}");
 }
+
+#[test]
+fn a_user_at_their_tokens_a_minute_is_refused_with_when_it_frees() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = WholeAnswer::start("hi there");
+    let lab = Restartable::start(
+        std::path::Path::new(env!("CARGO_BIN_EXE_skein")),
+        dir.path().join("data"),
+        TOKEN,
+        &["--endpoint-allow", "127.0.0.1/32"],
+    );
+    let ok = |args: &[&str]| {
+        let (ok, said) = lab.cli(args);
+        assert!(ok, "skein {args:?}: {said}");
+        said
+    };
+    let created = ok(&["token", "create", "--user", "ada"]);
+    let token = created.lines().next().unwrap_or_default().trim().to_owned();
+    ok(&["quota", "set", "--user", "ada", "--tokens-per-minute", "10"]);
+    let port: u16 = lab.api.base.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap();
+    let ada = RestApi::new(port, &token);
+    // The agent serves until cancelled: a workflow without steps.
+    let serving = workflow(&model.url(), 0);
+    let run = ada.submit(&serving);
+    ada.until(&run, "serving", |r| r["state"] == "running");
+    let (status, session) = ada
+        .call("/v1/sessions", Some(json!({"agent": "writer", "run": run})))
+        .unwrap();
+    assert_eq!(status, 201, "{session:#}");
+    let path = format!("/v1/sessions/{}/messages", session["id"].as_str().unwrap());
+
+    // Each answer is 4 + 3 tokens: in at 0 and at 7 (below 10), refused at 14.
+    for turn in 0..2 {
+        let (status, reply) = ada.call(&path, Some(json!({"content": "hello"}))).unwrap();
+        assert_eq!(status, 200, "turn {turn}: {reply:#}");
+    }
+    let (status, refused) = ada.call(&path, Some(json!({"content": "hello"}))).unwrap();
+    assert_eq!(status, 429, "{refused:#}");
+    assert_eq!(refused["error"]["code"], "quota_exceeded", "{refused:#}");
+    let message = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.starts_with("user `ada` may use 10 tokens a minute on the OpenAI and Anthropic routes and in sessions: 14 tokens in use; it frees in ")
+            && message.contains("skein quota set --user ada --tokens-per-minute N"),
+        "{message}"
+    );
+    // The OpenAI route is held to the same limit.
+    let (status, refused) = ada
+        .call(
+            "/v1/chat/completions",
+            Some(json!({"model": "writer", "messages": [{"role": "user", "content": "hi"}]})),
+        )
+        .unwrap();
+    assert_eq!(
+        (status, &refused["error"]["code"]),
+        (429, &json!("quota_exceeded")),
+        "{refused:#}"
+    );
+
+    // `skein quota show` says how much of the minute is used.
+    let shown = ok(&["quota", "show", "--user", "ada"]);
+    let line = shown.lines().find(|l| l.starts_with("user ada")).unwrap_or_default();
+    assert!(line.split_whitespace().any(|c| c == "14/10"), "{shown}");
+    // The refused requests are not counted as usage: two turns were.
+    let (_, usage) = lab.api.call("/v1/usage?user=ada&by=", None).unwrap();
+    assert_eq!(calls(&usage["total"]), (2, 8, 6), "{usage:#}");
+}

@@ -15,6 +15,8 @@
 //   panels.js    the GPU table, the tabs, a GPU's or an instance's details
 //   runs.js      a step's agent loop as rows, approvals (a step's, an item's) (pure)
 //   activity.js  runs (steps, agent loops, approvals to decide), sessions, reflex events
+//   usage.js     the usage chart's model, users' totals, groups' rows (pure)
+//   usageview.js the Usage tab: the chart, the tables, the CSV download
 
 import { renderEvents, renderRuns, renderSessions } from "./activity.js";
 import { $ } from "./dom.js";
@@ -23,6 +25,7 @@ import { fit, graphChanged, scheduleDraw, timings } from "./graph.js";
 import { api, connect, listen, signIn, wireSignIn } from "./live.js";
 import { renderDetails, renderTable, selectItem, showTable, wireTabs } from "./panels.js";
 import { hooks, state } from "./state.js";
+import { renderUsage } from "./usageview.js";
 
 /** The benchmark (web/tests/bench.mjs) reads the layout and redraw times here. */
 window.skeinTimings = timings;
@@ -30,6 +33,7 @@ window.skeinTimings = timings;
 hooks.select = selectItem;
 hooks.details = renderDetails;
 hooks.table = renderTable;
+hooks.usage = () => renderUsage();
 
 function dispatch(name, data) {
   state.lastUpdate = Date.now();

@@ -10,7 +10,7 @@ import {
 } from "./fleet.js";
 import { fit, markSelection, scheduleDraw } from "./graph.js";
 import { api } from "./live.js";
-import { state } from "./state.js";
+import { hooks, state } from "./state.js";
 
 // ---------------------------------------------------------------- the GPU table
 const COLUMNS = [
@@ -94,7 +94,7 @@ export function showTable(on) {
 }
 
 // ---------------------------------------------------------------- side panel
-const TABS = ["details", "runs", "sessions", "events"];
+const TABS = ["details", "runs", "sessions", "events", "usage"];
 function showTab(name) {
   for (const t of TABS) {
     const on = t === name;
@@ -102,6 +102,8 @@ function showTab(name) {
     $(`tab-${t}`).tabIndex = on ? 0 : -1;
     $(`view-${t}`).hidden = !on;
   }
+  // The usage is read when its tab is shown (it changes by the hour, not live).
+  if (name === "usage") hooks.usage();
 }
 /** The tabs: a click shows one; the arrow keys move between them. */
 export function wireTabs() {

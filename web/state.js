@@ -35,9 +35,11 @@ export const state = {
 };
 
 /** What the graph calls in the side panel (panels.js), set by app.js: select a GPU or
- *  an instance, redraw the details, redraw the table (`soon`: at most twice a second). */
+ *  an instance, redraw the details, redraw the table (`soon`: at most twice a second),
+ *  read and draw the usage. */
 export const hooks = {
   select: (_item) => {},
   details: (_soon) => {},
   table: (_soon) => {},
+  usage: () => {},
 };

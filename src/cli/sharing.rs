@@ -30,6 +30,10 @@ pub struct LimitArgs {
     /// Runs in progress (queued or running) at once.
     #[arg(long, value_name = "N")]
     pub runs: Option<u32>,
+    /// Tokens (prompt and generated) a minute on the OpenAI and Anthropic routes and in
+    /// sessions.
+    #[arg(long, value_name = "N")]
+    pub tokens_per_minute: Option<u64>,
     /// Lift a limit (repeatable).
     #[arg(long, value_enum, value_name = "LIMIT")]
     pub clear: Vec<LimitName>,
@@ -44,6 +48,8 @@ pub enum LimitName {
     Gpus,
     /// `--runs`.
     Runs,
+    /// `--tokens-per-minute`.
+    TokensPerMinute,
 }
 
 impl LimitName {
@@ -53,6 +59,7 @@ impl LimitName {
             LimitName::GpuGib => "gpu_gib",
             LimitName::Gpus => "gpus",
             LimitName::Runs => "runs",
+            LimitName::TokensPerMinute => "tokens_per_minute",
         }
     }
 }

@@ -614,6 +614,21 @@ reflexes:
     return fits;
   });
   check(wraps, "a long failure reason wraps inside the panel");
+
+  // Usage: ada's session turns are counted for her; she sees her own usage only.
+  await adaPage.click("#tab-usage");
+  await adaPage.waitForSelector("#usage-chart", { timeout: 30000 });
+  await adaPage.selectOption("#usage-metric", "requests");
+  await adaPage.waitForSelector('#usage-chart rect[data-user="ada"]', { timeout: 10000 });
+  const usage = await adaPage.evaluate(() => ({
+    users: [...document.querySelectorAll("#usage-users tbody tr")].map((r) => [r.cells[0].textContent, Number(r.cells[3].textContent)]),
+    groups: [...document.querySelectorAll("#usage-groups tbody tr")].map((r) => r.cells[0].textContent),
+    overflow: document.querySelector("#view-usage").scrollWidth - document.querySelector("#view-usage").clientWidth,
+  }));
+  check(usage.users.length === 1 && usage.users[0][0] === "ada" && usage.users[0][1] >= 2,
+    `the Usage tab shows ada's requests alone (${JSON.stringify(usage.users)})`);
+  check(usage.groups.includes("default") && usage.overflow <= 1, `the groups are listed (${usage.groups.join(", ")}) and nothing overflows the panel`);
+  await shot(adaPage, "usage.png");
   await adaPage.context().close();
 
   // ------------------------------------------------------------------ a phone (390×844) (8)

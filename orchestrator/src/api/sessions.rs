@@ -71,6 +71,7 @@ impl From<SessionError> for ApiError {
             SessionError::Busy(_) => {
                 return ApiError::new(StatusCode::TOO_MANY_REQUESTS, e.to_string()).retry_after(BUSY_RETRY_AFTER_S);
             }
+            SessionError::Quota(refusal) => return ApiError::from(refusal.clone()),
         };
         let error = ApiError::new(status, e.to_string());
         if status == StatusCode::SERVICE_UNAVAILABLE {
@@ -398,7 +399,7 @@ pub(super) async fn chat_body(
         (status = 400, description = "A bad turn", body = ErrorBody),
         (status = 404, description = "No such session (or another user's)", body = ErrorBody),
         (status = 413, description = "More messages or text than one request may carry (the message says the limit and the size)", body = ErrorBody),
-        (status = 429, description = "The caller has as many chat requests or streams in flight as one user may; see Retry-After", body = ErrorBody,
+        (status = 429, description = "The caller has as many chat requests or streams in flight as one user may, or they or their group used their tokens of the minute (`quota_exceeded`); see Retry-After", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
         (status = 502, description = "The engine failed", body = ErrorBody),
         (status = 503, description = "No instance can serve the agent now; the messages are kept. See Retry-After", body = ErrorBody,

@@ -43,6 +43,8 @@ const ASSETS: &[Asset] = &[
     asset!("runs.js", "text/javascript; charset=utf-8"),
     asset!("sse.js", "text/javascript; charset=utf-8"),
     asset!("state.js", "text/javascript; charset=utf-8"),
+    asset!("usage.js", "text/javascript; charset=utf-8"),
+    asset!("usageview.js", "text/javascript; charset=utf-8"),
     asset!("style.css", "text/css; charset=utf-8"),
     asset!("favicon.svg", "image/svg+xml"),
     asset!("vendor/d3.min.js", "text/javascript; charset=utf-8"),

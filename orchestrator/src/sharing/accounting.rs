@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 
+use super::quota::{Limit, Refusal, Scope, TokenWindow};
 use super::usage::{Counts, Key, Ledger, Query, Row, hour_prefix, summarize};
 use super::{GIB, Sharing, State};
 use crate::base::{UnixMs, lock, unix_ms};
@@ -50,6 +51,74 @@ impl Sharing {
             ..Counts::default()
         };
         self.add_usage(user, model, agent, &counts, now);
+    }
+
+    /// Counts `tokens` of a call of `user` on the OpenAI or Anthropic routes or in a
+    /// session at `now`, against their tokens-per-minute limits.
+    pub fn record_api_tokens(&self, user: &str, tokens: u64, now: UnixMs) {
+        let mut state = lock(&self.inner.state);
+        let group = state.owner(user).group;
+        state.user_tokens.entry(user.to_owned()).or_default().add(now, tokens);
+        state.group_tokens.entry(group).or_default().add(now, tokens);
+        // Windows of users idle for a minute go.
+        if state.user_tokens.len() > 1024 {
+            state.user_tokens.retain(|_, w| !w.is_empty());
+        }
+    }
+
+    /// Checks that `user` and their group are below their tokens-per-minute limits at
+    /// `now` (a request is let in while the last minute's tokens are below them).
+    ///
+    /// Errors: the [`Refusal`] of the limit reached, with when it frees.
+    pub fn check_tokens(&self, user: &str, now: UnixMs) -> Result<(), Refusal> {
+        let mut state = lock(&self.inner.state);
+        let owner = state.owner(user);
+        let checks = [
+            (
+                Scope::User(owner.user.clone()),
+                state.user_limits(user).tokens_per_minute,
+            ),
+            (
+                Scope::Group(owner.group.clone()),
+                state.group_limits(&owner.group).tokens_per_minute,
+            ),
+        ];
+        for (scope, allowed) in checks {
+            let Some(allowed) = allowed else { continue };
+            let window = match &scope {
+                Scope::User(name) => state.user_tokens.get_mut(name),
+                Scope::Group(name) => state.group_tokens.get_mut(name),
+            };
+            let Some(window) = window else { continue };
+            let used = window.used(now);
+            if used < allowed {
+                continue;
+            }
+            let after = window.frees_in(now, allowed).max(std::time::Duration::from_secs(1));
+            return Err(Refusal {
+                limit: Limit::TokensPerMinute,
+                scope,
+                allowed: allowed as f64,
+                in_use: used as f64,
+                asked: 0.0,
+                frees: format!(
+                    "it frees in {} s, as the last minute's requests age out (see Retry-After)",
+                    after.as_secs().max(1)
+                ),
+                retry_after: Some(after),
+            });
+        }
+        Ok(())
+    }
+
+    /// The tokens `user` (or, with `None`, `group`) used in the minute before `now`.
+    pub fn tokens_last_minute(&self, user: Option<&str>, group: &str, now: UnixMs) -> u64 {
+        let mut state = lock(&self.inner.state);
+        let window: Option<&mut TokenWindow> = match user {
+            Some(user) => state.user_tokens.get_mut(user),
+            None => state.group_tokens.get_mut(group),
+        };
+        window.map_or(0, |w| w.used(now))
     }
 
     /// Counts `seconds` of a run of `user`, ended at `now`.

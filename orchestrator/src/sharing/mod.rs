@@ -124,6 +124,8 @@ pub struct Holding {
     pub factor: f64,
     /// Decayed usage, GiB-hours.
     pub usage_gib_hours: f64,
+    /// Tokens on the API routes and in sessions in the last minute.
+    pub tokens_last_minute: u64,
 }
 
 /// The groups, users, runs in progress and fair-share accounts. Cheap to clone.
@@ -168,6 +170,9 @@ struct State {
     metered_at: Option<UnixMs>,
     saved_at: Option<UnixMs>,
     ledger_written_at: Option<UnixMs>,
+    /// The last minute's tokens on the API routes and in sessions, by user and by group.
+    user_tokens: HashMap<String, quota::TokenWindow>,
+    group_tokens: HashMap<String, quota::TokenWindow>,
 }
 
 impl State {
@@ -540,6 +545,7 @@ impl Sharing {
     /// What `user` (or, with `group`, the group) holds now and may hold.
     pub fn holding(&self, user: Option<&str>, group: &str, instances: &[InstanceView]) -> Holding {
         let now = unix_ms();
+        let tokens_last_minute = self.tokens_last_minute(user, group, now);
         let state = lock(&self.inner.state);
         let owner = match user {
             Some(user) => state.owner(user),
@@ -563,6 +569,7 @@ impl Sharing {
                 usage_gib_hours: account
                     .and_then(|a| a.members.get(user))
                     .map_or(0.0, |m| m.usage.value_at(now, half_life)),
+                tokens_last_minute,
             },
             None => Holding {
                 runs: state.group_runs.get(group).copied().unwrap_or(0),
@@ -571,6 +578,7 @@ impl Sharing {
                 limits: state.group_limits(group),
                 factor: standing.group,
                 usage_gib_hours: account.map_or(0.0, |a| a.usage.value_at(now, half_life)),
+                tokens_last_minute,
             },
         }
     }

@@ -1,9 +1,13 @@
-//! Quotas (pure): what a group or a user may use at once, and the refusal that names the
-//! limit, the current use and when it frees.
+//! Quotas (pure): what a group or a user may use at once (and in a minute, of tokens),
+//! the refusal that names the limit, the current use and when it frees, and the
+//! [`TokenWindow`] that counts the last minute's tokens.
 
+use std::collections::VecDeque;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+use crate::base::UnixMs;
 
 /// Limits of a group or a user; an absent limit is no limit. A user is held to their own
 /// limits and to their group's (the group's count everything its members use).
@@ -19,6 +23,11 @@ pub struct Limits {
     /// Runs in progress (queued or running) at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runs: Option<u32>,
+    /// Tokens (prompt and generated) in any minute, on the OpenAI and Anthropic routes
+    /// and in sessions. A request is refused once the last minute's reach the limit, so
+    /// the one let in last may pass it by its own tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_minute: Option<u64>,
 }
 
 /// The most a limit may be set to: far beyond any fleet, small enough to stay exact.
@@ -37,7 +46,12 @@ impl Limits {
                 "{what}: `gpu_gib` must be a number of GiB above 0 and at most {MAX_GIB}, not {gib}"
             ));
         }
-        for (name, value) in [("gpus", self.gpus), ("runs", self.runs)] {
+        let counts = [
+            ("gpus", self.gpus.map(u64::from)),
+            ("runs", self.runs.map(u64::from)),
+            ("tokens_per_minute", self.tokens_per_minute),
+        ];
+        for (name, value) in counts {
             if value == Some(0) {
                 return Err(format!(
                     "{what}: `{name}` must be at least 1 (0 would refuse everything); to lift the limit, leave it out"
@@ -53,12 +67,14 @@ impl Limits {
             gpu_gib: update.gpu_gib.or(self.gpu_gib),
             gpus: update.gpus.or(self.gpus),
             runs: update.runs.or(self.runs),
+            tokens_per_minute: update.tokens_per_minute.or(self.tokens_per_minute),
         };
         for limit in clear {
             match limit {
                 Limit::GpuGib => merged.gpu_gib = None,
                 Limit::Gpus => merged.gpus = None,
                 Limit::Runs => merged.runs = None,
+                Limit::TokensPerMinute => merged.tokens_per_minute = None,
             }
         }
         merged
@@ -75,6 +91,8 @@ pub enum Limit {
     Gpus,
     /// [`Limits::runs`].
     Runs,
+    /// [`Limits::tokens_per_minute`].
+    TokensPerMinute,
 }
 
 impl Limit {
@@ -84,6 +102,7 @@ impl Limit {
             Limit::GpuGib => "gpu_gib",
             Limit::Gpus => "gpus",
             Limit::Runs => "runs",
+            Limit::TokensPerMinute => "tokens_per_minute",
         }
     }
 
@@ -94,6 +113,7 @@ impl Limit {
             Limit::GpuGib => format!("{amount:.1} GiB"),
             Limit::Gpus => format!("{amount} GPU{plural}"),
             Limit::Runs => format!("{amount} run{plural}"),
+            Limit::TokensPerMinute => format!("{amount} token{plural}"),
         }
     }
 
@@ -103,6 +123,7 @@ impl Limit {
             Limit::GpuGib => "of GPU memory at once",
             Limit::Gpus => "at once",
             Limit::Runs => "in progress (queued or running) at once",
+            Limit::TokensPerMinute => "a minute on the OpenAI and Anthropic routes and in sessions",
         }
     }
 }
@@ -154,14 +175,20 @@ impl std::fmt::Display for Refusal {
             Scope::User(name) => format!("--user {name}"),
             Scope::Group(name) => format!("--group {name}"),
         };
+        // What a request will take is known only after it (tokens): then nothing is
+        // said of it.
+        let needs = if self.asked > 0.0 {
+            format!(", and this needs {} more", self.limit.amount(self.asked))
+        } else {
+            String::new()
+        };
         write!(
             f,
-            "{} may use {} {}: {} in use, and this needs {} more; {}; help: an admin can raise it with `skein quota set {flag} --{} N`",
+            "{} may use {} {}: {} in use{needs}; {}; help: an admin can raise it with `skein quota set {flag} --{} N`",
             self.scope,
             self.limit.amount(self.allowed),
             self.limit.what(),
             self.limit.amount(self.in_use),
-            self.limit.amount(self.asked),
             self.frees,
             self.limit.name().replace('_', "-"),
         )
@@ -193,9 +220,101 @@ pub fn within(
     })
 }
 
+/// The tokens of the last minute: what a tokens-per-minute limit is checked against.
+#[derive(Debug, Default, Clone)]
+pub struct TokenWindow {
+    /// (when, tokens), oldest first, within the last minute of the latest look.
+    entries: VecDeque<(i64, u64)>,
+    sum: u64,
+}
+
+impl TokenWindow {
+    /// The window's span.
+    pub const SPAN: Duration = Duration::from_secs(60);
+
+    /// Counts `tokens` at `at`.
+    pub fn add(&mut self, at: UnixMs, tokens: u64) {
+        if tokens == 0 {
+            return;
+        }
+        self.expire(at);
+        self.entries.push_back((at.0, tokens));
+        self.sum += tokens;
+    }
+
+    /// The tokens of the minute before `now`.
+    pub fn used(&mut self, now: UnixMs) -> u64 {
+        self.expire(now);
+        self.sum
+    }
+
+    /// How long after `now` the minute's tokens fall below `allowed` (zero when they
+    /// are below it now).
+    pub fn frees_in(&mut self, now: UnixMs, allowed: u64) -> Duration {
+        self.expire(now);
+        let mut sum = self.sum;
+        for &(at, tokens) in &self.entries {
+            if sum < allowed {
+                break;
+            }
+            sum -= tokens;
+            if sum < allowed {
+                let leaves = at + Self::SPAN.as_millis() as i64;
+                return Duration::from_millis(u64::try_from(leaves - now.0).unwrap_or(0));
+            }
+        }
+        Duration::ZERO
+    }
+
+    /// Whether it holds nothing (it may be dropped).
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    fn expire(&mut self, now: UnixMs) {
+        let since = now.0 - Self::SPAN.as_millis() as i64;
+        while let Some(&(at, tokens)) = self.entries.front() {
+            if at > since {
+                break;
+            }
+            self.entries.pop_front();
+            self.sum -= tokens;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_token_window_counts_the_last_minute_and_says_when_it_frees() {
+        let mut window = TokenWindow::default();
+        window.add(UnixMs(1_000), 400);
+        window.add(UnixMs(21_000), 300);
+        window.add(UnixMs(41_000), 500);
+        assert_eq!(window.used(UnixMs(50_000)), 1_200);
+        // Below 1 000 once the first 400 leave (at 61 s), below 600 once the 300 do.
+        assert_eq!(window.frees_in(UnixMs(50_000), 1_000), Duration::from_secs(11));
+        assert_eq!(window.frees_in(UnixMs(50_000), 600), Duration::from_secs(31));
+        assert_eq!(window.frees_in(UnixMs(50_000), 5_000), Duration::ZERO);
+        assert_eq!(window.used(UnixMs(61_000)), 800);
+        assert_eq!(window.used(UnixMs(101_000)), 0);
+        assert!(window.is_empty());
+        let refusal = Refusal {
+            limit: Limit::TokensPerMinute,
+            scope: Scope::User("ada".into()),
+            allowed: 1000.0,
+            in_use: 1200.0,
+            asked: 0.0,
+            frees: "it frees in 11 s".into(),
+            retry_after: Some(Duration::from_secs(11)),
+        };
+        assert_eq!(
+            refusal.to_string(),
+            "user `ada` may use 1000 tokens a minute on the OpenAI and Anthropic routes and in sessions: 1200 tokens in use; it frees in 11 s; help: an admin can raise it with `skein quota set --user ada --tokens-per-minute N`"
+        );
+    }
 
     #[test]
     fn a_refusal_names_the_limit_the_use_and_when_it_frees() {
@@ -245,7 +364,7 @@ mod tests {
         let old = Limits {
             gpus: Some(4),
             runs: Some(2),
-            gpu_gib: None,
+            ..Limits::default()
         };
         let new = old.merged(
             &Limits {
@@ -259,7 +378,8 @@ mod tests {
             Limits {
                 gpus: Some(4),
                 runs: None,
-                gpu_gib: Some(40.0)
+                gpu_gib: Some(40.0),
+                tokens_per_minute: None,
             }
         );
     }

@@ -245,7 +245,7 @@ fn message_id(model: &str) -> String {
         (status = 400, description = "A bad request (the message names the field)", body = AnthropicErrorBody),
         (status = 404, description = "No such model", body = AnthropicErrorBody),
         (status = 413, description = "More messages or text than one request may carry", body = AnthropicErrorBody),
-        (status = 429, description = "The caller has as many chat requests or streams in flight as one user may; see Retry-After", body = AnthropicErrorBody,
+        (status = 429, description = "The caller has as many chat requests or streams in flight as one user may, or they or their group used their tokens of the minute (`quota_exceeded`); see Retry-After", body = AnthropicErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
         (status = 502, description = "The engine failed", body = AnthropicErrorBody),
         (status = 503, description = "No instance can serve the model now; see Retry-After", body = AnthropicErrorBody,

@@ -262,7 +262,7 @@ pub(super) fn finish_reason(answer: &Answer) -> String {
         (status = 400, description = "A bad request (a message part that is not text, a bad model name; in a session, a tool result that answers no call of the session or of the request)", body = ErrorBody),
         (status = 404, description = "No such session (or another user's)", body = ErrorBody),
         (status = 413, description = "More messages or text than one request may carry (the message says the limit and the size)", body = ErrorBody),
-        (status = 429, description = "The caller has as many chat requests or streams in flight as one user may; see Retry-After", body = ErrorBody,
+        (status = 429, description = "The caller has as many chat requests or streams in flight as one user may, or they or their group used their tokens of the minute (`quota_exceeded`); see Retry-After", body = ErrorBody,
             headers(("Retry-After" = u64, description = "Seconds to wait"))),
         (status = 502, description = "The engine failed", body = ErrorBody),
         (status = 503, description = "No instance can serve the model now; see Retry-After", body = ErrorBody,

@@ -85,6 +85,9 @@ pub enum SessionError {
     /// The user has as many chat requests or streams as allowed: retry later.
     #[error("{0}")]
     Busy(String),
+    /// The user or their group is at a quota (tokens a minute): retry later.
+    #[error(transparent)]
+    Quota(#[from] crate::sharing::quota::Refusal),
 }
 
 impl From<LimitError> for SessionError {
@@ -360,13 +363,21 @@ impl Sessions {
 
     /// Counts a chat request or stream of `principal` until the permit is dropped.
     ///
-    /// Errors: [`SessionError::Busy`] when they have as many as [`ChatLimits`] allow.
+    /// Errors: [`SessionError::Busy`] when they have as many as [`ChatLimits`] allow;
+    /// [`SessionError::Quota`] for a request when they or their group used their tokens
+    /// of the minute.
     pub fn admit(&self, principal: &Principal, flight: Flight) -> Result<Permit, SessionError> {
         let limits = &self.inner.config.limits;
         let limit = match flight {
             Flight::Request => limits.max_requests_per_user,
             Flight::Stream => limits.max_streams_per_user,
         };
+        if flight == Flight::Request {
+            self.inner
+                .executor
+                .sharing()
+                .check_tokens(&principal.user, crate::base::unix_ms())?;
+        }
         Ok(self.inner.admission.admit(&principal.user, flight, limit)?)
     }
 
