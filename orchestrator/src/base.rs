@@ -37,6 +37,14 @@ impl UnixMs {
         Duration::from_millis(u64::try_from(later.0.saturating_sub(self.0)).unwrap_or(0))
     }
 
+    /// `time` in Unix milliseconds (the epoch for a time before it).
+    pub fn of(time: SystemTime) -> UnixMs {
+        UnixMs(
+            time.duration_since(UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+        )
+    }
+
     fn system_time(self) -> std::time::SystemTime {
         let epoch = std::time::UNIX_EPOCH;
         match u64::try_from(self.0) {
@@ -72,11 +80,7 @@ impl<'de> Deserialize<'de> for UnixMs {
 
 /// Now, Unix milliseconds.
 pub fn unix_ms() -> UnixMs {
-    UnixMs(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
-    )
+    UnixMs::of(SystemTime::now())
 }
 
 /// A new id: `prefix`, the time in milliseconds (hex, so ids sort by creation), and

@@ -156,10 +156,7 @@ fn instant(what: &str, text: &str, now: UnixMs) -> Result<UnixMs, String> {
         return Ok(now);
     }
     if let Ok(time) = humantime::parse_rfc3339_weak(text) {
-        let ms = time
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        return Ok(UnixMs(ms));
+        return Ok(UnixMs::of(time));
     }
     match humantime::parse_duration(text) {
         Ok(ago) => Ok(UnixMs(
