@@ -43,27 +43,27 @@ impl Sharing {
 
     /// Counts a model call of `user` to `model` for `agent` at `now`.
     pub fn record_call(&self, user: &str, model: &str, agent: &str, usage: Option<Usage>, now: UnixMs) {
-        let usage = usage.unwrap_or_default();
-        let counts = Counts {
-            requests: 1,
-            tokens_in: usage.prompt_tokens,
-            tokens_out: usage.completion_tokens,
-            ..Counts::default()
-        };
-        self.add_usage(user, model, agent, &counts, now);
+        let group = lock(&self.inner.state).owner(user).group;
+        self.add_usage(&group, user, model, agent, &call_counts(usage), now);
     }
 
-    /// Counts `tokens` of a call of `user` on the OpenAI or Anthropic routes or in a
-    /// session at `now`, against their tokens-per-minute limits.
-    pub fn record_api_tokens(&self, user: &str, tokens: u64, now: UnixMs) {
-        let mut state = lock(&self.inner.state);
-        let group = state.owner(user).group;
-        state.user_tokens.entry(user.to_owned()).or_default().add(now, tokens);
-        state.group_tokens.entry(group).or_default().add(now, tokens);
-        // Windows of users idle for a minute go.
-        if state.user_tokens.len() > 1024 {
-            state.user_tokens.retain(|_, w| !w.is_empty());
-        }
+    /// [`Sharing::record_call`] of a call on the OpenAI or Anthropic routes or in a
+    /// session: its tokens count against the tokens-per-minute limits too.
+    pub fn record_api_call(&self, user: &str, model: &str, agent: &str, usage: Option<Usage>, now: UnixMs) {
+        let counts = call_counts(usage);
+        let tokens = counts.tokens_in + counts.tokens_out;
+        let group = {
+            let mut state = lock(&self.inner.state);
+            let group = state.owner(user).group;
+            state.user_tokens.entry(user.to_owned()).or_default().add(now, tokens);
+            state.group_tokens.entry(group.clone()).or_default().add(now, tokens);
+            // Windows of users idle for a minute go.
+            if state.user_tokens.len() > 1024 {
+                state.user_tokens.retain(|_, w| !w.is_empty());
+            }
+            group
+        };
+        self.add_usage(&group, user, model, agent, &counts, now);
     }
 
     /// Checks that `user` and their group are below their tokens-per-minute limits at
@@ -127,12 +127,12 @@ impl Sharing {
             run_seconds: seconds.max(0.0),
             ..Counts::default()
         };
-        self.add_usage(user, "", "", &counts, now);
+        let group = lock(&self.inner.state).owner(user).group;
+        self.add_usage(&group, user, "", "", &counts, now);
     }
 
-    fn add_usage(&self, user: &str, model: &str, agent: &str, counts: &Counts, now: UnixMs) {
-        let group = lock(&self.inner.state).owner(user).group;
-        lock(&self.inner.ledger).add(Key::at(now, &group, user, model, agent), counts);
+    fn add_usage(&self, group: &str, user: &str, model: &str, agent: &str, counts: &Counts, now: UnixMs) {
+        lock(&self.inner.ledger).add(Key::at(now, group, user, model, agent), counts);
     }
 
     /// Sums the usage `query` asks for: what is stored and what is not written yet.
@@ -173,29 +173,21 @@ impl Sharing {
         if taken.is_empty() {
             return Ok(());
         }
-        let mut batch = WriteBatch::new();
-        let mut stored = Ok(());
-        for (key, counts) in &taken {
-            let name = key.stored();
-            match self.inner.hours.get(&name) {
-                Ok(current) => {
-                    let mut total = current.unwrap_or_default();
-                    total.add(counts);
-                    batch.put(&self.inner.hours, &name, &total);
-                }
-                Err(e) => {
-                    stored = Err(e);
-                    break;
-                }
+        let written = async {
+            let mut batch = WriteBatch::new();
+            for (key, counts) in &taken {
+                let name = key.stored();
+                let mut total = self.inner.hours.get(&name)?.unwrap_or_default();
+                total.add(counts);
+                batch.put(&self.inner.hours, &name, &total);
             }
+            self.inner.hours.db().commit(batch).await
         }
-        if stored.is_ok() {
-            stored = self.inner.hours.db().commit(batch).await;
-        }
-        if stored.is_err() {
+        .await;
+        if written.is_err() {
             lock(&self.inner.ledger).restore(taken);
         }
-        stored
+        written
     }
 
     /// The usage totals since the server started, by group and user, in the
@@ -251,6 +243,17 @@ impl Sharing {
                 );
             }
         }
+    }
+}
+
+/// A model call that answered, with the tokens its engine reported.
+fn call_counts(usage: Option<Usage>) -> Counts {
+    let usage = usage.unwrap_or_default();
+    Counts {
+        requests: 1,
+        tokens_in: usage.prompt_tokens,
+        tokens_out: usage.completion_tokens,
+        ..Counts::default()
     }
 }
 

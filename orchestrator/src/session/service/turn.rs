@@ -210,11 +210,10 @@ impl Sessions {
             // Counted for the caller, under the model served (and the run's agent).
             let model = crate::sharing::accounting::model_served(&self.inner.instances, route);
             let agent = serves.map_or("", |(_, agent)| agent);
-            let sharing = self.inner.executor.sharing();
-            let now = crate::base::unix_ms();
-            sharing.record_call(user, &model, agent, answer.usage, now);
-            let tokens = answer.usage.map_or(0, |u| u.prompt_tokens + u.completion_tokens);
-            sharing.record_api_tokens(user, tokens, now);
+            self.inner
+                .executor
+                .sharing()
+                .record_api_call(user, &model, agent, answer.usage, crate::base::unix_ms());
         }
         if let (Some(instance), Ok(answer)) = (&route.instance, &answer)
             && let Some(rate) = answer.decode_tokens_per_s
