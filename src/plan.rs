@@ -64,7 +64,7 @@ fn offline(args: &PlanArgs, fleet_file: &Path) -> anyhow::Result<Plan> {
         pins: Vec::new(),
     };
     let runtime = crate::runtime::runtime(Some(2))?;
-    let models = runtime
+    let catalogs = runtime
         .block_on(skein_orchestrator::catalogs::inspect_workflow(
             &client, &workflow, &options,
         ))
@@ -75,7 +75,8 @@ fn offline(args: &PlanArgs, fleet_file: &Path) -> anyhow::Result<Plan> {
     };
     Ok(skein_orchestrator::plan::plan(&PlanInput {
         workflow: &workflow,
-        models: &models,
+        models: &catalogs.models,
+        adapters: &catalogs.adapters,
         graph: &snapshot,
         running: &[],
         settings,
@@ -370,6 +371,7 @@ mod tests {
         let plan = skein_orchestrator::plan::plan(&PlanInput {
             workflow: &workflow,
             models: &models,
+            adapters: &skein_orchestrator::plan::NO_ADAPTERS,
             graph: &snapshot,
             running: &[],
             settings: PlanSettings::default(),

@@ -34,6 +34,7 @@ fn plan_of(model: &str) -> Plan {
     plan::plan(&PlanInput {
         workflow: &workflow,
         models: &models(),
+        adapters: &skein_orchestrator::plan::NO_ADAPTERS,
         graph: &graph("workflows/fleets/cpu.yaml"),
         running: &[],
         settings: PlanSettings::default(),

@@ -58,6 +58,7 @@ fn plan_of(model: &str, model_keys: &str, fleet: &str) -> Plan {
     plan::plan(&PlanInput {
         workflow: &workflow,
         models: &models(),
+        adapters: &skein_orchestrator::plan::NO_ADAPTERS,
         graph: &graph(fleet),
         running: &[],
         settings: PlanSettings::default(),

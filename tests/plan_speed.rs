@@ -66,6 +66,7 @@ fn plan_on(graph: &HardwareGraph, model_keys: &str) -> Plan {
     plan::plan(&PlanInput {
         workflow: &workflow,
         models: &models(),
+        adapters: &skein_orchestrator::plan::NO_ADAPTERS,
         graph: &graph.snapshot(),
         running: &[],
         settings: PlanSettings::default(),
@@ -252,6 +253,7 @@ fn a_tiny_model_on_a_big_gpu_is_modelled_within_twice_what_was_measured() {
     let plan = plan::plan(&PlanInput {
         workflow: &workflow,
         models: &models,
+        adapters: &skein_orchestrator::plan::NO_ADAPTERS,
         graph: &graph.snapshot(),
         running: &[],
         settings: PlanSettings::default(),

@@ -38,6 +38,7 @@ fn plan_of(workflow_file: &str, fleet: &str) -> Plan {
     plan::plan(&PlanInput {
         workflow: &workflow,
         models: &models,
+        adapters: &skein_orchestrator::plan::NO_ADAPTERS,
         graph: &graph,
         running: &[],
         settings: PlanSettings::default(),
@@ -178,4 +179,92 @@ fn a_plan_says_how_an_agent_with_tools_calls_them() {
     );
     // The planner shares the instance but lists no tools: the line names only the pricer.
     assert!(!pricer.iter().any(|l| l.contains("planner")), "{pricer:#?}");
+}
+
+/// The workflow of `workflows/lora-tutors.yaml` held to the four RTX 4090s of `rtx-2` (idle at the start).
+fn tutors_on_rtx_2() -> skein_dsl::Workflow {
+    let mut tutors = workflow("workflows/lora-tutors.yaml");
+    for agent in tutors.agents.values_mut() {
+        if let skein_dsl::ir::Backend::Model(m) = &mut agent.backend {
+            m.gpu.nodes = vec!["rtx-2".to_owned()];
+        }
+    }
+    tutors
+}
+
+/// Five tutors on five rank-16 LoRA adapters of one 8B base, in BF16, on the four
+/// 24 GB RTX 4090s of one node: one base instance with the five adapters fits on one
+/// card, and its reasons say what the sharing saves. Five merged fine-tunes (five
+/// copies of the base, 16 GB of weights each) do not fit on four cards: the fifth is
+/// left to the host CPU.
+#[test]
+fn five_lora_adapters_of_one_8b_base_fit_where_five_full_copies_do_not() {
+    use skein_testkit::adapters::{LLAMA_3_8B_INSTRUCT, llama_3_8b_info, tutor_adapter_catalog};
+    let graph = graph("workflows/fleets/lab.yaml");
+    let mut models = models();
+    models.insert(LLAMA_3_8B_INSTRUCT.to_owned(), llama_3_8b_info());
+    let adapters = tutor_adapter_catalog();
+    let tutors = tutors_on_rtx_2();
+    let shared = plan::plan(&PlanInput {
+        workflow: &tutors,
+        models: &models,
+        adapters: &adapters,
+        graph: &graph,
+        running: &[],
+        settings: PlanSettings::default(),
+    })
+    .expect("plans");
+    assert!(shared.admitted, "{shared:#?}");
+    assert_eq!(shared.instances.len(), 1, "{shared:#?}");
+    let base = &shared.instances[0];
+    assert_eq!(base.agents.len(), 5);
+    assert_eq!(base.engine, "vllm");
+    assert_eq!(base.precision, Precision::Bf16);
+    assert_eq!(cards(base).len(), 1, "{base:#?}");
+    assert_eq!(base.adapters.len(), 5);
+    assert!(base.adapters.iter().all(|a| a.format == "peft" && a.rank == 16));
+    let line = base
+        .why
+        .iter()
+        .find(|w| w.starts_with("serves 5 LoRA adapters on one base instance"))
+        .unwrap_or_else(|| panic!("{:#?}", base.why));
+    // Five 80 MiB slots of rank 16 (the 8B's 32 layers of every LoRA-capable layer).
+    assert!(line.contains("add 400.0 MiB on the devices"), "{line}");
+    assert!(line.contains("sharing saves"), "{line}");
+    let devices = &base.estimate.as_ref().unwrap().devices;
+    assert!(devices[0].items.iter().any(|i| i.what == "LoRA adapters"));
+
+    // The same tutors as five merged fine-tunes: five 8B repositories.
+    let mut copies = tutors.clone();
+    for (name, agent) in copies.agents.iter_mut() {
+        if let skein_dsl::ir::Backend::Model(m) = &mut agent.backend {
+            m.repo = format!("lab-tutors/llama3-8b-{name}-merged");
+            m.adapter = None;
+            let mut info = llama_3_8b_info();
+            info.repo = skein_model_registry::hub::RepoId::parse(&m.repo).unwrap();
+            models.insert(m.repo.clone(), info);
+        }
+    }
+    let apart = plan::plan(&PlanInput {
+        workflow: &copies,
+        models: &models,
+        adapters: &plan::NO_ADAPTERS,
+        graph: &graph,
+        running: &[],
+        settings: PlanSettings::default(),
+    })
+    .expect("plans");
+    // Four copies take the four cards (19.1 GB each); the fifth finds no GPU and
+    // falls back to the host CPU (the slow last resort), or does not fit at all.
+    let on_gpus = apart
+        .instances
+        .iter()
+        .filter(|i| !i.slow && !cards(i).is_empty())
+        .count();
+    assert_eq!(on_gpus, 4, "{apart:#?}");
+    assert_eq!(apart.instances.len() + apart.unplaced.len(), 5, "{apart:#?}");
+    assert!(
+        apart.unplaced.len() == 1 || apart.instances.iter().any(|i| i.slow && i.family == "CPU"),
+        "{apart:#?}"
+    );
 }

@@ -160,6 +160,11 @@ pub struct ModelRequirement {
     /// order; empty means any engine (the planner chooses).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub engines: Vec<EngineChoice>,
+    /// A LoRA adapter of `repo` the agent is served with: a PEFT repository (vLLM), or a
+    /// llama.cpp GGUF adapter (its `file`). Agents whose adapters share a base share one
+    /// base instance serving all their adapters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<Box<VariantPin>>,
 }
 
 /// A pinned variant: a repository, optionally one file in it (a GGUF file).

@@ -338,6 +338,7 @@ fn report(workflow: &Workflow, models: &BTreeMap<String, ModelInfo>, graph: &Gra
     let plan = plan::plan(&PlanInput {
         workflow,
         models,
+        adapters: &skein_orchestrator::plan::NO_ADAPTERS,
         graph,
         running: &[],
         settings: PlanSettings::default(),
@@ -473,6 +474,7 @@ fn phases(workflow: &Workflow, models: &BTreeMap<String, ModelInfo>, graph: &Gra
         plan::plan(&PlanInput {
             workflow,
             models,
+            adapters: &skein_orchestrator::plan::NO_ADAPTERS,
             graph,
             running: &[],
             settings: s,
@@ -510,6 +512,7 @@ fn dump(models: &BTreeMap<String, ModelInfo>, path: &str) {
         let input = PlanInput {
             workflow: w,
             models,
+            adapters: &skein_orchestrator::plan::NO_ADAPTERS,
             graph: g,
             running: &[],
             settings: s,
@@ -577,6 +580,7 @@ fn plan_with(
         .plan(black_box(&PlanInput {
             workflow,
             models,
+            adapters: &skein_orchestrator::plan::NO_ADAPTERS,
             graph,
             running: &[],
             settings: PlanSettings::default(),
@@ -604,6 +608,7 @@ fn bench(c: &mut Criterion) {
             plan::plan(black_box(&PlanInput {
                 workflow: &twenty,
                 models: &models,
+                adapters: &skein_orchestrator::plan::NO_ADAPTERS,
                 graph: &big,
                 running: &[],
                 settings,
@@ -657,6 +662,7 @@ fn bench(c: &mut Criterion) {
             plan::plan(black_box(&PlanInput {
                 workflow: &singles[turn],
                 models: &models,
+                adapters: &skein_orchestrator::plan::NO_ADAPTERS,
                 graph: &huge,
                 running: &[],
                 settings,

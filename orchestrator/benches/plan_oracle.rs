@@ -52,6 +52,7 @@ fn main() {
         let input = PlanInput {
             workflow: &workflow,
             models: models(),
+            adapters: &skein_orchestrator::plan::NO_ADAPTERS,
             graph: &snapshot,
             running: &[],
             settings,

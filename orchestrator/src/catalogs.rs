@@ -1,10 +1,13 @@
 //! The hub edge in front of the planner: the catalog ([`ModelInfo`]) of every model a
-//! workflow names, read once per model key, concurrently.
+//! workflow names, read once per model key, and every LoRA adapter its agents name
+//! ([`AdapterInfo`], config and header only), read once per pin, concurrently.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use skein_dsl::Workflow;
 use skein_dsl::ir::ModelRequirement;
+use skein_model_registry::adapter::AdapterInfo;
 use skein_model_registry::catalog::ModelInfo;
 use skein_model_registry::hub::{DEFAULT_REVISION, HubClient, InspectOptions, RepoId, VariantPin};
 
@@ -37,9 +40,66 @@ fn pins(requirement: &ModelRequirement) -> Result<Vec<VariantPin>, skein_model_r
         .collect()
 }
 
-/// The catalog of every model `workflow` places, by [`demand::model_key`]; `options`
-/// sets how many derivatives to read (its pins are replaced by each model's own).
+/// What the planner reads of the hub for a workflow.
+#[derive(Debug, Clone, Default)]
+pub struct Catalogs {
+    /// Each model's catalog, by [`demand::model_key`].
+    pub models: Arc<BTreeMap<String, ModelInfo>>,
+    /// Each adapter, by [`demand::pin_key`].
+    pub adapters: Arc<BTreeMap<String, AdapterInfo>>,
+}
+
+/// The catalog of every model `workflow` places, by [`demand::model_key`], and every
+/// adapter its agents name; `options` sets how many derivatives to read (its pins are
+/// replaced by each model's own).
 pub async fn inspect_workflow(
+    client: &HubClient,
+    workflow: &Workflow,
+    options: &InspectOptions,
+) -> Result<Catalogs, CatalogError> {
+    let (models, adapters) = futures::future::join(
+        inspect_models(client, workflow, options),
+        inspect_adapters(client, workflow),
+    )
+    .await;
+    Ok(Catalogs {
+        models: Arc::new(models?),
+        adapters: Arc::new(adapters?),
+    })
+}
+
+/// Every adapter the agents of `workflow` name, by [`demand::pin_key`].
+async fn inspect_adapters(
+    client: &HubClient,
+    workflow: &Workflow,
+) -> Result<BTreeMap<String, AdapterInfo>, CatalogError> {
+    let mut seen: BTreeMap<String, (skein_dsl::ir::VariantPin, Vec<String>)> = BTreeMap::new();
+    for instance in demand::instances(workflow) {
+        for adapter in instance.adapters {
+            seen.entry(adapter.key)
+                .or_insert_with(|| (adapter.pin, Vec::new()))
+                .1
+                .extend(adapter.agents);
+        }
+    }
+    let reads = seen.into_iter().map(|(key, (pin, agents))| async move {
+        let fail = |source| CatalogError {
+            key: format!("adapter {key}"),
+            agents: agents.clone(),
+            source,
+        };
+        let repo = RepoId::parse(&pin.repo).map_err(fail)?;
+        let revision = pin.revision.as_deref().unwrap_or(DEFAULT_REVISION);
+        let info = client
+            .inspect_adapter_file(&repo, revision, pin.file.as_deref())
+            .await
+            .map_err(fail)?;
+        Ok::<_, CatalogError>((key, info))
+    });
+    futures::future::join_all(reads).await.into_iter().collect()
+}
+
+async fn inspect_models(
     client: &HubClient,
     workflow: &Workflow,
     options: &InspectOptions,

@@ -51,7 +51,7 @@ proptest! {
     ) {
         let snapshot = snapshot(&fleet);
         let workflow = workflow(&agents);
-        let input = PlanInput { workflow: &workflow, models: models(), graph: &snapshot, running: &[], settings: settings(5_000) };
+        let input = PlanInput { workflow: &workflow, models: models(), adapters: &plan::NO_ADAPTERS, graph: &snapshot, running: &[], settings: settings(5_000) };
         let plan = plan::plan(&input).expect("plans");
         let again = plan::plan(&input).expect("plans");
         let json = serde_json::to_string(&plan).unwrap();

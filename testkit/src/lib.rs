@@ -15,6 +15,9 @@
 //!   prepares): [`mcp::mcp_tools_path`], [`mcp::mcp_python`],
 //!   [`mcp::python_mcp_server_script`], and [`mcp::HttpToolServer`] for streamable HTTP.
 //! - [`mock_hub`]: the hub (`MockHub`, `MockRepo`) with virtual file bodies.
+//! - [`adapters`]: PEFT LoRA adapters of a Llama base (`PeftAdapter`: config, weight
+//!   header, mock-hub repository, the `AdapterInfo` read from them) and the tutors of
+//!   `workflows/lora-tutors.yaml`.
 //! - [`endpoint`]: a remote OpenAI-compatible endpoint on loopback that answers whole
 //!   completions and keeps what it was sent (endpoint agents' tests).
 //! - [`agent`]: a test agent over the real agent protocol whose engines are in-process
@@ -47,6 +50,7 @@
 //!   (create a session once the server answers, read its stored messages), for the
 //!   crash and shutdown tests.
 
+pub mod adapters;
 pub mod agent;
 pub mod endpoint;
 pub mod fake_engine;

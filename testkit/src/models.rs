@@ -309,7 +309,7 @@ fn stated(config: &ModelConfig) -> Quantization {
 }
 
 /// The commit the mock hub gives `repo`.
-fn sha_of(repo: &RepoId) -> CommitSha {
+pub(crate) fn sha_of(repo: &RepoId) -> CommitSha {
     // INVARIANT: hex40 returns 40 lowercase hex digits.
     CommitSha::parse(&hex40(repo.as_str())).expect("hex40 is a commit id")
 }

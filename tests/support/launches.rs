@@ -53,6 +53,7 @@ pub fn plan_files(
     let plan = plan::plan(&PlanInput {
         workflow: &workflow,
         models,
+        adapters: &skein_orchestrator::plan::NO_ADAPTERS,
         graph: &graph,
         running: &[],
         settings: PlanSettings::default(),

@@ -58,6 +58,7 @@ const MODEL_KEYS: &[&str] = &[
     "prefer",
     "gpu",
     "engines",
+    "adapter",
 ];
 const VARIANT_KEYS: &[&str] = &["repo", "file", "revision"];
 const GPU_KEYS: &[&str] = &["models", "nodes", "min_compute_capability", "min_memory", "max_gpus"];

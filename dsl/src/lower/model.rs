@@ -74,6 +74,7 @@ pub(super) fn model_requirement(cx: &mut Cx<'_>, node: &Node, anchor: Span, agen
             prefer: Preference::Quality,
             gpu: GpuConstraints::default(),
             engines: Vec::new(),
+            adapter: None,
         });
     }
     let what = format!("the model of agent `{agent}`");
@@ -153,6 +154,10 @@ pub(super) fn model_requirement(cx: &mut Cx<'_>, node: &Node, anchor: Span, agen
         .map(|e| gpu_constraints(cx, &e.value, e.key_span))
         .unwrap_or_default();
     let engines = m.get("engines").map(|n| engines(cx, n, &formats)).unwrap_or_default();
+    let adapter = m
+        .get("adapter")
+        .and_then(|n| pin(cx, n, "an adapter", "owner/name-lora"))
+        .map(Box::new);
     m.finish(cx);
     Some(ModelRequirement {
         repo: repo?,
@@ -165,6 +170,7 @@ pub(super) fn model_requirement(cx: &mut Cx<'_>, node: &Node, anchor: Span, agen
         prefer,
         gpu,
         engines,
+        adapter,
     })
 }
 
@@ -229,17 +235,21 @@ fn engines(cx: &mut Cx<'_>, node: &Node, formats: &[WeightFormat]) -> Vec<Engine
 }
 
 fn variant(cx: &mut Cx<'_>, node: &Node) -> Option<VariantPin> {
+    pin(cx, node, "a variant", "owner/name-GGUF")
+}
+
+/// A repository, optionally one weight file in it and a revision: a variant, or an
+/// adapter (`what`), written `owner/name` or `{ repo, file, revision }`.
+fn pin(cx: &mut Cx<'_>, node: &Node, what: &str, example: &str) -> Option<VariantPin> {
     if matches!(node.kind, NodeKind::Scalar(_)) {
-        return repo(cx, node, "a variant").map(|repo| VariantPin {
+        return repo(cx, node, what).map(|repo| VariantPin {
             repo,
             file: None,
             revision: None,
         });
     }
-    let mut m = read::map(cx, node, node.span, "a variant", VARIANT_KEYS)?;
-    let repo = m
-        .require(cx, "repo", "owner/name-GGUF")
-        .and_then(|n| repo(cx, n, "`repo`"));
+    let mut m = read::map(cx, node, node.span, what, VARIANT_KEYS)?;
+    let repo = m.require(cx, "repo", example).and_then(|n| repo(cx, n, "`repo`"));
     let file = m.get("file").and_then(|n| {
         let f = read::string(cx, n, "`file`")?;
         let lower = f.to_ascii_lowercase();

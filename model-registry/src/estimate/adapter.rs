@@ -18,8 +18,9 @@
 use crate::adapter::AdapterError;
 use serde::Serialize;
 
-use super::ModelShape;
 use super::split::kv_heads_per_rank;
+use super::{Engine, ModelShape};
+use crate::QuantMethod;
 use crate::adapter::{AdapterFormat, AdapterInfo};
 use crate::config::{Architecture, MlpKind};
 use crate::{Bytes, Error, SafetensorsDtype};
@@ -417,6 +418,67 @@ pub fn adapter_memory(
     }
 }
 
+/// What adapters add to an estimate: the bytes on a device holding every decoder
+/// layer (a device holding some of them holds their share), host RAM, and how.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct LoraLoad {
+    /// On a device holding all layers: vLLM's slots (per GPU of a stage), or llama.cpp's
+    /// adapter tensors.
+    pub all_layers: Bytes,
+    /// vLLM's host-RAM cache of adapters.
+    pub host: Bytes,
+    /// How, for the estimate's notes.
+    pub note: String,
+}
+
+/// The element type of vLLM's LoRA slots when `--lora-dtype` is `auto`: the model's
+/// compute dtype, FP16 for checkpoints vLLM runs in half precision (FP16, FP32 and the
+/// GPTQ/AWQ kernels), BF16 otherwise. Both are two bytes.
+fn vllm_lora_dtype(method: Option<QuantMethod>) -> SafetensorsDtype {
+    match method {
+        Some(QuantMethod::Fp16 | QuantMethod::Fp32 | QuantMethod::Gptq | QuantMethod::Awq) => SafetensorsDtype::F16,
+        _ => SafetensorsDtype::BF16,
+    }
+}
+
+/// What serving `adapters` on an instance of `shape` under `engine` (`tp` GPUs per
+/// stage) adds; `None` without adapters.
+///
+/// Errors: [`AdapterError::LoraUnsupported`] for the built-in engine (candle's
+/// transformers load no adapters) and for vLLM on architectures without LoRA; those of
+/// [`adapter_memory`].
+pub(super) fn lora_load(
+    shape: &ModelShape,
+    adapters: &[AdapterSize],
+    engine: Engine,
+    method: Option<QuantMethod>,
+    tp: u64,
+) -> Result<Option<LoraLoad>, Error> {
+    if adapters.is_empty() {
+        return Ok(None);
+    }
+    let adapter_engine = match engine {
+        Engine::Vllm(_) => AdapterEngine::Vllm(VllmLoraSettings::for_adapters(adapters, vllm_lora_dtype(method), tp)?),
+        Engine::LlamaCpp(_) => AdapterEngine::LlamaCpp {
+            convert_dtype: SafetensorsDtype::F32,
+        },
+        Engine::Candle(_) => {
+            return Err(AdapterError::LoraUnsupported {
+                engine: "the built-in engine",
+                architecture: shape.text_architecture,
+                help: "serve a PEFT adapter with vLLM or a GGUF adapter with llama.cpp, or merge it into the base model",
+            }
+            .into());
+        }
+    };
+    let memory = adapter_memory(shape, adapters, &adapter_engine)?;
+    Ok(Some(LoraLoad {
+        all_layers: memory.gpu_per_device,
+        host: memory.host,
+        note: memory.detail,
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -581,6 +643,69 @@ mod tests {
             vllm_lora_layer_slot_elements(&published, &settings(1, 16, 1)).unwrap(),
             vllm_lora_layer_slot_elements(&llama_8b(), &settings(1, 16, 1)).unwrap()
         );
+    }
+
+    /// Five rank-16 adapters on Llama-3-8B in BF16 under vLLM at TP 2: every GPU holds
+    /// five 80 MiB slots at TP 1, so half of each column layer's `B` and row layer's
+    /// `A` at TP 2 (`16 × 55,296` elements a layer, 32 layers, two bytes, five slots);
+    /// host RAM caches the five adapters (26 MiB each). Under llama.cpp a GGUF adapter
+    /// is loaded as stored, its share on each stage; the built-in engine refuses.
+    #[test]
+    fn adapters_enter_every_device_of_an_estimate() {
+        use crate::Quantization;
+        use crate::estimate::{Engine, EstimateRequest, Layout, WeightGroups, WeightsSource, estimate};
+        let shape = llama_8b();
+        let bf16 = Quantization::from_config(None, Some("bfloat16")).unwrap().unwrap();
+        let weights = WeightGroups::resolve(&shape, WeightsSource::Computed(bf16)).unwrap();
+        let adapter = AdapterSize {
+            rank: 16,
+            elements: 13_631_488,
+            stored: Bytes::new(26 << 20),
+            gguf: false,
+        };
+        let request = EstimateRequest::new(Engine::VLLM, 4096).with_layout(Layout::tensor_parallel(2));
+        let base = estimate(&shape, &weights, &request).unwrap();
+        let served = estimate(&shape, &weights, &request.clone().with_adapters(vec![adapter; 5])).unwrap();
+        let slots = Bytes::new(5 * 32 * 16 * 55_296 * 2);
+        for (b, s) in base.devices.iter().zip(&served.devices) {
+            assert_eq!(s.total, b.total.checked_add(slots).unwrap());
+            let line = s.items.iter().find(|i| i.what == "LoRA adapters").unwrap();
+            assert_eq!(line.bytes, slots);
+        }
+        assert_eq!(served.host, base.host.checked_add(Bytes::new(5 * (26 << 20))).unwrap());
+        assert!(
+            served.notes.iter().any(|n| n.contains("5 slots of rank 16")),
+            "{:?}",
+            served.notes
+        );
+
+        let gguf = AdapterSize { gguf: true, ..adapter };
+        let q8 = Quantization::from_gguf_file_name("Meta-Llama-3-8B.Q8_0.gguf").unwrap();
+        let q8_weights = WeightGroups::resolve(&shape, WeightsSource::Computed(q8)).unwrap();
+        let llama = EstimateRequest::new(Engine::LLAMA_CPP, 4096)
+            .with_layout(Layout::pipeline(vec![1, 3]))
+            .with_adapters(vec![gguf; 2]);
+        let split = estimate(&shape, &q8_weights, &llama).unwrap();
+        let shares: Vec<Bytes> = split
+            .devices
+            .iter()
+            .map(|d| d.items.iter().find(|i| i.what == "LoRA adapters").unwrap().bytes)
+            .collect();
+        // 8 and 24 of 32 layers of the two adapters' 52 MiB.
+        assert_eq!(shares, [Bytes::new(13 << 20), Bytes::new(39 << 20)]);
+        assert_eq!(
+            split.host,
+            estimate(&shape, &q8_weights, &llama.clone().with_adapters(Vec::new()))
+                .unwrap()
+                .host
+        );
+        let err = estimate(
+            &shape,
+            &weights,
+            &EstimateRequest::new(Engine::CANDLE_CPU, 4096).with_adapters(vec![adapter]),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("the built-in engine serves no LoRA"), "{err}");
     }
 
     #[test]

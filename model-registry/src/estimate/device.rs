@@ -43,6 +43,9 @@ pub(super) struct Plan<'a> {
     pub weight_scale: (u64, u64),
     /// The leading stages on the host CPU (every stage of an engine on the CPU).
     pub cpu_stages: usize,
+    /// LoRA adapters' bytes on a device holding every decoder layer (a device holding
+    /// some holds their share).
+    pub lora: Option<Bytes>,
     /// Whether lines get their detail.
     pub details: bool,
 }
@@ -131,6 +134,13 @@ impl Plan<'_> {
         let last = stage + 1 == self.stages;
         let cpu = self.on_cpu(stage);
         self.weights_lines(&mut lines, first, last, cpu, &layers)?;
+        if let Some(all) = self.lora {
+            let n = layers.end.saturating_sub(layers.start);
+            let layers_all = self.shape.layers;
+            lines.push(Component::Weights, "LoRA adapters", scale(all, n, layers_all)?, || {
+                format!("{n} of {layers_all} layers' adapter memory ({all} for all)")
+            });
+        }
         self.kv_line(&mut lines, &layers)?;
         self.activation_lines(&mut lines, first, last)?;
         self.overhead_lines(&mut lines, cpu);

@@ -85,6 +85,11 @@ pub struct EstimateRequest {
     /// stage carries the CPU process's overhead, not a CUDA context. The built-in engine
     /// on the CPU is a CPU device whatever this says; vLLM has no CPU stage.
     pub cpu_stages: usize,
+    /// LoRA adapters the instance serves besides its base model (see
+    /// [`adapter_memory`]): vLLM's slots and llama.cpp's adapter tensors go on the
+    /// devices with the layers they adapt, vLLM's adapter cache in host RAM.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub adapters: Vec<AdapterSize>,
     /// Whether each line of the estimate says how it was computed ([`Item::detail`]);
     /// without, the details are empty and the figures the same (a planner weighing
     /// thousands of layouts reads only the figures).
@@ -102,8 +107,15 @@ impl EstimateRequest {
             engine,
             layout: Layout::single(),
             cpu_stages: 0,
+            adapters: Vec::new(),
             details: true,
         }
+    }
+
+    /// Serving `adapters` too.
+    pub fn with_adapters(mut self, adapters: Vec<AdapterSize>) -> Self {
+        self.adapters = adapters;
+        self
     }
 
     /// With `concurrency` sequences.
@@ -227,6 +239,10 @@ pub fn estimate(shape: &ModelShape, weights: &WeightGroups, request: &EstimateRe
 
     let mut notes = Vec::new();
     let mut constants = Vec::new();
+    let lora = adapter::lora_load(shape, &request.adapters, engine, quantization.map(|q| q.method), tp)?;
+    if let Some(lora) = &lora {
+        notes.push(format!("LoRA adapters: {}", lora.note));
+    }
     let (seq_tokens, kv_tokens) = cached_tokens(shape, request, &mut constants, &mut notes)?;
     let plan = Plan {
         shape,
@@ -239,6 +255,7 @@ pub fn estimate(shape: &ModelShape, weights: &WeightGroups, request: &EstimateRe
         seq_tokens,
         weight_scale: weight_scale(engine, quantization.map(|q| q.method), &mut notes),
         cpu_stages,
+        lora: lora.as_ref().map(|l| l.all_layers),
         details: request.details,
     };
     let ranges = match &layout.stages {
@@ -277,6 +294,12 @@ pub fn estimate(shape: &ModelShape, weights: &WeightGroups, request: &EstimateRe
         weights.embeddings
     } else {
         Bytes::ZERO
+    };
+    let host = match &lora {
+        Some(lora) => host
+            .checked_add(lora.host)
+            .ok_or(Error::EstimateOverflow { what: "host bytes" })?,
+        None => host,
     };
     if let WeightsOrigin::Header {
         unclassified: n @ 1.., ..

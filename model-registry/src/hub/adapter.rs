@@ -28,9 +28,33 @@ impl HubClient {
     /// hostile header length among them); [`AdapterError::AdapterConfigMissing`] for
     /// safetensors weights without a config; [`AdapterError::NoAdapterWeights`] for a
     /// repository with neither a safetensors nor a GGUF adapter.
-    #[tracing::instrument(skip(self, repo), fields(repo = %repo))]
     pub async fn inspect_adapter(&self, repo: &RepoId, revision: &str) -> Result<AdapterInfo, Error> {
+        self.inspect_adapter_file(repo, revision, None).await
+    }
+
+    /// [`inspect_adapter`](Self::inspect_adapter), reading the GGUF adapter `file` when
+    /// one is named (a repository of several GGUF adapters).
+    ///
+    /// Errors: those of `inspect_adapter`; [`Error::HubFileMissing`] when the
+    /// repository has no such file.
+    #[tracing::instrument(skip(self, repo), fields(repo = %repo))]
+    pub async fn inspect_adapter_file(
+        &self,
+        repo: &RepoId,
+        revision: &str,
+        file: Option<&str>,
+    ) -> Result<AdapterInfo, Error> {
         let resolved = self.resolve(repo, revision).await?;
+        if let Some(file) = file
+            && resolved.file(file).is_none()
+        {
+            return Err(Error::HubFileMissing {
+                repo: resolved.repo.to_string(),
+                sha: resolved.sha.to_string(),
+                file: file.to_owned(),
+            });
+        }
+        let pinned_gguf = file.filter(|f| f.to_ascii_lowercase().ends_with(".gguf"));
         let config = match self.fetch_small(&resolved, ADAPTER_CONFIG).await? {
             Some(json) => Some(
                 AdapterConfig::from_json(&json).map_err(|source| adapter_error(&resolved, ADAPTER_CONFIG, source))?,
@@ -38,7 +62,7 @@ impl HubClient {
             None => None,
         };
 
-        if resolved.file(ADAPTER_SAFETENSORS).is_some() {
+        if pinned_gguf.is_none() && resolved.file(ADAPTER_SAFETENSORS).is_some() {
             let Some(config) = config else {
                 return Err(AdapterError::AdapterConfigMissing {
                     repo: resolved.repo.to_string(),
@@ -52,7 +76,7 @@ impl HubClient {
                 .map_err(|source| adapter_error(&resolved, ADAPTER_SAFETENSORS, source));
         }
 
-        let Some((chosen, others)) = gguf_adapter_file(&resolved) else {
+        let Some((chosen, others)) = gguf_adapter_file(&resolved, pinned_gguf) else {
             return Err(AdapterError::NoAdapterWeights {
                 repo: resolved.repo.to_string(),
                 sha: resolved.sha.to_string(),
@@ -75,19 +99,22 @@ impl HubClient {
     }
 }
 
-/// The GGUF file to read as the adapter: the first by path whose name mentions `lora`,
-/// else the first by path; and the paths of the others.
-fn gguf_adapter_file(resolved: &ResolvedRepo) -> Option<(&RepoFile, Vec<&str>)> {
+/// The GGUF file to read as the adapter: `pinned`, else the first by path whose name
+/// mentions `lora`, else the first by path; and the paths of the others.
+fn gguf_adapter_file<'r>(resolved: &'r ResolvedRepo, pinned: Option<&str>) -> Option<(&'r RepoFile, Vec<&'r str>)> {
     let ggufs: Vec<&RepoFile> = resolved
         .files
         .iter()
         .filter(|file| file.path.to_ascii_lowercase().ends_with(".gguf"))
         .collect();
-    let chosen = ggufs
-        .iter()
-        .find(|file| file.path.to_ascii_lowercase().contains("lora"))
-        .or_else(|| ggufs.first())
-        .copied()?;
+    let chosen = match pinned {
+        Some(pinned) => ggufs.iter().find(|file| file.path == pinned).copied()?,
+        None => ggufs
+            .iter()
+            .find(|file| file.path.to_ascii_lowercase().contains("lora"))
+            .or_else(|| ggufs.first())
+            .copied()?,
+    };
     let others = ggufs
         .iter()
         .filter(|file| file.path != chosen.path)

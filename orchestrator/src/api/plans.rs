@@ -77,14 +77,15 @@ async fn plans(
     // on a blocking thread driven by this runtime, then the planning (pure CPU work).
     let planned = tokio::task::spawn_blocking(move || {
         let runtime = tokio::runtime::Handle::current();
-        let models = runtime
+        let catalogs = runtime
             .block_on(crate::catalogs::inspect_workflow(&hub, &workflow, &options))
             .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, skein_model_registry::error_chain(&e)))?;
         // The graph the executor plans on: drained GPUs are left out, with why.
         let snapshot = executor.plan_snapshot();
         let input = PlanInput {
             workflow: &workflow,
-            models: &models,
+            models: &catalogs.models,
+            adapters: &catalogs.adapters,
             graph: &snapshot,
             running: &[],
             settings,

@@ -10,6 +10,7 @@ use skein_model_registry::catalog::ModelInfo;
 
 use super::demand::{Instance, VariantUse, variant_use};
 use super::fleet::PlanFleet;
+use super::lora;
 use super::options::{self, Cand, CandList, Dev, Family, FleetState, Need, State, Unit};
 use super::{
     Objective, Plan, PlanInput, Planned, PlannedDevice, PlannedInstance, Rejected, SearchStats, Unplaced,
@@ -62,8 +63,10 @@ pub(crate) fn render(
                     tokens_per_s: (c.parts.tokens_per_s * 10.0).round() / 10.0,
                     slow: matches!(c.family, Family::Offload | Family::Cpu),
                     score: c.score,
+                    adapters: lora::planned_adapters(instance, input.adapters),
                     why: {
                         let mut lines = why(unit, info, fleet, c, &alone, &owners, &me);
+                        lines.extend(lora::adapters_line(instance, c));
                         lines.extend(tools_line(
                             input.workflow,
                             &instance.agents,

@@ -8,12 +8,14 @@
 //! - `fastmap`: the hash map the planner's own integer keys use.
 //! - [`score`]: the objective and the throughput model (`docs/placement.md`).
 //! - [`search`]: the branch-and-bound search over replicas.
-//! - [`explain`]: the reasons shown with a plan.
+//! - [`explain`]: the reasons shown with a plan; `lora`: the adapters a replica serves
+//!   and what sharing its base saves.
 
 pub mod demand;
 pub mod explain;
 mod fastmap;
 pub mod fleet;
+mod lora;
 pub mod options;
 pub mod score;
 pub mod search;
@@ -25,8 +27,9 @@ use std::sync::Arc;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use skein_dsl::ir::{Backend, ModelRequirement, Precision, Workflow};
 use skein_model_registry::Bytes;
+use skein_model_registry::adapter::AdapterInfo;
 use skein_model_registry::catalog::ModelInfo;
-use skein_model_registry::estimate::{Estimate, KvDtype, llama_cpp_tensor_split};
+use skein_model_registry::estimate::{AdapterSize, Estimate, KvDtype, llama_cpp_tensor_split};
 
 use crate::graph::GraphSnapshot;
 pub use demand::{Instance, model_key};
@@ -93,6 +96,9 @@ pub struct PlanInput<'a> {
     pub workflow: &'a Workflow,
     /// Each model's catalog, by [`model_key`].
     pub models: &'a BTreeMap<String, ModelInfo>,
+    /// Each LoRA adapter agents name, by [`demand::pin_key`] ([`NO_ADAPTERS`] when
+    /// none does).
+    pub adapters: &'a BTreeMap<String, AdapterInfo>,
     /// The fleet now.
     pub graph: &'a GraphSnapshot,
     /// Instances of other workflows.
@@ -101,12 +107,18 @@ pub struct PlanInput<'a> {
     pub settings: PlanSettings,
 }
 
+/// No adapters: a [`PlanInput::adapters`] for workflows that name none.
+pub static NO_ADAPTERS: BTreeMap<String, AdapterInfo> = BTreeMap::new();
+
 /// Why no plan could be made at all.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
     /// A model's catalog was not given.
     #[error("no catalog for {}: inspect these models first", .0.join(", "))]
     MissingModels(Vec<String>),
+    /// The agents' LoRA adapters cannot be served as named.
+    #[error(transparent)]
+    Adapters(#[from] demand::AdapterPlanError),
 }
 
 /// A plan: where every instance goes, or why the workflow waits.
@@ -248,9 +260,32 @@ pub struct PlannedInstance {
     pub why: Vec<String>,
     /// The best two candidates not taken, and why.
     pub rejected: Vec<Rejected>,
+    /// The LoRA adapters it serves besides its base model, and to which agents.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adapters: Vec<PlannedAdapter>,
     /// The memory estimate it was planned with (not read back from JSON).
     #[serde(skip_deserializing, skip_serializing_if = "Option::is_none")]
     pub estimate: Option<Arc<Estimate>>,
+}
+
+/// A LoRA adapter a replica serves.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedAdapter {
+    /// The name requests select it by: the workflow's pin (`owner/name`, with
+    /// `@revision` and `:file` when given). vLLM serves it under this model name.
+    pub name: String,
+    /// Its repository.
+    pub repo: String,
+    /// The commit it was read at.
+    pub sha: String,
+    /// `peft` (vLLM `--lora-modules`) or `gguf` (llama.cpp `--lora`).
+    pub format: String,
+    /// The files the engine loads: the PEFT config and weights, or the GGUF file.
+    pub files: Vec<String>,
+    /// Its largest rank.
+    pub rank: u64,
+    /// The agents served with it.
+    pub agents: Vec<String>,
 }
 
 /// The split of a replica, as engines take it.
@@ -359,7 +394,8 @@ impl Planner {
     ///
     /// Errors: [`PlanError::MissingModels`] when a model's catalog is missing.
     pub fn plan(&mut self, input: &PlanInput<'_>) -> Result<Plan, PlanError> {
-        let instances = demand::instances(input.workflow);
+        let mut instances = demand::instances(input.workflow);
+        demand::attach_adapters(&mut instances, input.adapters)?;
         let infos = demand::catalogs(&instances, input.models).map_err(PlanError::MissingModels)?;
         let s = &input.settings;
         let fleet = self.fleet.fleet(input.graph, s.headroom, s.host_headroom);
@@ -418,6 +454,7 @@ impl Planner {
 struct UnitKey {
     info: ModelInfo,
     requirement: ModelRequirement,
+    adapters: Vec<AdapterSize>,
     concurrency: u64,
     max_gpus: Option<u32>,
     kv: KvDtype,
@@ -431,19 +468,14 @@ pub struct UnitCaches {
 }
 
 impl UnitCaches {
-    fn get(
-        &mut self,
-        info: &ModelInfo,
-        requirement: &ModelRequirement,
-        concurrency: u64,
-        max_gpus: Option<u32>,
-        kv: KvDtype,
-    ) -> Rc<UnitCache> {
+    fn get(&mut self, info: &ModelInfo, instance: &Instance, concurrency: u64, kv: KvDtype) -> Rc<UnitCache> {
+        let (requirement, adapters, max_gpus) = (&instance.requirement, &instance.adapter_sizes, instance.max_gpus);
         let found = self.entries.iter().rposition(|(k, _)| {
             k.concurrency == concurrency
                 && k.max_gpus == max_gpus
                 && k.kv == kv
                 && k.requirement == *requirement
+                && k.adapters == *adapters
                 && k.info == *info
         });
         let entry = match found {
@@ -452,6 +484,7 @@ impl UnitCaches {
                 UnitKey {
                     info: info.clone(),
                     requirement: requirement.clone(),
+                    adapters: adapters.clone(),
                     concurrency,
                     max_gpus,
                     kv,
@@ -595,16 +628,8 @@ pub fn make_units<'a>(
         let total = u64::from(instance.requirement.concurrency.max(1));
         let mut make = |replicas: u64| {
             let concurrency = total.div_ceil(replicas);
-            let cache = caches.get(infos[i], &instance.requirement, concurrency, instance.max_gpus, kv);
-            Unit::new(
-                infos[i],
-                &instance.requirement,
-                concurrency,
-                instance.max_gpus,
-                kv,
-                fleet,
-                cache,
-            )
+            let cache = caches.get(infos[i], instance, concurrency, kv);
+            Unit::new(infos[i], instance, concurrency, kv, fleet, cache)
         };
         // The unit probed last serves as the first replica: what it computed (on the
         // untouched fleet, which the search starts from) is cached in it.

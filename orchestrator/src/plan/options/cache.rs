@@ -253,6 +253,7 @@ impl<'a> Unit<'a> {
             .with_kv_dtype(self.kv_dtype)
             .with_layout(layout)
             .with_cpu_stages(cpu_stages)
+            .with_adapters(self.adapters.to_vec())
             .without_details()
     }
 

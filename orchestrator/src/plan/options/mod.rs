@@ -43,7 +43,7 @@ use skein_model_registry::Bytes;
 use skein_model_registry::catalog::ModelInfo;
 use skein_model_registry::catalog::fit::engine_for;
 use skein_model_registry::estimate::{
-    DeviceKind, Engine, Estimate, EstimateRequest, FitMargin, KvDtype, Layout, estimate,
+    AdapterSize, DeviceKind, Engine, Estimate, EstimateRequest, FitMargin, KvDtype, Layout, estimate,
 };
 
 use cache::{ComputeCapability, List};
@@ -52,7 +52,7 @@ pub use cand::{Cand, CandList, Dev, Family, sort_cands, speed_placement};
 pub use state::State;
 pub use topology::{NetworkCost, for_each_subset, network_cost};
 
-use super::demand::{VariantUse, min_compute_capability, variant_use};
+use super::demand::{Instance, VariantUse, min_compute_capability, variant_use};
 use super::fleet::PlanFleet;
 
 /// Nodes with at most this many usable GPUs have every subset of them considered for
@@ -80,6 +80,8 @@ pub struct Unit<'a> {
     pub info: &'a ModelInfo,
     /// The (combined) requirement.
     pub requirement: &'a ModelRequirement,
+    /// The LoRA adapters it serves besides its base model.
+    pub adapters: &'a [AdapterSize],
     /// Sequences this replica serves.
     pub concurrency: u64,
     /// Most GPUs it may span.
@@ -121,13 +123,13 @@ impl<'a> Unit<'a> {
     /// earlier unit alike in every argument but the fleet computed.
     pub fn new(
         info: &'a ModelInfo,
-        requirement: &'a ModelRequirement,
+        instance: &'a Instance,
         concurrency: u64,
-        max_gpus: Option<u32>,
         kv_dtype: KvDtype,
         fleet: &PlanFleet,
         cache: Rc<UnitCache>,
     ) -> Unit<'a> {
+        let (requirement, adapters, max_gpus) = (&instance.requirement, &instance.adapter_sizes, instance.max_gpus);
         let allowed = info
             .variants
             .iter()
@@ -143,6 +145,7 @@ impl<'a> Unit<'a> {
         Unit {
             info,
             requirement,
+            adapters,
             concurrency,
             max_gpus: max_gpus.map_or(usize::MAX, |m| m.max(1) as usize),
             kv_dtype,

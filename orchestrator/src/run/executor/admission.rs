@@ -271,8 +271,8 @@ impl Executor {
         placement: &Pin,
     ) -> Result<(Plan, Arc<BTreeMap<String, ModelInfo>>), String> {
         let cached = lock(&self.inner.catalogs).get(cache_key).cloned();
-        let models = match cached {
-            Some(models) => models,
+        let catalogs = match cached {
+            Some(catalogs) => catalogs,
             None => {
                 let hub = self.inner.hub.clone();
                 let read_workflow = workflow.clone();
@@ -288,11 +288,11 @@ impl Executor {
                 })
                 .await
                 .map_err(|e| format!("reading the models failed: {e}"))??;
-                let models = Arc::new(read);
-                lock(&self.inner.catalogs).insert(cache_key.to_owned(), Arc::clone(&models));
-                models
+                lock(&self.inner.catalogs).insert(cache_key.to_owned(), read.clone());
+                read
             }
         };
+        let models = Arc::clone(&catalogs.models);
         // Agents served by warm instances are not placed again.
         let mut workflow = workflow.clone();
         for name in warm {
@@ -305,11 +305,11 @@ impl Executor {
         let snapshot = placement.restrict(self.plan_snapshot());
         // Planning is CPU work under the planner's lock: off the async workers.
         let planner = Arc::clone(&self.inner.planner);
-        let catalogs = Arc::clone(&models);
         let plan = tokio::task::spawn_blocking(move || {
             let input = PlanInput {
                 workflow: &workflow,
-                models: &catalogs,
+                models: &catalogs.models,
+                adapters: &catalogs.adapters,
                 graph: &snapshot,
                 running: &[],
                 settings: PlanSettings::default(),
@@ -318,6 +318,15 @@ impl Executor {
         })
         .await
         .map_err(|e| format!("the planner failed: {e}"))??;
+        if let Some(served) = plan.instances.iter().find(|i| !i.adapters.is_empty()) {
+            // Starting the base model alone would answer those agents with the base.
+            return Err(format!(
+                "agents {} name LoRA adapters: Skein plans adapters on a shared base instance (`skein plan`, \
+                 POST /v1/plans) but does not start engines with adapters yet; help: run the agents on a \
+                 repository with the adapter merged, or on the base model without `adapter`",
+                served.agents.join(", ")
+            ));
+        }
         Ok((plan, models))
     }
 }

@@ -22,13 +22,12 @@ mod provide;
 mod reuse;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use skein_dsl::expr::Evaluator;
-use skein_model_registry::catalog::ModelInfo;
 use skein_model_registry::hub::HubClient;
 use tokio::sync::{Notify, watch};
 
@@ -179,7 +178,7 @@ struct Inner {
     /// Queued run ids, highest priority first, then oldest.
     queue: Mutex<BTreeSet<(Reverse<i32>, String)>>,
     /// Model catalogs read for queued runs, by run id.
-    catalogs: Mutex<HashMap<String, Arc<BTreeMap<String, ModelInfo>>>>,
+    catalogs: Mutex<HashMap<String, crate::catalogs::Catalogs>>,
     /// One placement at a time per model instance key ([`Executor::provide`]).
     provides: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Cancel signals and decision queues of the runs being driven.
