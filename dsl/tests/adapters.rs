@@ -1,6 +1,8 @@
 //! The `adapter:` key of a model: a LoRA adapter pin, written as a repository id or as
 //! `{ repo, file, revision }`, the same IR from YAML and Rhai, and clear errors.
 
+mod common;
+
 use skein_dsl::ir::{Backend, VariantPin};
 
 const YAML: &str = r#"
@@ -39,19 +41,8 @@ fn adapter(w: &skein_dsl::ir::Workflow, agent: &str) -> Option<VariantPin> {
 
 #[test]
 fn adapters_are_read_from_yaml_and_rhai_alike() {
-    let yaml = skein_dsl::parse("adapters.yaml", YAML);
-    assert!(
-        yaml.is_valid() && yaml.diagnostics.is_empty(),
-        "{}",
-        yaml.render(skein_dsl::RenderOptions::default())
-    );
-    let rhai = skein_dsl::parse("adapters.rhai", RHAI);
-    assert!(
-        rhai.is_valid() && rhai.diagnostics.is_empty(),
-        "{}",
-        rhai.render(skein_dsl::RenderOptions::default())
-    );
-    let (yaml, rhai) = (yaml.workflow.unwrap(), rhai.workflow.unwrap());
+    let yaml = common::parse_clean("adapters.yaml", YAML);
+    let rhai = common::parse_clean("adapters.rhai", RHAI);
     assert_eq!(yaml, rhai);
     assert_eq!(
         adapter(&yaml, "algebra"),

@@ -1,6 +1,8 @@
 //! The `engines:` key of a model: one engine or a list, the same IR from YAML and Rhai,
 //! and absent when not written (so workflows without it keep their IR).
 
+mod common;
+
 use skein_dsl::ir::{Backend, EngineChoice};
 
 const YAML: &str = r#"
@@ -38,19 +40,8 @@ fn engines(w: &skein_dsl::ir::Workflow, agent: &str) -> Vec<EngineChoice> {
 
 #[test]
 fn engines_are_read_from_yaml_and_rhai_alike() {
-    let yaml = skein_dsl::parse("engines.yaml", YAML);
-    assert!(
-        yaml.is_valid() && yaml.diagnostics.is_empty(),
-        "{}",
-        yaml.render(skein_dsl::RenderOptions::default())
-    );
-    let rhai = skein_dsl::parse("engines.rhai", RHAI);
-    assert!(
-        rhai.is_valid() && rhai.diagnostics.is_empty(),
-        "{}",
-        rhai.render(skein_dsl::RenderOptions::default())
-    );
-    let (yaml, rhai) = (yaml.workflow.unwrap(), rhai.workflow.unwrap());
+    let yaml = common::parse_clean("engines.yaml", YAML);
+    let rhai = common::parse_clean("engines.rhai", RHAI);
     assert_eq!(yaml, rhai);
     assert_eq!(engines(&yaml, "local"), [EngineChoice::LlamaCpp]);
     // Sorted, without duplicates: `candle` is the built-in engine's name in plans.

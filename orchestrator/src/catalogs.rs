@@ -57,9 +57,10 @@ pub async fn inspect_workflow(
     workflow: &Workflow,
     options: &InspectOptions,
 ) -> Result<Catalogs, CatalogError> {
+    let instances = demand::instances(workflow);
     let (models, adapters) = futures::future::join(
-        inspect_models(client, workflow, options),
-        inspect_adapters(client, workflow),
+        inspect_models(client, &instances, options),
+        inspect_adapters(client, &instances),
     )
     .await;
     Ok(Catalogs {
@@ -68,19 +69,17 @@ pub async fn inspect_workflow(
     })
 }
 
-/// Every adapter the agents of `workflow` name, by [`demand::pin_key`].
+/// Every adapter the agents of `instances` name, by [`demand::pin_key`].
 async fn inspect_adapters(
     client: &HubClient,
-    workflow: &Workflow,
+    instances: &[demand::Instance],
 ) -> Result<BTreeMap<String, AdapterInfo>, CatalogError> {
     let mut seen: BTreeMap<String, (skein_dsl::ir::VariantPin, Vec<String>)> = BTreeMap::new();
-    for instance in demand::instances(workflow) {
-        for adapter in instance.adapters {
-            seen.entry(adapter.key)
-                .or_insert_with(|| (adapter.pin, Vec::new()))
-                .1
-                .extend(adapter.agents);
-        }
+    for adapter in instances.iter().flat_map(|i| &i.adapters) {
+        seen.entry(adapter.key.clone())
+            .or_insert_with(|| (adapter.pin.clone(), Vec::new()))
+            .1
+            .extend(adapter.agents.iter().cloned());
     }
     let reads = seen.into_iter().map(|(key, (pin, agents))| async move {
         let fail = |source| CatalogError {
@@ -99,14 +98,14 @@ async fn inspect_adapters(
     futures::future::join_all(reads).await.into_iter().collect()
 }
 
+/// The catalog of every model of `instances`, by [`demand::model_key`].
 async fn inspect_models(
     client: &HubClient,
-    workflow: &Workflow,
+    instances: &[demand::Instance],
     options: &InspectOptions,
 ) -> Result<BTreeMap<String, ModelInfo>, CatalogError> {
-    let instances = demand::instances(workflow);
     let mut seen = BTreeMap::new();
-    for instance in &instances {
+    for instance in instances {
         seen.entry(instance.key.clone())
             .or_insert_with(|| (instance.requirement.clone(), Vec::new()))
             .1

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use skein_model_registry::adapter::{AdapterFormat, AdapterInfo};
-use skein_model_registry::estimate::AdapterSize;
+use skein_model_registry::estimate::{AdapterSize, Engine};
 
 use super::demand::Instance;
 use super::options::Cand;
@@ -59,8 +59,8 @@ pub(super) fn adapters_line(instance: &Instance, c: &Cand) -> Option<String> {
         .iter()
         .map(|a| format!("{} → {}", a.agents.join(", "), a.key))
         .collect();
-    let engine = match e.engine.name() {
-        "vllm" => "vLLM's preallocated LoRA slots",
+    let engine = match e.engine {
+        Engine::Vllm(_) => "vLLM's preallocated LoRA slots",
         _ => "llama.cpp's adapter tensors",
     };
     Some(format!(
