@@ -248,9 +248,15 @@ pub fn render(plan: &Plan, explain: bool) -> String {
         let _ = writeln!(out, "unplaced: {} (replica {}): {}", u.instance, u.replica, u.reason);
     }
     for p in &plan.preempted {
+        let standing = p.standing.map_or_else(String::new, |s| {
+            format!(
+                ", its owner's fair-share factors {:.3} (group) and {:.3} (user)",
+                s.group, s.user
+            )
+        });
         let _ = writeln!(
             out,
-            "preempts: {} of workflow {} (priority {}), freeing {}",
+            "preempts: {} of workflow {} (priority {}{standing}), freeing {}",
             p.id,
             p.workflow,
             p.priority,
@@ -352,7 +358,7 @@ mod tests {
             simulated_gpus: false,
             devices: Vec::new(),
         };
-        let spec = launch_spec(start, snapshot.as_deref(), &config, port).expect("a launch spec");
+        let spec = launch_spec(start, snapshot.as_deref(), &[], &config, port).expect("a launch spec");
         let command = spec.command().expect("a command");
         serde_json::json!({ "node": node, "instance": start.instance, "command": command.to_string() })
     }

@@ -17,6 +17,9 @@ struct Limits {
     gpus: Option<u32>,
     runs: Option<u32>,
     tokens_per_minute: Option<u64>,
+    sessions: Option<u32>,
+    gpu_hours: Option<f64>,
+    gpu_hours_period_hours: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -29,6 +32,10 @@ struct Holding {
     usage_gib_hours: f64,
     #[serde(default)]
     tokens_last_minute: u64,
+    #[serde(default)]
+    sessions: u32,
+    #[serde(default)]
+    gpu_hours: f64,
 }
 
 #[derive(Deserialize)]
@@ -54,6 +61,15 @@ fn change(shares: Option<u32>, limits: &LimitArgs) -> Value {
     if let Some(tokens) = limits.tokens_per_minute {
         set.insert("tokens_per_minute".into(), json!(tokens));
     }
+    if let Some(sessions) = limits.sessions {
+        set.insert("sessions".into(), json!(sessions));
+    }
+    if let Some(gpu_hours) = limits.gpu_hours {
+        set.insert("gpu_hours".into(), json!(gpu_hours));
+    }
+    if let Some(period) = limits.gpu_hours_period {
+        set.insert("gpu_hours_period_hours".into(), json!(period));
+    }
     let clear: Vec<&str> = limits.clear.iter().map(|l| l.api()).collect();
     let mut body = json!({ "limits": set, "clear": clear });
     if let Some(shares) = shares {
@@ -76,12 +92,33 @@ fn holding_cells(h: &Holding) -> Vec<String> {
         of(format!("{:.1}", h.gpu_gib), h.limits.gpu_gib),
         of(h.gpus.to_string(), h.limits.gpus),
         of(h.tokens_last_minute.to_string(), h.limits.tokens_per_minute),
+        of(h.sessions.to_string(), h.limits.sessions),
+        of(
+            format!("{:.1}", h.gpu_hours),
+            h.limits.gpu_hours.map(|limit| {
+                let period = h.limits.gpu_hours_period_hours.unwrap_or(7 * 24);
+                if period.is_multiple_of(24) {
+                    format!("{limit} in {}d", period / 24)
+                } else {
+                    format!("{limit} in {period}h")
+                }
+            }),
+        ),
         format!("{:.3}", h.factor),
         format!("{:.1}", h.usage_gib_hours),
     ]
 }
 
-const HOLDING: [&str; 6] = ["RUNS", "GPU GIB", "GPUS", "TOKENS/MIN", "FACTOR", "USAGE GIB-H"];
+const HOLDING: [&str; 8] = [
+    "RUNS",
+    "GPU GIB",
+    "GPUS",
+    "TOKENS/MIN",
+    "SESSIONS",
+    "GPU-H",
+    "FACTOR",
+    "USAGE GIB-H",
+];
 
 fn style() -> crate::table::Style {
     crate::table::Style {
@@ -181,7 +218,9 @@ pub fn run_show(args: &QuotaShowArgs) -> anyhow::Result<ExitCode> {
     let mut header = vec!["WHOSE"];
     header.extend(HOLDING);
     print!("{}", crate::table::render(&style(), &header, &rows));
-    println!("(used/limit; FACTOR is the fair-share factor: 1 used nothing of late, 0.5 used exactly its share)");
+    println!(
+        "(used/limit; GPU-H: GPU-hours in the limit's period (`used/limit in period`; the last 7 days when none is set); FACTOR is the fair-share factor: 1 used nothing of late, 0.5 used exactly its share)"
+    );
     Ok(ExitCode::from(EXIT_OK))
 }
 

@@ -30,7 +30,10 @@ fn name(path: &Path) -> String {
 #[test]
 fn every_engine_command_of_the_examples_plans_on_each_fleet() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let models = skein_testkit::models::reference_catalog();
+    let mut models = skein_testkit::models::reference_catalog();
+    // The base of the LoRA tutors (workflows/lora-tutors.yaml).
+    let llama_8b = skein_testkit::adapters::llama_3_8b_info();
+    models.insert(llama_8b.repo.to_string(), llama_8b);
     let yaml = |p: &Path| p.extension().is_some_and(|e| e == "yaml");
     let workflows = sorted_files(&root.join("workflows"), yaml);
     let mut engines = BTreeMap::new();

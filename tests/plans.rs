@@ -268,3 +268,68 @@ fn five_lora_adapters_of_one_8b_base_fit_where_five_full_copies_do_not() {
         "{apart:#?}"
     );
 }
+
+/// Preemption among instances of equal priority takes the one whose owner is furthest
+/// over their fair share, even where size and id would pick the other.
+#[test]
+fn preemption_takes_from_the_owner_furthest_over_their_share_first() {
+    use skein_orchestrator::plan::{HeldGpu, RunningInstance};
+    use skein_orchestrator::sharing::fair::Standing;
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = dir.path().join("one.yaml");
+    std::fs::write(
+        &fleet,
+        "fleet: one\nnodes:\n  box:\n    gpus: { model: RTX4090-24GB, count: 1 }\n    host: { cpu_cores: 16, memory: 64GiB, network: 10Gbps }\n    telemetry:\n      memory_used: 23GiB\n",
+    )
+    .unwrap();
+    let file = dir.path().join("urgent.yaml");
+    std::fs::write(
+        &file,
+        "name: urgent\nplacement: { priority: 10 }\nagents:\n  a:\n    model: { repo: Qwen/Qwen2.5-0.5B-Instruct, context: 4096, engines: [vllm] }\nsteps:\n  - { id: s, agent: a, prompt: \"Hi.\" }\n",
+    )
+    .unwrap();
+    let workflow = skein_orchestrator::workflows::load(&file).unwrap().workflow.unwrap();
+    let graph = graph(fleet.to_str().unwrap());
+    // Two runs of priority 0 hold 8 GiB each of the GPU; freeing one admits the workflow.
+    let running = |id: &str, group: f64| RunningInstance {
+        id: id.to_owned(),
+        workflow: format!("run-{id}"),
+        priority: 0,
+        gpus: vec![HeldGpu {
+            node: "box".to_owned(),
+            gpu: 0,
+            bytes: 8 << 30,
+        }],
+        standing: Some(Standing { group, user: 1.0 }),
+    };
+    // By id alone `a-under` would go first; its owner's group is under its share.
+    let instances = [running("a-under", 0.9), running("z-over", 0.2)];
+    let models = models();
+    let plan_with = |running: &[RunningInstance]| {
+        plan::plan(&PlanInput {
+            workflow: &workflow,
+            models: &models,
+            adapters: &plan::NO_ADAPTERS,
+            graph: &graph,
+            running,
+            settings: PlanSettings {
+                allow_preemption: true,
+                ..PlanSettings::default()
+            },
+        })
+        .expect("plans")
+    };
+    let plan = plan_with(&instances);
+    assert!(plan.unplaced.is_empty(), "{plan:#?}");
+    let preempted: Vec<&str> = plan.preempted.iter().map(|p| p.id.as_str()).collect();
+    assert_eq!(preempted, ["z-over"], "{plan:#?}");
+    // Without standings, the tie breaks by id.
+    let unknown: Vec<RunningInstance> = instances
+        .iter()
+        .cloned()
+        .map(|r| RunningInstance { standing: None, ..r })
+        .collect();
+    let plan = plan_with(&unknown);
+    let preempted: Vec<&str> = plan.preempted.iter().map(|p| p.id.as_str()).collect();
+    assert_eq!(preempted, ["a-under"], "{plan:#?}");
+}

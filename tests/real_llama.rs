@@ -10,6 +10,10 @@
 //! An agent with a tool runs its loop on the real llama-server too: the model (the same
 //! weights, with a chat template that renders tools) calls the testkit's real MCP
 //! tool server, and answers from its result.
+//!
+//! Two agents, one on a GGUF LoRA adapter of the model ([`smollm2::lora_repo`]), share
+//! one real llama-server that applies the adapter only to the requests of the agent
+//! that names it.
 
 use std::path::Path;
 
@@ -228,4 +232,86 @@ steps:
 
     let args = engine_command(&node);
     assert!(args.iter().any(|a| a == "--jinja"), "{args:?}");
+}
+
+/// Two agents on the SmolLM2 GGUF, one of them on a GGUF LoRA adapter of it: the plan
+/// shares one instance, the real llama-server loads the adapter at start at scale 0
+/// (`--lora-scaled FILE:0`), and each request sets its scale: 1 for the agent that
+/// names it, 0 for the other. The base agent still says Paris, the tuned one (a
+/// scrambling adapter) says something else, although both run at once.
+#[test]
+fn agents_on_a_lora_adapter_and_on_its_base_share_the_real_llama_server() {
+    let node = cpu_node_with(Lab::with_repos(
+        env!("CARGO_BIN_EXE_skein"),
+        vec![smollm2::gguf_repo(), smollm2::lora_repo()],
+    ));
+    let lab = &node.lab;
+    let file = lab.dir().join("tuned.yaml");
+    let agent = |name: &str, adapter: &str| {
+        format!(
+            "  {name}:\n    model: {{ repo: {REPO}, context: 512, engines: [llama.cpp]{adapter} }}\n    system: You are a helpful assistant.\n    temperature: 0\n    max_tokens: 16\n"
+        )
+    };
+    std::fs::write(
+        &file,
+        format!(
+            "name: tuned\nagents:\n{}{}steps:\n  - {{ id: base, agent: plain, prompt: \"What is the capital of France?\" }}\n  - {{ id: tuned, agent: tuned, prompt: \"What is the capital of France?\" }}\n",
+            agent("plain", ""),
+            agent(
+                "tuned",
+                &format!(", adapter: {{ repo: {}, file: {} }}", smollm2::LORA_REPO_ID, smollm2::LORA_FILE)
+            ),
+        ),
+    )
+    .unwrap();
+    let file = file.display().to_string();
+
+    let plan = lab.cli(&["plan", &file, "--explain"]);
+    let plan_text = stdout(&plan);
+    assert!(plan.status.success(), "{plan_text}\n{}", stderr(&plan));
+    assert!(
+        plan_text.contains("serves 1 LoRA adapter on one base instance"),
+        "{plan_text}"
+    );
+
+    let submitted = lab.cli(&["submit", &file, "--wait", "--output", "json"]);
+    let text = stdout(&submitted);
+    assert!(
+        submitted.status.success(),
+        "{text}\n{}\n{}",
+        stderr(&submitted),
+        lab.logs(80)
+    );
+    let run: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let run = lab.get(&format!("/v1/runs/{}", run["id"].as_str().expect("a run id")));
+    assert_eq!(run["state"], "succeeded", "{run:#}");
+    let output = |id: &str| {
+        run["steps"]
+            .as_array()
+            .and_then(|steps| steps.iter().find(|s| s["id"] == id))
+            .and_then(|s| s["output"].as_str())
+            .unwrap_or_else(|| panic!("step {id}: {run:#}"))
+            .to_owned()
+    };
+    let (base, tuned) = (output("base"), output("tuned"));
+    assert!(
+        base.contains("Paris"),
+        "the base agent is answered by the base model: {base}"
+    );
+    assert_ne!(tuned, base, "the tuned agent is answered with its adapter applied");
+
+    // One engine for both: the adapter loaded at start, applied per request.
+    let instances = lab.cli(&["instances", "--output", "json"]);
+    let instances: Value = serde_json::from_str(&stdout(&instances)).unwrap();
+    let ready: Vec<&Value> = instances
+        .as_array()
+        .map(|all| all.iter().filter(|i| i["state"] == "ready").collect())
+        .unwrap_or_default();
+    assert_eq!(ready.len(), 1, "{instances:#}");
+    let args = engine_command(&node);
+    let lora = args.windows(2).find(|w| w[0] == "--lora-scaled").map(|w| w[1].clone());
+    assert!(
+        lora.is_some_and(|path| path.ends_with(&format!("{}:0", smollm2::LORA_FILE))),
+        "{args:?}"
+    );
 }

@@ -44,11 +44,14 @@ const MISTRAL_7B_INSTRUCT_V0_3: ReferenceModel = ReferenceModel {
     variants: &[VariantSpec::Own],
 };
 
-/// The reference models and [`MISTRAL_7B_INSTRUCT_V0_3`].
+/// The reference models, [`MISTRAL_7B_INSTRUCT_V0_3`] and the LoRA tutors' Llama-3-8B.
 fn models() -> BTreeMap<String, ModelInfo> {
     let mut models = skein_testkit::models::reference_catalog();
     let mistral = MISTRAL_7B_INSTRUCT_V0_3.info();
     models.insert(mistral.repo.to_string(), mistral);
+    // The base of the LoRA tutors (workflows/lora-tutors.yaml).
+    let llama_8b = skein_testkit::adapters::llama_3_8b_info();
+    models.insert(llama_8b.repo.to_string(), llama_8b);
     models
 }
 
@@ -107,6 +110,7 @@ fn case(
         "context": spec.context,
         "concurrency": spec.concurrency,
         "workers": workers,
+        "adapters": start.adapters.iter().map(|a| a.name.clone()).collect::<Vec<_>>(),
     })
 }
 
@@ -219,6 +223,18 @@ fn every_vllm_command_line_parses_and_gives_each_worker_what_its_plan_needs() {
         "tool calls: {args}"
     );
     cases.extend(mistral);
+    // The LoRA tutors' base serves the five adapters from one vLLM engine.
+    let tutors = cases
+        .iter()
+        .find(|c| c["name"].as_str().is_some_and(|n| n.starts_with("lora-tutors.yaml@")))
+        .expect("the LoRA tutors are planned on vLLM");
+    assert_eq!(tutors["adapters"].as_array().map(Vec::len), Some(5), "{tutors:#}");
+    assert!(
+        tutors["args"]
+            .to_string()
+            .contains("\"--enable-lora\",\"--max-loras\",\"5\",\"--max-lora-rank\",\"16\""),
+        "{tutors:#}"
+    );
     // The reference fleet's split writer (over Ray) is among them.
     assert!(
         cases.iter().any(|c| c["args"].to_string().contains("ray")),

@@ -86,17 +86,30 @@ export function userTotals(report, metric) {
   return [...totals.values()].sort((a, b) => b[metric] - a[metric] || a.user.localeCompare(b.user));
 }
 
-/** A group's row: name, shares, runs, GPU GiB and GPUs as `used/limit`, factor. */
+/** A period of hours, short: `7d`, `36h`. */
+export function period(hours) {
+  return hours % 24 === 0 ? `${hours / 24}d` : `${hours}h`;
+}
+
+/**
+ * A group's row: name, shares; runs, GPU GiB, GPUs, tokens a minute, sessions and
+ * GPU-hours (of the limit's period, the last week when none is set) as `used/limit`;
+ * factor; members.
+ */
 export function groupRow(group) {
   const held = group.holding || {};
   const limits = held.limits || {};
   const of = (used, limit) => (limit === undefined || limit === null ? used : `${used}/${limit}`);
+  const gpuHours = limits.gpu_hours ?? null;
   return [
     group.name,
     String(group.shares),
     of(String(held.runs ?? 0), limits.runs),
     of((held.gpu_gib ?? 0).toFixed(1), limits.gpu_gib),
     of(String(held.gpus ?? 0), limits.gpus),
+    of(String(held.tokens_last_minute ?? 0), limits.tokens_per_minute),
+    of(String(held.sessions ?? 0), limits.sessions),
+    of((held.gpu_hours ?? 0).toFixed(1), gpuHours === null ? null : `${gpuHours} in ${period(limits.gpu_hours_period_hours ?? 168)}`),
     (held.factor ?? 1).toFixed(3),
     (group.members || []).join(", ") || "–",
   ];

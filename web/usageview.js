@@ -77,8 +77,8 @@ function draw(view, { report, groups }) {
     h("thead", {}, h("tr", {}, ["User", ...METRICS.map((m) => m.label)].map((t) => h("th", {}, t)))),
     h("tbody", {}, totals.map((t) => h("tr", {}, h("td", {}, t.user || "–"), METRICS.map((m) => h("td", { class: "num" }, m.format(t[m.key])))))));
   const groupsTable = h("table", { id: "usage-groups", "aria-label": "Groups" },
-    h("thead", {}, h("tr", {}, ["Group", "Shares", "Runs", "GPU GiB", "GPUs", "Factor", "Members"].map((t) => h("th", {}, t)))),
-    h("tbody", {}, (groups || []).map((group) => h("tr", {}, groupRow(group).map((c, i) => h("td", { class: i >= 1 && i <= 5 ? "num" : null }, c))))));
+    h("thead", {}, h("tr", {}, ["Group", "Shares", "Runs", "GPU GiB", "GPUs", "Tokens/min", "Sessions", "GPU-hours", "Factor", "Members"].map((t) => h("th", {}, t)))),
+    h("tbody", {}, (groups || []).map((group) => h("tr", {}, groupRow(group).map((c, i) => h("td", { class: i >= 1 && i <= 8 ? "num" : null }, c))))));
   view.replaceChildren(
     h("div", { class: "usage-head" },
       h("h3", {}, `Usage, last ${DAYS} days${state.admin ? "" : " (yours)"}`),
@@ -89,7 +89,7 @@ function draw(view, { report, groups }) {
     h("div", { class: "table-wrap" }, usersTable),
     h("h3", {}, "Groups"),
     h("div", { class: "table-wrap" }, groupsTable),
-    h("p", { class: "hint small" }, "Runs, GPU GiB and GPUs are what each group holds now, of its limit; the factor is its fair share (1: used nothing of late, 0.5: used exactly its share)."),
+    h("p", { class: "hint small" }, "Runs, GPU GiB, GPUs and sessions are what each group holds now, tokens/min its last minute's and GPU-hours its period's (the last week when no limit sets one), each of its limit; the factor is its fair share (1: used nothing of late, 0.5: used exactly its share)."),
   );
 }
 

@@ -30,6 +30,7 @@ fn spec(instance: &str, gpus: &[u32], context: u64, concurrency: u64, engine: En
         concurrency,
         engine,
         api_key: None,
+        adapters: Vec::new(),
     }
 }
 
@@ -50,6 +51,8 @@ fn vllm(model: &str, tp: u64, partition: &[u64], reserved: &[u64], total: &[u64]
         hub_cache: None,
         kv_cache_bytes: None,
         tool_call_parser: None,
+        max_loras: 0,
+        max_lora_rank: 0,
     }
 }
 

@@ -95,6 +95,7 @@ fn spec(instance: &str, gpus: &[u32], engine: EngineLaunch) -> LaunchSpec {
         concurrency: 2,
         engine,
         api_key: None,
+        adapters: Vec::new(),
     }
 }
 
@@ -292,6 +293,7 @@ async fn an_rpc_piece_stays_healthy_while_llama_server_holds_it_and_the_model_an
         context: 2048,
         concurrency: 1,
         engine_api_key: String::new(),
+        adapters: Vec::new(),
         engine: Some(start_instance::Engine::LlamaRpc(pb::LlamaRpcServer { cache: false })),
     });
     let mut seen = Vec::new();

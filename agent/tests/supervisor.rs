@@ -53,6 +53,7 @@ fn candle(instance: &str, program: PathBuf, gpus: &[u32]) -> LaunchSpec {
             seed: 7,
         }),
         api_key: None,
+        adapters: Vec::new(),
     }
 }
 
@@ -70,6 +71,7 @@ fn remote(instance: &str, url: String, api_key: Option<&str>) -> LaunchSpec {
             api_key: api_key.and_then(EngineKey::new),
         }),
         api_key: None,
+        adapters: Vec::new(),
     }
 }
 

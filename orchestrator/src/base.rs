@@ -177,3 +177,27 @@ pub struct Lifecycle {
     /// before it exits.
     pub tasks: TaskTracker,
 }
+
+/// Where an owner stands in fair share (`sharing::fair` computes it; the planner's
+/// preemption reads it): the factors of their group and of them within it, each 1 for
+/// one who used nothing of late, 0.5 at their share, towards 0 beyond (higher first).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Standing {
+    /// The group's factor `F_g`.
+    pub group: f64,
+    /// The user's factor within the group `f_u`.
+    pub user: f64,
+}
+
+impl Standing {
+    /// One who used nothing.
+    pub const FRESH: Standing = Standing { group: 1.0, user: 1.0 };
+
+    /// The order of standings: the higher (further under its share) first.
+    pub fn first(&self, other: &Standing) -> std::cmp::Ordering {
+        other
+            .group
+            .total_cmp(&self.group)
+            .then(other.user.total_cmp(&self.user))
+    }
+}

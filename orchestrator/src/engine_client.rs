@@ -88,6 +88,7 @@ impl Clients {
             base_url: endpoint.url.trim_end_matches('/').to_owned(),
             model: endpoint.model.clone(),
             api_key,
+            lora: Vec::new(),
         })
     }
 
@@ -131,18 +132,65 @@ pub struct Route {
     /// The key requests carry (`Authorization: Bearer KEY`): an instance's engine key,
     /// or a remote endpoint's (its `Debug` shows nothing).
     pub api_key: Option<Secret>,
+    /// On llama.cpp with adapters, whether each adapter applies to these requests, by
+    /// its place among the engine's `--lora-scaled` files: the agent's (scale 1), not
+    /// the others (0), sent as `"lora": [{"id": N, "scale": S}, …]`. llama.cpp keeps a
+    /// slot's last scales for a request that sends none, so every request sends all.
+    /// Empty: none sent. vLLM selects an adapter by [`Route::model`] instead.
+    pub lora: Vec<bool>,
 }
 
 impl Route {
     /// The route to a ready instance (`None` until it has an address), with its
-    /// engine's key.
+    /// engine's key, to its base model.
     pub fn to_instance(view: &crate::instances::InstanceView) -> Option<Route> {
         Some(Route {
             instance: Some(view.name.clone()),
             base_url: view.base_url.clone()?,
             model: view.name.clone(),
             api_key: view.engine_key.clone(),
+            lora: Vec::new(),
         })
+    }
+
+    /// The route to a ready instance for an agent `definition`: the base model, or the
+    /// agent's LoRA adapter when it names one (vLLM serves it as a model of its name;
+    /// llama.cpp applies it by its place in the plan's list). `Ok(None)` until the
+    /// instance has an address.
+    ///
+    /// Errors: the instance does not serve the agent's adapter (it was planned for
+    /// other agents); the agent is not answered by the base model instead.
+    pub fn for_agent(
+        view: &crate::instances::InstanceView,
+        definition: &skein_dsl::ir::Agent,
+    ) -> Result<Option<Route>, String> {
+        let Some(mut route) = Route::to_instance(view) else {
+            return Ok(None);
+        };
+        let served = view.placement.as_ref().map_or(&[][..], |p| p.adapters.as_slice());
+        let place = match crate::plan::demand::adapter_key(definition) {
+            None => None,
+            Some(adapter) => Some(served.iter().position(|a| a.name == adapter).ok_or_else(|| {
+                format!(
+                    "instance {} does not serve the LoRA adapter `{adapter}` (it was planned without it); help: submit the workflow again so that a plan places the adapter",
+                    view.name
+                )
+            })?),
+        };
+        match (view.engine.as_str(), place) {
+            ("llama.cpp", _) if !served.is_empty() => {
+                route.lora = (0..served.len()).map(|i| Some(i) == place).collect();
+            }
+            ("vllm", Some(i)) => route.model = served[i].name.clone(),
+            (_, None) => {}
+            (other, Some(_)) => {
+                return Err(format!(
+                    "instance {} runs `{other}`, which serves no LoRA adapters",
+                    view.name
+                ));
+            }
+        }
+        Ok(Some(route))
     }
 }
 
@@ -421,6 +469,15 @@ async fn send(
     stream: bool,
 ) -> Result<reqwest::Response, CallError> {
     body["model"] = serde_json::json!(route.model);
+    if !route.lora.is_empty() {
+        let scales: Vec<serde_json::Value> = route
+            .lora
+            .iter()
+            .enumerate()
+            .map(|(id, &applied)| serde_json::json!({"id": id, "scale": if applied { 1.0 } else { 0.0 }}))
+            .collect();
+        body["lora"] = serde_json::Value::Array(scales);
+    }
     body["stream"] = serde_json::json!(stream);
     if stream {
         body["stream_options"] = serde_json::json!({"include_usage": true});

@@ -289,6 +289,10 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
         clients,
     )?;
     let session_store = Arc::new(crate::session::SledSessions::open(&db)?);
+    // The sessions limits count from what is stored.
+    executor
+        .sharing()
+        .load_sessions(crate::session::SessionStore::owners(session_store.as_ref())?);
     let session_log = crate::session::SessionLog::start(session_store, crate::session::LogConfig::default())
         .map_err(|e| ServerError::Store(crate::store::StoreError::Io(sled::Error::Io(e))))?;
     let sessions = crate::session::Sessions::new(

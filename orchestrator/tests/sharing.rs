@@ -295,3 +295,85 @@ async fn groups_members_and_runs_in_progress_survive_a_restart() {
     assert_eq!(status, 200);
     assert_eq!(users[0]["shares"], 2);
 }
+
+/// The sessions limit: 16 creates of one user at once against a limit of 3 make exactly
+/// 3, the rest answer 429 naming the limit; an idempotent retry makes none; a delete
+/// frees a place; a restart counts what is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_interleaving_of_session_creates_passes_a_sessions_limit_and_a_restart_counts_them() {
+    let data = tempfile::tempdir().unwrap();
+    let db = data.path().join("db");
+    let ada;
+    let made: Vec<String>;
+    {
+        let s = setup(quick(), Some(&db)).await;
+        let (status, body) = s
+            .call(
+                Method::PUT,
+                "/v1/users/ada",
+                Some(API),
+                Some(json!({"limits": {"sessions": 3}})),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+        ada = s.token_for("ada").await;
+        let create = || {
+            s.call(
+                Method::POST,
+                "/v1/sessions",
+                Some(&ada),
+                Some(json!({"model": "Qwen/Qwen2.5-0.5B-Instruct"})),
+            )
+        };
+        let outcomes = futures::future::join_all((0..16).map(|_| create())).await;
+        let created: Vec<&Value> = outcomes.iter().filter(|(s, _)| *s == 201).map(|(_, b)| b).collect();
+        let refused: Vec<&Value> = outcomes.iter().filter(|(s, _)| *s == 429).map(|(_, b)| b).collect();
+        assert_eq!((created.len(), refused.len()), (3, 13), "{outcomes:?}");
+        assert_eq!(refused[0]["error"]["code"], "quota_exceeded", "{}", refused[0]);
+        assert!(
+            message(refused[0]).starts_with("user `ada` may use 3 sessions at once (made and not deleted): 3 sessions in use, and this needs 1 session more"),
+            "{}",
+            refused[0]
+        );
+        made = created.iter().map(|b| b["id"].as_str().unwrap().to_owned()).collect();
+        let (_, quota) = s.call(Method::GET, "/v1/quota", Some(&ada), None).await;
+        assert_eq!(quota["mine"]["sessions"], 3, "{quota}");
+        // A delete frees one place; an idempotent retry of the create that took it
+        // makes nothing more.
+        let (status, _) = s
+            .call(Method::DELETE, &format!("/v1/sessions/{}", made[0]), Some(&ada), None)
+            .await;
+        assert!(status == 200 || status == 204, "{status}");
+        let keyed = || async {
+            s.http
+                .post(s.url("/v1/sessions"))
+                .bearer_auth(&ada)
+                .header("Idempotency-Key", "one")
+                .json(&json!({"model": "Qwen/Qwen2.5-0.5B-Instruct"}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        };
+        let first = keyed().await;
+        let again = keyed().await;
+        assert_eq!((first, again), (201, 200));
+        let (status, _) = create().await;
+        assert_eq!(status, 429, "three again");
+        s.server.shutdown().await.unwrap();
+    }
+    // After a restart the three stored sessions still count.
+    let s = setup(quick(), Some(&db)).await;
+    let (_, quota) = s.call(Method::GET, "/v1/quota", Some(&ada), None).await;
+    assert_eq!(quota["mine"]["sessions"], 3, "{quota}");
+    let (status, _) = s
+        .call(
+            Method::POST,
+            "/v1/sessions",
+            Some(&ada),
+            Some(json!({"model": "Qwen/Qwen2.5-0.5B-Instruct"})),
+        )
+        .await;
+    assert_eq!(status, 429);
+}

@@ -37,6 +37,7 @@ impl fmt::Debug for StartInstance {
             .field("context", &self.context)
             .field("concurrency", &self.concurrency)
             .field("engine_api_key", &Raw(key(&self.engine_api_key)))
+            .field("adapters", &self.adapters)
             .field("engine", &self.engine)
             .finish()
     }

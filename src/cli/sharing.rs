@@ -34,7 +34,17 @@ pub struct LimitArgs {
     /// sessions.
     #[arg(long, value_name = "N")]
     pub tokens_per_minute: Option<u64>,
-    /// Lift a limit (repeatable).
+    /// Sessions made and not deleted, at once.
+    #[arg(long, value_name = "N")]
+    pub sessions: Option<u32>,
+    /// GPU-hours (GPUs held × time) in the period: runs queue once they are used.
+    #[arg(long, value_name = "N")]
+    pub gpu_hours: Option<f64>,
+    /// The period `--gpu-hours` counts over, in whole hours up to 31 days: `7d`
+    /// (the default), `36h`, `2weeks`.
+    #[arg(long, value_name = "PERIOD", value_parser = period_hours, requires = "gpu_hours")]
+    pub gpu_hours_period: Option<u32>,
+    /// Lift a limit (repeatable; `gpu-hours` lifts its period too).
     #[arg(long, value_enum, value_name = "LIMIT")]
     pub clear: Vec<LimitName>,
 }
@@ -50,6 +60,21 @@ pub enum LimitName {
     Runs,
     /// `--tokens-per-minute`.
     TokensPerMinute,
+    /// `--sessions`.
+    Sessions,
+    /// `--gpu-hours` (and its period).
+    GpuHours,
+}
+
+/// A `--gpu-hours-period` in hours: a duration of whole hours, 1 hour to 31 days.
+fn period_hours(text: &str) -> Result<u32, String> {
+    let duration =
+        humantime::parse_duration(text).map_err(|e| format!("`{text}` is not a duration like `7d` or `36h` ({e})"))?;
+    let seconds = duration.as_secs();
+    if seconds % 3600 != 0 || duration.subsec_nanos() != 0 || !(1..=31 * 24).contains(&(seconds / 3600)) {
+        return Err(format!("`{text}` is not a whole number of hours from 1h to 31d"));
+    }
+    Ok((seconds / 3600) as u32)
 }
 
 impl LimitName {
@@ -60,6 +85,8 @@ impl LimitName {
             LimitName::Gpus => "gpus",
             LimitName::Runs => "runs",
             LimitName::TokensPerMinute => "tokens_per_minute",
+            LimitName::Sessions => "sessions",
+            LimitName::GpuHours => "gpu_hours",
         }
     }
 }

@@ -224,6 +224,7 @@ pub const LLAMA_70B_CONFIG: &str = r#"{
 /// A GGUF metadata value.
 pub enum Kv {
     U16(u16),
+    F32(f32),
     I32(i32),
     U32(u32),
     Str(String),
@@ -255,6 +256,10 @@ pub fn gguf_prefix<K: AsRef<str>>(kvs: &[(K, Kv)], tensors: &[(String, Vec<u64>,
             }
             Kv::I32(v) => {
                 out.extend(5u32.to_le_bytes());
+                out.extend(v.to_le_bytes());
+            }
+            Kv::F32(v) => {
+                out.extend(6u32.to_le_bytes());
                 out.extend(v.to_le_bytes());
             }
             Kv::U32(v) => {

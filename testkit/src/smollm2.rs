@@ -14,6 +14,9 @@
 //! - [`architecture_repo`]: the same BF16 values written as `MistralForCausalLM` or
 //!   `Qwen2ForCausalLM` ([`Architecture`]), cached beside it.
 //!
+//! - [`lora_repo`]: a GGUF LoRA adapter of the GGUF ([`lora_gguf`]), whose effect
+//!   greedy decoding shows.
+//!
 //! Also [`llama_cpp_bin`], the folder of the real CPU `llama-server` built by
 //! `tests/engines/llama-cpp.sh`, and [`vllm_python`], the python of the venv with
 //! `transformers` that `tests/engines/vllm.sh` installs. Both scripts run once per machine; a failure panics
@@ -30,9 +33,11 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
 pub use self::llama_server::LlamaServer;
+pub use self::lora::{LORA_FILE, LORA_RANK, LORA_REPO_ID, lora_gguf, lora_repo};
 use crate::mock_hub::MockRepo;
 
 mod llama_server;
+mod lora;
 
 /// The repository id of [`gguf_repo`].
 pub const GGUF_REPO_ID: &str = "skein-test/SmolLM2-135M-Instruct-GGUF";

@@ -5,7 +5,7 @@ Usage: python vllm_check.py CASES.json   (the venv's python from tests/engines/v
 
 Each case: {"name", "args": [...after the program...], "env": {...},
 "model": {"layers", "kv_heads", "head_dim", "dtype_bytes"}, "context", "concurrency",
-"workers": [{"reserved", "total", "need"}, ...] in vLLM's rank order}.
+"workers": [{"reserved", "total", "need"}, ...] in vLLM's rank order, "adapters": [names]}.
 Prints one line per worker and exits 1 when any case fails.
 
 What is mirrored, from vLLM 0.33.0:
@@ -15,6 +15,8 @@ What is mirrored, from vLLM 0.33.0:
   calls `vllm/entrypoints/common/cli_args.py` `make_arg_parser`; `validate` calls
   `validate_parsed_serve_args`), then `AsyncEngineArgs.from_cli_args` and the
   `CacheConfig` it builds (`vllm/engine/arg_utils.py`);
+- LoRA: `--lora-modules` as the parser reads it (`LoRAParserAction`), and the slot flags
+  through `vllm/config/lora.py` `LoRAConfig` (its allowed ranks and validator);
 - the layers of each pipeline stage: `vllm/distributed/utils.py` `get_pp_indices`
   (it reads `VLLM_PP_LAYER_PARTITION`), called here;
 - KV heads per rank: `vllm/config/model.py` `ModelConfig.get_num_kv_heads`
@@ -38,6 +40,7 @@ import sys
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")  # no GPU here: vLLM's CPU platform
 
 from vllm.config import CacheConfig  # noqa: E402
+from vllm.config.lora import LoRAConfig  # noqa: E402
 from vllm.distributed.utils import get_pp_indices  # noqa: E402
 from vllm.engine.arg_utils import AsyncEngineArgs  # noqa: E402
 from vllm.entrypoints.common.cli_args import make_arg_parser, validate_parsed_serve_args  # noqa: E402
@@ -81,6 +84,29 @@ def check(case):
         return [f"TP {tp} × PP {pp} != {len(workers)} workers"], lines
     if engine.max_model_len != case["context"] or engine.max_num_seqs != case["concurrency"]:
         problems.append(f"--max-model-len {engine.max_model_len} --max-num-seqs {engine.max_num_seqs}")
+    # LoRA adapters: every one the plan serves under its name, in slots vLLM's own
+    # LoRAConfig accepts (a rank it allows, max_cpu_loras at least max_loras).
+    adapters = case.get("adapters", [])
+    if adapters or engine.enable_lora:
+        if not engine.enable_lora:
+            problems.append(f"adapters {adapters} without --enable-lora")
+        served = [m.name for m in (args.lora_modules or [])]
+        if served != adapters:
+            problems.append(f"--lora-modules serves {served}, the plan {adapters}")
+        if engine.max_loras != len(adapters):
+            problems.append(f"--max-loras {engine.max_loras} for {len(adapters)} adapters")
+        try:
+            LoRAConfig(
+                max_lora_rank=engine.max_lora_rank,
+                max_loras=engine.max_loras,
+                max_cpu_loras=engine.max_cpu_loras,
+            )
+        except Exception as e:  # noqa: BLE001 (pydantic's validation error, said as is)
+            problems.append(f"vLLM's LoRAConfig refuses the flags: {e}")
+        lines.append(
+            f"{case['name']}: {len(adapters)} LoRA adapters, --max-loras {engine.max_loras} "
+            f"--max-lora-rank {engine.max_lora_rank}"
+        )
     model = case["model"]
     partition = case["env"].get("VLLM_PP_LAYER_PARTITION")
     if partition is None:

@@ -50,10 +50,12 @@ pub fn plan_files(
     let parsed = skein_orchestrator::workflows::load(workflow).expect("readable");
     let workflow = parsed.workflow.expect("a valid workflow");
     let graph = graph(fleet);
+    // The example's LoRA tutors' adapters (workflows/lora-tutors.yaml).
+    let adapters = skein_testkit::adapters::tutor_adapter_catalog();
     let plan = plan::plan(&PlanInput {
         workflow: &workflow,
         models,
-        adapters: &skein_orchestrator::plan::NO_ADAPTERS,
+        adapters: &adapters,
         graph: &graph,
         running: &[],
         settings: PlanSettings::default(),
@@ -129,12 +131,25 @@ pub fn model_of<'m>(
 }
 
 /// The launch spec an agent makes of `start`, its variant's files in a Hugging Face
-/// cache at `/hf` (snapshot `000…`), on port 8000.
+/// cache at `/hf` (snapshot `000…`), its adapters' at the revisions the plan read, on
+/// port 8000.
 pub fn spec(start: &pb::StartInstance, variant: &Variant) -> LaunchSpec {
     let snapshot = PathBuf::from(format!(
         "/hf/models--{}/snapshots/{}",
         variant.repo.to_string().replace('/', "--"),
         "0".repeat(40)
     ));
-    launch_spec(start, Some(&snapshot), &host_config(), 8000).expect("a launch spec")
+    let adapters: Vec<PathBuf> = start
+        .adapters
+        .iter()
+        .filter_map(|a| a.files.as_ref())
+        .map(|f| {
+            PathBuf::from(format!(
+                "/hf/models--{}/snapshots/{}",
+                f.repo.replace('/', "--"),
+                f.revision
+            ))
+        })
+        .collect();
+    launch_spec(start, Some(&snapshot), &adapters, &host_config(), 8000).expect("a launch spec")
 }

@@ -59,8 +59,12 @@ test("each user's totals, the biggest first", () => {
 test("a group's row shows use against its limits", () => {
   const group = {
     name: "nlp", shares: 2, members: ["ada", "bo"],
-    holding: { runs: 1, gpu_gib: 40.25, gpus: 2, factor: 0.71234, usage_gib_hours: 3, limits: { runs: 4, gpu_gib: 160 } },
+    holding: {
+      runs: 1, gpu_gib: 40.25, gpus: 2, factor: 0.71234, usage_gib_hours: 3, tokens_last_minute: 900, sessions: 3, gpu_hours: 12.34,
+      limits: { runs: 4, gpu_gib: 160, sessions: 10, gpu_hours: 100, gpu_hours_period_hours: 36 },
+    },
   };
-  assert.deepEqual(groupRow(group), ["nlp", "2", "1/4", "40.3/160", "2", "0.712", "ada, bo"]);
-  assert.deepEqual(groupRow({ name: "default", shares: 1 }).slice(2), ["0", "0.0", "0", "1.000", "–"]);
+  assert.deepEqual(groupRow(group), ["nlp", "2", "1/4", "40.3/160", "2", "900", "3/10", "12.3/100 in 36h", "0.712", "ada, bo"]);
+  assert.deepEqual(groupRow({ name: "default", shares: 1 }).slice(2), ["0", "0.0", "0", "0", "0", "0.0", "1.000", "–"]);
+  assert.equal(groupRow({ name: "a", shares: 1, holding: { limits: { gpu_hours: 5 } } })[7], "0.0/5 in 7d");
 });

@@ -38,6 +38,19 @@ pub struct LaunchSpec {
     /// engine (Ray, `rpc-server`), which have no way to check one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key: Option<EngineKey>,
+    /// LoRA adapters served on the model (vLLM and llama.cpp), in the order requests
+    /// number them; empty: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adapters: Vec<AdapterLaunch>,
+}
+
+/// A LoRA adapter an engine loads at start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdapterLaunch {
+    /// The name requests select it by (vLLM serves it as a model of this name).
+    pub name: String,
+    /// Its PEFT directory (vLLM) or GGUF file (llama.cpp), downloaded.
+    pub path: PathBuf,
 }
 
 /// An engine's API key: 32 random bytes in hex from the orchestrator. It never shows:
@@ -252,6 +265,17 @@ pub struct VllmLaunch {
     /// parser; `None`: served without tool calling.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_parser: Option<String>,
+    /// With [`LaunchSpec::adapters`]: `--max-loras` and `--max-lora-rank`, the slots the
+    /// plan sized.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_loras: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    /// See [`VllmLaunch::max_loras`].
+    pub max_lora_rank: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A process to start: program, arguments, and the environment added to the agent's.
@@ -345,6 +369,13 @@ impl LaunchSpec {
         // node's is not, `gpu::nvml`). CUDA's own default order is fastest first, which
         // on a node of mixed GPUs would put an engine on another card than planned.
         env.insert(CUDA_DEVICE_ORDER.to_owned(), PCI_BUS_ID.to_owned());
+        if !self.adapters.is_empty() && !matches!(self.engine, EngineLaunch::LlamaCpp(_) | EngineLaunch::Vllm(_)) {
+            return Err(self.invalid(
+                "the LoRA adapters",
+                format!("{} adapters", self.adapters.len()),
+                "none: only vLLM and llama.cpp serve adapters",
+            ));
+        }
         let mut command = match &self.engine {
             EngineLaunch::LlamaCpp(l) => self.llama_cpp(l, env),
             EngineLaunch::Vllm(v) => self.vllm(v, env),
@@ -552,6 +583,25 @@ impl LaunchSpec {
         if !l.rpc_servers.is_empty() {
             args.extend(["--rpc".to_owned(), l.rpc_servers.join(",")]);
         }
+        if !self.adapters.is_empty() {
+            // Loaded at start at scale 0, so a request that names none gets the base
+            // model; a request sets every adapter's scale (`"lora": [{"id": N, "scale":
+            // S}, …]`, N its place here). llama.cpp reads the list as a CSV row and
+            // each entry as exactly `FNAME:SCALE`.
+            let mut scaled = Vec::with_capacity(self.adapters.len());
+            for adapter in &self.adapters {
+                let path = adapter.path.display().to_string();
+                if path.contains([',', ':', '"']) {
+                    return Err(self.invalid(
+                        "a LoRA adapter's path",
+                        path,
+                        "a path without `,`, `:` or `\"` (llama.cpp's --lora-scaled reads FNAME:SCALE,…)",
+                    ));
+                }
+                scaled.push(format!("{path}:0"));
+            }
+            args.extend(["--lora-scaled".to_owned(), scaled.join(",")]);
+        }
         if devices == 0 {
             args.extend(["--n-gpu-layers".to_owned(), "0".to_owned()]);
         } else {
@@ -673,6 +723,27 @@ impl LaunchSpec {
                 parser.clone(),
             ]);
         }
+        if !self.adapters.is_empty() {
+            if v.max_loras == 0 || v.max_lora_rank == 0 {
+                return Err(self.invalid(
+                    "--max-loras and --max-lora-rank",
+                    format!("{} and {}", v.max_loras, v.max_lora_rank),
+                    "a slot count and rank for the adapters (both at least 1)",
+                ));
+            }
+            // Each adapter under its name, from its downloaded directory; the slots as
+            // the plan sized them (the adapters' host cache is vLLM's default, one per
+            // slot).
+            args.extend([
+                "--enable-lora".to_owned(),
+                "--max-loras".to_owned(),
+                v.max_loras.to_string(),
+                "--max-lora-rank".to_owned(),
+                v.max_lora_rank.to_string(),
+                "--lora-modules".to_owned(),
+            ]);
+            args.extend(self.adapters.iter().map(|a| format!("{}={}", a.name, a.path.display())));
+        }
         if let Some(head) = &v.ray_address {
             args.extend(["--distributed-executor-backend".to_owned(), "ray".to_owned()]);
             env.insert("RAY_ADDRESS".to_owned(), head.clone());
@@ -690,46 +761,12 @@ impl LaunchSpec {
     }
 }
 
-impl fmt::Display for EngineCommand {
-    /// The command as a shell line: `VAR=value … program arg …`, with words that a shell
-    /// would split or expand in single quotes, and secrets as `VAR=<redacted>`. For logs
-    /// and events, not for a shell.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let program = self.program.display().to_string();
-        let words = self
-            .env
-            .iter()
-            .map(|(k, v)| format!("{k}={}", shell_word(v)))
-            .chain(self.secret_env.keys().map(|k| format!("{k}={REDACTED}")))
-            .chain(std::iter::once(shell_word(&program)))
-            .chain(self.args.iter().map(|a| shell_word(a)));
-        for (i, word) in words.enumerate() {
-            if i > 0 {
-                f.write_str(" ")?;
-            }
-            f.write_str(&word)?;
-        }
-        Ok(())
-    }
-}
-
 /// Points Hugging Face readers at `cache`, offline: the agent downloaded what the
 /// engine reads, and a rank on another node must not fetch anything itself.
 fn offline_cache(env: &mut BTreeMap<String, String>, cache: Option<&std::path::Path>) {
     if let Some(cache) = cache {
         env.insert("HF_HUB_CACHE".to_owned(), cache.display().to_string());
         env.insert("HF_HUB_OFFLINE".to_owned(), "1".to_owned());
-    }
-}
-
-/// `word` as one POSIX shell word: unchanged when a shell would neither split nor expand
-/// it, else in single quotes (an empty word too).
-pub fn shell_word(word: &str) -> String {
-    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./:,=+@%".contains(c);
-    if !word.is_empty() && word.chars().all(plain) {
-        word.to_owned()
-    } else {
-        format!("'{}'", word.replace('\'', "'\\''"))
     }
 }
 

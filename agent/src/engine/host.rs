@@ -14,11 +14,8 @@ use skein_proto::agent::v1::{self as pb, start_instance};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use super::command::{
-    CandleLaunch, EngineKey, EngineLaunch, LaunchSpec, LlamaCppLaunch, LlamaRpcLaunch, RayNodeLaunch, RemoteLaunch,
-    VllmLaunch,
-};
 use super::free_port;
+pub use super::spec::{EngineHostConfig, launch_spec};
 use super::supervisor::{InstanceEvent, InstanceState, Supervisor, SupervisorError};
 use crate::daemon::InstanceHost;
 
@@ -50,33 +47,6 @@ pub enum HostError {
     /// The supervisor refused the start.
     #[error(transparent)]
     Supervisor(#[from] SupervisorError),
-}
-
-/// Where the engines' programs are and how engines are reached.
-#[derive(Debug, Clone)]
-pub struct EngineHostConfig {
-    /// The `skein` binary (the built-in engine is `skein engine serve`).
-    pub skein: PathBuf,
-    /// `llama-server`.
-    pub llama_server: PathBuf,
-    /// `vllm`.
-    pub vllm: PathBuf,
-    /// `ray` (the nodes of a vLLM engine split across machines).
-    pub ray: PathBuf,
-    /// llama.cpp's RPC server (the GPUs of a GGUF model split across machines);
-    /// [`default_rpc_server`] when not given.
-    pub rpc_server: PathBuf,
-    /// The address engines listen on and are reached at (this machine's address as the
-    /// orchestrator sees it; loopback when both run here).
-    pub listen_host: String,
-    /// The GPUs are simulated: the built-in engine runs on the CPU (a simulated GPU runs
-    /// no kernels), external engines get the plan's GPUs as given.
-    pub simulated_gpus: bool,
-    /// The device index of each GPU the orchestrator knows, by the index it knows it
-    /// by, when they differ: the node registered only some of its GPUs (a Slurm job's,
-    /// [`crate::gpu::Allocated`]), renumbered from 0. Empty: the indices are the
-    /// devices'.
-    pub devices: Vec<u32>,
 }
 
 /// Runs the instances the orchestrator asks for.
@@ -222,6 +192,18 @@ impl Inner {
             },
             None => None,
         };
+        // The adapters, each a repository of its own, into the same cache.
+        let mut adapters = Vec::with_capacity(command.adapters.len());
+        for adapter in &command.adapters {
+            let Some(files) = &adapter.files else {
+                let error = HostError::Spec(format!("instance `{name}`: adapter `{}` names no files", adapter.name));
+                return self.fail(&name, &error).await;
+            };
+            match self.download(&name, files).await {
+                Ok(dir) => adapters.push(dir),
+                Err(error) => return self.fail(&name, &error).await,
+            }
+        }
         let port = match free_port(&self.config.listen_host) {
             Ok(port) => port,
             Err(source) => {
@@ -229,7 +211,7 @@ impl Inner {
                 return self.fail(&name, &HostError::NoPort { host, source }).await;
             }
         };
-        let spec = match launch_spec(&command, snapshot.as_deref(), &self.config, port) {
+        let spec = match launch_spec(&command, snapshot.as_deref(), &adapters, &self.config, port) {
             Ok(spec) => spec,
             Err(error) => return self.fail(&name, &HostError::Spec(error)).await,
         };
@@ -392,148 +374,10 @@ pub fn default_rpc_server(path: Option<&std::ffi::OsStr>) -> PathBuf {
         .map_or_else(|| PathBuf::from(RPC_SERVER_NAMES[0]), PathBuf::from)
 }
 
-/// The launch spec of a start command whose files are in `snapshot`. Pure.
-///
-/// Errors: a command without an engine, or without the file it names.
-pub fn launch_spec(
-    command: &pb::StartInstance,
-    snapshot: Option<&Path>,
-    config: &EngineHostConfig,
-    port: u16,
-) -> Result<LaunchSpec, String> {
-    let name = &command.instance;
-    let needs_files = || snapshot.ok_or_else(|| format!("instance `{name}` names no model files"));
-    let mut gpus = device_indices(&command.gpus, &config.devices).ok_or_else(|| {
-        format!(
-            "instance `{name}` names GPUs {:?}, and this node has {}",
-            command.gpus,
-            config.devices.len()
-        )
-    })?;
-    let engine = match &command.engine {
-        None => return Err(format!("instance `{name}` names no engine; upgrade this agent")),
-        Some(start_instance::Engine::Candle(e)) => {
-            let dir = needs_files()?;
-            if config.simulated_gpus {
-                gpus.clear();
-            }
-            EngineLaunch::Candle(CandleLaunch {
-                program: config.skein.clone(),
-                model: if e.gguf.is_empty() {
-                    dir.to_owned()
-                } else {
-                    dir.join(&e.gguf)
-                },
-                seed: e.seed,
-            })
-        }
-        Some(start_instance::Engine::LlamaCpp(e)) => {
-            let dir = needs_files()?;
-            if e.gguf.is_empty() {
-                return Err(format!(
-                    "instance `{name}`: llama.cpp needs a GGUF file and the command names none"
-                ));
-            }
-            EngineLaunch::LlamaCpp(LlamaCppLaunch {
-                program: config.llama_server.clone(),
-                model: dir.join(&e.gguf),
-                mmproj: e.mmproj.as_ref().map(|f| dir.join(f)),
-                gpu_layers: e.gpu_layers,
-                tensor_split: e.tensor_split.clone(),
-                n_batch: e.n_batch,
-                n_ubatch: e.n_ubatch,
-                flash_attention: e.flash_attention,
-                rpc_servers: e.rpc_servers.clone(),
-            })
-        }
-        Some(start_instance::Engine::Vllm(e)) => {
-            let dir = needs_files()?;
-            // Alone, the engine reads the local snapshot (no revision to resolve). Over a
-            // Ray cluster, ranks on other nodes read the model too: by repository and
-            // revision, each from its own node's cache (the same path need not exist
-            // everywhere), offline.
-            let (model, revision, hub_cache) = match (&e.ray_address, &e.model) {
-                (Some(_), Some(files)) => (
-                    files.repo.clone(),
-                    Some(files.revision.clone()),
-                    Some(hub_cache_of(name, dir)?),
-                ),
-                _ => (dir.to_string_lossy().into_owned(), None, None),
-            };
-            EngineLaunch::Vllm(VllmLaunch {
-                program: config.vllm.clone(),
-                model,
-                revision,
-                tensor_parallel: e.tensor_parallel,
-                layer_partition: e.layer_partition.clone(),
-                quantization: e.quantization.clone(),
-                reserved: e.reserved.clone(),
-                total: e.total.clone(),
-                max_num_batched_tokens: e.max_num_batched_tokens,
-                enforce_eager: e.enforce_eager,
-                kv_cache_dtype: e.kv_cache_dtype.clone(),
-                ray_address: e.ray_address.clone(),
-                hub_cache,
-                kv_cache_bytes: e.kv_cache_bytes,
-                tool_call_parser: e.tool_call_parser.clone(),
-            })
-        }
-        Some(start_instance::Engine::RayNode(e)) => EngineLaunch::RayNode(RayNodeLaunch {
-            program: config.ray.clone(),
-            head_address: e.head_address.clone(),
-            hub_cache: Some(hub_cache_of(name, needs_files()?)?),
-            node_id: e.node_id.clone(),
-        }),
-        Some(start_instance::Engine::LlamaRpc(e)) => EngineLaunch::LlamaRpc(LlamaRpcLaunch {
-            program: config.rpc_server.clone(),
-            cache: e.cache,
-        }),
-        Some(start_instance::Engine::Remote(e)) => EngineLaunch::Remote(RemoteLaunch {
-            url: e.url.clone(),
-            model: e.model.clone(),
-            api_key: e.api_key.as_deref().and_then(EngineKey::new),
-        }),
-    };
-    Ok(LaunchSpec {
-        instance: name.clone(),
-        host: config.listen_host.clone(),
-        port,
-        gpus,
-        context: command.context,
-        concurrency: command.concurrency,
-        engine,
-        api_key: EngineKey::new(&command.engine_api_key),
-    })
-}
-
-/// The Hugging Face cache a snapshot directory is in
-/// (`CACHE/models--OWNER--NAME/snapshots/REVISION`).
-fn hub_cache_of(instance: &str, snapshot: &Path) -> Result<PathBuf, String> {
-    let repo = snapshot
-        .parent()
-        .filter(|p| p.ends_with("snapshots"))
-        .and_then(Path::parent);
-    match repo.and_then(|r| Some((r.file_name()?.to_str()?, r.parent()?))) {
-        Some((name, cache)) if name.starts_with("models--") => Ok(cache.to_owned()),
-        _ => Err(format!(
-            "instance `{instance}`: {} is not a snapshot of a Hugging Face cache (CACHE/models--OWNER--NAME/snapshots/REVISION), so other nodes cannot find the same model by name",
-            snapshot.display()
-        )),
-    }
-}
-
-/// The device indices of the GPUs the orchestrator named `gpus`, through `devices`
-/// ([`EngineHostConfig::devices`]; empty: unchanged); `None` when one is out of range.
-fn device_indices(gpus: &[u32], devices: &[u32]) -> Option<Vec<u32>> {
-    if devices.is_empty() {
-        return Some(gpus.to_vec());
-    }
-    gpus.iter().map(|&g| devices.get(g as usize).copied()).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::{EngineKey, EngineLaunch};
 
     fn config(simulated_gpus: bool) -> EngineHostConfig {
         EngineHostConfig {
@@ -564,6 +408,7 @@ mod tests {
             context: 4096,
             concurrency: 2,
             engine_api_key: String::new(),
+            adapters: Vec::new(),
             engine: Some(engine),
         }
     }
@@ -585,10 +430,11 @@ mod tests {
                 ray_address: None,
                 kv_cache_bytes: Some(3 << 30),
                 tool_call_parser: Some("hermes".to_owned()),
+                ..pb::VllmEngine::default()
             }),
             vec![2, 3, 0, 1],
         );
-        let spec = launch_spec(&vllm, Some(dir), &config(false), 9000).unwrap();
+        let spec = launch_spec(&vllm, Some(dir), &[], &config(false), 9000).unwrap();
         assert_eq!(spec.gpus, vec![2, 3, 0, 1], "rank order kept");
         assert_eq!((spec.port, spec.context, spec.concurrency), (9000, 4096, 2));
         let EngineLaunch::Vllm(v) = &spec.engine else {
@@ -615,7 +461,7 @@ mod tests {
             }),
             vec![0, 1],
         );
-        let spec = launch_spec(&llama, Some(dir), &config(false), 9001).unwrap();
+        let spec = launch_spec(&llama, Some(dir), &[], &config(false), 9001).unwrap();
         let EngineLaunch::LlamaCpp(l) = &spec.engine else {
             panic!("{spec:?}")
         };
@@ -635,7 +481,7 @@ mod tests {
             }),
             vec![0, 1],
         );
-        let spec = launch_spec(&ray, Some(snapshot), &config(false), 7000).unwrap();
+        let spec = launch_spec(&ray, Some(snapshot), &[], &config(false), 7000).unwrap();
         let EngineLaunch::RayNode(r) = &spec.engine else {
             panic!("{spec:?}")
         };
@@ -653,14 +499,14 @@ mod tests {
             }),
             vec![0],
         );
-        let spec = launch_spec(&serve, Some(snapshot), &config(false), 7001).unwrap();
+        let spec = launch_spec(&serve, Some(snapshot), &[], &config(false), 7001).unwrap();
         let EngineLaunch::Vllm(v) = &spec.engine else {
             panic!("{spec:?}")
         };
         assert_eq!(v.model, "owner/model", "by name: the path may differ on other nodes");
         assert_eq!(v.revision.as_deref(), Some("0".repeat(40).as_str()));
         assert_eq!(v.hub_cache.as_deref(), Some(Path::new("/var/hf/hub")));
-        let error = launch_spec(&ray, Some(Path::new("/models/mine")), &config(false), 7000).unwrap_err();
+        let error = launch_spec(&ray, Some(Path::new("/models/mine")), &[], &config(false), 7000).unwrap_err();
         assert!(error.contains("is not a snapshot of a Hugging Face cache"), "{error}");
     }
 
@@ -675,9 +521,9 @@ mod tests {
             vec![1],
         );
         let dir = Path::new("/snap");
-        let real = launch_spec(&candle, Some(dir), &config(false), 1).unwrap();
+        let real = launch_spec(&candle, Some(dir), &[], &config(false), 1).unwrap();
         assert_eq!(real.gpus, vec![1]);
-        let simulated = launch_spec(&candle, Some(dir), &config(true), 1).unwrap();
+        let simulated = launch_spec(&candle, Some(dir), &[], &config(true), 1).unwrap();
         assert!(simulated.gpus.is_empty());
         let EngineLaunch::Candle(c) = &simulated.engine else {
             panic!()
@@ -702,9 +548,12 @@ mod tests {
             devices: vec![2, 5],
             ..config(false)
         };
-        assert_eq!(launch_spec(&candle, Some(dir), &slurm, 1).unwrap().gpus, vec![5, 2]);
+        assert_eq!(
+            launch_spec(&candle, Some(dir), &[], &slurm, 1).unwrap().gpus,
+            vec![5, 2]
+        );
         let beyond = command(start_instance::Engine::Candle(pb::CandleEngine::default()), vec![2]);
-        let error = launch_spec(&beyond, Some(dir), &slurm, 1).unwrap_err();
+        let error = launch_spec(&beyond, Some(dir), &[], &slurm, 1).unwrap_err();
         assert!(error.contains("names GPUs [2], and this node has 2"), "{error}");
     }
 
@@ -751,13 +600,13 @@ mod tests {
             }),
             vec![0],
         );
-        let error = launch_spec(&no_gguf, Some(Path::new("/d")), &config(false), 1).unwrap_err();
+        let error = launch_spec(&no_gguf, Some(Path::new("/d")), &[], &config(false), 1).unwrap_err();
         assert!(error.contains("needs a GGUF file"), "{error}");
         let mut none = no_gguf.clone();
         none.engine = None;
-        let error = launch_spec(&none, None, &config(false), 1).unwrap_err();
+        let error = launch_spec(&none, None, &[], &config(false), 1).unwrap_err();
         assert!(error.contains("names no engine"), "{error}");
-        let error = launch_spec(&no_gguf, None, &config(false), 1).unwrap_err();
+        let error = launch_spec(&no_gguf, None, &[], &config(false), 1).unwrap_err();
         assert!(error.contains("names no model files"), "{error}");
         let remote = command(
             start_instance::Engine::Remote(pb::RemoteEngine {
@@ -767,10 +616,108 @@ mod tests {
             }),
             Vec::new(),
         );
-        let spec = launch_spec(&remote, None, &config(false), 1).unwrap();
+        let spec = launch_spec(&remote, None, &[], &config(false), 1).unwrap();
         assert!(
             matches!(spec.engine, EngineLaunch::Remote(ref r) if r.api_key.as_ref().map(EngineKey::expose) == Some("sk-remote"))
         );
         assert!(!format!("{spec:?}").contains("sk-remote"), "the key shows in {spec:?}");
+    }
+
+    fn adapter(name: &str, gguf: &str) -> pb::LoraAdapter {
+        pb::LoraAdapter {
+            name: name.to_owned(),
+            files: files(),
+            gguf: gguf.to_owned(),
+        }
+    }
+
+    #[test]
+    fn adapters_load_from_their_snapshots_as_their_engine_reads_them() {
+        let dir = Path::new("/hf/models--owner--model/snapshots/abc");
+        let tuned = [
+            PathBuf::from("/hf/models--lab--a/snapshots/1"),
+            PathBuf::from("/hf/models--lab--b/snapshots/2"),
+        ];
+        let mut llama = command(
+            start_instance::Engine::LlamaCpp(pb::LlamaCppEngine {
+                model: files(),
+                gguf: "model.gguf".to_owned(),
+                n_batch: 512,
+                n_ubatch: 512,
+                ..pb::LlamaCppEngine::default()
+            }),
+            Vec::new(),
+        );
+        llama.adapters = vec![adapter("lab/a:a.gguf", "a.gguf"), adapter("lab/b:b.gguf", "b.gguf")];
+        let spec = launch_spec(&llama, Some(dir), &tuned, &config(false), 1).unwrap();
+        let paths: Vec<(&str, &Path)> = spec
+            .adapters
+            .iter()
+            .map(|a| (a.name.as_str(), a.path.as_path()))
+            .collect();
+        assert_eq!(
+            paths,
+            [
+                ("lab/a:a.gguf", Path::new("/hf/models--lab--a/snapshots/1/a.gguf")),
+                ("lab/b:b.gguf", Path::new("/hf/models--lab--b/snapshots/2/b.gguf")),
+            ]
+        );
+        let args = spec.command().unwrap().args;
+        let loras: Vec<&str> = args
+            .windows(2)
+            .filter(|w| w[0] == "--lora-scaled")
+            .map(|w| w[1].as_str())
+            .collect();
+        assert_eq!(
+            loras,
+            ["/hf/models--lab--a/snapshots/1/a.gguf:0,/hf/models--lab--b/snapshots/2/b.gguf:0"],
+            "loaded at scale 0: off until a request sets it"
+        );
+        // vLLM takes PEFT directories, under their names, in the slots the plan sized.
+        let mut vllm = command(
+            start_instance::Engine::Vllm(pb::VllmEngine {
+                model: files(),
+                tensor_parallel: 1,
+                layer_partition: vec![32],
+                reserved: vec![20 << 30],
+                total: vec![24 << 30],
+                max_loras: 2,
+                max_lora_rank: 16,
+                ..pb::VllmEngine::default()
+            }),
+            vec![0],
+        );
+        vllm.adapters = vec![adapter("lab/a", ""), adapter("lab/b", "")];
+        let args = launch_spec(&vllm, Some(dir), &tuned, &config(false), 1)
+            .unwrap()
+            .command()
+            .unwrap()
+            .args;
+        let at = args.iter().position(|a| a == "--enable-lora").expect("--enable-lora");
+        assert_eq!(
+            args[at..at + 8],
+            [
+                "--enable-lora",
+                "--max-loras",
+                "2",
+                "--max-lora-rank",
+                "16",
+                "--lora-modules",
+                "lab/a=/hf/models--lab--a/snapshots/1",
+                "lab/b=/hf/models--lab--b/snapshots/2",
+            ]
+        );
+        // Each engine refuses the other's format, and adapters without their files.
+        vllm.adapters[1].gguf = "b.gguf".to_owned();
+        let error = launch_spec(&vllm, Some(dir), &tuned, &config(false), 1).unwrap_err();
+        assert!(
+            error.contains("adapter `lab/b` is a GGUF file, and vLLM loads PEFT adapters only"),
+            "{error}"
+        );
+        llama.adapters[0].gguf.clear();
+        let error = launch_spec(&llama, Some(dir), &tuned, &config(false), 1).unwrap_err();
+        assert!(error.contains("adapter `lab/a:a.gguf` is a PEFT directory"), "{error}");
+        let error = launch_spec(&llama, Some(dir), &tuned[..1], &config(false), 1).unwrap_err();
+        assert!(error.contains("2 adapters, 1 downloaded"), "{error}");
     }
 }

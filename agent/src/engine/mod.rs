@@ -15,6 +15,9 @@
 //!   instance table, states and events, and the limits both read.
 //! - `logs` (private): an instance's log file (appended across restarts) and its
 //!   in-memory ring of recent lines.
+//! - `spec` (private): a start command and the files downloaded for it become a
+//!   [`LaunchSpec`] ([`host::launch_spec`]); `shell` (private): how a command shows
+//!   in logs, secrets redacted ([`shell_word`]).
 //! - [`host`]: the daemon's side of engine commands ([`host::EngineHost`]): a start
 //!   becomes a download into the Hugging Face cache, a port, a launch spec and a
 //!   supervised engine, each change reported up the agent's stream.
@@ -25,14 +28,17 @@ mod instance;
 mod logs;
 mod process;
 mod shared;
+mod shell;
+mod spec;
 pub mod supervisor;
 
 pub use command::{
-    CandleLaunch, EngineCommand, EngineKey, EngineLaunch, LaunchError, LaunchSpec, LlamaCppLaunch, LlamaRpcLaunch,
-    REDACTED, RayNodeLaunch, RemoteLaunch, VllmLaunch, memory_fraction, shell_word,
+    AdapterLaunch, CandleLaunch, EngineCommand, EngineKey, EngineLaunch, LaunchError, LaunchSpec, LlamaCppLaunch,
+    LlamaRpcLaunch, REDACTED, RayNodeLaunch, RemoteLaunch, VllmLaunch, memory_fraction,
 };
 pub use logs::LOG_RING_LINES;
 pub use process::free_port;
+pub use shell::shell_word;
 pub use supervisor::{
     InstanceEvent, InstanceState, InstanceStatus, MeasuredMemory, RestartPolicy, Supervisor, SupervisorConfig,
     SupervisorError,

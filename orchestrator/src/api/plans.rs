@@ -82,12 +82,19 @@ async fn plans(
             .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, skein_model_registry::error_chain(&e)))?;
         // The graph the executor plans on: drained GPUs are left out, with why.
         let snapshot = executor.plan_snapshot();
+        // What a preempting plan may stop: the runs' instances, with their priorities
+        // and owners' standings.
+        let running = if settings.allow_preemption {
+            executor.running_instances().map_err(ApiError::from)?
+        } else {
+            Vec::new()
+        };
         let input = PlanInput {
             workflow: &workflow,
             models: &catalogs.models,
             adapters: &catalogs.adapters,
             graph: &snapshot,
-            running: &[],
+            running: &running,
             settings,
         };
         Planner::plan_shared(&planner, &input).map_err(ApiError::internal)

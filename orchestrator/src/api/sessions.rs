@@ -113,6 +113,7 @@ struct CreateSession {
         (status = 200, description = "A retry with an Idempotency-Key seen before: the session made then", body = SessionRecord),
         (status = 404, description = "No run of the caller has that agent", body = ErrorBody),
         (status = 409, description = "The Idempotency-Key was used with another request", body = ErrorBody),
+        (status = 429, description = "The caller or their group has as many sessions as their `sessions` limit allows (`quota_exceeded`); deleting one frees a place", body = ErrorBody),
         (status = 503, description = "The store did not acknowledge in time; see Retry-After", body = ErrorBody),
     ),
     params(("Idempotency-Key" = Option<String>, Header, description = "Makes a retried create answer the first session (at most 256 bytes)")))]

@@ -94,7 +94,7 @@ fn sharing_error(e: SharingError) -> ApiError {
     }
 }
 
-const CHANGE: &str = r#"a change: {"shares": N, "limits": {"gpu_gib": X, "gpus": N, "runs": N, "tokens_per_minute": N}, "clear": ["runs"]}"#;
+const CHANGE: &str = r#"a change: {"shares": N, "limits": {"gpu_gib": X, "gpus": N, "runs": N, "tokens_per_minute": N, "sessions": N, "gpu_hours": X, "gpu_hours_period_hours": N}, "clear": ["runs"]}"#;
 
 /// The body as a [`Change`]: a JSON object only (serde would take an array for the
 /// struct's fields in order).

@@ -425,7 +425,7 @@ fn requested_view(request: &InstanceRequest) -> InstanceView {
 }
 
 /// A view of `name` on `node` that nothing is known about yet.
-fn new_view(name: &str, node: &NodeId, node_name: &str) -> InstanceView {
+pub(crate) fn new_view(name: &str, node: &NodeId, node_name: &str) -> InstanceView {
     InstanceView {
         name: name.to_owned(),
         node: node.0.clone(),

@@ -43,6 +43,14 @@ pub fn pin_key(pin: &VariantPin) -> String {
     key
 }
 
+/// The key of the LoRA adapter `agent` names ([`pin_key`]), if it names one.
+pub fn adapter_key(agent: &skein_dsl::ir::Agent) -> Option<String> {
+    match &agent.backend {
+        skein_dsl::ir::Backend::Model(model) => model.adapter.as_deref().map(pin_key),
+        skein_dsl::ir::Backend::Endpoint(_) => None,
+    }
+}
+
 /// A LoRA adapter an instance serves, and the agents it serves it to.
 #[derive(Debug, Clone, PartialEq)]
 pub struct InstanceAdapter {

@@ -76,6 +76,11 @@ pub struct RunningInstance {
     pub priority: i32,
     /// Memory it holds, per GPU.
     pub gpus: Vec<HeldGpu>,
+    /// Its owner's fair-share standing (`sharing::fair`): among instances of equal
+    /// priority, those of the owner furthest over their share are preempted first.
+    /// `None`: one who used nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standing: Option<crate::base::Standing>,
 }
 
 /// Memory an instance holds on one GPU.
@@ -207,7 +212,7 @@ pub struct Unplaced {
 }
 
 /// An instance this plan stops.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Preempted {
     /// Its id.
     pub id: String,
@@ -217,6 +222,9 @@ pub struct Preempted {
     pub priority: i32,
     /// Memory it frees, bytes.
     pub frees: u64,
+    /// Its owner's fair-share standing, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standing: Option<crate::base::Standing>,
 }
 
 /// One placed replica.
@@ -499,9 +507,10 @@ impl UnitCaches {
 }
 
 /// Plans again with the instances of lower-priority workflows stopped, as few as
-/// admitting the workflow needs: the lowest priority first, among equals the largest
-/// (fewer instances stopped), then by id. `None` when even stopping all of them does
-/// not admit it.
+/// admitting the workflow needs: the lowest priority first; among equals, those of the
+/// owner furthest over their fair share (the lowest group factor, then user factor),
+/// then the largest (fewer instances stopped), then by id. `None` when even stopping
+/// all of them does not admit it.
 fn preempting<'a>(
     input: &PlanInput<'_>,
     instances: &'a [Instance],
@@ -516,9 +525,12 @@ fn preempting<'a>(
     };
     let priority = input.workflow.placement.priority;
     let mut victims: Vec<&RunningInstance> = input.running.iter().filter(|r| r.priority < priority).collect();
+    let standing = |r: &RunningInstance| r.standing.unwrap_or(crate::base::Standing::FRESH);
     victims.sort_by(|a, b| {
         a.priority
             .cmp(&b.priority)
+            // `first` puts the one further under its share first: reversed.
+            .then(standing(b).first(&standing(a)))
             .then(held(b).cmp(&held(a)))
             .then(a.id.cmp(&b.id))
     });
@@ -549,6 +561,7 @@ fn preempting<'a>(
                     workflow: r.workflow.clone(),
                     priority: r.priority,
                     frees: held(r),
+                    standing: r.standing,
                 })
                 .collect();
             return Some((best.0, best.1, best.2, preempted));

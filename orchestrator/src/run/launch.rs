@@ -82,6 +82,25 @@ pub enum LaunchPlanError {
         /// The node.
         node: String,
     },
+    /// LoRA adapters on a vLLM engine split across machines over Ray: every rank loads
+    /// the adapters from its own node, and only the serving node downloads them.
+    #[error(
+        "instance `{instance}` serves LoRA adapters and is split across nodes {nodes} on vLLM over Ray, whose ranks on other nodes could not read the adapters; help: give the base model a `constraints` that keeps it on one node, or more memory per node"
+    )]
+    AdaptersAcrossNodes {
+        /// The instance.
+        instance: String,
+        /// The nodes.
+        nodes: String,
+    },
+    /// An adapter of the plan that no engine flag can carry (a rank above vLLM's 512).
+    #[error("instance `{instance}`: {why}")]
+    Adapter {
+        /// The instance.
+        instance: String,
+        /// What is wrong.
+        why: String,
+    },
     /// The plan names an engine Skein does not start.
     #[error("instance `{instance}` is planned on engine `{engine}`, which Skein cannot start")]
     Engine {
@@ -206,6 +225,20 @@ pub fn start_instance(
         .cloned();
     let mmproj = variant.files.iter().find(|f| is_projector(f)).cloned();
     let mut files = ModelFilesBuilder::new(variant);
+    let adapters = lora_adapters(planned);
+    // vLLM's slots, as the estimator sized them: one per adapter, of the smallest rank
+    // it accepts that holds the largest.
+    let (max_loras, max_lora_rank) = match planned.adapters.iter().map(|a| a.rank).max() {
+        None => (0, 0),
+        Some(rank) => {
+            let slot =
+                skein_model_registry::estimate::vllm_max_lora_rank(rank).ok_or_else(|| LaunchPlanError::Adapter {
+                    instance: planned.instance.clone(),
+                    why: format!("an adapter of rank {rank} is beyond vLLM's largest --max-lora-rank (512)"),
+                })?;
+            (planned.adapters.len() as u64, slot)
+        }
+    };
     let engine = match planned.engine.as_str() {
         "candle" => pb::start_instance::Engine::Candle(pb::CandleEngine {
             model: Some(files.build(gguf.is_none())),
@@ -248,6 +281,8 @@ pub fn start_instance(
                     .find(|m| m.variants.iter().any(|v| v.id == planned.variant))
                     .and_then(|m| crate::plan::tool_call_format(m.architecture()))
                     .map(str::to_owned),
+                max_loras,
+                max_lora_rank,
             })
         }
         other => {
@@ -264,6 +299,7 @@ pub fn start_instance(
         concurrency: planned.concurrency,
         // Made by `Instances` when it starts the instance.
         engine_api_key: String::new(),
+        adapters,
         engine: Some(engine),
     };
     let distinct: BTreeSet<&str> = nodes.iter().copied().collect();
@@ -271,6 +307,12 @@ pub fn start_instance(
         return Ok(Launch::One { node, start });
     }
     let runtime = match planned.engine.as_str() {
+        "vllm" if !planned.adapters.is_empty() => {
+            return Err(LaunchPlanError::AdaptersAcrossNodes {
+                instance: planned.instance.clone(),
+                nodes: nodes.join(", "),
+            });
+        }
         "vllm" => SplitRuntime::Ray,
         "llama.cpp" => SplitRuntime::Rpc,
         other => {
@@ -395,8 +437,9 @@ impl SplitLaunch {
                 gpus,
                 context: self.template.context,
                 concurrency: self.template.concurrency,
-                // A piece speaks no HTTP: it has no key.
+                // A piece speaks no HTTP: it has no key, and serves no adapter.
                 engine_api_key: String::new(),
+                adapters: Vec::new(),
                 engine: Some(engine),
             },
             name,
@@ -551,6 +594,29 @@ impl SplitLaunch {
         }
         Ok(start)
     }
+}
+
+/// The LoRA adapters a planned replica serves, as agents download and engines load
+/// them (in the plan's order: llama.cpp numbers them so).
+fn lora_adapters(planned: &PlannedInstance) -> Vec<pb::LoraAdapter> {
+    planned
+        .adapters
+        .iter()
+        .map(|a| pb::LoraAdapter {
+            name: a.name.clone(),
+            files: Some(pb::ModelFiles {
+                repo: a.repo.clone(),
+                revision: a.sha.clone(),
+                files: a.files.clone(),
+                optional_files: Vec::new(),
+            }),
+            gguf: if a.format == "gguf" {
+                a.files.first().cloned().unwrap_or_default()
+            } else {
+                String::new()
+            },
+        })
+        .collect()
 }
 
 /// The total memory of a planned device's GPU, as the graph knows it.

@@ -122,6 +122,9 @@ pub trait SessionStore: Send + Sync + 'static {
     /// The session an idempotent create of `owner` with `key` made, if one was committed.
     fn created(&self, owner: &str, key: &str) -> Result<Option<CreatedKey>, StoreError>;
 
+    /// How many sessions each owner has (owners without any left out).
+    fn owners(&self) -> Result<std::collections::HashMap<String, u32>, StoreError>;
+
     /// Applies `writes` atomically and durably.
     fn commit(&self, writes: &[Write]) -> Result<(), StoreError>;
 
@@ -319,6 +322,17 @@ impl SessionStore for SledSessions {
     fn created(&self, owner: &str, key: &str) -> Result<Option<CreatedKey>, StoreError> {
         let key = created_key(owner, key);
         self.tree.get(&key)?.map(|bytes| self.read(&key, &bytes)).transpose()
+    }
+
+    fn owners(&self) -> Result<std::collections::HashMap<String, u32>, StoreError> {
+        // The owner index's keys say it all (`o/{owner}/{id}`: names have no `/`).
+        let mut owners = std::collections::HashMap::new();
+        for item in self.tree.scan_prefix(b"o/") {
+            let (key, _) = item?;
+            let owner = key[2..].split(|&b| b == b'/').next().unwrap_or_default();
+            *owners.entry(String::from_utf8_lossy(owner).into_owned()).or_default() += 1;
+        }
+        Ok(owners)
     }
 
     fn commit(&self, writes: &[Write]) -> Result<(), StoreError> {

@@ -258,9 +258,9 @@ fn call_counts(usage: Option<Usage>) -> Counts {
 }
 
 /// Charges the GPU memory and GPUs `view` holds for `hours` to its run's owner (under
-/// its model and agents) in `ledger`, at `now`.
-pub(super) fn meter_instance(state: &State, ledger: &mut Ledger, view: &InstanceView, hours: f64, now: UnixMs) {
-    let Some(owner) = view.run.as_ref().and_then(|r| state.runs.get(r)) else {
+/// its model and agents) in `ledger` and in its GPU-hours windows, at `now`.
+pub(super) fn meter_instance(state: &mut State, ledger: &mut Ledger, view: &InstanceView, hours: f64, now: UnixMs) {
+    let Some(owner) = view.run.as_ref().and_then(|r| state.runs.get(r)).cloned() else {
         return;
     };
     let bytes: u64 = view.held.iter().map(|(_, b)| b).sum();
@@ -269,6 +269,7 @@ pub(super) fn meter_instance(state: &State, ledger: &mut Ledger, view: &Instance
         gpu_hours: view.held.len() as f64 * hours,
         ..Counts::default()
     };
+    state.add_gpu_hours(&owner, now, counts.gpu_hours);
     let key = Key::at(now, &owner.group, &owner.user, &view.variant, &view.agents.join(","));
     ledger.add(key, &counts);
 }

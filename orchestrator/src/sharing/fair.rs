@@ -24,7 +24,6 @@
 //! Preemption takes, among instances of equal priority, those of the owner furthest over
 //! their share first (lowest factors).
 
-use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
@@ -77,28 +76,7 @@ pub fn factor(share: f64, usage: f64) -> f64 {
     (-usage.max(0.0) / share).exp2()
 }
 
-/// Where an owner stands: the factors of their group and of them within it (higher
-/// first).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Standing {
-    /// The group's factor `F_g`.
-    pub group: f64,
-    /// The user's factor within the group `f_u`.
-    pub user: f64,
-}
-
-impl Standing {
-    /// One who used nothing.
-    pub const FRESH: Standing = Standing { group: 1.0, user: 1.0 };
-
-    /// The order of standings: the higher (further under its share) first.
-    pub fn first(&self, other: &Standing) -> Ordering {
-        other
-            .group
-            .total_cmp(&self.group)
-            .then(other.user.total_cmp(&self.user))
-    }
-}
+pub use crate::base::Standing;
 
 /// The shares and decayed usage of every group and its members.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -3,6 +3,8 @@
 //!
 //! - [`fair`] (pure): decayed usage, the fair-share factors and the admission order.
 //! - [`quota`] (pure): limits and the refusal that names limit, use and when it frees.
+//! - [`gpu_hours`]: GPU-hours by hour, what a `gpu_hours` limit's period is checked
+//!   against; [`sessions`]: the sessions limit, counted as sessions are made.
 //! - [`usage`] (pure): usage records by hour, group, user, model and agent, summed by
 //!   the dimensions a query asks for; [`accounting`]: the ledger they are counted in and
 //!   written from, and the [`Tap`] model calls are counted through.
@@ -15,8 +17,13 @@
 
 pub mod accounting;
 pub mod fair;
+pub mod gpu_hours;
 pub mod quota;
+pub mod sessions;
 pub mod usage;
+
+#[cfg(test)]
+mod tests;
 
 pub use accounting::Tap;
 
@@ -126,6 +133,10 @@ pub struct Holding {
     pub usage_gib_hours: f64,
     /// Tokens on the API routes and in sessions in the last minute.
     pub tokens_last_minute: u64,
+    /// Sessions made and not deleted.
+    pub sessions: u32,
+    /// GPU-hours in the period of the `gpu_hours` limit (the last week when none is set).
+    pub gpu_hours: f64,
 }
 
 /// The groups, users, runs in progress and fair-share accounts. Cheap to clone.
@@ -173,6 +184,13 @@ struct State {
     /// The last minute's tokens on the API routes and in sessions, by user and by group.
     user_tokens: HashMap<String, quota::TokenWindow>,
     group_tokens: HashMap<String, quota::TokenWindow>,
+    /// GPU-hours of the last 31 days by hour, by user and by group (as the user's was).
+    user_gpu_hours: HashMap<String, gpu_hours::HourWindow>,
+    group_gpu_hours: HashMap<String, gpu_hours::HourWindow>,
+    /// The hour the windows last dropped what no period reaches.
+    gpu_hours_expired_at: i64,
+    /// Sessions made and not deleted, by user.
+    user_sessions: HashMap<String, u32>,
 }
 
 impl State {
@@ -286,6 +304,7 @@ impl Sharing {
             let (name, account) = entry?;
             state.accounts.groups.insert(name, account);
         }
+        gpu_hours::load(&hours, &mut state, unix_ms())?;
         state.sync_accounts();
         Ok(Sharing {
             inner: Arc::new(Inner {
@@ -460,26 +479,13 @@ impl Sharing {
         let mine = state.user_runs.get(&owner.user).copied().unwrap_or(0);
         let ours = state.group_runs.get(&owner.group).copied().unwrap_or(0);
         let frees = "it frees when one of those runs ends (`skein runs` lists them)";
-        let checks = [
-            (Scope::User(owner.user.clone()), state.user_limits(user).runs, mine),
-            (
-                Scope::Group(owner.group.clone()),
-                state.group_limits(&owner.group).runs,
-                ours,
-            ),
-        ];
-        for (scope, allowed, in_use) in checks {
-            if let Some(refusal) = within(
-                Limit::Runs,
-                &scope,
-                allowed.map(f64::from),
-                f64::from(in_use),
-                1.0,
-                frees,
-            ) {
-                return Err(refusal);
-            }
-        }
+        one_more(
+            Limit::Runs,
+            &owner,
+            (state.user_limits(user).runs, mine),
+            (state.group_limits(&owner.group).runs, ours),
+            frees,
+        )?;
         state.add_run(run, owner.clone());
         Ok(owner)
     }
@@ -506,6 +512,13 @@ impl Sharing {
         let Some(owner) = state.runs.get(run).cloned() else {
             return Ok(());
         };
+        let now = unix_ms();
+        for (scope, limits) in [
+            (Scope::User(owner.user.clone()), state.user_limits(&owner.user)),
+            (Scope::Group(owner.group.clone()), state.group_limits(&owner.group)),
+        ] {
+            state.check_gpu_hours(&scope, &limits, now)?;
+        }
         let (mine, ours) = held_by(&state, &owner, instances);
         let frees = "it frees as their running runs end (`skein runs`); the run waits until then";
         for (scope, limits, held) in [
@@ -555,6 +568,7 @@ impl Sharing {
             },
         };
         let (mine, ours) = held_by(&state, &owner, instances);
+        let sessions = state.sessions_of(user, group);
         let standings = state.accounts.standings(now, self.inner.half_life);
         let standing = standings.of(&owner.group, &owner.user);
         let account = state.accounts.groups.get(&owner.group);
@@ -570,6 +584,8 @@ impl Sharing {
                     .and_then(|a| a.members.get(user))
                     .map_or(0.0, |m| m.usage.value_at(now, half_life)),
                 tokens_last_minute,
+                sessions,
+                gpu_hours: state.gpu_hours_used(&Scope::User(user.to_owned()), &state.user_limits(user), now),
             },
             None => Holding {
                 runs: state.group_runs.get(group).copied().unwrap_or(0),
@@ -579,6 +595,8 @@ impl Sharing {
                 factor: standing.group,
                 usage_gib_hours: account.map_or(0.0, |a| a.usage.value_at(now, half_life)),
                 tokens_last_minute,
+                sessions,
+                gpu_hours: state.gpu_hours_used(&Scope::Group(group.to_owned()), &state.group_limits(group), now),
             },
         }
     }
@@ -597,6 +615,16 @@ impl Sharing {
         });
         drop(state);
         order
+    }
+
+    /// Where `user` (in their group now) stands in fair share now.
+    pub fn standing(&self, user: &str) -> fair::Standing {
+        let state = lock(&self.inner.state);
+        let owner = state.owner(user);
+        state
+            .accounts
+            .standings(unix_ms(), self.inner.half_life)
+            .of(&owner.group, &owner.user)
     }
 
     /// Charges `gib_hours` of GPU memory × time to `user` (in their group now) at `now`.
@@ -624,7 +652,7 @@ impl Sharing {
             if hours > 0.0 {
                 let mut ledger = lock(&self.inner.ledger);
                 for view in instances {
-                    accounting::meter_instance(&state, &mut ledger, view, hours, now);
+                    accounting::meter_instance(&mut state, &mut ledger, view, hours, now);
                 }
                 drop(ledger);
                 let mut charges: HashMap<Owner, u64> = HashMap::new();
@@ -665,6 +693,29 @@ impl Sharing {
         }
         Ok(())
     }
+}
+
+/// Checks that one more of a count `limit` keeps `owner` and their group within it:
+/// `mine` and `ours` are each (allowed, in use).
+///
+/// Errors: the [`Refusal`] of the first limit it would pass.
+fn one_more(
+    limit: Limit,
+    owner: &Owner,
+    mine: (Option<u32>, u32),
+    ours: (Option<u32>, u32),
+    frees: &str,
+) -> Result<(), Refusal> {
+    let checks = [
+        (Scope::User(owner.user.clone()), mine),
+        (Scope::Group(owner.group.clone()), ours),
+    ];
+    for (scope, (allowed, in_use)) in checks {
+        if let Some(refusal) = within(limit, &scope, allowed.map(f64::from), f64::from(in_use), 1.0, frees) {
+            return Err(refusal);
+        }
+    }
+    Ok(())
 }
 
 /// What the instances of `owner`'s runs hold, and of their group's.

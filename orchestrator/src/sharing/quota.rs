@@ -28,10 +28,27 @@ pub struct Limits {
     /// the one let in last may pass it by its own tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens_per_minute: Option<u64>,
+    /// Sessions made and not deleted yet, at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sessions: Option<u32>,
+    /// GPU-hours (GPUs held × time) in the last [`Limits::gpu_hours_period_hours`]: a
+    /// run is admitted while they are below it (one admitted may pass it as it runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_hours: Option<f64>,
+    /// The period `gpu_hours` counts over, hours (1 to [`MAX_PERIOD_HOURS`]; a week
+    /// when left out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_hours_period_hours: Option<u32>,
 }
 
 /// The most a limit may be set to: far beyond any fleet, small enough to stay exact.
 const MAX_GIB: f64 = 1e9;
+
+/// The longest GPU-hours period: 31 days (usage of the last 31 days is kept in memory).
+pub const MAX_PERIOD_HOURS: u32 = 31 * 24;
+
+/// The GPU-hours period when none is set: a week.
+pub const DEFAULT_PERIOD_HOURS: u32 = 7 * 24;
 
 impl Limits {
     /// Checks the figures: `what` names whose limits they are, for the message.
@@ -39,17 +56,35 @@ impl Limits {
     /// Errors: a limit that is not a positive finite number (or zero runs/GPUs, which
     /// would refuse everything: remove the user from the group instead).
     pub fn check(&self, what: &str) -> Result<(), String> {
-        if let Some(gib) = self.gpu_gib
-            && !(gib.is_finite() && gib > 0.0 && gib <= MAX_GIB)
-        {
-            return Err(format!(
-                "{what}: `gpu_gib` must be a number of GiB above 0 and at most {MAX_GIB}, not {gib}"
-            ));
+        for (name, unit, amount) in [
+            ("gpu_gib", "GiB", self.gpu_gib),
+            ("gpu_hours", "GPU-hours", self.gpu_hours),
+        ] {
+            if let Some(amount) = amount
+                && !(amount.is_finite() && amount > 0.0 && amount <= MAX_GIB)
+            {
+                return Err(format!(
+                    "{what}: `{name}` must be a number of {unit} above 0 and at most {MAX_GIB}, not {amount}"
+                ));
+            }
+        }
+        if let Some(period) = self.gpu_hours_period_hours {
+            if !(1..=MAX_PERIOD_HOURS).contains(&period) {
+                return Err(format!(
+                    "{what}: `gpu_hours_period_hours` must be 1 to {MAX_PERIOD_HOURS} (31 days), not {period}"
+                ));
+            }
+            if self.gpu_hours.is_none() {
+                return Err(format!(
+                    "{what}: `gpu_hours_period_hours` is the period of a `gpu_hours` limit: set `gpu_hours` too"
+                ));
+            }
         }
         let counts = [
             ("gpus", self.gpus.map(u64::from)),
             ("runs", self.runs.map(u64::from)),
             ("tokens_per_minute", self.tokens_per_minute),
+            ("sessions", self.sessions.map(u64::from)),
         ];
         for (name, value) in counts {
             if value == Some(0) {
@@ -68,6 +103,9 @@ impl Limits {
             gpus: update.gpus.or(self.gpus),
             runs: update.runs.or(self.runs),
             tokens_per_minute: update.tokens_per_minute.or(self.tokens_per_minute),
+            sessions: update.sessions.or(self.sessions),
+            gpu_hours: update.gpu_hours.or(self.gpu_hours),
+            gpu_hours_period_hours: update.gpu_hours_period_hours.or(self.gpu_hours_period_hours),
         };
         for limit in clear {
             match limit {
@@ -75,9 +113,17 @@ impl Limits {
                 Limit::Gpus => merged.gpus = None,
                 Limit::Runs => merged.runs = None,
                 Limit::TokensPerMinute => merged.tokens_per_minute = None,
+                Limit::Sessions => merged.sessions = None,
+                // The period goes with the limit it is the period of.
+                Limit::GpuHours => (merged.gpu_hours, merged.gpu_hours_period_hours) = (None, None),
             }
         }
         merged
+    }
+
+    /// The period `gpu_hours` counts over, hours.
+    pub fn period_hours(&self) -> u32 {
+        self.gpu_hours_period_hours.unwrap_or(DEFAULT_PERIOD_HOURS)
     }
 }
 
@@ -93,6 +139,10 @@ pub enum Limit {
     Runs,
     /// [`Limits::tokens_per_minute`].
     TokensPerMinute,
+    /// [`Limits::sessions`].
+    Sessions,
+    /// [`Limits::gpu_hours`] (clearing it clears its period too).
+    GpuHours,
 }
 
 impl Limit {
@@ -103,6 +153,8 @@ impl Limit {
             Limit::Gpus => "gpus",
             Limit::Runs => "runs",
             Limit::TokensPerMinute => "tokens_per_minute",
+            Limit::Sessions => "sessions",
+            Limit::GpuHours => "gpu_hours",
         }
     }
 
@@ -114,6 +166,8 @@ impl Limit {
             Limit::Gpus => format!("{amount} GPU{plural}"),
             Limit::Runs => format!("{amount} run{plural}"),
             Limit::TokensPerMinute => format!("{amount} token{plural}"),
+            Limit::Sessions => format!("{amount} session{plural}"),
+            Limit::GpuHours => format!("{amount:.1} GPU-hours"),
         }
     }
 
@@ -124,6 +178,9 @@ impl Limit {
             Limit::Gpus => "at once",
             Limit::Runs => "in progress (queued or running) at once",
             Limit::TokensPerMinute => "a minute on the OpenAI and Anthropic routes and in sessions",
+            Limit::Sessions => "at once (made and not deleted)",
+            // The refusal says the period.
+            Limit::GpuHours => "over their period",
         }
     }
 }
@@ -379,7 +436,7 @@ mod tests {
                 gpus: Some(4),
                 runs: None,
                 gpu_gib: Some(40.0),
-                tokens_per_minute: None,
+                ..Limits::default()
             }
         );
     }

@@ -353,7 +353,11 @@ impl<'a> Unit<'a> {
             return Vec::new();
         }
         let mut out = self.splits(at, v, tier, Family::CrossNode, &mut ranking, max_size);
-        out.retain(|c| c.family == Family::CrossNode);
+        // vLLM's ranks over Ray would each read the adapters from their own node, and
+        // only the serving node downloads them: a vLLM replica with adapters stays on
+        // one node (llama.cpp loads them in its server alone, whatever RPC holds).
+        let vllm_adapters = |c: &Cand| !self.adapters.is_empty() && matches!(c.estimate.engine, Engine::Vllm(_));
+        out.retain(|c| c.family == Family::CrossNode && !vllm_adapters(c));
         out
     }
 

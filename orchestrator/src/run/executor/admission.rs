@@ -318,15 +318,6 @@ impl Executor {
         })
         .await
         .map_err(|e| format!("the planner failed: {e}"))??;
-        if let Some(served) = plan.instances.iter().find(|i| !i.adapters.is_empty()) {
-            // Starting the base model alone would answer those agents with the base.
-            return Err(format!(
-                "agents {} name LoRA adapters: Skein plans adapters on a shared base instance (`skein plan`, \
-                 POST /v1/plans) but does not start engines with adapters yet; help: run the agents on a \
-                 repository with the adapter merged, or on the base model without `adapter`",
-                served.agents.join(", ")
-            ));
-        }
         Ok((plan, models))
     }
 }

@@ -127,17 +127,19 @@ impl Executor {
                 return Readiness::Lost(lost);
             }
             match (view.state, view.base_url.clone()) {
-                (InstanceState::Ready, Some(base_url)) => {
+                (InstanceState::Ready, Some(_)) => {
                     for agent in &view.agents {
-                        routes.insert(
-                            agent.clone(),
-                            Route {
-                                instance: Some(name.clone()),
-                                base_url: base_url.clone(),
-                                model: name.clone(),
-                                api_key: view.engine_key.clone(),
-                            },
-                        );
+                        let route = match workflow.agents.get(agent) {
+                            Some(definition) => Route::for_agent(&view, definition),
+                            None => Ok(Route::to_instance(&view)),
+                        };
+                        match route {
+                            Ok(Some(route)) => {
+                                routes.insert(agent.clone(), route);
+                            }
+                            Ok(None) => {}
+                            Err(why) => return Readiness::Failed(format!("agent `{agent}`: {why}")),
+                        }
                     }
                 }
                 (InstanceState::Failed, _) => {
@@ -168,6 +170,7 @@ pub(super) fn remote_routes(workflow: &Workflow) -> BTreeMap<String, Route> {
                     base_url: endpoint.url.trim_end_matches('/').to_owned(),
                     model: endpoint.model.clone(),
                     api_key: None,
+                    lora: Vec::new(),
                 },
             )),
             Backend::Model(_) => None,

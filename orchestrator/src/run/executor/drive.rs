@@ -245,7 +245,10 @@ impl Executor {
                         .inner
                         .instances
                         .pick(&run.id, &agent)
-                        .and_then(|view| Route::to_instance(&view))
+                        .and_then(|view| match run.workflow.agents.get(&agent) {
+                            Some(definition) => Route::for_agent(&view, definition).ok().flatten(),
+                            None => Route::to_instance(&view),
+                        })
                         .unwrap_or(route),
                     None => route,
                 };

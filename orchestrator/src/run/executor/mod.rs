@@ -391,6 +391,46 @@ impl Executor {
             .snapshot()
             .with_held(&self.inner.instances.unaccounted())
     }
+
+    /// The instances of runs in progress as a plan may preempt them: each with its run's
+    /// priority, the GPU memory it holds and its owner's fair-share standing.
+    ///
+    /// Errors: the store fails reading a run.
+    pub fn running_instances(&self) -> Result<Vec<crate::plan::RunningInstance>, StoreError> {
+        let mut running = Vec::new();
+        let mut runs: HashMap<String, Option<RunRecord>> = HashMap::new();
+        for view in self.inner.instances.list() {
+            let Some(run) = view.run.clone() else { continue };
+            if view.held.is_empty() {
+                continue;
+            }
+            let record = match runs.get(&run) {
+                Some(record) => record.clone(),
+                None => {
+                    let record = self.get(&run)?.filter(|r| !r.state.is_final());
+                    runs.insert(run.clone(), record.clone());
+                    record
+                }
+            };
+            let Some(record) = record else { continue };
+            running.push(crate::plan::RunningInstance {
+                id: view.name.clone(),
+                workflow: run,
+                priority: record.workflow.placement.priority,
+                gpus: view
+                    .held
+                    .iter()
+                    .map(|&(gpu, bytes)| crate::plan::HeldGpu {
+                        node: view.node_name.clone(),
+                        gpu,
+                        bytes,
+                    })
+                    .collect(),
+                standing: Some(self.inner.sharing.standing(&record.owner)),
+            });
+        }
+        Ok(running)
+    }
 }
 
 /// Runs `f`, which waits for Rhai evaluations on the pool (`when`, `until`, prompt

@@ -69,7 +69,8 @@ pub enum ContextWanted {
 /// the same repository, revision and pinned variants; a variant whose format, precision
 /// tier and engine `wanted` accepts; at least its context (unless [`ContextWanted::Any`]);
 /// the same GPU constraints, or none asked, and no more GPUs than it allows. Concurrency
-/// and preference do not count: a session or a request is one sequence more.
+/// and preference do not count: a session or a request is one sequence more. Every LoRA
+/// adapter `wanted` names must be loaded in it.
 pub fn serves(view: &InstanceView, wanted: &crate::plan::demand::Instance, context: ContextWanted) -> bool {
     let (Some(has), Some(planned)) = (view.serves.as_deref(), view.placement.as_deref()) else {
         return false;
@@ -88,6 +89,11 @@ pub fn serves(view: &InstanceView, wanted: &crate::plan::demand::Instance, conte
         && (context == ContextWanted::Any || planned.context >= u64::from(asked.context))
         && (asked.gpu == skein_dsl::ir::GpuConstraints::default() || asked.gpu == has.requirement.gpu)
         && wanted.max_gpus.is_none_or(|most| gpus <= most as usize)
+        // Every adapter wanted is loaded in it (an engine loads its adapters at start).
+        && wanted
+            .adapters
+            .iter()
+            .all(|a| planned.adapters.iter().any(|p| p.name == a.key))
 }
 
 #[cfg(test)]

@@ -244,9 +244,10 @@ impl Sampling {
     }
 }
 
-/// The route to a ready instance.
-fn instance_route(view: InstanceView) -> Result<Route, SessionError> {
-    Route::to_instance(&view)
+/// The route to a ready instance for the agent `definition` (its adapter selected).
+fn instance_route(view: InstanceView, definition: &Agent) -> Result<Route, SessionError> {
+    Route::for_agent(&view, definition)
+        .map_err(SessionError::Unavailable)?
         .ok_or_else(|| SessionError::Unavailable(format!("instance {} has no address yet", view.name)))
 }
 
@@ -392,7 +393,8 @@ impl Sessions {
 
     /// Creates a session.
     ///
-    /// Errors: [`SessionError::NotFound`] (the run), [`SessionError::Invalid`].
+    /// Errors: [`SessionError::NotFound`] (the run), [`SessionError::Invalid`],
+    /// [`SessionError::Quota`] (the sessions limit of the user or their group).
     pub async fn create(&self, principal: &Principal, new: NewSession) -> Result<SessionRecord, SessionError> {
         Ok(self.create_keyed(principal, new, None).await?.session)
     }
@@ -442,7 +444,22 @@ impl Sessions {
             messages: 0,
             migrations: 0,
         };
-        Ok(self.inner.log.create_keyed(session, key).await?)
+        // Counted against the sessions limits before it is written, and given back when
+        // nothing new was made. A retry of a create already made is answered whatever
+        // the limits (it makes nothing).
+        let sharing = self.inner.executor.sharing();
+        let retry = match &key {
+            Some(key) => self.inner.log.store().created(&principal.user, &key.key)?.is_some(),
+            None => false,
+        };
+        if !retry {
+            sharing.reserve_session(&principal.user)?;
+        }
+        let created = self.inner.log.create_keyed(session, key).await;
+        if !retry && !created.as_ref().is_ok_and(|c| !c.replayed) {
+            sharing.release_session(&principal.user);
+        }
+        Ok(created?)
     }
 
     /// The definition of `agent` in `run`, a run `principal` may see.
@@ -528,7 +545,7 @@ impl Sessions {
             run.as_ref().and_then(|r| self.run_instance(r, &agent)),
         ) {
             (Backend::Endpoint(endpoint), _) => self.endpoint_route(&owner, endpoint)?,
-            (_, Some(view)) => instance_route(view)?,
+            (_, Some(view)) => instance_route(view, &definition)?,
             (_, None) => {
                 let view = self
                     .inner
@@ -536,7 +553,7 @@ impl Sessions {
                     .provide(&agent, &definition, &Pin::Anywhere, context)
                     .await
                     .map_err(provide_error)?;
-                instance_route(view)?
+                instance_route(view, &definition)?
             }
         };
         self.note_run(&route, served.as_deref());
@@ -591,11 +608,12 @@ impl Sessions {
     ///
     /// Errors: [`SessionError::NotFound`].
     pub async fn delete(&self, principal: &Principal, id: &str) -> Result<(), SessionError> {
-        self.get(principal, id)?;
+        let session = self.get(principal, id)?;
         let gate = self.turn_lock(id);
         let _turn = gate.lock().await;
         self.inner.log.delete(id).await?;
         lock(&self.inner.turns).remove(id);
+        self.inner.executor.sharing().release_session(&session.owner);
         Ok(())
     }
 }

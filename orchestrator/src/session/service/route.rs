@@ -89,7 +89,7 @@ impl Sessions {
             && view.state == InstanceState::Ready
             && view.base_url.is_some()
         {
-            return Ok((instance_route(view)?, None));
+            return Ok((instance_route(view, &session.definition)?, None));
         }
         self.route_fresh(session, pin).await
     }
@@ -111,24 +111,13 @@ impl Sessions {
             )
             .await
             .map_err(provide_error)?;
-        let base_url = view
-            .base_url
-            .clone()
-            .ok_or_else(|| SessionError::Unavailable(format!("instance {} has no address yet", view.name)))?;
+        let route = instance_route(view.clone(), &session.definition)?;
         let updated = self
             .inner
             .log
             .rebind(&session.id, Some(binding_of(&view)), false)
             .await?;
-        Ok((
-            Route {
-                instance: Some(view.name.clone()),
-                base_url,
-                api_key: view.engine_key.clone(),
-                model: view.name,
-            },
-            Some(updated),
-        ))
+        Ok((route, Some(updated)))
     }
 
     /// The route to a remote endpoint, with `owner`'s secret as its key.
