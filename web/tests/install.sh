@@ -8,6 +8,12 @@ if [ ! -x /usr/bin/chromium ]; then
   ../../.ci/debian-packages.sh "web tests" chromium fonts-dejavu-core
 fi
 
+# One install at a time: the browser tests run at once, and `npm ci` empties
+# node_modules first, which would pull playwright-core from under another test that
+# found it installed.
+exec 9>.install.lock
+flock 9
+
 # node_modules/.installed-lock: the lock file node_modules was installed from.
 if ! cmp -s package-lock.json node_modules/.installed-lock 2>/dev/null; then
   echo "web tests: npm ci (playwright-core)" >&2
