@@ -106,6 +106,23 @@ fn answers_paris_on_llama_cpp(node: &Node, engines: &str) {
     assert!(flag("--model").is_some_and(|m| m.ends_with(FILE)), "{args:?}");
 }
 
+/// Submits the workflow `file`, waits for it, and returns the run as the server has it
+/// once it succeeded.
+fn submit_and_succeed(lab: &Lab, file: &str) -> Value {
+    let submitted = lab.cli(&["submit", file, "--wait", "--output", "json"]);
+    let text = stdout(&submitted);
+    assert!(
+        submitted.status.success(),
+        "{text}\n{}\n{}",
+        stderr(&submitted),
+        lab.logs(80)
+    );
+    let run: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let run = lab.get(&format!("/v1/runs/{}", run["id"].as_str().expect("a run id")));
+    assert_eq!(run["state"], "succeeded", "{run:#}");
+    run
+}
+
 /// The command line of the llama-server behind the ready instance.
 fn engine_command(node: &Node) -> Vec<String> {
     let instances = node.lab.cli(&["instances", "--output", "json"]);
@@ -187,17 +204,7 @@ steps:
     )
     .unwrap();
 
-    let submitted = lab.cli(&["submit", file.to_str().unwrap(), "--wait", "--output", "json"]);
-    let text = stdout(&submitted);
-    assert!(
-        submitted.status.success(),
-        "{text}\n{}\n{}",
-        stderr(&submitted),
-        lab.logs(80)
-    );
-    let run: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
-    let run = lab.get(&format!("/v1/runs/{}", run["id"].as_str().expect("a run id")));
-    assert_eq!(run["state"], "succeeded", "{run:#}");
+    let run = submit_and_succeed(lab, file.to_str().unwrap());
     let step = &run["steps"][0];
     let turns = step["turns"]
         .as_array()
@@ -274,17 +281,7 @@ fn agents_on_a_lora_adapter_and_on_its_base_share_the_real_llama_server() {
         "{plan_text}"
     );
 
-    let submitted = lab.cli(&["submit", &file, "--wait", "--output", "json"]);
-    let text = stdout(&submitted);
-    assert!(
-        submitted.status.success(),
-        "{text}\n{}\n{}",
-        stderr(&submitted),
-        lab.logs(80)
-    );
-    let run: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
-    let run = lab.get(&format!("/v1/runs/{}", run["id"].as_str().expect("a run id")));
-    assert_eq!(run["state"], "succeeded", "{run:#}");
+    let run = submit_and_succeed(lab, &file);
     let output = |id: &str| {
         run["steps"]
             .as_array()

@@ -3,7 +3,9 @@
 //! admission pass walks, `Sharing::order` (every owner's standing, then the sort),
 //! beside the order it replaced in the same run (the queue's own order: priority, then
 //! age), and reserving one run against the runs limits (`Sharing::reserve_run`, the
-//! check every submission makes). Prints medians and the ratio.
+//! check every submission makes), the tokens-per-minute check of every chat request
+//! (`Sharing::check_tokens`) and the sessions check of a session create
+//! (`Sharing::reserve_session`). Prints medians, p99s and the ratio.
 //!
 //! `cargo bench -p skein-orchestrator --bench admission`.
 
@@ -39,11 +41,18 @@ fn main() {
         .unwrap();
     let db = Db::temporary().unwrap();
     let sharing = Sharing::open(&db, skein_orchestrator::sharing::fair::DEFAULT_HALF_LIFE).unwrap();
+    // Limits every check below evaluates (and passes).
+    let group_limits = Limits {
+        runs: Some(1_000_000),
+        tokens_per_minute: Some(1_000_000_000),
+        sessions: Some(1_000_000),
+        ..Limits::default()
+    };
     runtime.block_on(async {
         for g in 0..GROUPS {
             let shares = 1 + (g as u32 * 7) % 5;
             sharing
-                .set_group(&format!("g{g:02}"), Some(shares), &Limits::default(), &[])
+                .set_group(&format!("g{g:02}"), Some(shares), &group_limits, &[])
                 .await
                 .unwrap();
         }
@@ -114,5 +123,42 @@ fn main() {
         "a submission's runs-limit check with {QUEUED} runs in progress ({checks} checks): median {:?}, p99 {:?}",
         median(reserve.clone()),
         percentile(reserve, 0.99)
+    );
+
+    // The checks a chat request and a session create make: the last minute's tokens of
+    // the caller and their group (every user with 20 calls in the minute), and the
+    // sessions limits (every user with 5 sessions).
+    let now = unix_ms();
+    for u in 0..USERS {
+        let user = format!("u{u:04}");
+        for c in 0..20 {
+            let usage = skein_orchestrator::engine_client::Usage {
+                prompt_tokens: 100,
+                completion_tokens: 50,
+            };
+            let at = skein_orchestrator::base::UnixMs(now.0 - 1_000 * c);
+            sharing.record_api_call(&user, "m", "a", Some(usage), at);
+        }
+        for _ in 0..5 {
+            sharing.reserve_session(&user).unwrap();
+        }
+    }
+    let (mut tokens, mut sessions) = (Vec::with_capacity(checks), Vec::with_capacity(checks));
+    for i in 0..checks {
+        let user = format!("u{:04}", i % USERS);
+        let started = Instant::now();
+        sharing.check_tokens(&user, now).unwrap();
+        tokens.push(started.elapsed());
+        let started = Instant::now();
+        sharing.reserve_session(&user).unwrap();
+        sessions.push(started.elapsed());
+        sharing.release_session(&user);
+    }
+    println!(
+        "a request's tokens-per-minute check ({checks} checks): median {:?}, p99 {:?}; a session create's sessions check: median {:?}, p99 {:?}",
+        median(tokens.clone()),
+        percentile(tokens, 0.99),
+        median(sessions.clone()),
+        percentile(sessions, 0.99)
     );
 }

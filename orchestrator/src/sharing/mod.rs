@@ -189,8 +189,9 @@ struct State {
     group_gpu_hours: HashMap<String, gpu_hours::HourWindow>,
     /// The hour the windows last dropped what no period reaches.
     gpu_hours_expired_at: i64,
-    /// Sessions made and not deleted, by user.
+    /// Sessions made and not deleted, by user, and by their group now.
     user_sessions: HashMap<String, u32>,
+    group_sessions: HashMap<String, u32>,
 }
 
 impl State {
@@ -462,6 +463,8 @@ impl Sharing {
         record.updated_at = unix_ms();
         self.inner.users.put(user, &record).await?;
         let mut state = lock(&self.inner.state);
+        let was = state.owner(user).group;
+        state.move_sessions(user, &was, &record.group);
         state.users.insert(user.to_owned(), record.clone());
         state.sync_accounts();
         Ok(record)

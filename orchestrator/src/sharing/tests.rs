@@ -190,3 +190,37 @@ async fn a_period_needs_its_limit_and_stays_within_31_days() {
         .unwrap_err();
     assert!(error.to_string().contains("`sessions` must be at least 1"), "{error}");
 }
+
+#[tokio::test]
+async fn a_user_who_moves_takes_their_sessions_to_the_new_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let sharing = Sharing::open(&Db::open(dir.path()).unwrap(), HALF_LIFE).unwrap();
+    for group in ["nlp", "vision"] {
+        sharing
+            .set_group(group, None, &limits(|l| l.sessions = Some(3)), &[])
+            .await
+            .unwrap();
+    }
+    // Ada's two sessions, counted at the start while she was in no group.
+    sharing.load_sessions(HashMap::from([("ada".to_owned(), 2)]));
+    assert_eq!(sharing.holding(None, super::DEFAULT_GROUP, &[]).sessions, 2);
+    sharing
+        .set_user("ada", Some("nlp"), None, &Limits::default(), &[])
+        .await
+        .unwrap();
+    sharing.reserve_session("ada").unwrap();
+    assert_eq!(sharing.holding(None, "nlp", &[]).sessions, 3);
+    assert_eq!(sharing.holding(None, super::DEFAULT_GROUP, &[]).sessions, 0);
+    assert_eq!(sharing.reserve_session("ada").unwrap_err().limit, Limit::Sessions);
+    // To vision with her three: nlp is free again, vision full.
+    sharing
+        .set_user("ada", Some("vision"), None, &Limits::default(), &[])
+        .await
+        .unwrap();
+    assert_eq!(sharing.holding(None, "nlp", &[]).sessions, 0);
+    assert_eq!(sharing.holding(None, "vision", &[]).sessions, 3);
+    assert!(sharing.reserve_session("ada").is_err());
+    sharing.release_session("ada");
+    assert_eq!(sharing.holding(None, "vision", &[]).sessions, 2);
+    assert_eq!(sharing.holding(Some("ada"), "vision", &[]).sessions, 2);
+}
