@@ -153,22 +153,22 @@ impl Route {
         })
     }
 
-    /// The route to a ready instance for an agent `definition`: the base model, or the
-    /// agent's LoRA adapter when it names one (vLLM serves it as a model of its name;
-    /// llama.cpp applies it by its place in the plan's list). `Ok(None)` until the
-    /// instance has an address.
+    /// The route to a ready instance for an agent `definition` (`None`: one the caller
+    /// does not know, served the base): the base model, or the agent's LoRA adapter
+    /// when it names one (vLLM serves it as a model of its name; llama.cpp applies it
+    /// by its place in the plan's list). `Ok(None)` until the instance has an address.
     ///
     /// Errors: the instance does not serve the agent's adapter (it was planned for
     /// other agents); the agent is not answered by the base model instead.
     pub fn for_agent(
         view: &crate::instances::InstanceView,
-        definition: &skein_dsl::ir::Agent,
+        definition: Option<&skein_dsl::ir::Agent>,
     ) -> Result<Option<Route>, String> {
         let Some(mut route) = Route::to_instance(view) else {
             return Ok(None);
         };
         let served = view.placement.as_ref().map_or(&[][..], |p| p.adapters.as_slice());
-        let place = match crate::plan::demand::adapter_key(definition) {
+        let place = match definition.and_then(crate::plan::demand::adapter_key) {
             None => None,
             Some(adapter) => Some(served.iter().position(|a| a.name == adapter).ok_or_else(|| {
                 format!(

@@ -96,30 +96,31 @@ impl State {
         }
     }
 
-    /// The GPU-hours `scope` used in its limit's period before `now`, and that period.
-    pub(super) fn gpu_hours_used(&self, scope: &Scope, limits: &Limits, now: UnixMs) -> f64 {
-        let window = match scope {
+    /// The GPU-hours window of `scope`, if it used any.
+    fn gpu_hours_of(&self, scope: &Scope) -> Option<&HourWindow> {
+        match scope {
             Scope::User(name) => self.user_gpu_hours.get(name),
             Scope::Group(name) => self.group_gpu_hours.get(name),
-        };
-        window.map_or(0.0, |w| w.used(now, limits.period_hours()))
+        }
+    }
+
+    /// The GPU-hours `scope` used in its limit's period before `now`.
+    pub(super) fn gpu_hours_used(&self, scope: &Scope, limits: &Limits, now: UnixMs) -> f64 {
+        self.gpu_hours_of(scope)
+            .map_or(0.0, |w| w.used(now, limits.period_hours()))
     }
 
     /// Refuses when `scope` used its GPU-hours of the period at `now`.
     pub(super) fn check_gpu_hours(&self, scope: &Scope, limits: &Limits, now: UnixMs) -> Result<(), Refusal> {
-        let Some(allowed) = limits.gpu_hours else {
+        let (Some(allowed), Some(window)) = (limits.gpu_hours, self.gpu_hours_of(scope)) else {
             return Ok(());
         };
-        let used = self.gpu_hours_used(scope, limits, now);
+        let period = limits.period_hours();
+        let used = window.used(now, period);
         if used < allowed {
             return Ok(());
         }
-        let period = limits.period_hours();
-        let window = match scope {
-            Scope::User(name) => self.user_gpu_hours.get(name),
-            Scope::Group(name) => self.group_gpu_hours.get(name),
-        };
-        let after = window.map_or(Duration::ZERO, |w| w.frees_in(now, period, allowed));
+        let after = window.frees_in(now, period, allowed);
         Err(Refusal {
             limit: Limit::GpuHours,
             scope: scope.clone(),
@@ -150,20 +151,13 @@ pub(super) fn load(hours: &Tree<Counts>, state: &mut State, now: UnixMs) -> Resu
             continue;
         }
         if let Some(key) = Key::parse(&stored) {
-            let owner = Owner {
-                user: key.user,
-                group: key.group,
-            };
-            state
-                .user_gpu_hours
-                .entry(owner.user)
-                .or_default()
-                .add(key.hour, counts.gpu_hours);
-            state
-                .group_gpu_hours
-                .entry(owner.group)
-                .or_default()
-                .add(key.hour, counts.gpu_hours);
+            let windows = [
+                (&mut state.user_gpu_hours, key.user),
+                (&mut state.group_gpu_hours, key.group),
+            ];
+            for (windows, name) in windows {
+                windows.entry(name).or_default().add(key.hour, counts.gpu_hours);
+            }
         }
     }
     state.gpu_hours_expired_at = hour;

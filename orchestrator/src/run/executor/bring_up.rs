@@ -129,11 +129,7 @@ impl Executor {
             match (view.state, view.base_url.clone()) {
                 (InstanceState::Ready, Some(_)) => {
                     for agent in &view.agents {
-                        let route = match workflow.agents.get(agent) {
-                            Some(definition) => Route::for_agent(&view, definition),
-                            None => Ok(Route::to_instance(&view)),
-                        };
-                        match route {
+                        match Route::for_agent(&view, workflow.agents.get(agent)) {
                             Ok(Some(route)) => {
                                 routes.insert(agent.clone(), route);
                             }

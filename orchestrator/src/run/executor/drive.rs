@@ -245,10 +245,7 @@ impl Executor {
                         .inner
                         .instances
                         .pick(&run.id, &agent)
-                        .and_then(|view| match run.workflow.agents.get(&agent) {
-                            Some(definition) => Route::for_agent(&view, definition).ok().flatten(),
-                            None => Route::to_instance(&view),
-                        })
+                        .and_then(|view| Route::for_agent(&view, run.workflow.agents.get(&agent)).ok().flatten())
                         .unwrap_or(route),
                     None => route,
                 };

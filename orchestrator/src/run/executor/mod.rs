@@ -398,25 +398,29 @@ impl Executor {
     /// Errors: the store fails reading a run.
     pub fn running_instances(&self) -> Result<Vec<crate::plan::RunningInstance>, StoreError> {
         let mut running = Vec::new();
-        let mut runs: HashMap<String, Option<RunRecord>> = HashMap::new();
+        // Each run read once: its priority and owner's standing, while in progress.
+        let mut runs: HashMap<String, Option<(i32, crate::base::Standing)>> = HashMap::new();
         for view in self.inner.instances.list() {
             let Some(run) = view.run.clone() else { continue };
             if view.held.is_empty() {
                 continue;
             }
-            let record = match runs.get(&run) {
-                Some(record) => record.clone(),
+            let known = match runs.get(&run) {
+                Some(known) => *known,
                 None => {
-                    let record = self.get(&run)?.filter(|r| !r.state.is_final());
-                    runs.insert(run.clone(), record.clone());
-                    record
+                    let known = self
+                        .get(&run)?
+                        .filter(|r| !r.state.is_final())
+                        .map(|r| (r.workflow.placement.priority, self.inner.sharing.standing(&r.owner)));
+                    runs.insert(run.clone(), known);
+                    known
                 }
             };
-            let Some(record) = record else { continue };
+            let Some((priority, standing)) = known else { continue };
             running.push(crate::plan::RunningInstance {
                 id: view.name.clone(),
                 workflow: run,
-                priority: record.workflow.placement.priority,
+                priority,
                 gpus: view
                     .held
                     .iter()
@@ -426,7 +430,7 @@ impl Executor {
                         bytes,
                     })
                     .collect(),
-                standing: Some(self.inner.sharing.standing(&record.owner)),
+                standing: Some(standing),
             });
         }
         Ok(running)

@@ -246,7 +246,7 @@ impl Sampling {
 
 /// The route to a ready instance for the agent `definition` (its adapter selected).
 fn instance_route(view: InstanceView, definition: &Agent) -> Result<Route, SessionError> {
-    Route::for_agent(&view, definition)
+    Route::for_agent(&view, Some(definition))
         .map_err(SessionError::Unavailable)?
         .ok_or_else(|| SessionError::Unavailable(format!("instance {} has no address yet", view.name)))
 }
@@ -446,17 +446,17 @@ impl Sessions {
         };
         // Counted against the sessions limits before it is written, and given back when
         // nothing new was made. A retry of a create already made is answered whatever
-        // the limits (it makes nothing).
+        // the limits (it makes nothing): the store is asked only when one is refused.
         let sharing = self.inner.executor.sharing();
-        let retry = match &key {
-            Some(key) => self.inner.log.store().created(&principal.user, &key.key)?.is_some(),
-            None => false,
+        let reserved = match sharing.reserve_session(&principal.user) {
+            Ok(()) => true,
+            Err(refusal) => match &key {
+                Some(key) if self.inner.log.store().created(&principal.user, &key.key)?.is_some() => false,
+                _ => return Err(refusal.into()),
+            },
         };
-        if !retry {
-            sharing.reserve_session(&principal.user)?;
-        }
         let created = self.inner.log.create_keyed(session, key).await;
-        if !retry && !created.as_ref().is_ok_and(|c| !c.replayed) {
+        if reserved && !created.as_ref().is_ok_and(|c| !c.replayed) {
             sharing.release_session(&principal.user);
         }
         Ok(created?)
