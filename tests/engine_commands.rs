@@ -34,6 +34,9 @@ fn every_engine_command_of_the_examples_plans_on_each_fleet() {
     // The base of the LoRA tutors (workflows/lora-tutors.yaml).
     let llama_8b = skein_testkit::adapters::llama_3_8b_info();
     models.insert(llama_8b.repo.to_string(), llama_8b);
+    // The embedding model of workflows/paper-search.yaml.
+    let e5 = skein_testkit::embeddings::e5_mistral_info();
+    models.insert(e5.repo.to_string(), e5);
     let yaml = |p: &Path| p.extension().is_some_and(|e| e == "yaml");
     let workflows = sorted_files(&root.join("workflows"), yaml);
     let mut engines = BTreeMap::new();

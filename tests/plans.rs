@@ -333,3 +333,65 @@ fn preemption_takes_from_the_owner_furthest_over_their_share_first() {
     let preempted: Vec<&str> = plan.preempted.iter().map(|p| p.id.as_str()).collect();
     assert_eq!(preempted, ["a-under"], "{plan:#?}");
 }
+
+/// The paper search's embedding model (workflows/paper-search.yaml, e5-mistral, a bare
+/// `MistralModel` pooling the last token) is planned like any model, on an engine that
+/// serves embeddings, and says how that engine starts; on a CPU-only fleet that is
+/// llama.cpp, never the built-in engine, which only generates. A step may not prompt it.
+#[test]
+fn an_embedding_model_is_planned_on_an_engine_that_embeds_and_no_step_may_prompt_it() {
+    use skein_model_registry::{ModelTask, Pooling};
+    use skein_testkit::embeddings::e5_mistral_info;
+    let mut models = models();
+    let e5 = e5_mistral_info();
+    models.insert(e5.repo.to_string(), e5);
+    let search = workflow("workflows/paper-search.yaml");
+    let plan_on = |workflow: &skein_dsl::Workflow, fleet: &str| {
+        let graph = graph(fleet);
+        plan::plan(&PlanInput {
+            workflow,
+            models: &models,
+            adapters: &plan::NO_ADAPTERS,
+            graph: &graph,
+            running: &[],
+            settings: PlanSettings::default(),
+        })
+    };
+    let lab = plan_on(&search, "workflows/fleets/lab.yaml").expect("plans");
+    assert!(lab.admitted, "{lab:#?}");
+    let embedder = instance(&lab, "embedder");
+    assert_eq!(
+        embedder.task,
+        ModelTask::Embed {
+            pooling: Some(Pooling::Last)
+        }
+    );
+    assert!(
+        embedder
+            .why
+            .iter()
+            .any(|w| w.starts_with("an embedding model: ") && w.contains("POST /v1/embeddings")),
+        "{:#?}",
+        embedder.why
+    );
+    assert!(instance(&lab, "answerer").task.is_generate());
+
+    let cpu = plan_on(&search, "workflows/fleets/cpu.yaml").expect("plans");
+    let embedder = instance(&cpu, "embedder");
+    assert_eq!(embedder.engine, "llama.cpp", "{embedder:#?}");
+    assert!(
+        embedder.why.iter().any(|w| w.contains("--embeddings --pooling last")),
+        "{:#?}",
+        embedder.why
+    );
+
+    let mut prompted = search.clone();
+    prompted.steps[0].agent = "embedder".to_owned();
+    let error = plan_on(&prompted, "workflows/fleets/lab.yaml").expect_err("a step prompts the embedder");
+    assert!(matches!(error, plan::PlanError::PromptsEmbedder { .. }), "{error}");
+    let message = error.to_string();
+    assert!(
+        message.contains("step `answer` prompts agent `embedder`") && message.contains("POST /v1/embeddings"),
+        "{message}"
+    );
+}

@@ -44,7 +44,8 @@ const MISTRAL_7B_INSTRUCT_V0_3: ReferenceModel = ReferenceModel {
     variants: &[VariantSpec::Own],
 };
 
-/// The reference models, [`MISTRAL_7B_INSTRUCT_V0_3`] and the LoRA tutors' Llama-3-8B.
+/// The reference models, [`MISTRAL_7B_INSTRUCT_V0_3`], the LoRA tutors' Llama-3-8B and
+/// the paper search's embedding model.
 fn models() -> BTreeMap<String, ModelInfo> {
     let mut models = skein_testkit::models::reference_catalog();
     let mistral = MISTRAL_7B_INSTRUCT_V0_3.info();
@@ -52,6 +53,9 @@ fn models() -> BTreeMap<String, ModelInfo> {
     // The base of the LoRA tutors (workflows/lora-tutors.yaml).
     let llama_8b = skein_testkit::adapters::llama_3_8b_info();
     models.insert(llama_8b.repo.to_string(), llama_8b);
+    // The embedding model of workflows/paper-search.yaml.
+    let e5 = skein_testkit::embeddings::e5_mistral_info();
+    models.insert(e5.repo.to_string(), e5);
     models
 }
 
@@ -111,6 +115,7 @@ fn case(
         "concurrency": spec.concurrency,
         "workers": workers,
         "adapters": start.adapters.iter().map(|a| a.name.clone()).collect::<Vec<_>>(),
+        "runner": if start.embeddings.is_some() { "pooling" } else { "auto" },
     })
 }
 

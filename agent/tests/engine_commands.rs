@@ -31,6 +31,7 @@ fn spec(instance: &str, gpus: &[u32], context: u64, concurrency: u64, engine: En
         engine,
         api_key: None,
         adapters: Vec::new(),
+        embeddings: None,
     }
 }
 

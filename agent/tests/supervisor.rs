@@ -54,6 +54,7 @@ fn candle(instance: &str, program: PathBuf, gpus: &[u32]) -> LaunchSpec {
         }),
         api_key: None,
         adapters: Vec::new(),
+        embeddings: None,
     }
 }
 
@@ -72,6 +73,7 @@ fn remote(instance: &str, url: String, api_key: Option<&str>) -> LaunchSpec {
         }),
         api_key: None,
         adapters: Vec::new(),
+        embeddings: None,
     }
 }
 

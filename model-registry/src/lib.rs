@@ -43,6 +43,9 @@
 //! - [`catalog`]: what Skein knows about one model before anything is downloaded
 //!   ([`ModelInfo`]): its shape and every variant with its weight bytes, and where each
 //!   fits.
+//! - [`task`]: what a model is served for ([`ModelTask`]): text generation, or
+//!   embeddings with their [`Pooling`](task::Pooling), told from `config.json`'s
+//!   `architectures`, sentence-transformers files and a GGUF file's pooling.
 //! - [`adapter`]: LoRA adapters of a base model ([`AdapterInfo`]): a validated PEFT
 //!   `adapter_config.json` ([`AdapterConfig`]) and the `lora_A`/`lora_B` pairs of a
 //!   safetensors or GGUF adapter header, by module and layer, ranks checked.
@@ -80,6 +83,7 @@ pub mod params;
 pub mod quant;
 pub mod repo;
 pub mod safetensors;
+pub mod task;
 
 pub use adapter::{AdapterConfig, AdapterInfo};
 pub use bytes::Bytes;
@@ -94,3 +98,4 @@ pub use gguf::{GgufHeader, GgufParse, GgufValue};
 pub use params::{ParamBreakdown, kv_bytes_per_token, parameter_count};
 pub use quant::{GgufFileType, NominalPrecision, NumberKind, QuantMethod, Quantization, WeightFormat};
 pub use safetensors::{SafetensorsHeader, ShardIndex, TensorTotals};
+pub use task::{ModelTask, Pooling};

@@ -18,6 +18,8 @@
 //! - [`adapters`]: PEFT LoRA adapters of a Llama base (`PeftAdapter`: config, weight
 //!   header, mock-hub repository, the `AdapterInfo` read from them) and the tutors of
 //!   `workflows/lora-tutors.yaml`.
+//! - [`embeddings`]: an embedding model (e5-mistral-7b-instruct) as the registry lists
+//!   it, served by `workflows/paper-search.yaml`.
 //! - [`endpoint`]: a remote OpenAI-compatible endpoint on loopback that answers whole
 //!   completions and keeps what it was sent (endpoint agents' tests).
 //! - [`agent`]: a test agent over the real agent protocol whose engines are in-process
@@ -52,6 +54,7 @@
 
 pub mod adapters;
 pub mod agent;
+pub mod embeddings;
 pub mod endpoint;
 pub mod fake_engine;
 pub mod lab;

@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 use skein_model_registry::catalog::{MAX_LISTED_TP_DEGREE, ModelInfo, ShapeSource, Variant, sort_variants};
 use skein_model_registry::hub::{CommitSha, RepoId, VariantSource};
+use skein_model_registry::task::{ModelTask, TaskSignals};
 use skein_model_registry::{
     Bytes, GgufFileType, ModelConfig, ModelShape, Quantization, SafetensorsDtype, WeightFormat, WeightGroups,
     WeightsSource, tp_degrees,
@@ -159,7 +160,17 @@ pub fn model_info(repo: &str, config_json: &str, variants: &[VariantSpec]) -> Mo
         variants: listed,
         skipped: Vec::new(),
         notes: Vec::new(),
+        task: task_of(config_json),
     }
+}
+
+/// The task `inspect` tells from a repository whose only signal is its `config.json`.
+fn task_of(config_json: &str) -> ModelTask {
+    let config: Option<Value> = serde_json::from_str(config_json).ok();
+    ModelTask::detect(&TaskSignals {
+        config: config.as_ref(),
+        ..TaskSignals::default()
+    })
 }
 
 /// A parsed model and the text of its config.

@@ -5,7 +5,8 @@ Usage: python vllm_check.py CASES.json   (the venv's python from tests/engines/v
 
 Each case: {"name", "args": [...after the program...], "env": {...},
 "model": {"layers", "kv_heads", "head_dim", "dtype_bytes"}, "context", "concurrency",
-"workers": [{"reserved", "total", "need"}, ...] in vLLM's rank order, "adapters": [names]}.
+"workers": [{"reserved", "total", "need"}, ...] in vLLM's rank order, "adapters": [names],
+"runner": "auto" or "pooling" (an embedding model)}.
 Prints one line per worker and exits 1 when any case fails.
 
 What is mirrored, from vLLM 0.33.0:
@@ -17,6 +18,7 @@ What is mirrored, from vLLM 0.33.0:
   `CacheConfig` it builds (`vllm/engine/arg_utils.py`);
 - LoRA: `--lora-modules` as the parser reads it (`LoRAParserAction`), and the slot flags
   through `vllm/config/lora.py` `LoRAConfig` (its allowed ranks and validator);
+- an embedding model's `--runner pooling` (`vllm/config/model.py` `RunnerOption`);
 - the layers of each pipeline stage: `vllm/distributed/utils.py` `get_pp_indices`
   (it reads `VLLM_PP_LAYER_PARTITION`), called here;
 - KV heads per rank: `vllm/config/model.py` `ModelConfig.get_num_kv_heads`
@@ -107,6 +109,13 @@ def check(case):
             f"{case['name']}: {len(adapters)} LoRA adapters, --max-loras {engine.max_loras} "
             f"--max-lora-rank {engine.max_lora_rank}"
         )
+    # An embedding model runs vLLM's pooling runner (its sequences still hold a KV
+    # cache: the memory check below is the same).
+    runner = case.get("runner", "auto")
+    if engine.runner != runner:
+        problems.append(f"--runner {engine.runner}, the plan {runner}")
+    elif runner == "pooling":
+        lines.append(f"{case['name']}: --runner pooling (embeddings)")
     model = case["model"]
     partition = case["env"].get("VLLM_PP_LAYER_PARTITION")
     if partition is None:

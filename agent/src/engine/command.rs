@@ -42,6 +42,16 @@ pub struct LaunchSpec {
     /// number them; empty: none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub adapters: Vec<AdapterLaunch>,
+    /// Serve embeddings instead of generating (vLLM and llama.cpp); `None`: generate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embeddings: Option<EmbeddingsLaunch>,
+}
+
+/// How an engine serves an embedding model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EmbeddingsLaunch {
+    /// llama.cpp's `--pooling` (`mean`, `cls`, `last`); `None`: the model's own.
+    pub pooling: Option<String>,
 }
 
 /// A LoRA adapter an engine loads at start.
@@ -323,7 +333,7 @@ pub enum LaunchError {
 }
 
 impl LaunchSpec {
-    fn invalid(&self, field: &'static str, found: impl ToString, expected: impl ToString) -> LaunchError {
+    pub(super) fn invalid(&self, field: &'static str, found: impl ToString, expected: impl ToString) -> LaunchError {
         LaunchError::Invalid {
             instance: self.instance.clone(),
             field,
@@ -583,25 +593,7 @@ impl LaunchSpec {
         if !l.rpc_servers.is_empty() {
             args.extend(["--rpc".to_owned(), l.rpc_servers.join(",")]);
         }
-        if !self.adapters.is_empty() {
-            // Loaded at start at scale 0, so a request that names none gets the base
-            // model; a request sets every adapter's scale (`"lora": [{"id": N, "scale":
-            // S}, …]`, N its place here). llama.cpp reads the list as a CSV row and
-            // each entry as exactly `FNAME:SCALE`.
-            let mut scaled = Vec::with_capacity(self.adapters.len());
-            for adapter in &self.adapters {
-                let path = adapter.path.display().to_string();
-                if path.contains([',', ':', '"']) {
-                    return Err(self.invalid(
-                        "a LoRA adapter's path",
-                        path,
-                        "a path without `,`, `:` or `\"` (llama.cpp's --lora-scaled reads FNAME:SCALE,…)",
-                    ));
-                }
-                scaled.push(format!("{path}:0"));
-            }
-            args.extend(["--lora-scaled".to_owned(), scaled.join(",")]);
-        }
+        args.extend(self.llama_cpp_serving()?);
         if devices == 0 {
             args.extend(["--n-gpu-layers".to_owned(), "0".to_owned()]);
         } else {
@@ -723,27 +715,7 @@ impl LaunchSpec {
                 parser.clone(),
             ]);
         }
-        if !self.adapters.is_empty() {
-            if v.max_loras == 0 || v.max_lora_rank == 0 {
-                return Err(self.invalid(
-                    "--max-loras and --max-lora-rank",
-                    format!("{} and {}", v.max_loras, v.max_lora_rank),
-                    "a slot count and rank for the adapters (both at least 1)",
-                ));
-            }
-            // Each adapter under its name, from its downloaded directory; the slots as
-            // the plan sized them (the adapters' host cache is vLLM's default, one per
-            // slot).
-            args.extend([
-                "--enable-lora".to_owned(),
-                "--max-loras".to_owned(),
-                v.max_loras.to_string(),
-                "--max-lora-rank".to_owned(),
-                v.max_lora_rank.to_string(),
-                "--lora-modules".to_owned(),
-            ]);
-            args.extend(self.adapters.iter().map(|a| format!("{}={}", a.name, a.path.display())));
-        }
+        args.extend(self.vllm_serving(v)?);
         if let Some(head) = &v.ray_address {
             args.extend(["--distributed-executor-backend".to_owned(), "ray".to_owned()]);
             env.insert("RAY_ADDRESS".to_owned(), head.clone());

@@ -17,7 +17,8 @@
 //!   in-memory ring of recent lines.
 //! - `spec` (private): a start command and the files downloaded for it become a
 //!   [`LaunchSpec`] ([`host::launch_spec`]); `shell` (private): how a command shows
-//!   in logs, secrets redacted ([`shell_word`]).
+//!   in logs, secrets redacted ([`shell_word`]); `serving` (private): the flags for
+//!   what an engine serves besides text generation (LoRA adapters, embeddings).
 //! - [`host`]: the daemon's side of engine commands ([`host::EngineHost`]): a start
 //!   becomes a download into the Hugging Face cache, a port, a launch spec and a
 //!   supervised engine, each change reported up the agent's stream.
@@ -27,14 +28,15 @@ pub mod host;
 mod instance;
 mod logs;
 mod process;
+mod serving;
 mod shared;
 mod shell;
 mod spec;
 pub mod supervisor;
 
 pub use command::{
-    AdapterLaunch, CandleLaunch, EngineCommand, EngineKey, EngineLaunch, LaunchError, LaunchSpec, LlamaCppLaunch,
-    LlamaRpcLaunch, REDACTED, RayNodeLaunch, RemoteLaunch, VllmLaunch, memory_fraction,
+    AdapterLaunch, CandleLaunch, EmbeddingsLaunch, EngineCommand, EngineKey, EngineLaunch, LaunchError, LaunchSpec,
+    LlamaCppLaunch, LlamaRpcLaunch, REDACTED, RayNodeLaunch, RemoteLaunch, VllmLaunch, memory_fraction,
 };
 pub use logs::LOG_RING_LINES;
 pub use process::free_port;

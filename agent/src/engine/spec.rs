@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use skein_proto::agent::v1::{self as pb, start_instance};
 
 use super::command::{
-    AdapterLaunch, CandleLaunch, EngineKey, EngineLaunch, LaunchSpec, LlamaCppLaunch, LlamaRpcLaunch, RayNodeLaunch,
-    RemoteLaunch, VllmLaunch,
+    AdapterLaunch, CandleLaunch, EmbeddingsLaunch, EngineKey, EngineLaunch, LaunchSpec, LlamaCppLaunch, LlamaRpcLaunch,
+    RayNodeLaunch, RemoteLaunch, VllmLaunch,
 };
 
 /// Where the engines' programs are and how engines are reached.
@@ -156,6 +156,9 @@ pub fn launch_spec(
         engine,
         api_key: EngineKey::new(&command.engine_api_key),
         adapters,
+        embeddings: command.embeddings.as_ref().map(|e| EmbeddingsLaunch {
+            pooling: (!e.pooling.is_empty()).then(|| e.pooling.clone()),
+        }),
     })
 }
 

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::estimate::{ModelShape, TpDegree, WeightGroups, WeightsOrigin};
 use crate::repo::{CommitSha, RepoFile, RepoId};
-use crate::{Architecture, Bytes, Quantization, WeightFormat};
+use crate::{Architecture, Bytes, ModelTask, Quantization, WeightFormat};
 
 pub use fit::{FitOptions, Placement, SetFit, VariantFit, fit_all, fit_variant};
 
@@ -68,6 +68,8 @@ pub struct ModelInfo {
     pub skipped: Vec<SkippedVariant>,
     /// Things the user should know (a derivative list that could not be fetched, …).
     pub notes: Vec<String>,
+    /// What it is served for: text generation, or embeddings.
+    pub task: ModelTask,
 }
 
 impl ModelInfo {
@@ -79,8 +81,9 @@ impl ModelInfo {
     /// Whether Skein's built-in engine can start `variant`: a GGUF file only of the
     /// `llama` architecture (candle's quantized Llama, with the tokenizer and chat
     /// template built from the file's metadata); other weights as the estimate decides.
+    /// Never an embedding model: the built-in engine only generates.
     pub fn builtin_engine_loads(&self, variant: &Variant) -> bool {
-        variant.format() != WeightFormat::Gguf || self.architecture() == Architecture::Llama
+        !self.task.is_embed() && (variant.format() != WeightFormat::Gguf || self.architecture() == Architecture::Llama)
     }
 }
 

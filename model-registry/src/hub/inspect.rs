@@ -12,7 +12,8 @@ use crate::catalog::{
 use crate::error::error_chain;
 use crate::estimate::{ModelShape, WeightGroups, WeightsSource, tp_degrees};
 use crate::repo::{RepoId, ResolvedRepo};
-use crate::{Bytes, Error, ModelConfig, Quantization, WeightFormat};
+use crate::task::{POOLING_CONFIG, SENTENCE_TRANSFORMERS_FILES, TaskSignals};
+use crate::{Bytes, Error, ModelConfig, ModelTask, Pooling, Quantization, WeightFormat};
 
 /// Quantized derivatives `inspect` resolves by default, the most downloaded first.
 pub const DEFAULT_DERIVATIVES: usize = 10;
@@ -75,7 +76,7 @@ impl HubClient {
         let resolved = self.resolve(repo, revision).await?;
         let files = self.weight_files(&resolved)?;
         let (ggufs, incomplete) = gguf_variants(&files.gguf);
-        let (config, shape_source) = self.model_config(&resolved, &ggufs).await?;
+        let (config, shape_source, task) = self.model_config(&resolved, &ggufs).await?;
         let shape = ModelShape::from_config(&config)?;
 
         let mut variants = Vec::new();
@@ -172,18 +173,37 @@ impl HubClient {
             variants,
             skipped,
             notes,
+            task,
         })
     }
 
-    /// `config.json`, or the metadata of the first GGUF variant's first file.
+    /// `config.json`, or the metadata of the first GGUF variant's first file, and the
+    /// task they and the repository's sentence-transformers files tell
+    /// ([`ModelTask::detect`]).
     async fn model_config(
         &self,
         resolved: &ResolvedRepo,
         ggufs: &[GgufVariantFiles],
-    ) -> Result<(ModelConfig, ShapeSource), Error> {
+    ) -> Result<(ModelConfig, ShapeSource, ModelTask), Error> {
+        let sentence_transformers = SENTENCE_TRANSFORMERS_FILES.iter().any(|f| resolved.file(f).is_some());
+        // A pooling module that cannot be read or parsed leaves the engine its default.
+        let pooling_config: Option<serde_json::Value> = match self.fetch_small(resolved, POOLING_CONFIG).await {
+            Ok(bytes) => bytes.and_then(|b| serde_json::from_slice(&b).ok()),
+            Err(error) if is_fatal(&error) => return Err(error),
+            Err(_) => None,
+        };
+        let mut signals = TaskSignals {
+            config: None,
+            sentence_transformers,
+            pooling_config: pooling_config.as_ref(),
+            gguf_pooling: None,
+        };
         if let Some(json) = self.fetch_small(resolved, "config.json").await? {
             let text = String::from_utf8_lossy(&json);
-            return Ok((ModelConfig::from_json(&text)?, ShapeSource::ConfigJson));
+            let config = ModelConfig::from_json(&text)?;
+            let value: Option<serde_json::Value> = serde_json::from_str(&text).ok();
+            signals.config = value.as_ref();
+            return Ok((config, ShapeSource::ConfigJson, ModelTask::detect(&signals)));
         }
         let first = ggufs
             .iter()
@@ -193,11 +213,13 @@ impl HubClient {
             })?;
         let header = self.gguf_header(resolved, &first.path).await?;
         let config = ModelConfig::from_gguf(&header.header)?;
+        signals.gguf_pooling = Pooling::of_gguf(&header.header);
         Ok((
             config,
             ShapeSource::Gguf {
                 file: first.path.clone(),
             },
+            ModelTask::detect(&signals),
         ))
     }
 

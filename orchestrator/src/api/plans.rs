@@ -14,7 +14,7 @@ use super::ApiState;
 use super::error::{ApiError, ErrorBody, InvalidWorkflow};
 use super::evaluate;
 use crate::auth::Principal;
-use crate::plan::{Plan, PlanInput, PlanSettings, Planner};
+use crate::plan::{Plan, PlanError, PlanInput, PlanSettings, Planner};
 
 /// The routes of this module (behind the API token).
 pub(super) fn routes() -> OpenApiRouter<ApiState> {
@@ -44,7 +44,7 @@ pub struct PlanRequest {
     responses(
         (status = 200, description = "The plan: per agent the chosen variant, engine, GPUs and memory estimate (docs/placement.md)", body = Object),
         (status = 400, description = "Not a plan request", body = ErrorBody),
-        (status = 422, description = "The workflow is invalid", body = InvalidWorkflow),
+        (status = 422, description = "The workflow is invalid, or cannot be served as written (a step prompts an embedding model; an adapter of another base model): the message says why", body = InvalidWorkflow),
         (status = 429, description = "Two of this user's workflows are being evaluated already", body = ErrorBody),
         (status = 502, description = "The model hub could not be read", body = ErrorBody),
     ))]
@@ -97,7 +97,16 @@ async fn plans(
             running: &running,
             settings,
         };
-        Planner::plan_shared(&planner, &input).map_err(ApiError::internal)
+        Planner::plan_shared(&planner, &input).map_err(|e| match e {
+            // The catalogs were read above: a missing one is this server's fault.
+            PlanError::MissingModels(_) => ApiError::internal(e),
+            // Valid, but not servable as written: a 422 whose message says why.
+            PlanError::Adapters(_) | PlanError::PromptsEmbedder { .. } => {
+                let mut error = ApiError::invalid_workflow(Vec::new());
+                error.message = e.to_string();
+                error
+            }
+        })
     })
     .await
     .map_err(|e| ApiError::internal(format!("the planner failed: {e}")))?;

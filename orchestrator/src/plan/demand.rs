@@ -221,6 +221,32 @@ pub fn catalogs<'a>(
     if missing.is_empty() { Ok(found) } else { Err(missing) }
 }
 
+/// Checks that no step prompts an agent whose model only embeds ([`ModelInfo::task`]):
+/// such an engine starts in pooling mode and answers embeddings only.
+///
+/// Errors: [`PlanError::PromptsEmbedder`](super::PlanError::PromptsEmbedder) for the
+/// first such step.
+pub fn check_prompts(
+    workflow: &Workflow,
+    instances: &[Instance],
+    infos: &[&ModelInfo],
+) -> Result<(), super::PlanError> {
+    for step in workflow.steps.iter().filter(|s| !s.agent.is_empty()) {
+        let embedder = instances
+            .iter()
+            .zip(infos)
+            .find(|(i, info)| info.task.is_embed() && i.agents.contains(&step.agent));
+        if let Some((instance, _)) = embedder {
+            return Err(super::PlanError::PromptsEmbedder {
+                step: step.id.clone(),
+                agent: step.agent.clone(),
+                model: instance.requirement.repo.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Why the adapters of a workflow cannot be served.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AdapterPlanError {

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use skein_dsl::ir::{EngineChoice, Preference};
+use skein_model_registry::ModelTask;
 use skein_model_registry::catalog::ModelInfo;
 
 use super::demand::{Instance, VariantUse, variant_use};
@@ -64,9 +65,11 @@ pub(crate) fn render(
                     slow: matches!(c.family, Family::Offload | Family::Cpu),
                     score: c.score,
                     adapters: lora::planned_adapters(instance, input.adapters),
+                    task: info.task,
                     why: {
                         let mut lines = why(unit, info, fleet, c, &alone, &owners, &me);
                         lines.extend(lora::adapters_line(instance, c));
+                        lines.extend(embedding_line(info, c.estimate.engine.name()));
                         lines.extend(tools_line(
                             input.workflow,
                             &instance.agents,
@@ -116,6 +119,22 @@ pub(crate) fn render(
         },
         settings: input.settings,
     }
+}
+
+/// What the plan says of an embedding model: how its engine starts, with which pooling,
+/// and where its requests go; the built-in engine, which only generates, is left out.
+fn embedding_line(info: &ModelInfo, engine: &str) -> Option<String> {
+    let ModelTask::Embed { pooling } = info.task else {
+        return None;
+    };
+    let start = match (engine, pooling) {
+        ("vllm", _) => "vLLM starts with `--runner pooling` and reads the pooling from the model".to_owned(),
+        (_, Some(p)) => format!("llama.cpp starts with `--embeddings --pooling {}`", p.name()),
+        (_, None) => "llama.cpp starts with `--embeddings` and the pooling its GGUF file states".to_owned(),
+    };
+    Some(format!(
+        "an embedding model: {start}; it answers POST /v1/embeddings (the built-in engine only generates, so it is not a choice)"
+    ))
 }
 
 /// What the plan says of tool calls when some of `agents` list tools. vLLM reads calls

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use skein_dsl::ir::{Backend, ModelRequirement, Precision, Workflow};
 use skein_model_registry::Bytes;
+use skein_model_registry::ModelTask;
 use skein_model_registry::adapter::AdapterInfo;
 use skein_model_registry::catalog::ModelInfo;
 use skein_model_registry::estimate::{AdapterSize, Estimate, KvDtype, llama_cpp_tensor_split};
@@ -124,6 +125,19 @@ pub enum PlanError {
     /// The agents' LoRA adapters cannot be served as named.
     #[error(transparent)]
     Adapters(#[from] demand::AdapterPlanError),
+    /// A step prompts an agent whose model only embeds.
+    #[error(
+        "step `{step}` prompts agent `{agent}`, but its model {model} is an embedding model: it answers \
+         POST /v1/embeddings, not prompts; give the step an agent on a chat model"
+    )]
+    PromptsEmbedder {
+        /// The step.
+        step: String,
+        /// Its agent.
+        agent: String,
+        /// The agent's model.
+        model: String,
+    },
 }
 
 /// A plan: where every instance goes, or why the workflow waits.
@@ -271,6 +285,10 @@ pub struct PlannedInstance {
     /// The LoRA adapters it serves besides its base model, and to which agents.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub adapters: Vec<PlannedAdapter>,
+    /// What the model is served for: an embedding model's engine starts in pooling
+    /// mode and answers `POST /v1/embeddings` (not written for text generation).
+    #[serde(default, skip_serializing_if = "ModelTask::is_generate")]
+    pub task: ModelTask,
     /// The memory estimate it was planned with (not read back from JSON).
     #[serde(skip_deserializing, skip_serializing_if = "Option::is_none")]
     pub estimate: Option<Arc<Estimate>>,
@@ -405,6 +423,7 @@ impl Planner {
         let mut instances = demand::instances(input.workflow);
         demand::attach_adapters(&mut instances, input.adapters)?;
         let infos = demand::catalogs(&instances, input.models).map_err(PlanError::MissingModels)?;
+        demand::check_prompts(input.workflow, &instances, &infos)?;
         let s = &input.settings;
         let fleet = self.fleet.fleet(input.graph, s.headroom, s.host_headroom);
         let mut state = match self.state.take() {

@@ -300,6 +300,7 @@ pub fn start_instance(
         // Made by `Instances` when it starts the instance.
         engine_api_key: String::new(),
         adapters,
+        embeddings: embeddings(planned),
         engine: Some(engine),
     };
     let distinct: BTreeSet<&str> = nodes.iter().copied().collect();
@@ -440,6 +441,7 @@ impl SplitLaunch {
                 // A piece speaks no HTTP: it has no key, and serves no adapter.
                 engine_api_key: String::new(),
                 adapters: Vec::new(),
+                embeddings: None,
                 engine: Some(engine),
             },
             name,
@@ -593,6 +595,17 @@ impl SplitLaunch {
             _ => {}
         }
         Ok(start)
+    }
+}
+
+/// How the engine of an embedding model serves embeddings; `None` for a model that
+/// generates.
+fn embeddings(planned: &PlannedInstance) -> Option<pb::Embeddings> {
+    match planned.task {
+        skein_model_registry::ModelTask::Generate => None,
+        skein_model_registry::ModelTask::Embed { pooling } => Some(pb::Embeddings {
+            pooling: pooling.map_or_else(String::new, |p| p.name().to_owned()),
+        }),
     }
 }
 
