@@ -312,3 +312,90 @@ fn agents_on_a_lora_adapter_and_on_its_base_share_the_real_llama_server() {
         "{args:?}"
     );
 }
+
+/// An embedding model named alone on `POST /v1/embeddings`: the registry tells it by
+/// its GGUF's pooling (SmolLM2 marked to pool the last token), the planner places it
+/// on the real llama-server started with `--embeddings --pooling last`, and the answer
+/// has one vector per input, in order, as wide as the model: the same text gives the
+/// same vector, another text another. Its tokens count in the caller's usage. Chat with
+/// it is refused, and so are embeddings of a model that generates.
+#[test]
+fn an_embedding_model_named_alone_answers_embeddings_on_the_real_llama_server() {
+    let repos = vec![
+        smollm2::gguf_repo(),
+        smollm2::embedding_gguf_repo(Path::new(env!("CARGO_TARGET_TMPDIR"))),
+    ];
+    let node = cpu_node_with(Lab::with_repos(env!("CARGO_BIN_EXE_skein"), repos));
+    let lab = &node.lab;
+    let embedder = smollm2::EMBEDDING_GGUF_REPO_ID;
+    let texts = [
+        "The capital of France is Paris.",
+        "Photosynthesis turns light into sugar.",
+        "The capital of France is Paris.",
+    ];
+    let (status, list) = lab.post("/v1/embeddings", &json!({ "model": embedder, "input": texts }));
+    assert_eq!(status, 200, "{list:#}");
+    assert_eq!(list["object"], "list");
+    assert_eq!(list["model"], embedder);
+    let data = list["data"].as_array().expect("data");
+    assert_eq!(data.len(), 3, "{list:#}");
+    let vectors: Vec<Vec<f64>> = data
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            assert_eq!(item["index"], i);
+            assert_eq!(item["object"], "embedding");
+            let vector: Vec<f64> = serde_json::from_value(item["embedding"].clone()).expect("numbers");
+            assert_eq!(vector.len(), smollm2::EMBEDDING_WIDTH);
+            vector
+        })
+        .collect();
+    let distance = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).sum::<f64>();
+    assert!(distance(&vectors[0], &vectors[2]) < 1e-4, "the same text, the same vector");
+    assert!(distance(&vectors[0], &vectors[1]) > 1e-2, "another text, another vector");
+    let tokens = list["usage"]["prompt_tokens"].as_u64().expect("prompt tokens");
+    assert!(tokens >= 6, "{list:#}");
+    assert_eq!(list["usage"]["total_tokens"].as_u64(), Some(tokens));
+
+    let args = engine_command(&node);
+    assert!(
+        args.iter().any(|a| a == "--embeddings") && args.windows(2).any(|w| w[0] == "--pooling" && w[1] == "last"),
+        "{args:?}"
+    );
+
+    // Counted for the caller under the model served: one request, its tokens read.
+    let usage = lab.get("/v1/usage?by=model");
+    let row = usage["rows"]
+        .as_array()
+        .and_then(|rows| {
+            rows.iter()
+                .find(|r| r["model"].as_str().is_some_and(|m| m.starts_with(embedder)))
+        })
+        .unwrap_or_else(|| panic!("a row of the embedder: {usage:#}"));
+    assert_eq!(row["requests"], 1, "{row:#}");
+    assert_eq!(row["tokens_in"].as_u64(), Some(tokens), "{row:#}");
+    assert_eq!(row["tokens_out"], 0, "{row:#}");
+
+    // One text, base64: the engine's little-endian f32s, as wide as the model.
+    let (status, one) = lab.post(
+        "/v1/embeddings",
+        &json!({ "model": embedder, "input": texts[1], "encoding_format": "base64" }),
+    );
+    assert_eq!(status, 200, "{one:#}");
+    let encoded = one["data"][0]["embedding"].as_str().expect("base64");
+    assert_eq!(encoded.len(), (smollm2::EMBEDDING_WIDTH * 4).div_ceil(3) * 4, "{encoded}");
+
+    let (status, error) = lab.post("/v1/embeddings", &json!({ "model": embedder, "input": [] }));
+    assert_eq!(status, 400, "{error:#}");
+    let (status, error) = lab.post(
+        "/v1/chat/completions",
+        &json!({ "model": embedder, "messages": [{ "role": "user", "content": "Hi" }] }),
+    );
+    assert_eq!(status, 400, "{error:#}");
+    let message = error["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("is an embedding model"), "{message}");
+    let (status, error) = lab.post("/v1/embeddings", &json!({ "model": REPO, "input": "Hi" }));
+    assert_eq!(status, 400, "{error:#}");
+    let message = error["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("generates text and serves no embeddings"), "{message}");
+}

@@ -1,7 +1,8 @@
-//! Calling engines: one chat completion over the OpenAI protocol, whole or streamed, with
-//! errors that tell an engine that cannot be reached (its node is going away: try
-//! elsewhere) from one that answered badly (the request's failure). The executor's
-//! steps, sessions and the OpenAI-compatible routes all call engines through here.
+//! Calling engines: one chat completion over the OpenAI protocol, whole or streamed, or
+//! one embedding request, with errors that tell an engine that cannot be reached (its
+//! node is going away: try elsewhere) from one that answered badly (the request's
+//! failure). The executor's steps, sessions and the OpenAI-compatible routes all call
+//! engines through here.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -461,12 +462,30 @@ impl From<CompletionUsage> for Usage {
     }
 }
 
+/// A chat completion request (`body` without `model`; the route's is set), whole or
+/// streamed.
 async fn send(
     clients: &Clients,
     route: &Route,
     mut body: serde_json::Value,
     timeout: Duration,
     stream: bool,
+) -> Result<reqwest::Response, CallError> {
+    body["stream"] = serde_json::json!(stream);
+    if stream {
+        body["stream_options"] = serde_json::json!({"include_usage": true});
+    }
+    post(clients, route, "chat/completions", body, timeout).await
+}
+
+/// `body` to the route's `path` (under its base URL) with the route's `model`, key and
+/// adapter scales; the error says what the engine said.
+async fn post(
+    clients: &Clients,
+    route: &Route,
+    path: &str,
+    mut body: serde_json::Value,
+    timeout: Duration,
 ) -> Result<reqwest::Response, CallError> {
     body["model"] = serde_json::json!(route.model);
     if !route.lora.is_empty() {
@@ -478,11 +497,7 @@ async fn send(
             .collect();
         body["lora"] = serde_json::Value::Array(scales);
     }
-    body["stream"] = serde_json::json!(stream);
-    if stream {
-        body["stream_options"] = serde_json::json!({"include_usage": true});
-    }
-    let url = format!("{}/chat/completions", route.base_url);
+    let url = format!("{}/{path}", route.base_url);
     let http = clients.for_route(route, &url)?;
     let mut request = http.post(&url).json(&body).timeout(timeout);
     if let Some(key) = &route.api_key {
@@ -541,6 +556,26 @@ pub async fn call(
         .await
         .map_err(|e| CallError::Engine(format!("the answer from {url} was cut off: {e}")))?;
     whole_answer(&text, start)
+}
+
+/// Embeddings of `body`'s `input` (`body` without `model`; the route's is set): the
+/// engine's answer, read as OpenAI's embedding list.
+///
+/// Errors: as a chat completion's; an answer that is no embedding list.
+pub async fn embed(
+    clients: &Clients,
+    route: &Route,
+    body: serde_json::Value,
+    timeout: Duration,
+) -> Result<skein_proto::openai::EmbeddingList, CallError> {
+    let url = format!("{}/embeddings", route.base_url);
+    let response = post(clients, route, "embeddings", body, timeout).await?;
+    let text = response
+        .text()
+        .await
+        .map_err(|e| CallError::Engine(format!("the answer from {url} was cut off: {e}")))?;
+    serde_json::from_str(&text)
+        .map_err(|e| CallError::Engine(format!("the engine's answer from {url} is not an embedding list: {e}")))
 }
 
 /// A whole chat completion (the JSON body of an answer that did not stream), read.

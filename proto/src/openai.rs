@@ -1,6 +1,6 @@
-//! The OpenAI chat-completions wire format every engine speaks, and the orchestrator's
-//! OpenAI-compatible routes too: the request as clients send it, and the response, stream
-//! chunk and error bodies as clients expect them.
+//! The OpenAI chat-completions and embeddings wire format every engine speaks, and the
+//! orchestrator's OpenAI-compatible routes too: the request as clients send it, and the
+//! response, stream chunk and error bodies as clients expect them.
 
 //!
 //! With the `openapi` feature the types also describe themselves for OpenAPI documents
@@ -385,4 +385,123 @@ pub fn usage_chunk_body(meta: &ResponseMeta, usage: Usage) -> Value {
 /// An OpenAI error body.
 pub fn error_body(message: &str, kind: &str, code: &str) -> Value {
     json!({ "error": { "message": message, "type": kind, "code": code } })
+}
+
+/// `POST /v1/embeddings`: the fields Skein honours; others are ignored.
+#[derive(Debug, Clone, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EmbeddingRequest {
+    /// The served model name.
+    pub model: String,
+    /// What to embed: one text, several, or token ids (one list or several).
+    pub input: EmbeddingInput,
+    /// `float` (the default) or `base64` (little-endian f32s), passed to the engine.
+    #[serde(default)]
+    pub encoding_format: Option<EncodingFormat>,
+    /// Fewer dimensions, for models trained to be cut (Matryoshka), passed to the engine.
+    #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 1))]
+    pub dimensions: Option<u32>,
+    /// The end user, for the client's own records; not passed on.
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+/// The `input` of an embedding request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(untagged)]
+pub enum EmbeddingInput {
+    /// One text.
+    Text(String),
+    /// Several texts, one vector each.
+    Texts(Vec<String>),
+    /// One text as token ids.
+    Tokens(Vec<u32>),
+    /// Several texts as token ids.
+    TokenLists(Vec<Vec<u32>>),
+}
+
+impl EmbeddingInput {
+    /// How many vectors it asks for.
+    pub fn count(&self) -> usize {
+        match self {
+            EmbeddingInput::Text(_) | EmbeddingInput::Tokens(_) => 1,
+            EmbeddingInput::Texts(texts) => texts.len(),
+            EmbeddingInput::TokenLists(lists) => lists.len(),
+        }
+    }
+
+    /// The first input that is empty (a text or a token list), by its place.
+    pub fn first_empty(&self) -> Option<usize> {
+        match self {
+            EmbeddingInput::Text(text) => text.is_empty().then_some(0),
+            EmbeddingInput::Tokens(tokens) => tokens.is_empty().then_some(0),
+            EmbeddingInput::Texts(texts) => texts.iter().position(String::is_empty),
+            EmbeddingInput::TokenLists(lists) => lists.iter().position(Vec::is_empty),
+        }
+    }
+}
+
+/// How vectors are written in an embedding answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum EncodingFormat {
+    /// JSON numbers.
+    Float,
+    /// Base64 of the little-endian f32s.
+    Base64,
+}
+
+/// The answer to `POST /v1/embeddings`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EmbeddingList {
+    /// Always `list`.
+    #[serde(default)]
+    pub object: String,
+    /// One vector per input, in the inputs' order.
+    pub data: Vec<Embedding>,
+    /// The model as the request named it.
+    pub model: String,
+    /// Tokens read.
+    #[serde(default)]
+    pub usage: EmbeddingUsage,
+}
+
+/// One vector of an [`EmbeddingList`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Embedding {
+    /// Always `embedding`.
+    #[serde(default)]
+    pub object: String,
+    /// The input's place in the request.
+    pub index: usize,
+    /// The vector: numbers, or with `encoding_format: base64` a base64 string.
+    pub embedding: EmbeddingVector,
+}
+
+/// A vector as an embedding answer writes it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(untagged)]
+pub enum EmbeddingVector {
+    /// JSON numbers.
+    Floats(Vec<f64>),
+    /// Base64 of the little-endian f32s.
+    Base64(String),
+}
+
+/// The tokens an embedding request read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EmbeddingUsage {
+    /// Tokens of the inputs.
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    /// The same (nothing is generated).
+    #[serde(default)]
+    pub total_tokens: u64,
 }

@@ -16,6 +16,8 @@
 //!
 //! - [`lora_repo`]: a GGUF LoRA adapter of the GGUF ([`lora_gguf`]), whose effect
 //!   greedy decoding shows.
+//! - [`embedding_gguf_repo`]: the GGUF marked as an embedding model (last-token
+//!   pooling), which llama.cpp serves with `--embeddings`.
 //!
 //! Also [`llama_cpp_bin`], the folder of the real CPU `llama-server` built by
 //! `tests/engines/llama-cpp.sh`, and [`vllm_python`], the python of the venv with
@@ -32,10 +34,12 @@ use candle_core::{DType, Device, Tensor};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
+pub use self::embedding::{EMBEDDING_GGUF_REPO_ID, EMBEDDING_WIDTH, embedding_gguf_repo};
 pub use self::llama_server::LlamaServer;
 pub use self::lora::{LORA_FILE, LORA_RANK, LORA_REPO_ID, lora_gguf, lora_repo};
 use crate::mock_hub::MockRepo;
 
+mod embedding;
 mod llama_server;
 mod lora;
 

@@ -14,12 +14,16 @@
 //!   calls with its reply and the results the client sends; a result must answer a call
 //!   of the session or of the request before it, and the session's last reply sent
 //!   back is not stored twice ([`crate::session::record::check_turn`]).
+//! - `POST /v1/embeddings` ([`embeddings`]): one vector per input, from an agent or a
+//!   model named as for a chat completion; an embedding model's engine runs in pooling
+//!   mode.
 //! - `GET /v1/models`: the agents of the user's runs and the models they use.
 //!
 //! A chat completion has the limits of a session turn ([`crate::session::limits`]):
 //! its body is measured before it is parsed (413), and it counts against the user's
 //! chat requests and streams in flight (429).
 
+mod embeddings;
 mod stream;
 
 use std::collections::BTreeSet;
@@ -53,6 +57,7 @@ const STREAM_BUFFER: usize = 256;
 pub(super) fn routes() -> OpenApiRouter<ApiState> {
     OpenApiRouter::new()
         .routes(routes!(completions))
+        .routes(routes!(embeddings::embeddings))
         .routes(routes!(models))
 }
 

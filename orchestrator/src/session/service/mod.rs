@@ -9,6 +9,7 @@
 //! finishes on the old instance first, and one whose instance died is retried, once,
 //! on the session's next instance.
 
+mod direct;
 mod route;
 mod turn;
 
@@ -244,8 +245,20 @@ impl Sampling {
     }
 }
 
+/// Refuses chat with an instance of an embedding model, saying where its requests go.
+fn chat_only(view: &InstanceView) -> Result<(), SessionError> {
+    match &view.placement {
+        Some(placement) if placement.task.is_embed() => Err(SessionError::Invalid(format!(
+            "{} is an embedding model: it answers POST /v1/embeddings, not chat; talk to an agent on a chat model",
+            placement.model
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// The route to a ready instance for the agent `definition` (its adapter selected).
 fn instance_route(view: InstanceView, definition: &Agent) -> Result<Route, SessionError> {
+    chat_only(&view)?;
     Route::for_agent(&view, Some(definition))
         .map_err(SessionError::Unavailable)?
         .ok_or_else(|| SessionError::Unavailable(format!("instance {} has no address yet", view.name)))
@@ -505,65 +518,6 @@ impl Sessions {
                 "`{name}` is neither an agent of your runs nor a Hugging Face model (owner/name); GET /v1/models lists what is served"
             ))),
         }
-    }
-
-    /// One completion without a session: the prompt's messages, in OpenAI's form (tool
-    /// calls and tool results among them), go as given (after the agent's system prompt
-    /// when they have none) with its fields (`tools`, `tool_choice`, …) to the run's
-    /// instance of the agent, or to an instance provided for the model. The caller has
-    /// bounded its size (the chat limits, on the raw body).
-    ///
-    /// Errors: [`SessionError`].
-    pub async fn complete_prompt<S: Pieces>(
-        &self,
-        principal: &Principal,
-        target: &Target,
-        prompt: Prompt,
-        sampling: Sampling,
-        tokens: Option<&S>,
-    ) -> Result<Answer, SessionError> {
-        sampling.check()?;
-        let (agent, definition, run) = match target {
-            Target::RunAgent { run, agent } => {
-                let definition = self.run_agent(principal, run, agent)?;
-                (agent.clone(), definition, Some(run.clone()))
-            }
-            Target::Model(model) => (model.clone(), model_agent(model)?, None),
-        };
-        let context = context_wanted(run.as_deref());
-        let served = run.clone();
-        // An endpoint's key is the secret of the run's owner.
-        let owner = match &run {
-            Some(run) => match self.inner.executor.get(run)? {
-                Some(record) => record.owner,
-                None => principal.user.clone(),
-            },
-            None => principal.user.clone(),
-        };
-        let route = match (
-            &definition.backend,
-            run.as_ref().and_then(|r| self.run_instance(r, &agent)),
-        ) {
-            (Backend::Endpoint(endpoint), _) => self.endpoint_route(&owner, endpoint)?,
-            (_, Some(view)) => instance_route(view, &definition)?,
-            (_, None) => {
-                let view = self
-                    .inner
-                    .executor
-                    .provide(&agent, &definition, &Pin::Anywhere, context)
-                    .await
-                    .map_err(provide_error)?;
-                instance_route(view, &definition)?
-            }
-        };
-        self.note_run(&route, served.as_deref());
-        let has_system = prompt.messages.iter().any(|m| m["role"] == "system");
-        let system = if has_system { None } else { definition.system.as_deref() };
-        let body = engine_body(system, prompt.messages, prompt.fields, &sampling, &definition);
-        let serves = run.as_deref().map(|r| (r, agent.as_str()));
-        self.call(&route, serves, None, &principal.user, body, tokens)
-            .await
-            .map_err(engine_error)
     }
 
     /// A session of `principal` (another user's is "not found").
