@@ -237,6 +237,13 @@ fn render_inspect(info: &ModelInfo) -> String {
     };
     let _ = writeln!(out, "{} @ {} ({})", info.repo, info.revision, short_sha(info));
     let _ = writeln!(out, "architecture  {} (shape from {source})", s.architecture);
+    if let skein_model_registry::ModelTask::Embed { pooling } = info.task {
+        let pooling = pooling.map_or("the engine's default", |p| p.name());
+        let _ = writeln!(
+            out,
+            "task          embeddings (pooling: {pooling}); served on POST /v1/embeddings"
+        );
+    }
     let p = &s.params;
     let _ = writeln!(
         out,

@@ -317,8 +317,9 @@ fn agents_on_a_lora_adapter_and_on_its_base_share_the_real_llama_server() {
 /// its GGUF's pooling (SmolLM2 marked to pool the last token), the planner places it
 /// on the real llama-server started with `--embeddings --pooling last`, and the answer
 /// has one vector per input, in order, as wide as the model: the same text gives the
-/// same vector, another text another. Its tokens count in the caller's usage. Chat with
-/// it is refused, and so are embeddings of a model that generates.
+/// same vector, another text another. Its tokens count in the caller's usage. The
+/// official OpenAI client gets the same vectors in both encodings. Chat with it is
+/// refused, and so are embeddings of a model that generates.
 #[test]
 fn an_embedding_model_named_alone_answers_embeddings_on_the_real_llama_server() {
     let repos = vec![
@@ -351,8 +352,14 @@ fn an_embedding_model_named_alone_answers_embeddings_on_the_real_llama_server() 
         })
         .collect();
     let distance = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).sum::<f64>();
-    assert!(distance(&vectors[0], &vectors[2]) < 1e-4, "the same text, the same vector");
-    assert!(distance(&vectors[0], &vectors[1]) > 1e-2, "another text, another vector");
+    assert!(
+        distance(&vectors[0], &vectors[2]) < 1e-4,
+        "the same text, the same vector"
+    );
+    assert!(
+        distance(&vectors[0], &vectors[1]) > 1e-2,
+        "another text, another vector"
+    );
     let tokens = list["usage"]["prompt_tokens"].as_u64().expect("prompt tokens");
     assert!(tokens >= 6, "{list:#}");
     assert_eq!(list["usage"]["total_tokens"].as_u64(), Some(tokens));
@@ -376,6 +383,22 @@ fn an_embedding_model_named_alone_answers_embeddings_on_the_real_llama_server() 
     assert_eq!(row["tokens_in"].as_u64(), Some(tokens), "{row:#}");
     assert_eq!(row["tokens_out"], 0, "{row:#}");
 
+    // The official OpenAI client, as it asks by default (base64) and as floats.
+    let python = skein_testkit::tools::prepared("llm-clients.sh");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/clients/openai_embeddings.py");
+    let width = smollm2::EMBEDDING_WIDTH.to_string();
+    let client = std::process::Command::new(&python)
+        .arg(&script)
+        .args([lab.api(), lab.token(), embedder.to_owned(), width])
+        .output()
+        .expect("run the OpenAI client");
+    assert!(
+        client.status.success() && stdout(&client).trim() == "ok",
+        "{}\n{}",
+        stdout(&client),
+        stderr(&client)
+    );
+
     // One text, base64: the engine's little-endian f32s, as wide as the model.
     let (status, one) = lab.post(
         "/v1/embeddings",
@@ -383,7 +406,11 @@ fn an_embedding_model_named_alone_answers_embeddings_on_the_real_llama_server() 
     );
     assert_eq!(status, 200, "{one:#}");
     let encoded = one["data"][0]["embedding"].as_str().expect("base64");
-    assert_eq!(encoded.len(), (smollm2::EMBEDDING_WIDTH * 4).div_ceil(3) * 4, "{encoded}");
+    assert_eq!(
+        encoded.len(),
+        (smollm2::EMBEDDING_WIDTH * 4).div_ceil(3) * 4,
+        "{encoded}"
+    );
 
     let (status, error) = lab.post("/v1/embeddings", &json!({ "model": embedder, "input": [] }));
     assert_eq!(status, 400, "{error:#}");

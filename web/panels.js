@@ -259,6 +259,7 @@ function instanceBlock(inst, link) {
       h("dt", {}, "run"), h("dd", {}, inst.run || "none (kept warm)"),
       h("dt", {}, "variant"), h("dd", {}, h("code", {}, inst.variant)),
       h("dt", {}, "engine"), h("dd", {}, inst.engine),
+      p && p.task?.kind === "embed" ? [h("dt", {}, "serves"), h("dd", { class: "task" }, `embeddings (POST /v1/embeddings), pooling ${p.task.pooling || "as the model states"}`)] : null,
       h("dt", {}, "placed on"), h("dd", { class: "placed" }, `${inst.node_name}: GPU ${inst.gpus.join(", ")}`),
       h("dt", {}, "split"), h("dd", {}, split),
       splitOf(inst, state.instances) ? [h("dt", {}, "across"), h("dd", { class: "split-where" }, splitOf(inst, state.instances).where)] : null,

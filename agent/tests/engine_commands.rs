@@ -10,8 +10,8 @@ mod common;
 use std::path::PathBuf;
 
 use skein_agent::engine::{
-    CandleLaunch, EngineKey, EngineLaunch, LaunchSpec, LlamaCppLaunch, LlamaRpcLaunch, RayNodeLaunch, RemoteLaunch,
-    VllmLaunch, memory_fraction,
+    CandleLaunch, EmbeddingsLaunch, EngineKey, EngineLaunch, LaunchSpec, LlamaCppLaunch, LlamaRpcLaunch, RayNodeLaunch,
+    RemoteLaunch, VllmLaunch, memory_fraction,
 };
 
 const GIB: u64 = 1 << 30;
@@ -471,6 +471,13 @@ fn specs_no_engine_could_run_are_refused_with_the_reason() {
             let mut v = vllm("m/m", 2, &[16, 16], &[GIB; 2], &[A100; 2]);
             v.ray_address = Some("10.0.0.1:6379".to_owned());
             spec("c", &[0, 1], 4096, 1, EngineLaunch::Vllm(v))
+        }),
+        ("a pooling llama.cpp does not take", {
+            let mut s = spec("c", &[0], 4096, 1, EngineLaunch::LlamaCpp(llama("/m.gguf", None, &[])));
+            s.embeddings = Some(EmbeddingsLaunch {
+                pooling: Some("rank".to_owned()),
+            });
+            s
         }),
     ];
     let report: Vec<String> = cases

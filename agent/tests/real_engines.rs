@@ -96,6 +96,7 @@ fn spec(instance: &str, gpus: &[u32], engine: EngineLaunch) -> LaunchSpec {
         engine,
         api_key: None,
         adapters: Vec::new(),
+        embeddings: None,
     }
 }
 
@@ -294,6 +295,7 @@ async fn an_rpc_piece_stays_healthy_while_llama_server_holds_it_and_the_model_an
         concurrency: 1,
         engine_api_key: String::new(),
         adapters: Vec::new(),
+        embeddings: None,
         engine: Some(start_instance::Engine::LlamaRpc(pb::LlamaRpcServer { cache: false })),
     });
     let mut seen = Vec::new();

@@ -678,24 +678,31 @@ const LLAMA_3_1_TEMPLATE: &str =
 /// this small model call a tool, with arguments that fit the tool's schema. Written
 /// once under `tmp`.
 pub fn tool_gguf_repo(tmp: &Path) -> MockRepo {
-    let path = with_metadata(&tmp.join("smollm2-llama-3.1-template.gguf"), |content| {
-        let mut metadata: Vec<(String, GgufValue)> = content
-            .metadata
-            .iter()
-            .filter(|(k, _)| k.as_str() != "tokenizer.chat_template")
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        metadata.push((
-            "tokenizer.chat_template".into(),
-            GgufValue::String(LLAMA_3_1_TEMPLATE.to_owned()),
-        ));
-        metadata
-    });
+    let path = with_key(
+        &tmp.join("smollm2-llama-3.1-template.gguf"),
+        "tokenizer.chat_template",
+        GgufValue::String(LLAMA_3_1_TEMPLATE.to_owned()),
+    );
     gguf_only_repo(
         TOOL_GGUF_REPO_ID,
         &path,
         "SmolLM2-135M-Instruct GGUF with a tool-calling template",
     )
+}
+
+/// The SmolLM2 GGUF written again at `out` with `key` set to `value` (in place of the
+/// original's, if it has one); kept once written.
+fn with_key(out: &Path, key: &str, value: GgufValue) -> PathBuf {
+    with_metadata(out, |content| {
+        let mut metadata: Vec<(String, GgufValue)> = content
+            .metadata
+            .iter()
+            .filter(|(k, _)| k.as_str() != key)
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        metadata.push((key.to_owned(), value));
+        metadata
+    })
 }
 
 /// The SmolLM2 GGUF written again at `out` with the metadata `metadata` makes of the

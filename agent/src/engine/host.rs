@@ -409,6 +409,7 @@ mod tests {
             concurrency: 2,
             engine_api_key: String::new(),
             adapters: Vec::new(),
+            embeddings: None,
             engine: Some(engine),
         }
     }

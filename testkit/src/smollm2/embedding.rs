@@ -7,7 +7,7 @@ use std::path::Path;
 
 use candle_core::quantized::gguf_file::Value as GgufValue;
 
-use super::{gguf_only_repo, with_metadata};
+use super::{gguf_only_repo, with_key};
 use crate::mock_hub::MockRepo;
 
 /// The repository id of [`embedding_gguf_repo`].
@@ -19,16 +19,11 @@ pub const EMBEDDING_WIDTH: usize = 576;
 /// The GGUF-only repository of SmolLM2 marked as an embedding model pooling the last
 /// token, the file written under `tmp` once.
 pub fn embedding_gguf_repo(tmp: &Path) -> MockRepo {
-    let path = with_metadata(&tmp.join("smollm2-embedding.gguf"), |content| {
-        let mut metadata: Vec<(String, GgufValue)> = content
-            .metadata
-            .iter()
-            .filter(|(k, _)| k.as_str() != "llama.pooling_type")
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        metadata.push(("llama.pooling_type".into(), GgufValue::U32(3)));
-        metadata
-    });
+    let path = with_key(
+        &tmp.join("smollm2-embedding.gguf"),
+        "llama.pooling_type",
+        GgufValue::U32(3),
+    );
     gguf_only_repo(
         EMBEDDING_GGUF_REPO_ID,
         &path,

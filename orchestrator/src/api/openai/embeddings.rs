@@ -4,7 +4,7 @@
 
 use axum::Json;
 use axum::extract::{Extension, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::HeaderMap;
 use serde_json::json;
 use skein_proto::openai::{EmbeddingList, EmbeddingRequest};
 
@@ -12,15 +12,11 @@ use super::super::error::{ApiError, ErrorBody};
 use super::super::extract::body;
 use super::super::sessions::chat_body;
 use super::super::{ApiState, Principal};
+use super::bad;
 use crate::session::Flight;
 
 /// The most inputs one request may carry (OpenAI's own limit).
 pub(super) const MAX_INPUTS: usize = 2048;
-
-/// 400 naming what is wrong with `field`.
-fn bad(field: &str, what: &str) -> ApiError {
-    ApiError::new(StatusCode::BAD_REQUEST, format!("`{field}` {what}"))
-}
 
 /// OpenAI's embeddings: `model` is an agent of the caller's newest run that has it, or
 /// a hub model placed on demand; one vector per input, in order.

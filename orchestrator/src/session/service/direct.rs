@@ -69,7 +69,10 @@ impl Sessions {
     fn targeted_route(&self, principal: &Principal, targeted: &Targeted) -> Result<Route, SessionError> {
         let Some(view) = &targeted.view else {
             let Backend::Endpoint(endpoint) = &targeted.definition.backend else {
-                return Err(SessionError::Unavailable(format!("no instance serves `{}`", targeted.agent)));
+                return Err(SessionError::Unavailable(format!(
+                    "no instance serves `{}`",
+                    targeted.agent
+                )));
             };
             // An endpoint's key is the secret of the run's owner.
             let owner = match &targeted.run {
@@ -141,7 +144,10 @@ impl Sessions {
         if let Some(view) = &targeted.view
             && !targeted.embeds()
         {
-            let model = view.placement.as_ref().map_or(view.variant.as_str(), |p| p.model.as_str());
+            let model = view
+                .placement
+                .as_ref()
+                .map_or(view.variant.as_str(), |p| p.model.as_str());
             return Err(SessionError::Invalid(format!(
                 "`{}` is served by {model}, which generates text and serves no embeddings; name an embedding model \
                  (a sentence-transformers repository, a bare `…Model` class, or a GGUF file with a pooling type)",
