@@ -459,3 +459,59 @@ async fn the_token_is_sent_to_the_hub_and_never_printed() {
     let printed = format!("{client:?}");
     assert!(!printed.contains("hf_very_secret"), "{printed}");
 }
+
+/// `inspect` tells an embedding model from what the hub lists, without weights: a
+/// sentence-transformers repository (its `modules.json`), with the pooling its pooling
+/// module states; the same checkpoint without those files generates.
+#[tokio::test]
+async fn inspect_tells_an_embedding_model_by_its_sentence_transformers_files() {
+    use skein_model_registry::hub::InspectOptions;
+    use skein_model_registry::{ModelTask, Pooling};
+    const EMBEDDER: &str = "lab/Llama-70B-mock-embedder";
+    let (shards, index) = shard(llama_70b_tensors(), MAX_SHARD_BYTES);
+    let mut embedder = MockRepo::new(EMBEDDER)
+        .tags(&["sentence-transformers", "safetensors", "llama"])
+        .file("config.json", LLAMA_70B_CONFIG)
+        .file("model.safetensors.index.json", index)
+        .file(
+            "modules.json",
+            r#"[{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]"#,
+        )
+        .file(
+            "1_Pooling/config.json",
+            r#"{"word_embedding_dimension": 8192, "pooling_mode_cls_token": false,
+                "pooling_mode_mean_tokens": false, "pooling_mode_lasttoken": true}"#,
+        );
+    for shard in shards {
+        embedder = embedder.virtual_file(&shard.name, shard.prefix, shard.len);
+    }
+    let mut all = repos();
+    all.push(embedder);
+    let hub = MockHub::start(all).await;
+    let cache = tempfile::tempdir().unwrap();
+    let client = client(&hub, cache.path()).build().unwrap();
+    let options = InspectOptions {
+        derivatives: 0,
+        ..InspectOptions::default()
+    };
+    let info = client
+        .inspect(&RepoId::parse(EMBEDDER).unwrap(), "main", &options)
+        .await
+        .unwrap();
+    assert_eq!(
+        info.task,
+        ModelTask::Embed {
+            pooling: Some(Pooling::Last)
+        }
+    );
+    assert!(
+        !info.builtin_engine_loads(&info.variants[0]),
+        "the built-in engine only generates"
+    );
+    let base = client
+        .inspect(&RepoId::parse(BASE).unwrap(), "main", &options)
+        .await
+        .unwrap();
+    assert_eq!(base.task, ModelTask::Generate);
+}
