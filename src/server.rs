@@ -84,6 +84,8 @@ pub fn server_config(args: &ServerArgs, default_agent_listen: &str) -> anyhow::R
             executor: skein_orchestrator::run::ExecutorConfig {
                 tool_commands: args.allow_tool_commands.clone(),
                 fair_share_half_life: args.fair_share_half_life,
+                preempt: args.preempt,
+                max_user_priority: args.max_user_priority,
                 ..skein_orchestrator::run::ExecutorConfig::default()
             },
         },

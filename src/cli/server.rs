@@ -104,6 +104,22 @@ pub struct ServerArgs {
     #[arg(long, env = "SKEIN_FAIR_SHARE_HALF_LIFE", default_value = "7days", value_name = "DURATION",
         value_parser = half_life)]
     pub fair_share_half_life: std::time::Duration,
+    /// Preempt by priority: a queued run that fits only by taking lower-priority runs'
+    /// GPUs sends them back to the queue (their steps in progress start again when they
+    /// are admitted again). Users other than the admin may then submit priorities up to
+    /// `--max-user-priority` only (docs/placement.md, "Preemption").
+    #[arg(long, env = "SKEIN_PREEMPT")]
+    pub preempt: bool,
+    /// With `--preempt`: the highest `placement.priority` a user other than the admin may
+    /// submit.
+    #[arg(
+        long,
+        env = "SKEIN_MAX_USER_PRIORITY",
+        default_value_t = 0,
+        value_name = "PRIORITY",
+        allow_negative_numbers = true
+    )]
+    pub max_user_priority: i32,
     /// Hosts and address blocks endpoint agents may reach past the built-in refusals
     /// (loopback, link-local, this server's own addresses), comma-separated:
     /// `10.0.0.0/8,api.example.org,*.lab.example`. The most specific rule decides.

@@ -74,6 +74,7 @@ pub struct SubmitRequest {
     responses(
         (status = 202, description = "Accepted and stored", body = RunRecord),
         (status = 400, description = "Not a run request, or bad inputs", body = ErrorBody),
+        (status = 403, description = "The server preempts by priority, and the workflow's priority is above the highest a user other than the admin may set", body = ErrorBody),
         (status = 422, description = "The workflow is invalid", body = InvalidWorkflow),
         (status = 409, description = "The Idempotency-Key was used with another request, or its first request is in progress", body = ErrorBody),
         (status = 429, description = "The queue of its priority is full (see Retry-After), or two of this user's workflows are being evaluated already", body = ErrorBody,
@@ -97,6 +98,19 @@ async fn submit(
         )
     })?;
     let workflow = parse_workflow(&principal, request.name.as_deref(), &request.workflow, &state.executor).await?;
+    let priority = workflow.placement.priority;
+    if !principal.admin
+        && let Some(cap) = state.executor.priority_cap()
+        && priority > cap
+    {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "`placement.priority` is {priority}, and on this server, where higher priorities preempt lower ones, \
+                 users may set at most {cap}; lower it, or ask the admin"
+            ),
+        ));
+    }
     let key = idempotency_key(&headers)?;
     let idempotent = key.as_deref().map(|key| Idempotent { key, request: &body });
     let Submitted { run, replayed } = state

@@ -236,6 +236,10 @@ pub struct RunRecord {
     /// Earlier passes of steps a `repeat` sent back, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<StepRecord>,
+    /// The higher-priority runs that preempted it, in order (it went back to the queue
+    /// each time, and its steps in progress started again).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preempted_by: Vec<String>,
     /// Which of its items and agent loops changed since it was read or written (the
     /// store writes those beside the head).
     #[serde(skip)]
@@ -324,6 +328,7 @@ impl RunRecord {
             cancel_requested: false,
             steps,
             history: Vec::new(),
+            preempted_by: Vec::new(),
             changed: Changed::default(),
         }
     }

@@ -180,12 +180,21 @@ impl Executor {
             }
             // Room held by idle instances is given back before the run waits (not for
             // a quota: idle instances count against nobody's).
-            if over_quota.is_none() && self.inner.instances.stop_idle(Duration::ZERO) > 0 {
+            let freed = over_quota.is_none() && self.inner.instances.stop_idle(Duration::ZERO) > 0;
+            if freed {
                 tracing::info!(run = %id, "stopped idle instances to make room");
             }
-            let reason = match over_quota {
-                Some(refusal) => format!("over a quota: {refusal}"),
-                None => plan
+            // Beyond the fleet even so, and allowed to preempt: lower-priority runs go
+            // back to the queue, and this one starts once their instances stopped.
+            let preempting = if over_quota.is_none() && !freed && self.inner.config.preempt {
+                self.preempt_for(&run).await
+            } else {
+                None
+            };
+            let reason = match (over_quota, preempting) {
+                (Some(refusal), _) => format!("over a quota: {refusal}"),
+                (None, Some(preempting)) => preempting,
+                (None, None) => plan
                     .queued_reason
                     .clone()
                     .unwrap_or_else(|| "its instances cannot all be placed yet".to_owned()),
@@ -210,7 +219,7 @@ impl Executor {
         run.reason = Some("starting its instances".to_owned());
         self.inner.runs.put(&mut run).await?;
         self.changed(id);
-        let (cancel, cancelled) = watch::channel(false);
+        let (cancel, cancelled) = watch::channel(super::preempt::Halt::Run);
         let (decide, decisions) = tokio::sync::mpsc::channel(super::approve::DECISIONS_QUEUED);
         lock(&self.inner.active).insert(id.to_owned(), super::approve::Signals { cancel, decide });
         let executor = self.clone();
@@ -222,6 +231,8 @@ impl Executor {
             }
             lock(&executor.inner.active).remove(&id);
             executor.inner.sharing.release_run(&id);
+            // Preempted: it waits again, counted against its owner's runs as before.
+            executor.requeue_preempted(&id);
             // An ended run's time is counted for its owner (not one stopped by a shutdown).
             if let Ok(Some(ended)) = executor.inner.runs.get(&id)
                 && let (Some(started), Some(finished)) = (ended.started_at, ended.finished_at)
@@ -270,6 +281,19 @@ impl Executor {
         warm: &[String],
         placement: &Pin,
     ) -> Result<(Plan, Arc<BTreeMap<String, ModelInfo>>), String> {
+        self.plan_among(cache_key, workflow, warm, placement, Vec::new()).await
+    }
+
+    /// [`plan_workflow`](Self::plan_workflow), allowed to preempt lower-priority
+    /// instances among `running` when there are any.
+    pub(super) async fn plan_among(
+        &self,
+        cache_key: &str,
+        workflow: &Workflow,
+        warm: &[String],
+        placement: &Pin,
+        running: Vec<crate::plan::RunningInstance>,
+    ) -> Result<(Plan, Arc<BTreeMap<String, ModelInfo>>), String> {
         let cached = lock(&self.inner.catalogs).get(cache_key).cloned();
         let catalogs = match cached {
             Some(catalogs) => catalogs,
@@ -311,8 +335,11 @@ impl Executor {
                 models: &catalogs.models,
                 adapters: &catalogs.adapters,
                 graph: &snapshot,
-                running: &[],
-                settings: PlanSettings::default(),
+                running: &running,
+                settings: PlanSettings {
+                    allow_preemption: !running.is_empty(),
+                    ..PlanSettings::default()
+                },
             };
             Planner::plan_shared(&planner, &input).map_err(|e| e.to_string())
         })

@@ -34,10 +34,11 @@ pub(super) struct Decide {
     pub reply: oneshot::Sender<Result<RunRecord, DecideError>>,
 }
 
-/// What a driven run listens to besides its engines: a cancellation, and decisions.
+/// What a driven run listens to besides its engines: a cancellation or preemption, and
+/// decisions.
 #[derive(Debug, Clone)]
 pub(super) struct Signals {
-    pub cancel: watch::Sender<bool>,
+    pub cancel: watch::Sender<super::preempt::Halt>,
     pub decide: mpsc::Sender<Decide>,
 }
 

@@ -16,6 +16,7 @@ use tokio::task::JoinSet;
 use super::act::AgentLoop;
 use super::approve::Decide;
 use super::bring_up::{Lost, Readiness};
+use super::preempt::{Halt, stop_of};
 use super::provide::Pin;
 use super::{Executor, off_worker};
 use crate::base::{lock, unix_ms};
@@ -32,7 +33,7 @@ impl Executor {
         mut plan: Plan,
         mut models: Arc<BTreeMap<String, ModelInfo>>,
         mut warm: Vec<String>,
-        mut cancelled: watch::Receiver<bool>,
+        mut cancelled: watch::Receiver<Halt>,
         mut decisions: mpsc::Receiver<Decide>,
     ) -> Result<(), StoreError> {
         let id = run.id.clone();
@@ -53,6 +54,7 @@ impl Executor {
                 Ok(routes) => match self.steps(&mut run, &routes, &mut cancelled, &mut decisions).await? {
                     Stop::Shutdown => return Ok(()),
                     Stop::Cancelled => return self.finish_cancelled(run, &names).await,
+                    Stop::Preempted(by) => return self.finish_preempted(run, by, &names).await,
                     Stop::Ended | Stop::Failed(_) => {
                         // Ended (succeeded or failed on a step): the instances stay warm.
                         for name in &names {
@@ -64,6 +66,7 @@ impl Executor {
                 },
                 Err(Stop::Shutdown) => return Ok(()),
                 Err(Stop::Cancelled) => return self.finish_cancelled(run, &names).await,
+                Err(Stop::Preempted(by)) => return self.finish_preempted(run, by, &names).await,
                 Err(Stop::Failed(reason)) => return self.finish_failed(run, reason, &names).await,
                 Err(Stop::Ended) => return Ok(()),
                 Err(Stop::Lost(lost)) => lost,
@@ -111,7 +114,10 @@ impl Executor {
                 }
                 tokio::select! {
                     () = shutdown.cancelled() => return Ok(()),
-                    _ = cancelled.changed() => return self.finish_cancelled(run, &[]).await,
+                    _ = cancelled.changed() => match stop_of(&cancelled) {
+                        Stop::Preempted(by) => return self.finish_preempted(run, by, &[]).await,
+                        _ => return self.finish_cancelled(run, &[]).await,
+                    },
                     _ = tokio::time::sleep(self.inner.config.admission_interval) => {}
                 }
             }
@@ -147,7 +153,7 @@ impl Executor {
         &self,
         run: &mut RunRecord,
         names: &[String],
-        cancelled: &mut watch::Receiver<bool>,
+        cancelled: &mut watch::Receiver<Halt>,
     ) -> Result<BTreeMap<String, Route>, Stop> {
         let mut changes = self.inner.instances.subscribe();
         let shutdown = self.lifecycle().shutdown;
@@ -173,7 +179,7 @@ impl Executor {
             tokio::select! {
                 () = shutdown.cancelled() => return Err(Stop::Shutdown),
                 _ = changes.changed() => {}
-                _ = cancelled.changed() => return Err(Stop::Cancelled),
+                _ = cancelled.changed() => return Err(stop_of(cancelled)),
                 _ = tokio::time::sleep_until(deadline) => {
                     return Err(Stop::Failed(format!(
                         "instances not ready after {}s: {}",
@@ -190,7 +196,7 @@ impl Executor {
         &self,
         run: &mut RunRecord,
         routes: &BTreeMap<String, Route>,
-        cancelled: &mut watch::Receiver<bool>,
+        cancelled: &mut watch::Receiver<Halt>,
         decisions: &mut mpsc::Receiver<Decide>,
     ) -> Result<Stop, StoreError> {
         let evaluator = &self.inner.evaluator;
@@ -384,7 +390,7 @@ impl Executor {
                 }
                 _ = cancelled.changed() => {
                     attempts.abort_all();
-                    return Ok(Stop::Cancelled);
+                    return Ok(stop_of(cancelled));
                 }
                 _ = changes.changed() => {
                     let lost = routes
@@ -449,6 +455,8 @@ pub(super) enum Stop {
     Shutdown,
     /// A user cancelled it.
     Cancelled,
+    /// A higher-priority run takes its GPUs: it goes back to the queue.
+    Preempted(super::preempt::Preemptor),
     /// Its instances could not start (the reason).
     Failed(String),
     /// An instance was lost (with its node, or a piece of its split failed).

@@ -18,6 +18,7 @@ mod admission;
 mod approve;
 mod bring_up;
 mod drive;
+mod preempt;
 mod provide;
 mod reuse;
 
@@ -71,6 +72,13 @@ pub struct ExecutorConfig {
     pub tool_timeout: Duration,
     /// The half-life of the usage fair-share admission weighs (docs/sharing.md).
     pub fair_share_half_life: Duration,
+    /// Whether a queued run that fits only by taking lower-priority runs' GPUs sends
+    /// those runs back to the queue (`skein server --preempt`); off by default.
+    pub preempt: bool,
+    /// With `preempt`: the highest priority a user other than the admin may submit
+    /// (`--max-user-priority`), so that nobody preempts others by writing a larger
+    /// number.
+    pub max_user_priority: i32,
 }
 
 impl Default for ExecutorConfig {
@@ -86,6 +94,8 @@ impl Default for ExecutorConfig {
             tool_commands: Vec::new(),
             tool_timeout: Duration::from_secs(5 * 60),
             fair_share_half_life: crate::sharing::fair::DEFAULT_HALF_LIFE,
+            preempt: false,
+            max_user_priority: 0,
         }
     }
 }
@@ -320,7 +330,7 @@ impl Executor {
         tracing::info!(run = %id, "cancel requested");
         let signal = lock(&self.inner.active).get(id).cloned();
         if let Some(signal) = signal {
-            let _ = signal.cancel.send(true);
+            signal.cancel.send_replace(preempt::Halt::Cancel);
             let mut changes = self.subscribe();
             // The run's task records the cancellation.
             for _ in 0..100 {
@@ -355,6 +365,12 @@ impl Executor {
     /// that nothing stops: runs are admitted only once the executor started).
     fn lifecycle(&self) -> Lifecycle {
         self.inner.lifecycle.get().cloned().unwrap_or_default()
+    }
+
+    /// The highest priority a user other than the admin may submit, when this executor
+    /// preempts by priority (`None`: it does not, and any priority only orders the queue).
+    pub fn priority_cap(&self) -> Option<i32> {
+        self.inner.config.preempt.then_some(self.inner.config.max_user_priority)
     }
 
     /// The groups, quotas and fair-share accounts runs are admitted by.
