@@ -27,6 +27,9 @@ struct Run {
     #[serde(default)]
     finished_at: Option<String>,
     steps: Vec<Step>,
+    /// The runs that preempted it, in order.
+    #[serde(default)]
+    preempted_by: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -387,6 +390,9 @@ pub fn run_show(args: &RunShowArgs) -> anyhow::Result<ExitCode> {
     println!("  submitted {}", run.submitted_at);
     if let Some(finished) = &run.finished_at {
         println!("  finished  {finished}");
+    }
+    if !run.preempted_by.is_empty() {
+        println!("  preempted by {}", run.preempted_by.join(", "));
     }
     let rows: Vec<Vec<String>> = run
         .steps

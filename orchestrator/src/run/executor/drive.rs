@@ -16,7 +16,7 @@ use tokio::task::JoinSet;
 use super::act::AgentLoop;
 use super::approve::Decide;
 use super::bring_up::{Lost, Readiness};
-use super::preempt::{Halt, stop_of};
+use super::preempt::Halt;
 use super::provide::Pin;
 use super::{Executor, off_worker};
 use crate::base::{lock, unix_ms};
@@ -447,6 +447,14 @@ impl Executor {
 /// node is avoided by the graph; a failing piece on a node that is up, by the placement)
 /// before the run fails.
 pub(super) const SPLIT_REPLACEMENTS: u32 = 2;
+
+/// How a run stops on what `halt` says now.
+pub(super) fn stop_of(halt: &watch::Receiver<Halt>) -> Stop {
+    match &*halt.borrow() {
+        Halt::Preempt(by) => Stop::Preempted(by.clone()),
+        Halt::Run | Halt::Cancel => Stop::Cancelled,
+    }
+}
 
 /// Why a run's drive stopped.
 pub(super) enum Stop {

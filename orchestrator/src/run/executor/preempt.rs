@@ -7,10 +7,7 @@
 use std::cmp::Reverse;
 use std::collections::BTreeSet;
 
-use tokio::sync::watch;
-
 use super::Executor;
-use super::drive::Stop;
 use super::provide::Pin;
 use crate::base::lock;
 use crate::run::record::{RunRecord, RunState};
@@ -35,14 +32,6 @@ pub(super) struct Preemptor {
     pub run: String,
     /// Its priority.
     pub priority: i32,
-}
-
-/// How a run stops on what `halt` says now.
-pub(super) fn stop_of(halt: &watch::Receiver<Halt>) -> Stop {
-    match &*halt.borrow() {
-        Halt::Preempt(by) => Stop::Preempted(by.clone()),
-        Halt::Run | Halt::Cancel => Stop::Cancelled,
-    }
 }
 
 impl Executor {
