@@ -317,9 +317,10 @@ async fn runs_admitted_one_after_the_other_never_count_on_the_same_free_memory()
 }
 
 /// With preemption on, a higher-priority run that fits only on a lower-priority run's
-/// GPU sends that run back to the queue: its step is interrupted, its instance stops,
-/// the higher-priority run runs, and the preempted one is admitted again and finishes
-/// its step from the start. A user other than the admin may not submit a priority
+/// GPU sends that run back to the queue: its instance stops, the higher-priority run
+/// runs, and the preempted one is admitted again (on the warm instance) and goes on
+/// where it was. The low run waits for an approval while it is preempted, so the test
+/// does not race a step's end. A user other than the admin may not submit a priority
 /// above the server's cap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_higher_priority_run_preempts_a_lower_one_which_runs_again_later() {
@@ -331,31 +332,54 @@ async fn a_higher_priority_run_preempts_a_lower_one_which_runs_again_later() {
         None,
     )
     .await;
-    let slow = EngineBehaviour {
-        delay: Duration::from_secs(3),
+    let quick_engines = EngineBehaviour {
+        delay: Duration::from_millis(200),
         ..EngineBehaviour::default()
     };
     // One 24 GB GPU, which each run's instance fills.
-    let agent = TestAgent::join(s.server.grpc_addr, TOKEN, "box", 1, slow).await;
-    let big = |name: &str, priority: i32| {
+    let agent = TestAgent::join(s.server.grpc_addr, TOKEN, "box", 1, quick_engines).await;
+    let big = |name: &str, priority: i32, steps: &str| {
         format!(
-            "name: {name}\nplacement: {{ priority: {priority} }}\nagents:\n  a: {{ model: {{ repo: Qwen/Qwen2.5-7B-Instruct, min_precision: bf16, context: 32768, gpu: {{ models: [RTX 4090] }} }} }}\nsteps:\n  - {{ id: s, agent: a, prompt: hi }}\n"
+            "name: {name}\nplacement: {{ priority: {priority} }}\nagents:\n  a: {{ model: {{ repo: Qwen/Qwen2.5-7B-Instruct, min_precision: bf16, context: 32768, gpu: {{ models: [RTX 4090] }} }} }}\nsteps:\n{steps}"
         )
     };
-    let low: Value = s.submit(&big("low", -5), json!({})).await.json().await.unwrap();
+    let low_steps = "  - { id: s, agent: a, prompt: hi }\n  - { id: gate, after: [s], approval: \"Go on?\" }\n  - { id: t, agent: a, after: [gate], prompt: again }\n";
+    let low: Value = s
+        .submit(&big("low", -5, low_steps), json!({}))
+        .await
+        .json()
+        .await
+        .unwrap();
     let low = low["id"].as_str().unwrap().to_owned();
-    s.wait_run(&low, |r| r["steps"][0]["state"] == "running").await;
-    let high: Value = s.submit(&big("high", 5), json!({})).await.json().await.unwrap();
+    s.wait_run(&low, |r| r["steps"][1]["state"] == "waiting").await;
+    let high: Value = s
+        .submit(&big("high", 5, "  - { id: s, agent: a, prompt: hi }\n"), json!({}))
+        .await
+        .json()
+        .await
+        .unwrap();
     let high = high["id"].as_str().unwrap().to_owned();
     // Back in the queue (its reason then says why it waits: the high run's GPU).
     let preempted = s.wait_run(&low, |r| r["state"] == "queued").await;
     assert_eq!(preempted["preempted_by"], json!([high]), "{preempted:#}");
-    assert_eq!(preempted["steps"][0]["state"], "queued", "{preempted:#}");
+    assert_eq!(preempted["steps"][0]["state"], "done", "{preempted:#}");
     let high = s.wait_run(&high, ended).await;
     assert_eq!(high["state"], "succeeded", "{high:#}");
+    // Admitted again, it still waits for its approval; approved, it ends.
+    s.wait_run(&low, |r| r["state"] == "running" && r["steps"][1]["state"] == "waiting")
+        .await;
+    let response = s
+        .http
+        .post(s.url(&format!("/v1/runs/{low}/steps/gate/approve")))
+        .bearer_auth(API)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
     let low = s.wait_run(&low, ended).await;
     assert_eq!(low["state"], "succeeded", "{low:#}");
-    assert_eq!(low["steps"][0]["attempts"], 1, "the interrupted attempt does not count");
+    assert_eq!(low["steps"][0]["attempts"], 1, "the step done before is not run again");
     assert!(
         high["finished_at"].as_str().unwrap() < low["finished_at"].as_str().unwrap(),
         "the preempting run ends first"
@@ -364,7 +388,7 @@ async fn a_higher_priority_run_preempts_a_lower_one_which_runs_again_later() {
     // GPU, which the low run takes over, warm, once the high one ended.
     let starts = agent.starts();
     assert_eq!(starts.len(), 2, "{starts:#?}");
-    assert_eq!(low["steps"][0]["instance"], high["steps"][0]["instance"]);
+    assert_eq!(low["steps"][2]["instance"], high["steps"][0]["instance"]);
 
     // A user's priority above the cap (0 by default) is refused, and says why.
     let user_token = s.token_for("ada").await;
@@ -372,7 +396,7 @@ async fn a_higher_priority_run_preempts_a_lower_one_which_runs_again_later() {
         .http
         .post(s.url("/v1/runs"))
         .bearer_auth(&user_token)
-        .json(&json!({"workflow": big("mine", 1), "name": "w.yaml"}))
+        .json(&json!({"workflow": big("mine", 1, "  - { id: s, agent: a, prompt: hi }\n"), "name": "w.yaml"}))
         .send()
         .await
         .unwrap();
